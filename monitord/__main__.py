@@ -1,0 +1,7 @@
+"""`python -m monitord` is the same as the `monitord` console script."""
+
+import sys
+
+from monitord.cli import main
+
+sys.exit(main())
