@@ -81,6 +81,9 @@ class RemoteSection(_Section):
     accept_any_host_key: bool = False  # demo only; never in production
     remote_bin_dir: str = "/opt/offload"
     remote_python: str = "python3"
+    # How the VPS runs monitord's own verbs (agent, agent-launch, tunnel-lease): the pushed
+    # single-file artifact by default; tests on one machine point it at this interpreter.
+    remote_monitord: tuple[str, ...] = ("{remote_python}", "{remote_bin_dir}/monitord.pyz")
     connect_timeout_s: float = Field(default=10.0, gt=0)
     keepalive_interval_s: float = Field(default=5.0, gt=0)
     keepalive_count_max: int = Field(default=3, ge=1)
