@@ -1,0 +1,46 @@
+"""The diagnostic bundle redacts secrets and never carries private key material."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+
+import asyncssh
+
+from monitord import bundle
+
+
+def _members(data: bytes) -> dict[str, bytes]:
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        return {
+            m.name: tar.extractfile(m).read()  # type: ignore[union-attr]
+            for m in tar.getmembers()
+        }
+
+
+class TestRedaction:
+    """Secret-named values are replaced wherever they sit in a section."""
+
+    def test_nested_secret_keys_are_redacted(self) -> None:
+        section = {"remote": {"host": "vps", "agent_secret": "s3cr3t", "x": [{"token": 1}]}}
+        assert bundle.redact(section) == {
+            "remote": {"host": "vps", "agent_secret": "<redacted>", "x": [{"token": "<redacted>"}]}
+        }
+
+    def test_bundle_contains_sections_without_secret_values(self) -> None:
+        data = bundle.build({"config.json": {"key_file": "/etc/k", "password": "hunter2"}})
+        members = _members(data)
+        text = members["monitord-bundle/config.json"]
+        assert b"/etc/k" in text and b"hunter2" not in text
+
+
+class TestKeyMaterial:
+    """A section holding a private key is replaced, whatever its name."""
+
+    def test_private_key_never_leaves_in_a_bundle(self) -> None:
+        key = asyncssh.generate_private_key("ssh-ed25519").export_private_key().decode()
+        data = bundle.build({"events.log": f"something\n{key}\n", "ok.txt": "fine"})
+        members = _members(data)
+        assert b"PRIVATE KEY" not in b"".join(members.values())
+        assert members["monitord-bundle/ok.txt"] == b"fine"
+        assert b"redacted" in members["monitord-bundle/events.log"]
