@@ -1,0 +1,133 @@
+"""The one-instance-per-directory lock (SPEC §6.1), taken by `monitord run` before anything else.
+
+`acquire()` holds an exclusive, non-blocking flock (through portalocker) on `{dir}/{name}.lock`
+for the life of the process and then writes a diagnostic PID file `{dir}/{name}.pid`. The lock
+alone decides: the kernel drops it when the holder dies (even on `kill -9`), so a stale PID file
+never blocks a start, and a held lock blocks whatever the PID file claims. The PID file is only
+read to name the holder in the `duplicate_instance` event.
+
+The lock file is never deleted: removing it would let a newcomer lock a fresh inode while the
+holder still locks the old one. The descriptor is close-on-exec, so daemons spawned by monitord
+never inherit (and never keep alive) the lock.
+
+Callers: monitord.daemon (run), monitord.launcher (launch, probing with `is_held`), the agent.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from types import TracebackType
+from typing import IO
+
+import portalocker
+
+from monitord import spool_files
+
+DEFAULT_NAME = "monitord"
+_EXCLUSIVE_NOW = portalocker.LockFlags.EXCLUSIVE | portalocker.LockFlags.NON_BLOCKING
+
+
+class AlreadyRunning(Exception):
+    """Another live process holds the lock; `holder_pid` comes from the PID file (diagnostic)."""
+
+    error_code = "DUPLICATE_INSTANCE"
+
+    def __init__(self, *, lock_path: Path, holder_pid: int | None) -> None:
+        holder = f"pid {holder_pid}" if holder_pid is not None else "an unknown pid"
+        super().__init__(f"{lock_path} is held by {holder}")
+        self.lock_path = lock_path
+        self.holder_pid = holder_pid
+
+
+class InstanceLock:
+    """A held instance lock; release it with `.release()` or by leaving the `with` block."""
+
+    def __init__(self, *, handle: IO[str], lock_path: Path, pid_path: Path) -> None:
+        self._handle: IO[str] | None = handle
+        self.lock_path = lock_path
+        self.pid_path = pid_path
+        self.pid = os.getpid()
+
+    @property
+    def held(self) -> bool:
+        return self._handle is not None
+
+    def release(self) -> None:
+        """Drop the PID file (if it still names us), then the lock. Safe to call twice."""
+        handle, self._handle = self._handle, None
+        if handle is None:
+            return
+        try:
+            if read_holder_pid(self.pid_path) == self.pid:
+                self.pid_path.unlink(missing_ok=True)
+        finally:
+            portalocker.unlock(handle)
+            handle.close()
+
+    def __enter__(self) -> InstanceLock:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+
+def _paths(directory: Path, name: str) -> tuple[Path, Path]:
+    return directory / f"{name}.lock", directory / f"{name}.pid"
+
+
+def read_holder_pid(pid_path: Path) -> int | None:
+    """The PID named by a PID file, or None if it is missing or unreadable (diagnostic only)."""
+    try:
+        text = pid_path.read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _try_lock(lock_path: Path) -> IO[str] | None:
+    """Open and lock `lock_path`; None if another open file description holds it."""
+    handle = open(lock_path, "a", encoding="ascii")  # kept open for as long as the lock is held
+    try:
+        portalocker.lock(handle, _EXCLUSIVE_NOW)
+    except portalocker.AlreadyLocked:
+        handle.close()
+        return None
+    except BaseException:
+        handle.close()
+        raise
+    return handle
+
+
+def acquire(directory: Path, *, name: str = DEFAULT_NAME) -> InstanceLock:
+    """Take the instance lock for `directory` or raise AlreadyRunning naming the holder's PID."""
+    directory.mkdir(parents=True, exist_ok=True)
+    lock_path, pid_path = _paths(directory, name)
+    handle = _try_lock(lock_path)
+    if handle is None:
+        raise AlreadyRunning(lock_path=lock_path, holder_pid=read_holder_pid(pid_path))
+    try:
+        spool_files.atomic_write_bytes(pid_path, f"{os.getpid()}\n".encode("ascii"))
+    except BaseException:
+        portalocker.unlock(handle)
+        handle.close()
+        raise
+    return InstanceLock(handle=handle, lock_path=lock_path, pid_path=pid_path)
+
+
+def is_held(directory: Path, *, name: str = DEFAULT_NAME) -> bool:
+    """Whether a live process holds the lock for `directory` (probes and lets go at once)."""
+    lock_path, _ = _paths(directory, name)
+    if not lock_path.exists():
+        return False
+    handle = _try_lock(lock_path)
+    if handle is None:
+        return True
+    portalocker.unlock(handle)
+    handle.close()
+    return False
