@@ -1,0 +1,261 @@
+"""The error catalogue and the typed errors of monitord.
+
+Every failure an operator can meet has a stable code (a string that never changes and
+appears in the API, the status page, logs and metrics). `CATALOGUE` maps each code to
+its severity, whether retrying on its own can help, the operator text and a safe
+recommended action; docs/error-codes.md is generated from it by scripts/gen_docs.py.
+
+The typed errors form a small tree, raised by adapters in `monitord/` after they
+translate a foreign exception once (`raise TransientError(...) from e`):
+
+    MonitordError(code, detail)
+    ├── TransientError(code, detail, delay=None)   retrying later may succeed
+    └── PermanentError(code, detail)               nothing changes until someone acts
+
+`error_for(code, detail)` picks the subclass the catalogue says the code deserves.
+Called by every part of monitord that reports or raises an error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from types import MappingProxyType
+
+
+class Severity(StrEnum):
+    """How loudly the status page shows an error."""
+
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+    CRITICAL = "critical"
+
+
+class ErrorCode(StrEnum):
+    """Every stable error code; members compare equal to their plain string."""
+
+    AUTH_FAILED = "AUTH_FAILED"
+    HOST_KEY_MISMATCH = "HOST_KEY_MISMATCH"
+    SSH_UNREACHABLE = "SSH_UNREACHABLE"
+    SSH_TIMEOUT = "SSH_TIMEOUT"
+    TUNNEL_LEASE_CONFLICT = "TUNNEL_LEASE_CONFLICT"
+    PORT_OCCUPIED = "PORT_OCCUPIED"
+    FORWARD_DENIED = "FORWARD_DENIED"
+    FORWARD_UNPROVEN = "FORWARD_UNPROVEN"
+    AGENT_UNREACHABLE = "AGENT_UNREACHABLE"
+    AGENT_UNAUTHORIZED = "AGENT_UNAUTHORIZED"
+    PROVISION_FAILED = "PROVISION_FAILED"
+    ARTIFACT_HASH_MISMATCH = "ARTIFACT_HASH_MISMATCH"
+    PREFLIGHT_AUTH = "PREFLIGHT_AUTH"
+    PREFLIGHT_ARCH = "PREFLIGHT_ARCH"
+    PREFLIGHT_BIN_DIR = "PREFLIGHT_BIN_DIR"
+    PREFLIGHT_DISK_SPACE = "PREFLIGHT_DISK_SPACE"
+    PREFLIGHT_WRITE_TEST = "PREFLIGHT_WRITE_TEST"
+    PREFLIGHT_AGENT = "PREFLIGHT_AGENT"
+    PREFLIGHT_ARTIFACTS = "PREFLIGHT_ARTIFACTS"
+    PREFLIGHT_TUNNEL_OWNER = "PREFLIGHT_TUNNEL_OWNER"
+    PREFLIGHT_FORWARDS = "PREFLIGHT_FORWARDS"
+    PREFLIGHT_REMOTE_CONFIG = "PREFLIGHT_REMOTE_CONFIG"
+    COPY_INCOMPLETE = "COPY_INCOMPLETE"
+    HEALTHCHECK_TIMEOUT = "HEALTHCHECK_TIMEOUT"
+    DESTINATION_CONFLICT = "DESTINATION_CONFLICT"
+    LEASE_EXPIRED = "LEASE_EXPIRED"
+    CONFIG_CORRUPT = "CONFIG_CORRUPT"
+    CLEANUP_STUCK = "CLEANUP_STUCK"
+    DUPLICATE_INSTANCE = "DUPLICATE_INSTANCE"
+    STORE_WRITE_FAILED = "STORE_WRITE_FAILED"
+    BAD_REQUEST = "BAD_REQUEST"
+    UNKNOWN_SERVICE = "UNKNOWN_SERVICE"
+    UNKNOWN_AREA = "UNKNOWN_AREA"
+    DRAINING = "DRAINING"
+    TRANSACTION_CONFLICT = "TRANSACTION_CONFLICT"
+    DAEMON_START_FAILED = "DAEMON_START_FAILED"
+    DAEMON_STOP_FAILED = "DAEMON_STOP_FAILED"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CatalogueEntry:
+    """What the operator is told about one code."""
+
+    code: ErrorCode
+    severity: Severity
+    retryable: bool
+    text: str
+    action: str
+
+
+_E = ErrorCode
+_S = Severity
+
+# The table: (code, severity, retryable, operator text, recommended action). Keep texts short
+# and the actions safe: an action never asks the operator to start a daemon by hand or to
+# edit custom_config.json while monitord runs.
+_ROWS: tuple[tuple[ErrorCode, Severity, bool, str, str], ...] = (
+    (_E.AUTH_FAILED, _S.ERROR, False,
+           "The VPS rejected the SSH key.",
+           "Check that remote.key_file is the key authorised for remote.user on the VPS."),
+    (_E.HOST_KEY_MISMATCH, _S.CRITICAL, False,
+           "The VPS presented a host key that does not match known_hosts.",
+           "Verify the VPS identity out of band, then update remote.known_hosts."),
+    (_E.SSH_UNREACHABLE, _S.WARNING, True,
+           "The VPS cannot be reached over SSH.",
+           "Check the VPS is up and its SSH port is reachable; monitord keeps retrying."),
+    (_E.SSH_TIMEOUT, _S.WARNING, True,
+           "The SSH connection timed out or stopped answering keepalives.",
+           "Check the network path to the VPS; monitord reconnects with backoff."),
+    (_E.TUNNEL_LEASE_CONFLICT, _S.ERROR, True,
+           "Another node owns the tunnel lease on the VPS.",
+           "Stop the other owner named in the detail, or wait for its lease to expire."),
+    (_E.PORT_OCCUPIED, _S.ERROR, True,
+           "A non-SSH process holds a forwarded port on the VPS.",
+           "Stop the process named in the detail (PID and command) on the VPS."),
+    (_E.FORWARD_DENIED, _S.WARNING, True,
+           "The VPS refused a port forward.",
+           "monitord diagnoses the port holder; check the tunnel status for the verdict."),
+    (_E.FORWARD_UNPROVEN, _S.WARNING, True,
+           "A forward is open but a round trip through it failed.",
+           "Check sshd's AllowTcpForwarding on the VPS; monitord retries."),
+    (_E.AGENT_UNREACHABLE, _S.WARNING, True,
+           "The remote agent does not answer through the manager forward.",
+           "Check the tunnel; monitord restarts the agent through its launcher."),
+    (_E.AGENT_UNAUTHORIZED, _S.ERROR, False,
+           "The remote agent rejected monitord's credentials.",
+           "Re-provision the VPS so agent.secret matches (retry the service)."),
+    (_E.PROVISION_FAILED, _S.ERROR, True,
+           "Pushing the agent or service binaries to the VPS failed.",
+           "Check free space and permissions of remote_bin_dir; monitord retries."),
+    (_E.ARTIFACT_HASH_MISMATCH, _S.ERROR, True,
+           "A binary on the VPS does not match its expected SHA-256.",
+           "monitord pushes it again; if this repeats, check the VPS disk."),
+    (_E.PREFLIGHT_AUTH, _S.ERROR, False,
+           "Preflight: SSH authentication with the tunnel's key failed.",
+           "Authorise remote.key_file for remote.user on the VPS, then retry."),
+    (_E.PREFLIGHT_ARCH, _S.ERROR, False,
+           "Preflight: the VPS is not x86_64.",
+           "Use an x86_64 VPS."),
+    (_E.PREFLIGHT_BIN_DIR, _S.ERROR, False,
+           "Preflight: remote_bin_dir is missing or has wrong permissions.",
+           "Create remote_bin_dir owned by remote.user with mode 0700, then retry."),
+    (_E.PREFLIGHT_DISK_SPACE, _S.ERROR, False,
+           "Preflight: not enough free space for binaries and area data.",
+           "Free space on the side named in the detail, then retry."),
+    (_E.PREFLIGHT_WRITE_TEST, _S.ERROR, False,
+           "Preflight: a test file could not be created and removed.",
+           "Check the file system of remote_bin_dir (read-only, quota), then retry."),
+    (_E.PREFLIGHT_AGENT, _S.WARNING, True,
+           "Preflight: the remote agent is neither reachable nor startable.",
+           "Check the tunnel and the agent log on the VPS; monitord retries."),
+    (_E.PREFLIGHT_ARTIFACTS, _S.WARNING, True,
+           "Preflight: artifact versions or hashes on the VPS do not match.",
+           "monitord re-provisions; if this repeats, check remote.artifacts."),
+    (_E.PREFLIGHT_TUNNEL_OWNER, _S.ERROR, True,
+           "Preflight: another node owns the tunnel.",
+           "Stop the other owner named in the detail, then retry."),
+    (_E.PREFLIGHT_FORWARDS, _S.WARNING, True,
+           "Preflight: the tunnel's forwards are not ready.",
+           "Check the tunnel status; monitord retries once the forwards are proven."),
+    (_E.PREFLIGHT_REMOTE_CONFIG, _S.WARNING, True,
+           "Preflight: the agent has no configuration for this service.",
+           "Check the service's remote_command and remote_data_dir, then retry."),
+    (_E.COPY_INCOMPLETE, _S.WARNING, True,
+           "Area data was not copied completely (manifest mismatch).",
+           "Nothing to do: the source kept its data; the migration retries."),
+    (_E.HEALTHCHECK_TIMEOUT, _S.WARNING, True,
+           "The destination daemon did not stay healthy for the minimum uptime.",
+           "Check the daemon's log on the destination; the source keeps running."),
+    (_E.DESTINATION_CONFLICT, _S.ERROR, False,
+           "The destination holds the area for another owner or a newer generation.",
+           "Inspect the remote inventory; remove the foreign entry, then retry."),
+    (_E.LEASE_EXPIRED, _S.WARNING, True,
+           "An area lease on the VPS expired; the remote daemon was stopped.",
+           "Check the tunnel; monitord renews and restarts the area when it can."),
+    (_E.CONFIG_CORRUPT, _S.CRITICAL, False,
+           "custom_config.json cannot be parsed; monitord will not act on it.",
+           "Restore a valid custom_config.json (see the parse position in the detail)."),
+    (_E.CLEANUP_STUCK, _S.ERROR, False,
+           "A cleanup item keeps failing and needs a manual check.",
+           "Check the side and generation named in the detail; monitord keeps retrying."),
+    (_E.DUPLICATE_INSTANCE, _S.WARNING, False,
+           "Another monitord already runs for this work_dir.",
+           "Nothing to do; use `monitord launch`, which is idempotent."),
+    (_E.STORE_WRITE_FAILED, _S.CRITICAL, True,
+           "monitord could not durably write its state.",
+           "Check free space and health of work_dir's file system."),
+    (_E.BAD_REQUEST, _S.INFO, False,
+           "The request was malformed.",
+           "Fix the request body as described in the detail."),
+    (_E.UNKNOWN_SERVICE, _S.INFO, False,
+           "No such service is configured.",
+           "Use a service name from monitord.toml."),
+    (_E.UNKNOWN_AREA, _S.INFO, False,
+           "No such area is in custom_config.json.",
+           "Use an area UUID listed in custom_config.json."),
+    (_E.DRAINING, _S.INFO, True,
+           "monitord is shutting down and takes no new work.",
+           "Send the request again once monitord is back."),
+    (_E.TRANSACTION_CONFLICT, _S.WARNING, True,
+           "The request conflicts with an active migration.",
+           "Wait for the migration to finish, or reverse it explicitly."),
+    (_E.DAEMON_START_FAILED, _S.ERROR, True,
+           "A daemon could not be started.",
+           "Check the service command and data dir; monitord retries with backoff."),
+    (_E.DAEMON_STOP_FAILED, _S.CRITICAL, True,
+           "A daemon could not be proven stopped.",
+           "Check the PID named in the detail; monitord keeps the other side stopped."),
+)
+
+CATALOGUE: Mapping[ErrorCode, CatalogueEntry] = MappingProxyType(
+    {
+        code: CatalogueEntry(
+            code=code, severity=severity, retryable=retryable, text=text, action=action
+        )
+        for code, severity, retryable, text, action in _ROWS
+    }
+)
+
+
+class UnknownErrorCode(KeyError):
+    """A code that is not in the catalogue (a programming error)."""
+
+
+def lookup(code: str) -> CatalogueEntry:
+    """The catalogue entry for a code; raises UnknownErrorCode for anything else."""
+    try:
+        return CATALOGUE[ErrorCode(code)]
+    except ValueError as e:
+        raise UnknownErrorCode(code) from e
+
+
+class MonitordError(Exception):
+    """Base of every error monitord raises on purpose; carries a catalogued code."""
+
+    def __init__(self, code: str, detail: str = "") -> None:
+        self.entry = lookup(code)
+        self.code: ErrorCode = self.entry.code
+        self.detail = detail
+        super().__init__(f"{self.code}: {detail}" if detail else str(self.code))
+
+    @property
+    def retryable(self) -> bool:
+        return isinstance(self, TransientError)
+
+
+class TransientError(MonitordError):
+    """Retrying later may succeed; `delay` (seconds) suggests when, None lets backoff decide."""
+
+    def __init__(self, code: str, detail: str = "", *, delay: float | None = None) -> None:
+        super().__init__(code, detail)
+        self.delay = delay
+
+
+class PermanentError(MonitordError):
+    """Nothing changes until an operator acts; retrying on its own is pointless."""
+
+
+def error_for(code: str, detail: str = "", *, delay: float | None = None) -> MonitordError:
+    """A TransientError or PermanentError for `code`, as the catalogue classifies it."""
+    if lookup(code).retryable:
+        return TransientError(code, detail, delay=delay)
+    return PermanentError(code, detail)
