@@ -1,0 +1,368 @@
+"""An in-process asyncssh server that plays the VPS on this machine's loopback.
+
+Used by `monitord demo` and by the integration tests (provisioning, preflight, tunnel,
+migration). It behaves like a small OpenSSH server for the features monitord uses:
+
+- public-key authentication only, with a host key and a client key generated at run time
+  (written to `work_dir` as `id_ed25519` (0600) and `known_hosts`);
+- exec: each command runs as a real subprocess through `/bin/sh -c` (like sshd running the
+  user's shell), with stdin/stdout/stderr and the exit status carried over the channel and
+  `SSH_CONNECTION` set in its environment; a session without a command gets `/bin/sh`;
+- SFTP rooted at `/` (or `sftp_root`);
+- remote port forwarding: `tcpip-forward` listens on this machine's loopback, which plays
+  the VPS side; local forwarding: `direct-tcpip` connects from this machine;
+- fault controls: `drop_all_sessions()`, `refuse_new_connections()` / `accept_new_connections()`,
+  `stall()` / `resume()`, and `deny_forward(port)` to make a `tcpip-forward` request fail.
+
+Differences from sshd worth knowing: commands run as the current user; when a session's
+channel closes while its command still runs, the command's process group gets SIGTERM
+(then SIGKILL), as a pty session would on hang-up; a daemon meant to outlive the session
+must detach itself (new session, stdio closed), as it must under sshd.
+
+    async with VpsServer(work_dir=tmp_path) as vps:
+        async with vps.connect() as conn:
+            result = await conn.run("uname -m")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import asyncssh
+import structlog
+
+log = structlog.get_logger(__name__)
+
+_CHUNK = 64 * 1024
+_KILL_GRACE_S = 2.0
+
+
+class VpsServer:
+    """A live SSH server on 127.0.0.1:<free port>; use as `async with VpsServer(...) as vps`."""
+
+    def __init__(
+        self,
+        *,
+        work_dir: Path,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        sftp_root: Path | None = None,
+        username: str = "offload",
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.username = username
+        self._work_dir = work_dir
+        self._sftp_root = sftp_root
+        self._host_key = asyncssh.generate_private_key("ssh-ed25519")
+        self._client_key = asyncssh.generate_private_key("ssh-ed25519")
+        self._listener: asyncssh.SSHAcceptor | None = None
+        self._connections: set[asyncssh.SSHServerConnection] = set()
+        self._children: set[asyncio.subprocess.Process] = set()
+        self._command_tasks: set[asyncio.Task[None]] = set()
+        self._stalled = False
+        self._denied_forward_ports: set[int] = set()
+        self.key_file = work_dir / "id_ed25519"
+        self.known_hosts = work_dir / "known_hosts"
+        self.accepted_connections = 0
+        self._home = os.path.expanduser("~")
+
+    # -- what clients need -------------------------------------------------------------
+
+    @property
+    def host_key(self) -> asyncssh.SSHKey:
+        """The server's public host key (the line in known_hosts)."""
+        return self._host_key.convert_to_public()
+
+    @property
+    def client_key(self) -> asyncssh.SSHKey:
+        """The one private key the server accepts (also written to `key_file`, mode 0600)."""
+        return self._client_key
+
+    @property
+    def authorized_key(self) -> asyncssh.SSHKey:
+        """The public half of `client_key`, as it would sit in authorized_keys."""
+        return self._client_key.convert_to_public()
+
+    @property
+    def connection_count(self) -> int:
+        """How many SSH connections are open right now."""
+        return len(self._connections)
+
+    @property
+    def running_commands(self) -> int:
+        """How many exec'd commands are still running."""
+        return len(self._children)
+
+    def connect(self, **options: Any) -> Any:
+        """`asyncssh.connect(...)` to this server with the right key and known_hosts.
+
+        Returns the awaitable/async-context-manager that `asyncssh.connect` returns.
+        """
+        options.setdefault("username", self.username)
+        options.setdefault("client_keys", [self.key_file])
+        options.setdefault("known_hosts", str(self.known_hosts))
+        options.setdefault("agent_path", None)
+        options.setdefault("config", None)
+        return asyncssh.connect(self.host, self.port, **options)
+
+    # -- fault controls ----------------------------------------------------------------
+
+    def drop_all_sessions(self) -> int:
+        """Abort every open SSH connection at once (like a VPS reboot); returns how many."""
+        dropped = list(self._connections)
+        for conn in dropped:
+            conn.abort()
+        log.info("vps_sessions_dropped", count=len(dropped))
+        return len(dropped)
+
+    async def refuse_new_connections(self) -> None:
+        """Close the listening socket: new connects get ECONNREFUSED; open sessions stay."""
+        if self._listener is not None:
+            self._listener.close()
+            await self._listener.wait_closed()
+            self._listener = None
+
+    async def accept_new_connections(self) -> None:
+        """Listen again on the same port after `refuse_new_connections()`."""
+        if self._listener is None:
+            await self._listen()
+
+    def stall(self) -> None:
+        """Stop reading from every connection, open or new: the peer sees a silent server."""
+        self._stalled = True
+        for conn in self._connections:
+            _set_reading(conn, reading=False)
+
+    def resume(self) -> None:
+        """Undo `stall()`."""
+        self._stalled = False
+        for conn in self._connections:
+            _set_reading(conn, reading=True)
+
+    def deny_forward(self, port: int) -> None:
+        """Make `tcpip-forward` requests for this port fail, as when sshd cannot bind it."""
+        self._denied_forward_ports.add(port)
+
+    def allow_forward(self, port: int) -> None:
+        self._denied_forward_ports.discard(port)
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def __aenter__(self) -> VpsServer:
+        self._work_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.key_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(self._client_key.export_private_key("openssh"))
+        await self._listen()
+        host_pattern = f"[{self.host}]:{self.port}" if self.port != 22 else self.host
+        public = self.host_key.export_public_key("openssh").decode().strip()
+        self.known_hosts.write_text(f"{host_pattern} {public}\n")
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Stop listening, drop every session, kill and reap every command still running."""
+        await self.refuse_new_connections()
+        self._stalled = False
+        for conn in list(self._connections):
+            conn.abort()
+        for child in list(self._children):
+            await _kill_group(child)
+        tasks = list(self._command_tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _listen(self) -> None:
+        self._listener = await asyncssh.listen(
+            self.host,
+            self.port,
+            server_factory=lambda: _VpsConnectionHandler(self),
+            server_host_keys=[self._host_key],
+            authorized_client_keys=asyncssh.import_authorized_keys(
+                self.authorized_key.export_public_key("openssh").decode()
+            ),
+            process_factory=self._start_command,
+            sftp_factory=self._sftp_factory,
+            encoding=None,
+            allow_scp=False,
+            x509_trusted_certs=None,
+            reuse_address=True,
+            config=None,
+        )
+        self.port = self._listener.get_port()
+
+    def _sftp_factory(self, chan: asyncssh.SSHServerChannel[bytes]) -> asyncssh.SFTPServer:
+        root = self._sftp_root
+        return asyncssh.SFTPServer(chan, chroot=os.fsencode(root) if root else None)
+
+    # -- connection bookkeeping (called by _VpsConnectionHandler) ------------------------
+
+    def _connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
+        self._connections.add(conn)
+        self.accepted_connections += 1
+        if self._stalled:
+            _set_reading(conn, reading=False)
+
+    def _connection_lost(self, conn: asyncssh.SSHServerConnection) -> None:
+        self._connections.discard(conn)
+
+    def _forward_allowed(self, port: int) -> bool:
+        return port not in self._denied_forward_ports
+
+    # -- exec --------------------------------------------------------------------------
+
+    async def _start_command(self, process: asyncssh.SSHServerProcess[bytes]) -> None:
+        # asyncssh runs this coroutine as its own task; we hold it too so close() can end it.
+        task = asyncio.current_task()
+        assert task is not None
+        self._command_tasks.add(task)
+        try:
+            await self._run_command(process)
+        finally:
+            self._command_tasks.discard(task)
+
+    async def _run_command(self, process: asyncssh.SSHServerProcess[bytes]) -> None:
+        conn = process.get_extra_info("connection")
+        peer = conn.get_extra_info("peername") or ("", 0)
+        local = conn.get_extra_info("sockname") or ("", 0)
+        env = dict(os.environ)
+        env["SSH_CONNECTION"] = f"{peer[0]} {peer[1]} {local[0]} {local[1]}"
+        env["USER"] = env["LOGNAME"] = self.username
+        argv = ["/bin/sh", "-c", process.command] if process.command else ["/bin/sh"]
+        try:
+            child = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,
+                env=env,
+                cwd=self._home,
+            )
+        except OSError as e:
+            process.stderr.write(f"vps: cannot run command: {e}\n".encode())
+            process.exit(127)
+            return
+        self._children.add(child)
+        assert child.stdin and child.stdout and child.stderr
+        pump_in = asyncio.create_task(_pump_stdin(process, child.stdin), name="vps stdin")
+        outputs = asyncio.gather(
+            _pump_output(child.stdout, process.stdout.write, process.stdout.drain),
+            _pump_output(child.stderr, process.stderr.write, process.stderr.drain),
+        )
+        finished = asyncio.ensure_future(_finish(outputs, child))
+        closed = asyncio.ensure_future(process.wait_closed())
+        try:
+            await asyncio.wait({finished, closed}, return_when=asyncio.FIRST_COMPLETED)
+            if finished.done() and not closed.done():
+                status = finished.result()
+                if status < 0:
+                    process.exit_with_signal(signal.Signals(-status).name.removeprefix("SIG"))
+                else:
+                    process.exit(status)
+        finally:
+            pump_in.cancel()
+            closed.cancel()
+            if child.returncode is None:
+                await _kill_group(child)
+            finished.cancel()
+            await asyncio.gather(pump_in, finished, closed, return_exceptions=True)
+            self._children.discard(child)
+
+
+class _VpsConnectionHandler(asyncssh.SSHServer):
+    """Per-connection callbacks: bookkeeping, auth policy and forwarding policy."""
+
+    def __init__(self, vps: VpsServer) -> None:
+        self._vps = vps
+        self._conn: asyncssh.SSHServerConnection | None = None
+
+    def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
+        self._conn = conn
+        self._vps._connection_made(conn)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._conn is not None:
+            self._vps._connection_lost(self._conn)
+
+    def begin_auth(self, username: str) -> bool:
+        return True
+
+    def password_auth_supported(self) -> bool:
+        return False
+
+    def server_requested(self, listen_host: str, listen_port: int) -> bool:
+        return self._vps._forward_allowed(listen_port)
+
+    def connection_requested(
+        self, dest_host: str, dest_port: int, orig_host: str, orig_port: int
+    ) -> bool:
+        return True
+
+
+def _set_reading(conn: asyncssh.SSHServerConnection, *, reading: bool) -> None:
+    # asyncssh exposes no public pause for an SSH connection; the asyncio transport
+    # under it does, and pausing it is exactly "the server went silent".
+    transport = getattr(conn, "_transport", None)
+    if transport is None or transport.is_closing():
+        return
+    if reading:
+        transport.resume_reading()
+    else:
+        transport.pause_reading()
+
+
+async def _pump_stdin(
+    process: asyncssh.SSHServerProcess[bytes], sink: asyncio.StreamWriter
+) -> None:
+    try:
+        while data := await process.stdin.read(_CHUNK):
+            sink.write(data)
+            await sink.drain()
+        sink.close()
+    except (asyncssh.Error, OSError):
+        sink.close()
+
+
+async def _pump_output(
+    source: asyncio.StreamReader,
+    write: Callable[[bytes], None],
+    drain: Callable[[], Awaitable[None]],
+) -> None:
+    while data := await source.read(_CHUNK):
+        try:
+            write(data)
+            await drain()
+        except (asyncssh.Error, OSError):
+            return  # the channel is gone; keep reading so the child never blocks on a pipe
+
+
+async def _finish(outputs: Awaitable[Any], child: asyncio.subprocess.Process) -> int:
+    await outputs
+    return await child.wait()
+
+
+async def _kill_group(child: asyncio.subprocess.Process) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if child.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, sig)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(child.wait(), _KILL_GRACE_S)
