@@ -1,0 +1,241 @@
+"""Spool files (SPEC §4.2/§4.3): atomic replacement, faithful round-trips, corrupt files kept."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from monitord import spool_files
+from monitord.spool_files import AreaEntry, ConfigCorrupt, ServiceCompatState
+
+JSON_SCALARS = st.none() | st.booleans() | st.integers() | st.text(max_size=8)
+JSON_VALUES = st.recursive(
+    JSON_SCALARS,
+    lambda inner: st.lists(inner, max_size=2)
+    | st.dictionaries(st.text(max_size=4), inner, max_size=2),
+    max_leaves=3,
+)
+FIXTURE_AND_SLOW = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+RESERVED = {"uuid", "service", "location", "generation"}
+
+
+@st.composite
+def custom_config_documents(draw: st.DrawFn) -> dict[str, Any]:
+    """Valid custom_config.json documents with unknown fields, optional keys and random order."""
+    uuids = draw(st.lists(st.uuids().map(str), unique=True, max_size=4))
+    entries = []
+    for uuid in uuids:
+        entry: dict[str, Any] = {}
+        extra_keys = st.text(min_size=1, max_size=6).filter(lambda k: k not in RESERVED)
+        extras = draw(st.dictionaries(extra_keys, JSON_VALUES, max_size=2))
+        service = draw(st.sampled_from(["tg", "chats", "max"]))
+        fields: list[tuple[str, Any]] = [("uuid", uuid), ("service", service)]
+        if draw(st.booleans()):
+            fields.append(("location", draw(st.sampled_from(["local", "remote"]))))
+        if draw(st.booleans()):
+            fields.append(("generation", draw(st.integers(min_value=0, max_value=10**6))))
+        fields.extend(extras.items())
+        for key, value in draw(st.permutations(fields)):
+            entry[key] = value
+        entries.append(entry)
+    document: dict[str, Any] = {"custom_daemons": entries}
+    if draw(st.booleans()):
+        document["other_top_level"] = draw(JSON_VALUES)
+    return document
+
+
+class TestAtomicWrite:
+    """A replacement is all-or-nothing: the target holds the old or the new bytes, never a mix."""
+
+    def test_write_replaces_content_and_leaves_no_temp_file(self, tmp_path: Path) -> None:
+        target = tmp_path / "f.json"
+        target.write_bytes(b"old")
+        spool_files.atomic_write_bytes(target, b"new")
+        assert target.read_bytes() == b"new"
+        assert os.listdir(tmp_path) == ["f.json"]
+
+    def test_failure_during_write_leaves_old_file_and_no_partial(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        target = tmp_path / "f.json"
+        target.write_bytes(b"old content")
+
+        def failing_fsync(fd: int) -> None:
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(spool_files.os, "fsync", failing_fsync)
+        with pytest.raises(OSError):
+            spool_files.atomic_write_bytes(target, b"new content that never lands")
+        assert target.read_bytes() == b"old content"
+        assert os.listdir(tmp_path) == ["f.json"]
+
+    def test_failure_of_the_rename_leaves_old_file_and_no_partial(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        target = tmp_path / "f.json"
+        target.write_bytes(b"old")
+
+        def failing_replace(src: Any, dst: Any) -> None:
+            raise OSError(5, "Input/output error")
+
+        monkeypatch.setattr(spool_files.os, "replace", failing_replace)
+        with pytest.raises(OSError):
+            spool_files.atomic_write_bytes(target, b"new")
+        assert target.read_bytes() == b"old"
+        assert os.listdir(tmp_path) == ["f.json"]
+
+
+class TestCustomConfigRoundTrip:
+    """Reading and writing custom_config.json keeps unknown fields, values and entry order."""
+
+    @settings(max_examples=60, suppress_health_check=FIXTURE_AND_SLOW, deadline=None)
+    @given(document=custom_config_documents())
+    def test_read_then_write_is_identity(self, tmp_path: Path, document: dict[str, Any]) -> None:
+        path = tmp_path / "custom_config.json"
+        path.write_text(json.dumps(document))
+        config = spool_files.read_custom_config(path)
+        spool_files.write_custom_config(path, config)
+        written = json.loads(path.read_text())
+        assert written == document
+        assert [list(e) for e in written["custom_daemons"]] == [
+            list(e) for e in document["custom_daemons"]
+        ]
+
+    @settings(max_examples=60, suppress_health_check=FIXTURE_AND_SLOW, deadline=None)
+    @given(document=custom_config_documents(), data=st.data())
+    def test_update_changes_only_one_area_location_and_generation(
+        self, tmp_path: Path, document: dict[str, Any], data: st.DataObject
+    ) -> None:
+        if not document["custom_daemons"]:
+            return
+        path = tmp_path / "custom_config.json"
+        path.write_text(json.dumps(document))
+        target = data.draw(st.sampled_from(document["custom_daemons"]))["uuid"]
+        spool_files.update_area_placement(path, uuid=target, location="remote", generation=42)
+        written = json.loads(path.read_text())
+        pairs = zip(document["custom_daemons"], written["custom_daemons"], strict=True)
+        for before, after in pairs:
+            if before["uuid"] == target:
+                assert after == {**before, "location": "remote", "generation": 42}
+                assert list(after)[: len(before)] == list(before)
+            else:
+                assert after == before and list(after) == list(before)
+        assert spool_files.read_custom_config(path).entry(target) == AreaEntry(
+            uuid=target, service=before_service(document, target), location="remote", generation=42
+        )
+
+    def test_missing_location_means_local_and_missing_generation_means_zero(
+        self, tmp_path: Path
+    ) -> None:
+        path = tmp_path / "custom_config.json"
+        path.write_text('{"custom_daemons": [{"uuid": "a1", "service": "tg"}]}')
+        assert spool_files.read_custom_config(path).entries == (
+            AreaEntry(uuid="a1", service="tg", location="local", generation=0),
+        )
+
+    def test_missing_file_is_an_empty_placement(self, tmp_path: Path) -> None:
+        assert spool_files.read_custom_config(tmp_path / "absent.json").entries == ()
+
+    def test_updating_an_unknown_area_raises_and_leaves_file(self, tmp_path: Path) -> None:
+        path = tmp_path / "custom_config.json"
+        path.write_text('{"custom_daemons": []}')
+        with pytest.raises(KeyError):
+            spool_files.update_area_placement(path, uuid="nope", location="remote", generation=1)
+        assert path.read_text() == '{"custom_daemons": []}'
+
+
+def before_service(document: dict[str, Any], uuid: str) -> str:
+    return next(e["service"] for e in document["custom_daemons"] if e["uuid"] == uuid)
+
+
+MALFORMED = {
+    "truncated": ('{"custom_daemons": [{"uuid": "a1", "serv', "line 1 column"),
+    "not an object": ("[1, 2]", "top level"),
+    "daemons not a list": ('{"custom_daemons": {}}', "custom_daemons"),
+    "bad location": (
+        '{"custom_daemons": [{"uuid": "a1", "service": "tg", "location": "mars"}]}',
+        "custom_daemons[0].location",
+    ),
+    "negative generation": (
+        '{"custom_daemons": [{"uuid": "a1", "service": "tg", "generation": -1}]}',
+        "custom_daemons[0].generation",
+    ),
+    "missing uuid": ('{"custom_daemons": [{"service": "tg"}]}', "custom_daemons[0].uuid"),
+    "duplicate uuid": (
+        '{"custom_daemons": [{"uuid": "a", "service": "tg"}, {"uuid": "a", "service": "max"}]}',
+        "custom_daemons[1].uuid",
+    ),
+    "not utf-8": ('{"custom_daemons": "\udcff"}', "UTF-8"),
+}
+
+
+class TestMalformedCustomConfig:
+    """A malformed custom_config.json raises CONFIG_CORRUPT naming where, and is never rewritten."""
+
+    @pytest.mark.parametrize("name", sorted(MALFORMED))
+    def test_malformed_file_raises_config_corrupt_naming_the_position(
+        self, tmp_path: Path, name: str
+    ) -> None:
+        text, where = MALFORMED[name]
+        path = tmp_path / "custom_config.json"
+        path.write_bytes(text.encode("utf-8", "surrogateescape"))
+        with pytest.raises(ConfigCorrupt) as caught:
+            spool_files.read_custom_config(path)
+        assert caught.value.error_code == "CONFIG_CORRUPT"
+        assert where in caught.value.detail
+
+    @pytest.mark.parametrize("name", sorted(MALFORMED))
+    def test_update_of_a_malformed_file_never_overwrites_it(
+        self, tmp_path: Path, name: str
+    ) -> None:
+        text, _ = MALFORMED[name]
+        path = tmp_path / "custom_config.json"
+        original = text.encode("utf-8", "surrogateescape")
+        path.write_bytes(original)
+        with pytest.raises(ConfigCorrupt):
+            spool_files.update_area_placement(path, uuid="a1", location="remote", generation=3)
+        assert path.read_bytes() == original
+        assert os.listdir(tmp_path) == ["custom_config.json"]
+
+
+class TestRemoteState:
+    """remote_state.json round-trips its per-service rows and tolerates legacy gaps."""
+
+    @given(
+        states=st.dictionaries(
+            st.text(min_size=1, max_size=8),
+            st.builds(
+                ServiceCompatState,
+                migrating=st.booleans(),
+                resuming=st.booleans(),
+                parked=st.booleans(),
+                fail_count=st.integers(min_value=0, max_value=1000),
+                last_error=st.text(max_size=20),
+            ),
+            max_size=4,
+        )
+    )
+    @settings(max_examples=40, suppress_health_check=FIXTURE_AND_SLOW, deadline=None)
+    def test_write_then_read_is_identity(
+        self, tmp_path: Path, states: dict[str, ServiceCompatState]
+    ) -> None:
+        path = tmp_path / "remote_state.json"
+        spool_files.write_remote_state(path, states)
+        assert spool_files.read_remote_state(path) == states
+
+    def test_legacy_rows_with_missing_keys_read_as_defaults(self, tmp_path: Path) -> None:
+        path = tmp_path / "remote_state.json"
+        path.write_text('{"tg": {"migrating": true}}')
+        assert spool_files.read_remote_state(path) == {"tg": ServiceCompatState(migrating=True)}
+
+    def test_broken_json_raises_config_corrupt(self, tmp_path: Path) -> None:
+        path = tmp_path / "remote_state.json"
+        path.write_text('{"tg": ')
+        with pytest.raises(ConfigCorrupt):
+            spool_files.read_remote_state(path)
