@@ -1,0 +1,280 @@
+"""The durable store (state.db): crash-safe writes, unique generations, an exact cleanup queue."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sqlite3
+import sys
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from monitord import store as store_module
+from monitord.store import Store, StoreError
+
+TX = {
+    "transaction_id": "t-1",
+    "service": "tg",
+    "area": "a-1",
+    "source": "local",
+    "destination": "remote",
+    "phase": "PREFLIGHT",
+    "attempt": 1,
+    "generation": 3,
+    "started_at": 100.0,
+    "updated_at": 100.0,
+    "last_error_code": None,
+    "last_error_detail": None,
+    "cleanup_required": False,
+}
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[Store]:
+    opened = await Store.open(tmp_path)
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+class TestSchema:
+    """The database is created, migrated forward once, and refuses a newer schema."""
+
+    async def test_fresh_database_is_at_latest_version_in_wal_mode(self, store: Store) -> None:
+        assert await store.schema_version() == len(store_module.MIGRATIONS)
+        with sqlite3.connect(store.path) as probe:
+            assert probe.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+    async def test_reopening_keeps_data_and_does_not_remigrate(self, tmp_path: Path) -> None:
+        async with await Store.open(tmp_path) as first:
+            await first.put_transaction(TX)
+        async with await Store.open(tmp_path) as second:
+            assert await second.get_transaction("t-1") == TX
+
+    async def test_a_newer_schema_is_refused(self, tmp_path: Path) -> None:
+        async with await Store.open(tmp_path):
+            pass
+        with sqlite3.connect(tmp_path / "state.db") as db:
+            db.execute("UPDATE schema_version SET version = 99")
+        with pytest.raises(StoreError, match="newer"):
+            await Store.open(tmp_path)
+
+    async def test_the_event_loop_never_runs_sqlite(self, store: Store) -> None:
+        seen: list[str] = []
+        original = store._db
+
+        def spy() -> sqlite3.Connection:
+            seen.append(threading.current_thread().name)
+            return original()
+
+        store._db = spy  # type: ignore[method-assign]
+        await store.put_transaction(TX)
+        await store.list_transactions()
+        assert seen and all(name.startswith("monitord-store") for name in seen)
+
+
+class TestTransactions:
+    """Transaction records round-trip with SPEC field names and any extra fields."""
+
+    async def test_put_then_get_round_trips_extra_fields(self, store: Store) -> None:
+        record = {**TX, "rollback_from": None, "source_generation": 2, "destination_fenced": True}
+        await store.put_transaction(record)
+        assert await store.get_transaction("t-1") == record
+
+    async def test_put_replaces_by_transaction_id(self, store: Store) -> None:
+        await store.put_transaction(TX)
+        await store.put_transaction({**TX, "phase": "COPY", "updated_at": 101.0})
+        assert (await store.get_transaction("t-1") or {})["phase"] == "COPY"
+        assert len(await store.list_transactions()) == 1
+
+    async def test_active_only_leaves_out_finished_ones(self, store: Store) -> None:
+        await store.put_transaction(TX)
+        await store.put_transaction({**TX, "transaction_id": "t-2", "phase": "DONE"})
+        await store.put_transaction({**TX, "transaction_id": "t-3", "phase": "ROLLED_BACK"})
+        await store.put_transaction({**TX, "transaction_id": "t-4", "phase": "PARKED"})
+        active = await store.list_transactions(active_only=True)
+        assert sorted(t["transaction_id"] for t in active) == ["t-1", "t-4"]
+
+    async def test_a_record_missing_a_spec_field_is_rejected(self, store: Store) -> None:
+        with pytest.raises(ValueError, match="phase"):
+            await store.put_transaction({k: v for k, v in TX.items() if k != "phase"})
+
+
+class TestGenerations:
+    """A generation is issued once: each is above every earlier one and above the floor."""
+
+    async def test_issue_is_strictly_increasing_and_durable(self, tmp_path: Path) -> None:
+        async with await Store.open(tmp_path) as first:
+            issued = [await first.issue_generation("a") for _ in range(3)]
+        async with await Store.open(tmp_path) as second:
+            issued.append(await second.issue_generation("a"))
+            assert await second.highest_generation("a") == 4
+        assert issued == [1, 2, 3, 4]
+
+    async def test_floor_lifts_the_next_generation_above_a_committed_one(
+        self, store: Store
+    ) -> None:
+        assert await store.issue_generation("a", floor=7) == 8
+        assert await store.issue_generation("a", floor=2) == 9
+
+    async def test_concurrent_issues_never_collide(self, store: Store) -> None:
+        issued = await asyncio.gather(*(store.issue_generation("a") for _ in range(50)))
+        assert sorted(issued) == list(range(1, 51))
+
+    async def test_areas_are_independent(self, store: Store) -> None:
+        assert await store.issue_generation("a") == 1
+        assert await store.issue_generation("b") == 1
+        assert await store.highest_generation("never") == 0
+
+
+def cleanup_key(n: int) -> dict[str, Any]:
+    return {"service": "tg", "area": f"a-{n}", "side": "remote", "generation": 1,
+            "action": "remove_area"}
+
+
+class TestCleanupQueue:
+    """Cleanup items are enqueued idempotently, handed out once per claim and never lost."""
+
+    async def test_enqueue_of_the_same_obligation_is_idempotent(self, store: Store) -> None:
+        first = await store.enqueue_cleanup(**cleanup_key(1), now=10.0)
+        again = await store.enqueue_cleanup(**cleanup_key(1), now=20.0)
+        assert again == first
+        assert await store.cleanup_backlog() == 1
+
+    async def test_items_are_not_due_before_next_attempt_at(self, store: Store) -> None:
+        await store.enqueue_cleanup(**cleanup_key(1), now=10.0)
+        assert await store.take_due(9.0, 10) == []
+        assert len(await store.take_due(10.0, 10)) == 1
+
+    async def test_a_claimed_item_is_not_handed_out_again_until_the_claim_lapses(
+        self, store: Store
+    ) -> None:
+        await store.enqueue_cleanup(**cleanup_key(1), now=0.0)
+        [item] = await store.take_due(1.0, 10, claim_for_s=30.0)
+        assert item["attempts"] == 1
+        assert await store.take_due(2.0, 10) == []
+        [again] = await store.take_due(31.0, 10)
+        assert again["id"] == item["id"] and again["attempts"] == 2
+
+    async def test_reschedule_records_error_and_backs_off(self, store: Store) -> None:
+        item = await store.enqueue_cleanup(**cleanup_key(1), now=0.0)
+        await store.take_due(0.0, 1)
+        assert await store.reschedule(item["id"], next_attempt_at=50.0, last_error="SSH_TIMEOUT")
+        assert await store.take_due(49.0, 1) == []
+        [due] = await store.take_due(50.0, 1)
+        assert due["last_error"] == "SSH_TIMEOUT"
+
+    async def test_complete_removes_once(self, store: Store) -> None:
+        item = await store.enqueue_cleanup(**cleanup_key(1), now=0.0)
+        assert await store.complete(item["id"])
+        assert not await store.complete(item["id"])
+        assert await store.list_cleanup() == []
+
+    async def test_take_due_uses_the_index_not_a_scan(self, store: Store) -> None:
+        with sqlite3.connect(store.path) as db:
+            plan = " ".join(
+                str(row)
+                for row in db.execute(
+                    "EXPLAIN QUERY PLAN SELECT * FROM cleanup_items WHERE next_attempt_at <= 1 "
+                    "ORDER BY next_attempt_at LIMIT 10"
+                )
+            )
+        assert "cleanup_items_due" in plan and "SCAN cleanup_items " not in plan + " "
+
+    async def test_queue_drains_completely_many_times_nothing_lost_nothing_twice(
+        self, store: Store
+    ) -> None:
+        for cycle in range(3):
+            enqueued = set()
+            for n in range(2000):
+                item = await store.enqueue_cleanup(
+                    **{**cleanup_key(n), "generation": cycle + 1}, now=float(n % 7)
+                )
+                enqueued.add(item["id"])
+            completed: list[str] = []
+            while batch := await store.take_due(10.0, 128):
+                for item in batch:
+                    assert await store.complete(item["id"]), "an item was completed twice"
+                    completed.append(item["id"])
+            assert len(completed) == len(set(completed)) == 2000
+            assert set(completed) == enqueued
+            assert await store.cleanup_backlog() == 0
+
+
+class TestEventsAndPlacement:
+    """Recent events form a capped ring; desired placement keeps one row per service or area."""
+
+    async def test_events_ring_keeps_only_the_newest(self, tmp_path: Path) -> None:
+        async with await Store.open(tmp_path, events_cap=5) as capped:
+            for n in range(12):
+                await capped.record_event("tick", {"n": n}, at=float(n))
+            events = await capped.recent_events(limit=100)
+        assert [e["n"] for e in events] == [7, 8, 9, 10, 11]
+        assert events[-1] == {"at": 11.0, "event": "tick", "n": 11}
+
+    async def test_desired_placement_upserts_per_service_and_per_area(self, store: Store) -> None:
+        await store.set_desired_placement(service="tg", area=None, location="remote", now=1.0)
+        await store.set_desired_placement(service="tg", area=None, location="local", now=2.0)
+        await store.set_desired_placement(service="tg", area="a-1", location="remote", now=3.0)
+        assert await store.desired_placements() == [
+            {"service": "tg", "area": None, "location": "local", "updated_at": 2.0},
+            {"service": "tg", "area": "a-1", "location": "remote", "updated_at": 3.0},
+        ]
+
+    async def test_use_after_close_raises_store_error(self, tmp_path: Path) -> None:
+        closed = await Store.open(tmp_path)
+        await closed.close()
+        with pytest.raises(StoreError):
+            await closed.record_event("late")
+
+
+WRITER_SCRIPT = """
+import asyncio, sys
+from pathlib import Path
+from monitord.store import Store
+
+async def main():
+    store = await Store.open(Path(sys.argv[1]))
+    n = 0
+    while True:
+        await store.enqueue_cleanup(service="tg", area=f"a-{n}", side="remote", generation=n,
+                                    action="remove_area", now=float(n))
+        await store.issue_generation("area-x")
+        print(n, flush=True)
+        n += 1
+
+asyncio.run(main())
+"""
+
+
+class TestCrashDurability:
+    """A write whose call returned survives kill -9 of the writing process."""
+
+    async def test_returned_writes_survive_kill_9(self, tmp_path: Path) -> None:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", WRITER_SCRIPT, str(tmp_path),
+            stdout=asyncio.subprocess.PIPE,
+        )
+        acknowledged = -1
+        try:
+            assert proc.stdout is not None
+            while acknowledged < 200:
+                line = await asyncio.wait_for(proc.stdout.readline(), timeout=20)
+                assert line, "writer exited early"
+                acknowledged = int(line)
+        finally:
+            os.kill(proc.pid, signal.SIGKILL)
+            await asyncio.wait_for(proc.wait(), timeout=10)
+        async with await Store.open(tmp_path) as reopened:
+            items = await reopened.list_cleanup(limit=100_000)
+            generations = {item["generation"] for item in items}
+            assert set(range(acknowledged + 1)) <= generations
+            assert await reopened.highest_generation("area-x") >= acknowledged + 1
+        assert json.loads(json.dumps(items[0]))  # plain data, no sqlite objects
