@@ -1,0 +1,427 @@
+"""The migration state machine: one table of allowed phase moves, and `step()` that applies
+an outcome to a transaction and says what to do next.
+
+Theory of operation
+-------------------
+A transaction (models.Transaction) moves one area from its source side to its destination
+side through the phases of SPEC §5.2. The runtime (monitord's migration engine) never
+decides where to go: it performs the actions `step()` hands it, observes what happened,
+names the result as an `Outcome` and calls `step()` again. The whole protocol is
+
+    TRANSITIONS[direction][phase][outcome] -> next phase
+
+in the spirit of h11's EVENT_TRIGGERED_TRANSITIONS. A pair that the table lacks is not a
+move: `step()` raises `IllegalTransition` and the caller's record stays what it was (the
+records are frozen values, so "unchanged" is literal). The two directions share the
+shape of the happy path but differ where the sides differ: only a remote destination can
+be unreachable while it is fenced, so only local->remote rollbacks wait for a lease to
+lapse (`LEASE_EXPIRED`); a local destination that will not stop is retried instead.
+
+Besides the table, three guards protect the safety rules (orchestrator/rules.py explains
+them): a rollback may restart the source only once the destination is fenced
+(`destination_fenced`); a lease counts as lapsed only when area_leases.provably_expired()
+says so at the `now` passed in; a retry out of PARKED needs a freshly issued generation.
+
+What to do in a phase is derived from the record alone (`next_actions()`), so after a
+crash the runtime resumes by asking for the next actions of the stored record: every
+action is idempotent and generation-checked. docs/phases.md is generated from this table.
+
+Called by the migration engine in `monitord/`, by orchestrator/rules.py and by the tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from types import MappingProxyType
+
+from orchestrator import area_leases
+from orchestrator.area_leases import LeasePolicy
+from orchestrator.errors import ErrorCode, PermanentError
+from orchestrator.models import (
+    AreaLease,
+    CleanupAction,
+    CleanupItem,
+    Direction,
+    Location,
+    Phase,
+    Side,
+    Transaction,
+    reached,
+)
+
+
+class Outcome(StrEnum):
+    """What the runtime observed after performing a phase's actions, or what happened to it."""
+
+    OK = "ok"  # the phase's actions succeeded and were verified
+    FAILED = "failed"  # they failed (the record keeps the error code and detail)
+    UNREACHABLE = "unreachable"  # the VPS could not be reached to perform them
+    FENCED = "fenced"  # rollback: the destination is verified stopped and removed
+    LEASE_EXPIRED = "lease_expired"  # rollback: the destination's lease provably lapsed
+    RECOVERED_UNCOMMITTED = "recovered_uncommitted"  # restart found the commit not written
+    RECOVERED_COMMITTED = "recovered_committed"  # restart found the commit written
+    REVERSE_REQUESTED = "reverse_requested"  # the operator asked for the source side again
+    PARK = "park"  # failed too often: stop trying until an operator retries
+    RETRY_REQUESTED = "retry_requested"  # the operator's retry of a parked service
+
+
+class IllegalTransition(PermanentError):
+    """A move the phase table (or one of its guards) does not allow; nothing was changed."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(ErrorCode.TRANSACTION_CONFLICT, detail)
+
+
+_O = Outcome
+_P = Phase
+_BEFORE_COMMIT_FAILURES = (_O.FAILED, _O.REVERSE_REQUESTED, _O.RECOVERED_UNCOMMITTED)
+
+
+def _forward(next_phase: Phase, *, unreachable: bool) -> dict[Outcome, Phase]:
+    moves = {_O.OK: next_phase} | {outcome: _P.ROLLBACK for outcome in _BEFORE_COMMIT_FAILURES}
+    if unreachable:
+        moves[_O.UNREACHABLE] = _P.ROLLBACK
+    return moves
+
+
+def _table(direction: Direction) -> Mapping[Phase, Mapping[Outcome, Phase]]:
+    l2r = direction is Direction.LOCAL_TO_REMOTE
+    # Which phases talk to the VPS (and can therefore meet an unreachable VPS):
+    # local->remote: all up to the destination's health check; remote->local: the
+    # source's stop and the download, then the source's cleanup after the commit.
+    rows: dict[Phase, dict[Outcome, Phase]] = {
+        _P.PREFLIGHT: {
+            _O.OK: _P.SUPPRESS_SOURCE,
+            _O.FAILED: _P.ROLLED_BACK,
+            _O.UNREACHABLE: _P.ROLLED_BACK,
+            _O.REVERSE_REQUESTED: _P.ROLLED_BACK,
+            _O.RECOVERED_UNCOMMITTED: _P.ROLLED_BACK,
+            _O.PARK: _P.PARKED,
+        },
+        _P.SUPPRESS_SOURCE: _forward(_P.COPY, unreachable=True),
+        _P.COPY: _forward(_P.CREATE_DESTINATION, unreachable=True),
+        _P.CREATE_DESTINATION: _forward(_P.HEALTHCHECK_DESTINATION, unreachable=l2r),
+        _P.HEALTHCHECK_DESTINATION: _forward(_P.COMMIT_LOCATION, unreachable=l2r),
+        _P.COMMIT_LOCATION: {
+            **_forward(_P.CLEANUP_SOURCE, unreachable=False),
+            _O.RECOVERED_COMMITTED: _P.CLEANUP_SOURCE,
+        },
+        _P.CLEANUP_SOURCE: {
+            _O.OK: _P.DONE,
+            _O.FAILED: _P.DONE,  # rolls forward: the leftovers become a cleanup item
+            _O.RECOVERED_COMMITTED: _P.CLEANUP_SOURCE,
+            **({} if l2r else {_O.UNREACHABLE: _P.DONE}),
+        },
+        _P.DONE: {},
+        _P.ROLLBACK: {
+            _O.FENCED: _P.ROLLBACK,
+            _O.FAILED: _P.ROLLBACK,
+            _O.RECOVERED_UNCOMMITTED: _P.ROLLBACK,
+            _O.OK: _P.ROLLED_BACK,
+            _O.PARK: _P.PARKED,
+            **({_O.UNREACHABLE: _P.ROLLBACK, _O.LEASE_EXPIRED: _P.ROLLBACK} if l2r else {}),
+        },
+        _P.ROLLED_BACK: {},
+        _P.PARKED: {_O.RETRY_REQUESTED: _P.PREFLIGHT},
+    }
+    return MappingProxyType({phase: MappingProxyType(moves) for phase, moves in rows.items()})
+
+
+TRANSITIONS: Mapping[Direction, Mapping[Phase, Mapping[Outcome, Phase]]] = MappingProxyType(
+    {direction: _table(direction) for direction in Direction}
+)
+
+
+# ---------------------------------------------------------------------------- actions
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Action:
+    """Something the runtime must do (and verify) for one transaction's area."""
+
+    transaction_id: str
+    service: str
+    area: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunPreflight(Action):
+    """SPEC §6.5 checks for moving the area; no side effects on either side."""
+
+    source: Side
+    destination: Side
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SuppressSource(Action):
+    """Durably mark the source suppressed, stop its daemon at `generation`, verify it gone."""
+
+    side: Side
+    generation: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CopyData(Action):
+    """Copy the area's data to a staging dir, verify its manifest, rename into place."""
+
+    source: Side
+    destination: Side
+    generation: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CreateDestination(Action):
+    """Create the destination entry at `generation` (remote: with an area lease) and start it."""
+
+    side: Side
+    generation: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckHealth(Action):
+    """Wait for the destination to run for the minimum uptime (and pass its probe)."""
+
+    side: Side
+    generation: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CommitLocation(Action):
+    """Write custom_config.json: the area's location and generation (the commit point)."""
+
+    location: Location
+    generation: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CleanupSource(Action):
+    """Remove the source's leftovers at its generation and clear its suppression."""
+
+    side: Side
+    generation: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FenceDestination(Action):
+    """Stop the destination and remove its entry and data, at ITS generation only."""
+
+    side: Side
+    generation: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EnqueueCleanup(Action):
+    """Durably record a cleanup item (idempotent: the item's key is unique)."""
+
+    item: CleanupItem
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WaitLeaseExpiry(Action):
+    """Wait until local monotonic `until`, then report Outcome.LEASE_EXPIRED."""
+
+    until: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RestartSource(Action):
+    """Let the source run again at its generation (local: clear suppression; remote: grant)."""
+
+    side: Side
+    generation: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Park(Action):
+    """Stop retrying this service until an operator asks; show why."""
+
+    error_code: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Finish(Action):
+    """Nothing left to do for this transaction."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepContext:
+    """What `step()` needs besides the record: times, the error, the lease and policy.
+
+    `at` is wall time (updated_at); `now` is the local monotonic clock; `lease` is the
+    destination's area lease as last acknowledged (after a restart: area_leases.after_restart).
+    """
+
+    at: float
+    now: float = 0.0
+    policy: LeasePolicy = field(default_factory=LeasePolicy)
+    lease: AreaLease | None = None
+    error_code: str | None = None
+    error_detail: str | None = None
+    new_generation: int | None = None
+
+
+# ---------------------------------------------------------------------------- step
+
+
+def allowed(txn: Transaction) -> Mapping[Outcome, Phase]:
+    """The outcomes the table accepts for this record's direction and phase."""
+    return TRANSITIONS[txn.direction][txn.phase]
+
+
+def _destination_could_run(txn: Transaction) -> bool:
+    return txn.rollback_from is not None and reached(txn.rollback_from, Phase.CREATE_DESTINATION)
+
+
+def _guard(txn: Transaction, outcome: Outcome, ctx: StepContext) -> None:
+    where = f"{txn.transaction_id} ({txn.direction}) in {txn.phase}"
+    if txn.phase is Phase.ROLLBACK and outcome in (Outcome.OK, Outcome.PARK):
+        if not txn.destination_fenced:
+            raise IllegalTransition(f"{where}: source may not run before the destination is fenced")
+    if outcome is Outcome.LEASE_EXPIRED:
+        if ctx.lease is None or not area_leases.provably_expired(
+            ctx.lease, now=ctx.now, policy=ctx.policy
+        ):
+            raise IllegalTransition(f"{where}: the destination's lease has not provably lapsed")
+        if ctx.lease.generation != txn.generation:
+            raise IllegalTransition(f"{where}: lease is for generation {ctx.lease.generation}")
+    if outcome is Outcome.RETRY_REQUESTED:
+        if ctx.new_generation is None or ctx.new_generation <= txn.generation:
+            raise IllegalTransition(f"{where}: a retry needs a newly issued generation")
+
+
+def _updates(
+    txn: Transaction, outcome: Outcome, target: Phase, ctx: StepContext
+) -> dict[str, object]:
+    changes: dict[str, object] = {"phase": target, "updated_at": ctx.at}
+    if ctx.error_code is not None:
+        changes["last_error_code"] = ctx.error_code
+        changes["last_error_detail"] = ctx.error_detail
+    if target is Phase.ROLLBACK and txn.phase is not Phase.ROLLBACK:
+        # Nothing can run at the destination before CREATE_DESTINATION was entered.
+        changes["rollback_from"] = txn.phase
+        changes["destination_fenced"] = not reached(txn.phase, Phase.COPY)
+    elif txn.phase is Phase.ROLLBACK:
+        if outcome in (Outcome.FENCED, Outcome.LEASE_EXPIRED):
+            changes["destination_fenced"] = True
+        elif outcome in (Outcome.UNREACHABLE, Outcome.FAILED) and txn.destination is Side.REMOTE:
+            # The destination could not be fenced: a cleanup item takes over removing it,
+            # and the source waits for its lease to lapse if it could ever have run.
+            changes["cleanup_required"] = True
+            if not _destination_could_run(txn):
+                changes["destination_fenced"] = True
+    elif txn.phase is Phase.CLEANUP_SOURCE and outcome in (Outcome.FAILED, Outcome.UNREACHABLE):
+        changes["cleanup_required"] = True
+    elif outcome is Outcome.RETRY_REQUESTED:
+        changes.update(
+            attempt=txn.attempt + 1,
+            generation=ctx.new_generation,
+            rollback_from=None,
+            destination_fenced=False,
+            cleanup_required=False,
+            last_error_code=None,
+            last_error_detail=None,
+        )
+    return changes
+
+
+def advance(txn: Transaction, outcome: Outcome, ctx: StepContext) -> Transaction:
+    """The record after `outcome`; raises IllegalTransition (record untouched) if not allowed."""
+    target = allowed(txn).get(outcome)
+    if target is None:
+        raise IllegalTransition(
+            f"{txn.transaction_id} ({txn.direction}): no move from {txn.phase} on {outcome}"
+        )
+    _guard(txn, outcome, ctx)
+    return txn.model_copy(update=_updates(txn, outcome, target, ctx))
+
+
+def cleanup_item_for(txn: Transaction, *, side: Side, generation: int, at: float) -> CleanupItem:
+    """The cleanup item a transaction leaves behind; its id makes enqueueing idempotent."""
+    is_destination = side is txn.destination
+    action = CleanupAction.REMOVE_AREA if is_destination else CleanupAction.REMOVE_LEFTOVERS
+    return CleanupItem(
+        id=f"{txn.transaction_id}:{side}:{generation}:{action}",
+        service=txn.service,
+        area=txn.area,
+        side=side,
+        generation=generation,
+        action=action,
+        next_attempt_at=at,
+        created_at=at,
+    )
+
+
+def next_actions(txn: Transaction, ctx: StepContext) -> tuple[Action, ...]:
+    """What the runtime must do next for this record, derived from the record alone."""
+    ids = {"transaction_id": txn.transaction_id, "service": txn.service, "area": txn.area}
+    dest_side, dest_gen = txn.destination, txn.generation
+    src_side, src_gen = txn.source, txn.source_generation
+    match txn.phase:
+        case Phase.PREFLIGHT:
+            return (RunPreflight(**ids, source=txn.source, destination=txn.destination),)
+        case Phase.SUPPRESS_SOURCE:
+            return (SuppressSource(**ids, side=src_side, generation=src_gen),)
+        case Phase.COPY:
+            return (
+                CopyData(
+                    **ids,
+                    source=txn.source,
+                    destination=txn.destination,
+                    generation=txn.generation,
+                ),
+            )
+        case Phase.CREATE_DESTINATION:
+            return (CreateDestination(**ids, side=dest_side, generation=dest_gen),)
+        case Phase.HEALTHCHECK_DESTINATION:
+            return (CheckHealth(**ids, side=dest_side, generation=dest_gen),)
+        case Phase.COMMIT_LOCATION:
+            return (CommitLocation(**ids, location=txn.destination, generation=txn.generation),)
+        case Phase.CLEANUP_SOURCE:
+            return (CleanupSource(**ids, side=src_side, generation=src_gen),)
+        case Phase.DONE:
+            if txn.cleanup_required:
+                item = cleanup_item_for(
+                    txn, side=txn.source, generation=txn.source_generation, at=ctx.at
+                )
+                return (EnqueueCleanup(**ids, item=item), Finish(**ids))
+            return (Finish(**ids),)
+        case Phase.ROLLED_BACK:
+            return (Finish(**ids),)
+        case Phase.PARKED:
+            return (Park(**ids, error_code=txn.last_error_code),)
+        case Phase.ROLLBACK:
+            return _rollback_actions(txn, ctx)
+    raise AssertionError(f"unhandled phase {txn.phase}")  # pragma: no cover
+
+
+def _rollback_actions(txn: Transaction, ctx: StepContext) -> tuple[Action, ...]:
+    ids = {"transaction_id": txn.transaction_id, "service": txn.service, "area": txn.area}
+    actions: list[Action] = []
+    if txn.cleanup_required:
+        item = cleanup_item_for(txn, side=txn.destination, generation=txn.generation, at=ctx.at)
+        actions.append(EnqueueCleanup(**ids, item=item))
+    if txn.destination_fenced:
+        actions.append(RestartSource(**ids, side=txn.source, generation=txn.source_generation))
+    elif txn.cleanup_required:
+        lease = ctx.lease or area_leases.after_restart(
+            area=txn.area, generation=txn.generation, owner_id="?", now=ctx.now, policy=ctx.policy
+        )
+        until = area_leases.expired_at(lease, policy=ctx.policy)
+        actions.append(WaitLeaseExpiry(**ids, until=until))
+    else:
+        actions.append(FenceDestination(**ids, side=txn.destination, generation=txn.generation))
+    return tuple(actions)
+
+
+def step(
+    txn: Transaction, outcome: Outcome, ctx: StepContext
+) -> tuple[Transaction, tuple[Action, ...]]:
+    """Apply `outcome` and return (new record, the actions to perform next, in order).
+
+    Raises IllegalTransition when the table or a guard forbids the move; the caller's record
+    is a frozen value and stays exactly as it was.
+    """
+    new = advance(txn, outcome, ctx)
+    return new, next_actions(new, ctx)

@@ -1,0 +1,163 @@
+"""The safety rules of SPEC §5.3 as pure functions over records.
+
+1. Before COMMIT_LOCATION the source is authoritative. A failure rolls back: fence the
+   destination at ITS generation, then let the source run. If the destination cannot be
+   reached, a cleanup item is recorded and the source runs again only after the
+   destination's area lease has provably lapsed (area_leases.provably_expired; enforced
+   by the guard in phases.step).
+2. After the commit only roll forward (the table has no way back from CLEANUP_SOURCE).
+3. Generations are issued once (`GenerationLedger`): the highest issued per area only
+   grows, and only when a migration starts; a rolled-back generation is never reused.
+4. Crash recovery resumes or rolls back by the committed location (`recovery_outcome`).
+5. Preflight failure never stops the source (the table sends PREFLIGHT failures straight
+   to ROLLED_BACK, whose only action is Finish); `failure_outcome` parks the service after
+   `park_after_failures` consecutive failures until an operator retries.
+7. A reversal of the desired location before the commit becomes a rollback, after the
+   commit a new transaction (`reversal`).
+
+`desired_runs(side=...)` is the single answer to "which areas may run on this side, at which
+generation": the local supervisor's wanted set and the remote grants (lease renewals) are
+both computed from it, so no code path can start a source the rules have suppressed.
+
+Called by the migration engine, the lease renewer and the reconciler in `monitord/`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Self
+
+from orchestrator.models import Area, Location, Phase, Side, Transaction, reached
+from orchestrator.phases import Outcome
+
+DEFAULT_PARK_AFTER_FAILURES = 5
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationLedger:
+    """The highest generation ever issued per area (kept durably by the store)."""
+
+    highest: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+
+    def issue(self, area: str, *, floor: int = 0) -> tuple[Self, int]:
+        """(new ledger, a generation never issued before for `area`, above `floor`).
+
+        `floor` is the generation committed in custom_config.json: a legacy file may carry a
+        generation the ledger never saw, and a new one must exceed it too.
+        """
+        generation = max(self.highest.get(area, 0), floor) + 1
+        return type(self)(MappingProxyType({**self.highest, area: generation})), generation
+
+    def to_storage(self) -> dict[str, int]:
+        return dict(self.highest)
+
+    @classmethod
+    def from_storage(cls, data: Mapping[str, Any]) -> Self:
+        return cls(MappingProxyType({str(k): int(v) for k, v in data.items()}))
+
+
+def _l2r_destination_runs(phase: Phase) -> bool:
+    return phase in (
+        Phase.CREATE_DESTINATION,
+        Phase.HEALTHCHECK_DESTINATION,
+        Phase.COMMIT_LOCATION,
+        Phase.CLEANUP_SOURCE,
+    )
+
+
+def source_may_run(txn: Transaction) -> bool:
+    """The source may run: not yet suppressed, or the rollback fenced the destination."""
+    if txn.phase in (Phase.PREFLIGHT, Phase.PARKED, Phase.ROLLED_BACK):
+        return True
+    return txn.phase is Phase.ROLLBACK and txn.destination_fenced
+
+
+def destination_may_run(txn: Transaction) -> bool:
+    """The destination may run: created and not being rolled back."""
+    return _l2r_destination_runs(txn.phase) or txn.phase is Phase.DONE
+
+
+def desired_runs(
+    *, side: Side, authoritative: Iterable[Area], transactions: Iterable[Transaction]
+) -> Mapping[str, int]:
+    """area -> generation of every area that may run on `side` right now.
+
+    Areas in no active transaction run where they are committed, at the committed
+    generation. An area in an active transaction runs on its source while the source may
+    run and on its destination while the destination may run, never both (the phases where
+    both are false are exactly the handover window).
+    """
+    result = {area.uuid: area.generation for area in authoritative if area.location is side}
+    for txn in transactions:
+        if not txn.is_active:
+            continue
+        result.pop(txn.area, None)
+        if txn.source is side and source_may_run(txn):
+            result[txn.area] = txn.source_generation
+        elif txn.destination is side and destination_may_run(txn):
+            result[txn.area] = txn.generation
+    return result
+
+
+def recovery_outcome(txn: Transaction, *, committed: Area) -> Outcome | None:
+    """The outcome to apply to an active transaction found after a restart.
+
+    The committed location in custom_config.json decides: committed to the destination at
+    this transaction's generation -> roll forward; anything else -> roll back. None for a
+    record that needs no recovery step (final or parked).
+    """
+    if not txn.is_active or txn.phase is Phase.PARKED:
+        return None
+    is_committed = committed.location is txn.destination and committed.generation == txn.generation
+    if is_committed:
+        return Outcome.RECOVERED_COMMITTED
+    return Outcome.RECOVERED_UNCOMMITTED
+
+
+@dataclass(frozen=True, slots=True)
+class Reversal:
+    """What a change of the desired location means for an active transaction.
+
+    `outcome`: apply this to the transaction now (a rollback), or None.
+    `new_transaction_after`: start a new transaction back once this one is DONE.
+    """
+
+    outcome: Outcome | None
+    new_transaction_after: bool
+
+
+def reversal(txn: Transaction, *, desired: Location) -> Reversal:
+    """Before the commit a reversal is a rollback; after it, a new transaction."""
+    if not txn.is_active or desired is txn.destination:
+        return Reversal(outcome=None, new_transaction_after=False)
+    if txn.phase.is_committed:
+        return Reversal(outcome=None, new_transaction_after=True)
+    if txn.phase in (Phase.ROLLBACK, Phase.PARKED):
+        return Reversal(outcome=None, new_transaction_after=False)  # already going back
+    return Reversal(outcome=Outcome.REVERSE_REQUESTED, new_transaction_after=False)
+
+
+def failure_outcome(
+    *, consecutive_failures: int, park_after_failures: int = DEFAULT_PARK_AFTER_FAILURES
+) -> Outcome:
+    """How a failed preflight (or a completed rollback) ends: retry later, or park.
+
+    `consecutive_failures` counts the failure being reported.
+    """
+    return Outcome.PARK if consecutive_failures >= park_after_failures else Outcome.FAILED
+
+
+def rollback_completion_outcome(
+    *, consecutive_failures: int, park_after_failures: int = DEFAULT_PARK_AFTER_FAILURES
+) -> Outcome:
+    """How a rollback ends once the source runs again: ROLLED_BACK, or PARKED at the limit."""
+    if consecutive_failures >= park_after_failures:
+        return Outcome.PARK
+    return Outcome.OK
+
+
+def rollback_needs_lease_wait(txn: Transaction) -> bool:
+    """The destination could have run, so an unfenced one must have its lease lapse first."""
+    return txn.rollback_from is not None and reached(txn.rollback_from, Phase.CREATE_DESTINATION)

@@ -1,0 +1,269 @@
+"""The phase table: every allowed move works, every other move is refused and changes nothing."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from orchestrator import phases
+from orchestrator.area_leases import LeasePolicy
+from orchestrator.models import AreaLease, Direction, Phase, Side, Transaction
+from orchestrator.phases import Outcome, StepContext
+
+from .records import transaction
+
+P, Out = Phase, Outcome
+L2R, R2L = Direction.LOCAL_TO_REMOTE, Direction.REMOTE_TO_LOCAL
+BOTH = (L2R, R2L)
+
+# The protocol written out independently of the implementation's table construction.
+_FORWARD = [
+    (P.SUPPRESS_SOURCE, P.COPY),
+    (P.COPY, P.CREATE_DESTINATION),
+    (P.CREATE_DESTINATION, P.HEALTHCHECK_DESTINATION),
+    (P.HEALTHCHECK_DESTINATION, P.COMMIT_LOCATION),
+    (P.COMMIT_LOCATION, P.CLEANUP_SOURCE),
+]
+EXPECTED: set[tuple[Direction, Phase, Outcome, Phase]] = set()
+for d in BOTH:
+    EXPECTED |= {
+        (d, P.PREFLIGHT, Out.OK, P.SUPPRESS_SOURCE),
+        (d, P.PREFLIGHT, Out.FAILED, P.ROLLED_BACK),
+        (d, P.PREFLIGHT, Out.UNREACHABLE, P.ROLLED_BACK),
+        (d, P.PREFLIGHT, Out.REVERSE_REQUESTED, P.ROLLED_BACK),
+        (d, P.PREFLIGHT, Out.RECOVERED_UNCOMMITTED, P.ROLLED_BACK),
+        (d, P.PREFLIGHT, Out.PARK, P.PARKED),
+        (d, P.COMMIT_LOCATION, Out.RECOVERED_COMMITTED, P.CLEANUP_SOURCE),
+        (d, P.CLEANUP_SOURCE, Out.OK, P.DONE),
+        (d, P.CLEANUP_SOURCE, Out.FAILED, P.DONE),
+        (d, P.CLEANUP_SOURCE, Out.RECOVERED_COMMITTED, P.CLEANUP_SOURCE),
+        (d, P.ROLLBACK, Out.FENCED, P.ROLLBACK),
+        (d, P.ROLLBACK, Out.FAILED, P.ROLLBACK),
+        (d, P.ROLLBACK, Out.RECOVERED_UNCOMMITTED, P.ROLLBACK),
+        (d, P.ROLLBACK, Out.OK, P.ROLLED_BACK),
+        (d, P.ROLLBACK, Out.PARK, P.PARKED),
+        (d, P.PARKED, Out.RETRY_REQUESTED, P.PREFLIGHT),
+    }
+    for phase, nxt in _FORWARD:
+        EXPECTED.add((d, phase, Out.OK, nxt))
+        for failure in (Out.FAILED, Out.REVERSE_REQUESTED, Out.RECOVERED_UNCOMMITTED):
+            EXPECTED.add((d, phase, failure, P.ROLLBACK))
+# Only phases that talk to the VPS can meet an unreachable VPS.
+EXPECTED |= {
+    (L2R, P.SUPPRESS_SOURCE, Out.UNREACHABLE, P.ROLLBACK),
+    (L2R, P.COPY, Out.UNREACHABLE, P.ROLLBACK),
+    (L2R, P.CREATE_DESTINATION, Out.UNREACHABLE, P.ROLLBACK),
+    (L2R, P.HEALTHCHECK_DESTINATION, Out.UNREACHABLE, P.ROLLBACK),
+    (L2R, P.ROLLBACK, Out.UNREACHABLE, P.ROLLBACK),
+    (L2R, P.ROLLBACK, Out.LEASE_EXPIRED, P.ROLLBACK),
+    (R2L, P.SUPPRESS_SOURCE, Out.UNREACHABLE, P.ROLLBACK),
+    (R2L, P.COPY, Out.UNREACHABLE, P.ROLLBACK),
+    (R2L, P.CLEANUP_SOURCE, Out.UNREACHABLE, P.DONE),
+}
+ALL_MOVES = list(itertools.product(BOTH, Phase, Outcome))
+POLICY = LeasePolicy(ttl_s=2.0, clock_margin=0.1, safety_margin_s=0.5)
+
+
+def _source(direction: Direction) -> Side:
+    return Side.LOCAL if direction is L2R else Side.REMOTE
+
+
+def _record_satisfying_guards(direction: Direction, phase: Phase, outcome: Outcome) -> Transaction:
+    changes: dict[str, object] = {}
+    if phase is P.ROLLBACK:
+        changes["rollback_from"] = P.HEALTHCHECK_DESTINATION
+        changes["destination_fenced"] = outcome in (Out.OK, Out.PARK)
+    return transaction(source=_source(direction), phase=phase, **changes)
+
+
+def _context_satisfying_guards(outcome: Outcome) -> StepContext:
+    lease = AreaLease(area="a1", generation=8, owner_id="me", acknowledged_at=100.0, ttl=2.0)
+    return StepContext(at=2_000.0, now=10_000.0, policy=POLICY, lease=lease, new_generation=9)
+
+
+def _id(move: tuple[Direction, Phase, Outcome]) -> str:
+    return "-".join(str(part) for part in move)
+
+
+class TestTheTable:
+    """The table is exactly the protocol written above, for both directions."""
+
+    def test_table_equals_the_written_protocol(self) -> None:
+        actual = {
+            (d, phase, outcome, target)
+            for d, rows in phases.TRANSITIONS.items()
+            for phase, moves in rows.items()
+            for outcome, target in moves.items()
+        }
+        assert actual == EXPECTED
+
+    def test_every_phase_has_a_row_in_both_directions(self) -> None:
+        for d in BOTH:
+            assert set(phases.TRANSITIONS[d]) == set(Phase)
+
+    def test_final_phases_have_no_way_out(self) -> None:
+        for d in BOTH:
+            assert not phases.TRANSITIONS[d][P.DONE]
+            assert not phases.TRANSITIONS[d][P.ROLLED_BACK]
+
+    def test_no_way_back_after_the_commit(self) -> None:
+        for d in BOTH:
+            for phase in (P.CLEANUP_SOURCE, P.DONE):
+                targets = set(phases.TRANSITIONS[d][phase].values())
+                assert not targets & {P.ROLLBACK, P.ROLLED_BACK, P.PARKED}
+
+
+class TestAllowedMoves:
+    """Every move in the table is performed and lands on the table's phase."""
+
+    @pytest.mark.parametrize(
+        "move", [(d, p, o) for d, p, o, _ in sorted(EXPECTED)], ids=_id
+    )
+    def test_allowed_move_lands_on_its_target(
+        self, move: tuple[Direction, Phase, Outcome]
+    ) -> None:
+        direction, phase, outcome = move
+        record = _record_satisfying_guards(direction, phase, outcome)
+        new, actions = phases.step(record, outcome, _context_satisfying_guards(outcome))
+        assert new.phase is phases.TRANSITIONS[direction][phase][outcome]
+        assert new.updated_at == 2_000.0
+        assert actions, "every reachable record tells the runtime what to do next"
+
+
+class TestForbiddenMoves:
+    """A move the table lacks raises IllegalTransition and leaves the record untouched."""
+
+    @pytest.mark.parametrize(
+        "move",
+        [m for m in ALL_MOVES if m not in {(d, p, o) for d, p, o, _ in EXPECTED}],
+        ids=_id,
+    )
+    def test_forbidden_move_is_refused(self, move: tuple[Direction, Phase, Outcome]) -> None:
+        direction, phase, outcome = move
+        record = _record_satisfying_guards(direction, phase, outcome)
+        before = record.model_dump()
+        with pytest.raises(phases.IllegalTransition) as raised:
+            phases.step(record, outcome, _context_satisfying_guards(outcome))
+        assert raised.value.code == "TRANSACTION_CONFLICT"
+        assert record.model_dump() == before
+
+    def test_records_cannot_be_mutated_in_place(self) -> None:
+        record = transaction()
+        with pytest.raises(ValueError):
+            record.phase = P.DONE  # type: ignore[misc]
+
+
+class TestRollbackGuards:
+    """A rollback restarts the source only after the destination is fenced or its lease lapsed."""
+
+    def test_source_restart_before_fencing_is_refused(self) -> None:
+        record = transaction(phase=P.ROLLBACK, rollback_from=P.CREATE_DESTINATION)
+        with pytest.raises(phases.IllegalTransition, match="fenced"):
+            phases.step(record, Out.OK, StepContext(at=1.0))
+
+    def test_unreachable_destination_waits_for_the_lease_and_records_cleanup(self) -> None:
+        record = transaction(phase=P.HEALTHCHECK_DESTINATION)
+        lease = AreaLease(area="a1", generation=8, owner_id="me", acknowledged_at=50.0, ttl=2.0)
+        ctx = StepContext(at=5.0, now=51.0, policy=POLICY, lease=lease)
+        rolling, actions = phases.step(record, Out.FAILED, ctx)
+        assert actions == (
+            phases.FenceDestination(
+                transaction_id="t-1", service="tg", area="a1", side=Side.REMOTE, generation=8
+            ),
+        )
+        waiting, actions = phases.step(rolling, Out.UNREACHABLE, ctx)
+        assert waiting.cleanup_required and not waiting.destination_fenced
+        enqueue, wait = actions
+        assert isinstance(enqueue, phases.EnqueueCleanup)
+        assert (enqueue.item.side, enqueue.item.generation) == (Side.REMOTE, 8)
+        assert isinstance(wait, phases.WaitLeaseExpiry)
+        assert wait.until == pytest.approx(50.0 + 2.0 * 1.1 + 0.5)
+        assert not any(isinstance(a, phases.RestartSource) for a in actions)
+
+    def test_lease_expiry_before_the_deadline_is_refused(self) -> None:
+        record = transaction(
+            phase=P.ROLLBACK, rollback_from=P.CREATE_DESTINATION, cleanup_required=True
+        )
+        lease = AreaLease(area="a1", generation=8, owner_id="me", acknowledged_at=50.0, ttl=2.0)
+        just_before = StepContext(at=5.0, now=50.0 + 2.2 + 0.5 - 0.001, policy=POLICY, lease=lease)
+        with pytest.raises(phases.IllegalTransition, match="lapsed"):
+            phases.step(record, Out.LEASE_EXPIRED, just_before)
+        at_deadline = StepContext(at=5.0, now=50.0 + 2.2 + 0.5, policy=POLICY, lease=lease)
+        fenced, actions = phases.step(record, Out.LEASE_EXPIRED, at_deadline)
+        assert fenced.destination_fenced
+        assert isinstance(actions[-1], phases.RestartSource)
+        assert actions[-1].generation == 7
+
+    def test_lease_of_another_generation_proves_nothing(self) -> None:
+        record = transaction(
+            phase=P.ROLLBACK, rollback_from=P.CREATE_DESTINATION, cleanup_required=True
+        )
+        old = AreaLease(area="a1", generation=7, owner_id="me", acknowledged_at=0.0, ttl=2.0)
+        with pytest.raises(phases.IllegalTransition, match="generation"):
+            phases.step(record, Out.LEASE_EXPIRED, StepContext(at=1, now=99, lease=old))
+
+    def test_destination_that_was_never_created_needs_no_lease_wait(self) -> None:
+        record = transaction(phase=P.COPY)
+        rolling, _ = phases.step(record, Out.FAILED, StepContext(at=1.0))
+        cleaned, actions = phases.step(rolling, Out.UNREACHABLE, StepContext(at=1.0))
+        assert cleaned.destination_fenced and cleaned.cleanup_required
+        assert isinstance(actions[0], phases.EnqueueCleanup)
+        assert isinstance(actions[1], phases.RestartSource)
+
+    def test_rollback_from_suppress_source_restarts_the_source_at_once(self) -> None:
+        record = transaction(phase=P.SUPPRESS_SOURCE)
+        rolling, actions = phases.step(record, Out.FAILED, StepContext(at=1.0, error_code="X"))
+        assert rolling.destination_fenced
+        assert [type(a) for a in actions] == [phases.RestartSource]
+
+    def test_local_destination_that_will_not_stop_is_retried_not_waited_out(self) -> None:
+        record = transaction(source=Side.REMOTE, phase=P.ROLLBACK, rollback_from=P.COPY)
+        again, actions = phases.step(record, Out.FAILED, StepContext(at=1.0))
+        assert not again.destination_fenced and not again.cleanup_required
+        assert [type(a) for a in actions] == [phases.FenceDestination]
+
+
+class TestPreflight:
+    """A failed preflight never stops or suppresses the source."""
+
+    @pytest.mark.parametrize("direction", BOTH, ids=str)
+    @pytest.mark.parametrize("outcome", [Out.FAILED, Out.UNREACHABLE, Out.PARK], ids=str)
+    def test_preflight_failure_performs_no_stop(
+        self, direction: Direction, outcome: Outcome
+    ) -> None:
+        record = transaction(source=_source(direction))
+        _, actions = phases.step(record, outcome, StepContext(at=1.0, error_code="PREFLIGHT_ARCH"))
+        stopping = (phases.SuppressSource, phases.FenceDestination, phases.CleanupSource)
+        assert not any(isinstance(a, stopping) for a in actions)
+
+
+class TestRetryAndErrors:
+    """Retrying a parked transaction needs a fresh generation; errors are recorded."""
+
+    def test_retry_without_a_new_generation_is_refused(self) -> None:
+        parked = transaction(phase=P.PARKED)
+        with pytest.raises(phases.IllegalTransition):
+            phases.step(parked, Out.RETRY_REQUESTED, StepContext(at=1.0, new_generation=8))
+
+    def test_retry_starts_over_with_the_new_generation(self) -> None:
+        parked = transaction(phase=P.PARKED, last_error_code="PREFLIGHT_ARCH", attempt=5)
+        new, actions = phases.step(parked, Out.RETRY_REQUESTED, StepContext(at=1, new_generation=9))
+        assert (new.phase, new.generation, new.attempt) == (P.PREFLIGHT, 9, 6)
+        assert new.last_error_code is None
+        assert isinstance(actions[0], phases.RunPreflight)
+
+    def test_failure_records_code_and_detail(self) -> None:
+        ctx = StepContext(at=3.0, error_code="COPY_INCOMPLETE", error_detail="3 of 4 files")
+        new, _ = phases.step(transaction(phase=P.COPY), Out.FAILED, ctx)
+        assert (new.last_error_code, new.last_error_detail) == ("COPY_INCOMPLETE", "3 of 4 files")
+        assert new.rollback_from is P.COPY
+
+    def test_failed_source_cleanup_rolls_forward_into_a_cleanup_item(self) -> None:
+        new, actions = phases.step(
+            transaction(phase=P.CLEANUP_SOURCE), Out.FAILED, StepContext(at=3.0)
+        )
+        assert new.phase is P.DONE and new.cleanup_required
+        enqueue = actions[0]
+        assert isinstance(enqueue, phases.EnqueueCleanup)
+        assert (enqueue.item.side, enqueue.item.generation) == (Side.LOCAL, 7)
