@@ -8,6 +8,8 @@ migration). It behaves like a small OpenSSH server for the features monitord use
 - exec: each command runs as a real subprocess through `/bin/sh -c` (like sshd running the
   user's shell), with stdin/stdout/stderr and the exit status carried over the channel and
   `SSH_CONNECTION` set in its environment; a session without a command gets `/bin/sh`;
+- `env` adds to (or overrides) the environment of every command, e.g. a PATH that puts a
+  fake `uname` first; `command_log` records every exec'd command line;
 - SFTP rooted at `/` (or `sftp_root`);
 - remote port forwarding: `tcpip-forward` listens on this machine's loopback, which plays
   the VPS side; local forwarding: `direct-tcpip` connects from this machine;
@@ -55,6 +57,7 @@ class VpsServer:
         port: int = 0,
         sftp_root: Path | None = None,
         username: str = "offload",
+        env: dict[str, str] | None = None,
     ) -> None:
         self.host = host
         self.port = port
@@ -73,6 +76,8 @@ class VpsServer:
         self.known_hosts = work_dir / "known_hosts"
         self.accepted_connections = 0
         self._home = os.path.expanduser("~")
+        self._extra_env = dict(env or {})
+        self.command_log: list[str] = []  # every exec'd command line, in order
 
     # -- what clients need -------------------------------------------------------------
 
@@ -244,6 +249,8 @@ class VpsServer:
         env = dict(os.environ)
         env["SSH_CONNECTION"] = f"{peer[0]} {peer[1]} {local[0]} {local[1]}"
         env["USER"] = env["LOGNAME"] = self.username
+        env.update(self._extra_env)
+        self.command_log.append(process.command or "")
         argv = ["/bin/sh", "-c", process.command] if process.command else ["/bin/sh"]
         try:
             child = await asyncio.create_subprocess_exec(

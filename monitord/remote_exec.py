@@ -1,0 +1,138 @@
+"""Run one command on the VPS over an existing asyncssh connection, with a timeout and typed errors.
+
+The adapter between monitord and `SSHClientConnection.create_process`: callers pass an argv
+(an absolute program path where possible), this module quotes it with `shlex.join` so no
+argument is ever re-split or expanded by the remote shell, bounds the whole exchange by a
+timeout, and translates asyncssh/OS failures once into `TransientError`s with a stable code:
+
+- the command did not finish in time            -> SSH_TIMEOUT (the channel is closed)
+- the connection/channel failed or was refused  -> SSH_UNREACHABLE
+
+A non-zero exit status is not an error here: `CommandResult.raise_for_status(code)` turns
+it into the caller's own code. sshd always hands an exec request to the user's shell with
+`-c` (never a login shell); `run_script` therefore passes multi-step probes as one
+`/bin/sh -c SCRIPT name ARG…` so values travel as positional parameters, never spliced
+into script text. Secrets never go on a command line: send them on stdin (`input=`) or
+over SFTP.
+
+Called by provisioning, preflight and the tunnel's remote helpers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+import signal
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import asyncssh
+
+from orchestrator.errors import ErrorCode, TransientError, error_for
+
+_STDERR_TAIL = 400
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CommandResult:
+    """What one remote command did: its argv, exit status and raw output."""
+
+    argv: tuple[str, ...]
+    exit_status: int
+    stdout: bytes
+    stderr: bytes
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_status == 0
+
+    @property
+    def text(self) -> str:
+        """stdout decoded as UTF-8 (undecodable bytes replaced)."""
+        return self.stdout.decode("utf-8", "replace")
+
+    def stderr_tail(self) -> str:
+        """The last few hundred characters of stderr, for error details."""
+        return self.stderr.decode("utf-8", "replace").strip()[-_STDERR_TAIL:]
+
+    def raise_for_status(self, code: str) -> CommandResult:
+        """Return self when the command succeeded, else raise `code` with the exit status."""
+        if not self.ok:
+            raise error_for(
+                code,
+                f"{self.argv[0]} exited with status {self.exit_status}: {self.stderr_tail()}",
+            )
+        return self
+
+
+def command_line(argv: Sequence[str]) -> str:
+    """The exec request text for argv: every argument quoted for a POSIX shell."""
+    if not argv:
+        raise ValueError("empty argv")
+    return shlex.join(argv)
+
+
+async def run(
+    conn: asyncssh.SSHClientConnection,
+    argv: Sequence[str],
+    *,
+    timeout_s: float,
+    input: bytes | None = None,
+) -> CommandResult:
+    """Run argv on the VPS and wait for it, at most `timeout_s` seconds in total."""
+    line = command_line(argv)
+    process: asyncssh.SSHClientProcess[bytes] | None = None
+    try:
+        async with asyncio.timeout(timeout_s):
+            process = await conn.create_process(line, encoding=None)
+            stdout, stderr = await process.communicate(input)
+            completed = await process.wait(check=False)
+    except TimeoutError as e:
+        raise TransientError(
+            ErrorCode.SSH_TIMEOUT, f"{argv[0]} did not finish within {timeout_s:g} s"
+        ) from e
+    except (asyncssh.Error, OSError) as e:
+        raise TransientError(
+            ErrorCode.SSH_UNREACHABLE, f"running {argv[0]} on the VPS failed: {_describe(e)}"
+        ) from e
+    finally:
+        if process is not None and process.exit_status is None:
+            process.close()
+    status = completed.exit_status
+    if status is None:  # ended by a signal
+        status = 128 + _signal_number(completed.exit_signal)
+    return CommandResult(
+        argv=tuple(argv),
+        exit_status=status,
+        stdout=bytes(stdout or b""),
+        stderr=bytes(stderr or b""),
+    )
+
+
+async def run_script(
+    conn: asyncssh.SSHClientConnection,
+    script: str,
+    *,
+    args: Sequence[str] = (),
+    timeout_s: float,
+    input: bytes | None = None,
+) -> CommandResult:
+    """Run a fixed POSIX sh script on the VPS; `args` arrive as "$1"…, never as script text."""
+    return await run(
+        conn, ["/bin/sh", "-c", script, "monitord", *args], timeout_s=timeout_s, input=input
+    )
+
+
+def _describe(e: BaseException) -> str:
+    if isinstance(e, asyncssh.Error):
+        return f"{type(e).__name__}: {e.reason}"
+    return f"{type(e).__name__}: {e}"
+
+
+def _signal_number(exit_signal: tuple[str, bool, str, str] | None) -> int:
+    if exit_signal is None:
+        return 0
+    try:
+        return int(signal.Signals["SIG" + exit_signal[0]])
+    except KeyError:
+        return 0
