@@ -1,0 +1,132 @@
+"""COPY moves an area's data dir whole and verified, or not at all (real SSH server, real files)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from monitord import area_copy
+from monitord.testing.vps_server import VpsServer
+from orchestrator.errors import ErrorCode, MonitordError
+
+
+def _tree(root: Path) -> dict[str, str]:
+    return {
+        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def _make_area(root: Path) -> None:
+    (root / "db").mkdir(parents=True)
+    (root / "session.db").write_bytes(b"s" * 70_000)
+    (root / "db" / "keys.bin").write_bytes(bytes(range(256)) * 40)
+    (root / "empty").write_bytes(b"")
+
+
+@pytest.fixture
+async def vps(tmp_path: Path):  # type: ignore[no-untyped-def]
+    async with VpsServer(work_dir=tmp_path / "vps-ssh") as server:
+        yield server
+
+
+class TestRoundTrip:
+    """Data uploaded and downloaded back is byte-identical, and the old dir is replaced."""
+
+    async def test_upload_then_download_is_identical(self, vps: VpsServer, tmp_path: Path) -> None:
+        src, remote, back = tmp_path / "src", tmp_path / "vps" / "data" / "a1", tmp_path / "back"
+        _make_area(src)
+        (back / "stale").mkdir(parents=True)
+        seen: list[tuple[int, int]] = []
+        async with vps.connect() as conn:
+            up = await area_copy.upload(
+                conn,
+                local_dir=src,
+                remote_dir=str(remote),
+                progress=lambda d, t: seen.append((d, t)),
+            )
+            down = await area_copy.download(conn, remote_dir=str(remote), local_dir=back)
+        assert _tree(remote) == _tree(src) == _tree(back)
+        assert up.files == down.files == 3 and up.bytes == down.bytes
+        assert seen[-1] == (up.bytes, up.bytes)
+        assert not Path(str(remote) + area_copy.STAGING_SUFFIX).exists()
+
+    async def test_missing_source_dir_copies_an_empty_area(
+        self, vps: VpsServer, tmp_path: Path
+    ) -> None:
+        remote = tmp_path / "vps" / "a2"
+        async with vps.connect() as conn:
+            report = await area_copy.upload(
+                conn, local_dir=tmp_path / "nothing", remote_dir=str(remote)
+            )
+        assert report.files == 0 and remote.is_dir() and not any(remote.iterdir())
+
+
+class TestVerification:
+    """A copy that does not match its manifest never replaces the destination dir."""
+
+    async def test_a_corrupted_download_never_replaces_the_local_dir(
+        self, vps: VpsServer, tmp_path: Path
+    ) -> None:
+        src, remote, back = tmp_path / "src", tmp_path / "vps" / "a3", tmp_path / "back"
+        _make_area(src)
+        back.mkdir()
+        (back / "keep").write_bytes(b"old")
+        staging = back.with_name(back.name + area_copy.STAGING_SUFFIX)
+
+        def corrupt_first_arrival(done: int, total: int) -> None:
+            arrived = next(p for p in staging.rglob("*") if p.is_file() and p.stat().st_size)
+            arrived.write_bytes(arrived.read_bytes()[:-1] + b"X")
+
+        async with vps.connect() as conn:
+            await area_copy.upload(conn, local_dir=src, remote_dir=str(remote))
+            with pytest.raises(MonitordError) as err:
+                await area_copy.download(
+                    conn, remote_dir=str(remote), local_dir=back, progress=corrupt_first_arrival
+                )
+        assert err.value.code == ErrorCode.COPY_INCOMPLETE
+        assert _tree(back) == {"keep": hashlib.sha256(b"old").hexdigest()}
+
+    async def test_a_corrupted_upload_never_replaces_the_remote_dir(
+        self, vps: VpsServer, tmp_path: Path
+    ) -> None:
+        src, remote = tmp_path / "src", tmp_path / "vps" / "a4"
+        _make_area(src)
+        remote.mkdir(parents=True)
+        (remote / "previous").write_bytes(b"generation 3")
+        staging = Path(str(remote) + area_copy.STAGING_SUFFIX)
+
+        def corrupt_on_the_vps(done: int, total: int) -> None:
+            if done == total:  # everything sent; the VPS has not verified yet
+                with (staging / "session.db").open("ab") as f:
+                    f.write(b"torn")
+
+        async with vps.connect() as conn:
+            with pytest.raises(MonitordError) as err:
+                await area_copy.upload(
+                    conn, local_dir=src, remote_dir=str(remote), progress=corrupt_on_the_vps
+                )
+        assert err.value.code == ErrorCode.COPY_INCOMPLETE
+        assert _tree(remote) == {"previous": hashlib.sha256(b"generation 3").hexdigest()}
+
+    async def test_a_cut_upload_leaves_the_destination_as_it_was_and_a_retry_completes(
+        self, vps: VpsServer, tmp_path: Path
+    ) -> None:
+        src, remote = tmp_path / "src", tmp_path / "vps" / "a5"
+        _make_area(src)
+        remote.mkdir(parents=True)
+        (remote / "previous").write_bytes(b"old")
+
+        def cut(done: int, total: int) -> None:
+            vps.drop_all_sessions()
+
+        async with vps.connect() as conn:
+            with pytest.raises(MonitordError):
+                await area_copy.upload(conn, local_dir=src, remote_dir=str(remote), progress=cut)
+        assert (remote / "previous").read_bytes() == b"old"
+        async with vps.connect() as conn:
+            await area_copy.upload(conn, local_dir=src, remote_dir=str(remote))
+        assert _tree(remote) == _tree(src)
