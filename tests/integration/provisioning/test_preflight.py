@@ -1,0 +1,310 @@
+"""Preflight against the in-process VPS and a stand-in agent behind a real SSH local forward:
+each check fails on its own with its own code, and no failure touches a local daemon."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import signal
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import asyncssh
+import pytest
+from aiohttp import web
+
+from monitord import provisioning
+from monitord.config import Config, RemoteSection, ServiceSection
+from monitord.preflight import CheckStatus, PreflightReport, TunnelOwnerView, run_preflight
+from monitord.provisioning import LocalArtifact
+from monitord.testing.vps_server import VpsServer
+from orchestrator.errors import ErrorCode
+
+TIMEOUT = 30.0
+SERVICE = "tg"
+ALL_FORWARDS_READY = {"nats": True, "license": True, "manager": True}
+
+
+@dataclass
+class StandInAgent:
+    """The agent's /livez and /v1/inventory, reached through an SSH local forward."""
+
+    secret: bytes
+    url: str = ""
+    runner: web.AppRunner | None = None
+    requests: list[str] = field(default_factory=list)
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+            self.runner = None
+
+
+@pytest.fixture
+async def local_daemon() -> AsyncIterator[asyncio.subprocess.Process]:
+    """A local process standing in for a messenger daemon that must survive any preflight."""
+    process = await asyncio.create_subprocess_exec("sleep", "600", start_new_session=True)
+    try:
+        yield process
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        await asyncio.wait_for(process.wait(), TIMEOUT)
+
+
+@pytest.fixture
+def secret() -> bytes:
+    return secrets.token_hex(16).encode()
+
+
+@pytest.fixture
+async def agent(
+    conn: asyncssh.SSHClientConnection, secret: bytes
+) -> AsyncIterator[StandInAgent]:
+    stand_in = StandInAgent(secret=secret)
+
+    async def livez(request: web.Request) -> web.Response:
+        stand_in.requests.append(request.path)
+        return web.json_response({"status": "alive"})
+
+    async def inventory(request: web.Request) -> web.Response:
+        stand_in.requests.append(request.path)
+        if request.headers.get("Authorization") != f"Bearer {secret.decode()}":
+            return web.json_response({"error": {"code": "AGENT_UNAUTHORIZED"}}, status=401)
+        return web.json_response({"entries": [], "processes": []})
+
+    app = web.Application()
+    app.router.add_get("/livez", livez)
+    app.router.add_get("/v1/inventory", inventory)
+    stand_in.runner = web.AppRunner(app)
+    await stand_in.runner.setup()
+    site = web.TCPSite(stand_in.runner, "127.0.0.1", 0)
+    await site.start()
+    agent_port = stand_in.runner.addresses[0][1]
+    forward = await conn.forward_local_port("127.0.0.1", 0, "127.0.0.1", agent_port)
+    stand_in.url = f"http://127.0.0.1:{forward.get_port()}"
+    try:
+        yield stand_in
+    finally:
+        forward.close()
+        await stand_in.stop()
+
+
+@pytest.fixture
+def config(remote: RemoteSection) -> Config:
+    service = ServiceSection(
+        command=("/bin/sleep", "600"), local_data_dir="/tmp/tg/{area}",
+        remote_data_dir="{remote_bin_dir}/data/tg/{area}",
+    )
+    return Config(remote=remote, services={SERVICE: service})
+
+
+@pytest.fixture
+async def provisioned(
+    conn: asyncssh.SSHClientConnection, remote: RemoteSection,
+    artifacts: list[LocalArtifact], secret: bytes,
+) -> list[LocalArtifact]:
+    await asyncio.wait_for(
+        provisioning.provision(conn, remote=remote, artifacts=artifacts, secret=secret,
+                               start_agent=False),
+        TIMEOUT,
+    )
+    return artifacts
+
+
+PreflightRunner = Callable[..., Awaitable[PreflightReport]]
+
+
+@pytest.fixture
+def preflight(
+    conn: asyncssh.SSHClientConnection, config: Config, provisioned: list[LocalArtifact],
+    agent: StandInAgent, secret: bytes,
+) -> PreflightRunner:
+    """Preflight with everything healthy; keyword arguments replace one input."""
+
+    async def run(**changes: object) -> PreflightReport:
+        inputs: dict[str, object] = {
+            "conn": conn, "config": config, "service": SERVICE, "artifacts": provisioned,
+            "area_data_bytes": 1024, "tunnel_owner": TunnelOwnerView(ours=True),
+            "forwards_ready": ALL_FORWARDS_READY, "agent_secret": secret,
+            "agent_url": agent.url, "timeout_s": 5.0,
+        }
+        inputs.update(changes)
+        connection = inputs.pop("conn")
+        return await asyncio.wait_for(
+            run_preflight(connection, **inputs),  # type: ignore[arg-type]
+            TIMEOUT,
+        )
+
+    return run
+
+
+def failed_codes(report: PreflightReport) -> list[ErrorCode]:
+    return [result.code for result in report.failures]
+
+
+def assert_still_running(process: asyncio.subprocess.Process) -> None:
+    assert process.returncode is None
+    os.kill(process.pid, 0)  # raises if the process is gone
+
+
+class TestHealthyVps:
+    """On a healthy, provisioned VPS every check passes with one exec round trip."""
+
+    async def test_every_check_passes(
+        self, preflight: PreflightRunner, vps: VpsServer
+    ) -> None:
+        commands_before = len(vps.command_log)
+        report = await preflight()
+        assert report.ok, [r for r in report.results if not r.ok]
+        assert [r.check for r in report.results] == [
+            "auth", "arch", "bin_dir", "disk_space", "write_test", "agent", "artifacts",
+            "tunnel_owner", "forwards", "remote_config",
+        ]
+        assert len(vps.command_log) - commands_before == 1
+
+    async def test_the_agent_is_asked_through_the_forward(
+        self, preflight: PreflightRunner, agent: StandInAgent
+    ) -> None:
+        await preflight()
+        assert agent.requests == ["/livez", "/v1/inventory"]
+
+
+class TestEachCheckFailsAlone:
+    """Every check fails in isolation with its own code and a hint; a local daemon keeps running."""
+
+    async def test_auth(
+        self, preflight: PreflightRunner, vps: VpsServer, local_daemon: asyncio.subprocess.Process,
+    ) -> None:
+        stranger = asyncssh.generate_private_key("ssh-ed25519")
+        with pytest.raises(asyncssh.PermissionDenied) as denied:
+            await asyncio.wait_for(vps.connect(client_keys=[stranger]), TIMEOUT)
+        report = await preflight(conn=None, auth_error=f"{denied.value.reason}")
+        assert failed_codes(report) == [ErrorCode.PREFLIGHT_AUTH]
+        assert report.result("arch").status is CheckStatus.SKIPPED
+        assert_still_running(local_daemon)
+
+    async def test_arch(
+        self, tmp_path: Path, config: Config, provisioned: list[LocalArtifact],
+        secret: bytes, agent: StandInAgent, local_daemon: asyncio.subprocess.Process,
+    ) -> None:
+        fake_bin = tmp_path / "arm-bin"
+        fake_bin.mkdir()
+        (fake_bin / "uname").write_text("#!/bin/sh\necho aarch64\n")
+        (fake_bin / "uname").chmod(0o755)
+        env = {"PATH": f"{fake_bin}:{os.environ['PATH']}"}
+        async with VpsServer(work_dir=tmp_path / "arm-vps", env=env) as arm_vps:
+            async with arm_vps.connect() as arm_conn:
+                report = await run_preflight(
+                    arm_conn, config=config, service=SERVICE, artifacts=provisioned,
+                    area_data_bytes=0, tunnel_owner=TunnelOwnerView(ours=True),
+                    forwards_ready=ALL_FORWARDS_READY, agent_secret=secret,
+                    agent_url=agent.url, timeout_s=5.0,
+                )
+        assert failed_codes(report) == [ErrorCode.PREFLIGHT_ARCH]
+        assert "aarch64" in report.result("arch").detail
+        assert_still_running(local_daemon)
+
+    async def test_bin_dir(
+        self, preflight: PreflightRunner, remote: RemoteSection,
+        local_daemon: asyncio.subprocess.Process,
+    ) -> None:
+        Path(remote.remote_bin_dir).chmod(0o777)
+        report = await preflight()
+        assert failed_codes(report) == [ErrorCode.PREFLIGHT_BIN_DIR]
+        assert "0777" in report.result("bin_dir").detail
+        assert_still_running(local_daemon)
+
+    async def test_disk_space(
+        self, preflight: PreflightRunner, local_daemon: asyncio.subprocess.Process
+    ) -> None:
+        report = await preflight(area_data_bytes=1 << 60)
+        assert failed_codes(report) == [ErrorCode.PREFLIGHT_DISK_SPACE]
+        assert_still_running(local_daemon)
+
+    async def test_write_test(
+        self, preflight: PreflightRunner, remote: RemoteSection,
+        local_daemon: asyncio.subprocess.Process,
+    ) -> None:
+        blocker = Path(remote.remote_bin_dir) / ".preflight-write-test"
+        blocker.mkdir()
+        (blocker / "keep").write_text("a directory cannot be created as a file nor rm -f'd")
+        report = await preflight()
+        assert failed_codes(report) == [ErrorCode.PREFLIGHT_WRITE_TEST]
+        assert_still_running(local_daemon)
+
+    async def test_agent(
+        self, preflight: PreflightRunner, agent: StandInAgent, config: Config,
+        remote: RemoteSection, local_daemon: asyncio.subprocess.Process,
+    ) -> None:
+        await agent.stop()
+        broken = remote.model_copy(update={"remote_monitord": ("/nonexistent/python3", "x")})
+        report = await preflight(config=config.model_copy(update={"remote": broken}))
+        assert failed_codes(report) == [ErrorCode.PREFLIGHT_AGENT]
+        assert report.result("remote_config").status is CheckStatus.SKIPPED
+        assert_still_running(local_daemon)
+
+    async def test_artifacts(
+        self, preflight: PreflightRunner, remote: RemoteSection,
+        local_daemon: asyncio.subprocess.Process,
+    ) -> None:
+        (Path(remote.remote_bin_dir) / "monitord.pyz").write_bytes(b"tampered")
+        report = await preflight()
+        assert failed_codes(report) == [ErrorCode.PREFLIGHT_ARTIFACTS]
+        assert "monitord.pyz" in report.result("artifacts").detail
+        assert_still_running(local_daemon)
+
+    async def test_tunnel_owner(
+        self, preflight: PreflightRunner, local_daemon: asyncio.subprocess.Process
+    ) -> None:
+        other = TunnelOwnerView(ours=False, owner_id="b7e1", owner_label="pbx-02")
+        report = await preflight(tunnel_owner=other)
+        assert failed_codes(report) == [ErrorCode.PREFLIGHT_TUNNEL_OWNER]
+        assert "pbx-02" in report.result("tunnel_owner").detail
+        assert_still_running(local_daemon)
+
+    async def test_forwards(
+        self, preflight: PreflightRunner, local_daemon: asyncio.subprocess.Process
+    ) -> None:
+        report = await preflight(forwards_ready={"nats": True, "manager": True})
+        assert failed_codes(report) == [ErrorCode.PREFLIGHT_FORWARDS]
+        assert "license" in report.result("forwards").detail
+        assert_still_running(local_daemon)
+
+    async def test_remote_config(
+        self, preflight: PreflightRunner, local_daemon: asyncio.subprocess.Process
+    ) -> None:
+        report = await preflight(agent_secret=b"not-the-agents-secret")
+        assert failed_codes(report) == [ErrorCode.PREFLIGHT_REMOTE_CONFIG]
+        assert_still_running(local_daemon)
+
+    async def test_every_failure_carries_a_fix_hint(
+        self, preflight: PreflightRunner, remote: RemoteSection,
+    ) -> None:
+        Path(remote.remote_bin_dir).chmod(0o777)
+        report = await preflight(
+            area_data_bytes=1 << 60, tunnel_owner=TunnelOwnerView(ours=False),
+            forwards_ready={}, agent_secret=b"wrong",
+        )
+        assert len(report.failures) == 5
+        assert all(result.hint for result in report.failures)
+
+
+class TestStartableAgent:
+    """An agent that does not answer but whose monitord runs on the VPS counts as startable."""
+
+    async def test_a_stopped_agent_with_a_runnable_artifact_passes(
+        self, preflight: PreflightRunner, agent: StandInAgent, config: Config,
+        remote: RemoteSection,
+    ) -> None:
+        await agent.stop()
+        runnable = remote.model_copy(
+            update={"remote_monitord": (sys.executable, "{remote_bin_dir}/monitord.pyz")}
+        )
+        report = await preflight(config=config.model_copy(update={"remote": runnable}))
+        assert report.result("agent").ok, report.result("agent").detail
+        assert "startable" in report.result("agent").detail
