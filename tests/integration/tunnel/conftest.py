@@ -111,8 +111,8 @@ def captured(vps: Vps) -> Any:
     """Captures structlog events; at teardown asserts no private key material leaked."""
     result = Captured()
     with structlog.testing.capture_logs() as events:
+        result.events = events
         yield result
-    result.events.extend(events)
     text = result.all_text() + "\n" + vps.sshd.log_text()
     for fragment in vps.sshd.client_key.private_key_fragments():
         assert fragment not in text, "private key material leaked into logs/status/errors"
