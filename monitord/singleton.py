@@ -16,6 +16,7 @@ Callers: monitord.daemon (run), monitord.launcher (launch, probing with `is_held
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from types import TracebackType
 from typing import IO
@@ -25,6 +26,7 @@ import portalocker
 from monitord import spool_files
 
 DEFAULT_NAME = "monitord"
+HOLDER_PID_POLL_S = 0.02
 _EXCLUSIVE_NOW = portalocker.LockFlags.EXCLUSIVE | portalocker.LockFlags.NON_BLOCKING
 
 
@@ -104,13 +106,41 @@ def _try_lock(lock_path: Path) -> IO[str] | None:
     return handle
 
 
-def acquire(directory: Path, *, name: str = DEFAULT_NAME) -> InstanceLock:
-    """Take the instance lock for `directory` or raise AlreadyRunning naming the holder's PID."""
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _wait_for_holder_pid(pid_path: Path, *, wait_s: float) -> int | None:
+    """The holder's PID for the diagnostic; a holder that has just locked may not have written
+    its PID file yet (or an old one names a dead process), so re-read briefly before giving up."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        pid = read_holder_pid(pid_path)
+        if (pid is not None and _pid_alive(pid)) or time.monotonic() >= deadline:
+            return pid
+        time.sleep(HOLDER_PID_POLL_S)
+
+
+def acquire(
+    directory: Path, *, name: str = DEFAULT_NAME, holder_wait_s: float = 1.0
+) -> InstanceLock:
+    """Take the instance lock for `directory` or raise AlreadyRunning naming the holder's PID.
+
+    The lock decides at once; `holder_wait_s` only bounds how long a refused caller re-reads a
+    missing or stale PID file to name the live holder correctly.
+    """
     directory.mkdir(parents=True, exist_ok=True)
     lock_path, pid_path = _paths(directory, name)
     handle = _try_lock(lock_path)
     if handle is None:
-        raise AlreadyRunning(lock_path=lock_path, holder_pid=read_holder_pid(pid_path))
+        holder_pid = _wait_for_holder_pid(pid_path, wait_s=holder_wait_s)
+        raise AlreadyRunning(lock_path=lock_path, holder_pid=holder_pid)
     try:
         spool_files.atomic_write_bytes(pid_path, f"{os.getpid()}\n".encode("ascii"))
     except BaseException:

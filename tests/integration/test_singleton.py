@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -12,11 +14,13 @@ from pathlib import Path
 import pytest
 
 from monitord import singleton
+from tests.support import daemon_process
 
 HOLDER_SCRIPT = """
 import sys
 from pathlib import Path
 from monitord import singleton
+from tests.support import daemon_process
 lock = singleton.acquire(Path(sys.argv[1]))
 print("locked", flush=True)
 sys.stdin.read()
@@ -102,14 +106,14 @@ class TestReleaseAndRecovery:
             stale = dead_pid()
             (tmp_path / "monitord.pid").write_text(f"{stale}\n")
             with pytest.raises(singleton.AlreadyRunning) as caught:
-                singleton.acquire(tmp_path)
+                singleton.acquire(tmp_path, holder_wait_s=0)
             assert caught.value.holder_pid == stale  # diagnostic only; the lock decided
 
     def test_live_lock_blocks_even_without_a_pid_file(self, tmp_path: Path) -> None:
         with lock_held_by_other_process(tmp_path):
             (tmp_path / "monitord.pid").unlink()
             with pytest.raises(singleton.AlreadyRunning) as caught:
-                singleton.acquire(tmp_path)
+                singleton.acquire(tmp_path, holder_wait_s=0)
             assert caught.value.holder_pid is None
 
     def test_kill_9_of_the_holder_frees_the_lock(self, tmp_path: Path) -> None:
@@ -122,3 +126,67 @@ class TestReleaseAndRecovery:
     def test_is_held_is_false_for_a_never_used_directory(self, tmp_path: Path) -> None:
         assert not singleton.is_held(tmp_path / "nothing-here")
         assert not (tmp_path / "nothing-here").exists()
+
+
+class TestDuplicateDaemonStart:
+    """Of two `monitord run` on one work_dir exactly one serves; the other exits 3 and says so."""
+
+    async def test_two_runs_started_at_the_same_instant_leave_exactly_one(
+        self, tmp_path: Path
+    ) -> None:
+        config_path = daemon_process.write_config(tmp_path)
+        first, second = await asyncio.gather(
+            daemon_process.DaemonProcess.start(config_path),
+            daemon_process.DaemonProcess.start(config_path),
+        )
+        try:
+            done, _ = await asyncio.wait(
+                {asyncio.create_task(first.proc.wait()), asyncio.create_task(second.proc.wait())},
+                timeout=10,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            assert len(done) == 1, "one of the two must exit"
+            loser = first if first.proc.returncode is not None else second
+            winner = second if loser is first else first
+            assert await loser.wait_exit() == 3
+            await winner.wait_ready()
+            assert await winner.status_of("/livez") == 200
+            [event] = loser.events("duplicate_instance")
+            assert event["error_code"] == "DUPLICATE_INSTANCE"
+            assert event["holder_pid"] == winner.pid
+            assert "Traceback" not in "\n".join(loser.lines)
+            assert await winner.stop() == 0
+        finally:
+            await first.close()
+            await second.close()
+
+    async def test_the_loser_exits_within_two_seconds(self, tmp_path: Path) -> None:
+        async with daemon_process.running_daemon(tmp_path) as holder:
+            started = time.monotonic()
+            duplicate = await daemon_process.DaemonProcess.start(holder.config_path)
+            try:
+                assert await duplicate.wait_exit(timeout_s=10) == 3
+                assert time.monotonic() - started < 2.0
+                assert len(duplicate.events("duplicate_instance")) == 1
+                assert await holder.status_of("/livez") == 200
+            finally:
+                await duplicate.close()
+
+    async def test_different_work_dirs_both_run(self, tmp_path: Path) -> None:
+        async with (
+            daemon_process.running_daemon(tmp_path / "a") as a,
+            daemon_process.running_daemon(tmp_path / "b") as b,
+        ):
+            assert await a.status_of("/livez") == 200
+            assert await b.status_of("/livez") == 200
+
+    async def test_a_new_start_succeeds_after_kill_9_of_the_holder(self, tmp_path: Path) -> None:
+        config_path = daemon_process.write_config(tmp_path)
+        async with daemon_process.running_daemon(tmp_path, config_path=config_path) as victim:
+            victim.kill()
+            assert await victim.wait_exit() == -9
+        assert (tmp_path / "work" / "monitord.pid").exists()  # stale PID file left behind
+        async with daemon_process.running_daemon(tmp_path, config_path=config_path) as successor:
+            assert await successor.status_of("/livez") == 200
+            pid_file = tmp_path / "work" / "monitord.pid"
+            assert pid_file.read_text().strip() == str(successor.pid)
