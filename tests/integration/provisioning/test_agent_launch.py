@@ -1,0 +1,101 @@
+"""End to end on the in-process VPS: provisioning starts the real agent from the pushed
+monitord.pyz through agent-launch, a second run leaves it alone, and preflight passes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import signal
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import asyncssh
+import pytest
+
+from monitord import provisioning
+from monitord.config import Config, RemoteSection, ServiceSection
+from monitord.preflight import TunnelOwnerView, run_preflight
+from monitord.provisioning import LocalArtifact
+
+TIMEOUT = 30.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def agent_pid(bin_dir: Path) -> int:
+    return int((bin_dir / "agent.pid").read_text().split()[0])
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.fixture
+async def real_remote(remote: RemoteSection) -> AsyncIterator[RemoteSection]:
+    """The remote section with the default remote_monitord (the pushed pyz); stops the agent."""
+    defaults = RemoteSection.model_fields["remote_monitord"].default
+    section = remote.model_copy(
+        update={"remote_monitord": defaults, "agent_listen": f"127.0.0.1:{free_port()}"}
+    )
+    bin_dir = Path(section.remote_bin_dir)
+    try:
+        yield section
+    finally:
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            pid = agent_pid(bin_dir)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+            async with asyncio.timeout(TIMEOUT):
+                while alive(pid):  # noqa: ASYNC110 - polling an outside process, bounded
+                    await asyncio.sleep(0.05)
+
+
+class TestRealAgent:
+    """agent-launch from the pushed pyz starts one agent; preflight then passes against it."""
+
+    async def test_provisioning_starts_the_agent_once_and_preflight_passes(
+        self, conn: asyncssh.SSHClientConnection, real_remote: RemoteSection,
+        artifacts: list[LocalArtifact],
+    ) -> None:
+        secret = secrets.token_hex(16).encode()
+        bin_dir = Path(real_remote.remote_bin_dir)
+        await asyncio.wait_for(
+            provisioning.provision(conn, remote=real_remote, artifacts=artifacts, secret=secret),
+            TIMEOUT,
+        )
+        first_pid = agent_pid(bin_dir)
+        again = await asyncio.wait_for(
+            provisioning.provision(conn, remote=real_remote, artifacts=artifacts, secret=secret),
+            TIMEOUT,
+        )
+        assert not again.changed
+        assert agent_pid(bin_dir) == first_pid and alive(first_pid)
+
+        agent_port = int(real_remote.agent_listen.rsplit(":", 1)[1])
+        forward = await conn.forward_local_port("127.0.0.1", 0, "127.0.0.1", agent_port)
+        service = ServiceSection(command=("/bin/true",), local_data_dir="/l", remote_data_dir="/r")
+        try:
+            report = await asyncio.wait_for(
+                run_preflight(
+                    conn, config=Config(remote=real_remote, services={"tg": service}),
+                    service="tg", artifacts=artifacts, area_data_bytes=0,
+                    tunnel_owner=TunnelOwnerView(ours=True),
+                    forwards_ready={"nats": True, "license": True, "manager": True},
+                    agent_secret=secret, agent_url=f"http://127.0.0.1:{forward.get_port()}",
+                ),
+                TIMEOUT,
+            )
+        finally:
+            forward.close()
+        assert report.ok, [r for r in report.results if not r.ok]
