@@ -40,6 +40,8 @@ from typing import Any
 import asyncssh
 import structlog
 
+from monitord.config import RemoteSection
+
 log = structlog.get_logger(__name__)
 
 _CHUNK = 64 * 1024
@@ -117,6 +119,19 @@ class VpsServer:
         options.setdefault("agent_path", None)
         options.setdefault("config", None)
         return asyncssh.connect(self.host, self.port, **options)
+
+    def remote_section(self, *, remote_bin_dir: str, **overrides: Any) -> RemoteSection:
+        """A `[remote]` section pointing at this server (its key file and known_hosts)."""
+        values: dict[str, Any] = {
+            "host": self.host,
+            "port": self.port,
+            "user": self.username,
+            "key_file": self.key_file,
+            "known_hosts": self.known_hosts,
+            "remote_bin_dir": remote_bin_dir,
+        }
+        values.update(overrides)
+        return RemoteSection(**values)
 
     # -- fault controls ----------------------------------------------------------------
 

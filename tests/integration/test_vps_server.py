@@ -72,6 +72,16 @@ class TestExec:
             result = await asyncio.wait_for(conn.run('echo "$SSH_CONNECTION"'), TIMEOUT)
         assert str(result.stdout).split()[1] == str(local_port)
 
+    async def test_its_remote_section_is_enough_to_connect(
+        self, vps: VpsServer, tmp_path: Path
+    ) -> None:
+        remote = vps.remote_section(remote_bin_dir=str(tmp_path / "bin"))
+        async with asyncssh.connect(
+            remote.host, remote.port, username=remote.user, client_keys=[remote.key_file],
+            known_hosts=str(remote.known_hosts), agent_path=None, config=None,
+        ) as conn:
+            assert (await asyncio.wait_for(conn.run("true"), TIMEOUT)).exit_status == 0
+
     async def test_a_wrong_client_key_is_refused(self, vps: VpsServer) -> None:
         stranger = asyncssh.generate_private_key("ssh-ed25519")
         with pytest.raises(asyncssh.PermissionDenied):
