@@ -1,0 +1,165 @@
+"""The verbs `monitord agent` (run the agent in the foreground) and `monitord agent-launch`
+(its idempotent launcher: start it detached unless it already runs, wait until it is ready).
+
+`agent` takes the agent's singleton lock on its dir first (exit 3 with a `duplicate_instance`
+event when another agent holds it), adopts or stops what a previous agent left, then serves
+the manager API. Once listening it writes the bound address to `{dir}/agent.address`, so a
+`--listen` with port 0 is usable by tests. SIGTERM/SIGINT stop it; its daemons stay under
+their lease guards. Called through monitord.cli; provisioning runs `agent-launch` over SSH.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_DUPLICATE = 3
+ADDRESS_NAME = "agent.address"
+LOCK_NAME = "agent"
+
+
+def _common_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dir", type=Path, required=True, help="remote bin dir (agent home)")
+    parser.add_argument("--listen", default="127.0.0.1:8225", help="HOST:PORT (port 0: any)")
+    parser.add_argument("--stop-grace", type=float, default=5.0,
+                        help="seconds between SIGTERM and SIGKILL on a requested stop")
+    parser.add_argument("--fence-grace", type=float, default=0.5,
+                        help="seconds between SIGTERM and SIGKILL when a lease lapses")
+    parser.add_argument("--log-format", default="auto", choices=("auto", "json", "console"))
+
+
+def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
+    _common_arguments(parser)
+
+
+def add_agent_launch_arguments(parser: argparse.ArgumentParser) -> None:
+    _common_arguments(parser)
+    parser.add_argument("--wait", type=float, default=15.0, help="seconds to wait for ready")
+
+
+def main_agent(args: argparse.Namespace) -> int:
+    import asyncio
+
+    import structlog
+
+    from monitord import logs, singleton
+
+    logs.configure(args.log_format)
+    log = structlog.get_logger("monitord.agent")
+    base_dir: Path = args.dir.resolve()
+    base_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        lock = singleton.acquire(base_dir, name=LOCK_NAME)
+    except singleton.AlreadyRunning as e:
+        log.error("duplicate_instance", error_code="DUPLICATE_INSTANCE",
+                  holder_pid=e.holder_pid, dir=str(base_dir))
+        return EXIT_DUPLICATE
+    with lock:
+        try:
+            return asyncio.run(_serve(args, base_dir=base_dir))
+        except OSError as e:
+            log.error("agent_start_failed", error_code="DAEMON_START_FAILED", detail=str(e))
+            return EXIT_FAILURE
+
+
+async def _serve(args: argparse.Namespace, *, base_dir: Path) -> int:
+    import asyncio
+    import signal
+
+    from aiohttp import web
+
+    from monitord import spool_files
+    from monitord.agent import server
+    from monitord.agent.runtime import AgentRuntime
+    from monitord.config import split_hostport
+
+    host, port = split_hostport(args.listen)
+    address_path = base_dir / ADDRESS_NAME
+    address_path.unlink(missing_ok=True)
+    runtime = AgentRuntime(
+        base_dir=base_dir, stop_grace_s=args.stop_grace, fence_grace_s=args.fence_grace
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await runtime.start()
+    app = server.build_app(runtime, secret_path=base_dir / server.SECRET_NAME)
+    runner = web.AppRunner(app, handle_signals=False, access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port, reuse_address=True)
+        await site.start()
+        bound_host, bound_port = runner.addresses[0][:2]
+        spool_files.atomic_write_bytes(address_path, f"{bound_host}:{bound_port}\n".encode())
+        await stop.wait()
+    finally:
+        address_path.unlink(missing_ok=True)
+        await runner.cleanup()
+        await runtime.close()
+    return EXIT_OK
+
+
+def _ready(base_dir: Path) -> bool:
+    """The agent holds its lock, has written its address and answers /readyz."""
+    import urllib.error
+    import urllib.request
+
+    from monitord import singleton
+    from monitord.agent import server
+
+    if not singleton.is_held(base_dir, name=LOCK_NAME):
+        return False
+    try:
+        address = (base_dir / ADDRESS_NAME).read_text().strip()
+        secret = (base_dir / server.SECRET_NAME).read_text().strip()
+    except OSError:
+        return False
+    request = urllib.request.Request(
+        f"http://{address}/readyz", headers={"Authorization": f"Bearer {secret}"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=1.0) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def main_agent_launch(args: argparse.Namespace) -> int:
+    import structlog
+
+    from monitord import logs, singleton
+    from monitord.agent.area_runner import package_root
+
+    logs.configure(args.log_format)
+    log = structlog.get_logger("monitord.agent")
+    base_dir: Path = args.dir.resolve()
+    base_dir.mkdir(parents=True, exist_ok=True)
+    if singleton.is_held(base_dir, name=LOCK_NAME):
+        return EXIT_OK
+    (base_dir / "logs").mkdir(exist_ok=True)
+    env = {**os.environ}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root(), env.get("PYTHONPATH")) if p)
+    argv = [sys.executable, "-m", "monitord", "agent", "--dir", str(base_dir),
+            "--listen", args.listen, "--stop-grace", str(args.stop_grace),
+            "--fence-grace", str(args.fence_grace), "--log-format", "json"]
+    with open(base_dir / "logs" / "agent.log", "ab") as out:
+        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                 env=env, start_new_session=True, close_fds=True)
+    deadline = time.monotonic() + args.wait
+    while time.monotonic() < deadline:
+        if _ready(base_dir):
+            log.info("agent_launched", pid=child.pid, dir=str(base_dir))
+            return EXIT_OK
+        if child.poll() is not None and not singleton.is_held(base_dir, name=LOCK_NAME):
+            break  # it died and nobody else holds the lock
+        time.sleep(0.05)
+    log.error("agent_launch_failed", error_code="DAEMON_START_FAILED", dir=str(base_dir),
+              exit_status=child.poll())
+    return EXIT_FAILURE

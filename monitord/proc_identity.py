@@ -1,0 +1,195 @@
+"""Process identity and process-group termination, read from Linux /proc.
+
+A PID alone names nothing durable: PIDs are reused. A `ProcessIdentity` is the PID plus
+the process start time (clock ticks since boot, field 22 of /proc/PID/stat) plus its
+command line; two identities are the same process only if all three agree. Zombies count
+as gone. Used by the local supervisor (adopting survivors of a previous instance), the
+remote agent (adopting lease guards after an agent restart) and the lease guard itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+_PROC = Path("/proc")
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class ProcessIdentity:
+    """Who a process is: pid, start time in clock ticks since boot, and argv."""
+
+    pid: int
+    start_ticks: int
+    cmdline: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pid": self.pid, "start_ticks": self.start_ticks, "cmdline": list(self.cmdline)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ProcessIdentity:
+        return cls(
+            pid=int(data["pid"]),
+            start_ticks=int(data["start_ticks"]),
+            cmdline=tuple(str(part) for part in data["cmdline"]),
+        )
+
+
+@dataclass(frozen=True)
+class _Stat:
+    state: str
+    ppid: int
+    pgrp: int
+    start_ticks: int
+
+
+def _read_stat(pid: int) -> _Stat | None:
+    try:
+        raw = (_PROC / str(pid) / "stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    # The command name is in parentheses and may itself contain spaces or ')'.
+    fields = raw[raw.rindex(")") + 2 :].split()
+    return _Stat(
+        state=fields[0], ppid=int(fields[1]), pgrp=int(fields[2]), start_ticks=int(fields[19])
+    )
+
+
+def _read_cmdline(pid: int) -> tuple[str, ...] | None:
+    try:
+        raw = (_PROC / str(pid) / "cmdline").read_bytes()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    return tuple(part.decode("utf-8", "replace") for part in raw.split(b"\0") if part)
+
+
+def read(pid: int) -> ProcessIdentity | None:
+    """The identity of a live (non-zombie) process, or None if there is none with that PID."""
+    stat = _read_stat(pid)
+    if stat is None or stat.state in ("Z", "X"):
+        return None
+    cmdline = _read_cmdline(pid)
+    if cmdline is None:
+        return None
+    return ProcessIdentity(pid=pid, start_ticks=stat.start_ticks, cmdline=cmdline)
+
+
+def is_same_process(identity: ProcessIdentity) -> bool:
+    """True only if that exact process (pid, start time and argv) is still alive."""
+    return read(identity.pid) == identity
+
+
+def is_alive(pid: int) -> bool:
+    """True if a non-zombie process with this PID exists (any identity)."""
+    stat = _read_stat(pid)
+    return stat is not None and stat.state not in ("Z", "X")
+
+
+def group_members(pgid: int) -> list[int]:
+    """PIDs of the live (non-zombie) processes in a process group; one scan of /proc."""
+    members: list[int] = []
+    for entry in _PROC.iterdir():
+        if not entry.name.isdigit():
+            continue
+        stat = _read_stat(int(entry.name))
+        if stat is not None and stat.pgrp == pgid and stat.state not in ("Z", "X"):
+            members.append(int(entry.name))
+    return members
+
+
+def children_of(parents: set[int]) -> dict[int, list[int]]:
+    """parent pid -> pids of its live children, for the given parents; one scan of /proc."""
+    found: dict[int, list[int]] = {pid: [] for pid in parents}
+    for entry in _PROC.iterdir():
+        if not entry.name.isdigit():
+            continue
+        stat = _read_stat(int(entry.name))
+        if stat is not None and stat.ppid in found and stat.state not in ("Z", "X"):
+            found[stat.ppid].append(int(entry.name))
+    return found
+
+
+def _boot_time() -> float:
+    for line in (_PROC / "stat").read_text().splitlines():
+        if line.startswith("btime "):
+            return float(line.split()[1])
+    raise RuntimeError("/proc/stat has no btime line")
+
+
+def started_at(identity: ProcessIdentity) -> float:
+    """Wall-clock start time (seconds since the epoch) of the process."""
+    return _boot_time() + identity.start_ticks / _CLOCK_TICKS
+
+
+def uptime_s(identity: ProcessIdentity) -> float:
+    """Seconds the process has been running, from the kernel's own start time."""
+    with (_PROC / "uptime").open() as f:
+        since_boot = float(f.read().split()[0])
+    return max(0.0, since_boot - identity.start_ticks / _CLOCK_TICKS)
+
+
+def signal_group(pgid: int, sig: signal.Signals) -> bool:
+    """Send a signal to a process group; False if the group no longer exists."""
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+async def terminate_group(
+    pgid: int, *, grace_s: float, kill_wait_s: float = 2.0, poll_s: float = 0.02
+) -> bool:
+    """SIGTERM a process group, wait `grace_s` for it to empty, SIGKILL what is left, then
+    verify the group is gone. Returns True once no live member remains.
+
+    The caller reaps its own children (a zombie is not a live member)."""
+    if not group_members(pgid):
+        return True
+    signal_group(pgid, signal.SIGTERM)
+    if await _wait_group_empty(pgid, timeout_s=grace_s, poll_s=poll_s):
+        return True
+    signal_group(pgid, signal.SIGKILL)
+    return await _wait_group_empty(pgid, timeout_s=kill_wait_s, poll_s=poll_s)
+
+
+async def _wait_group_empty(pgid: int, *, timeout_s: float, poll_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if not group_members(pgid):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(poll_s)
+
+
+def find_by_environ(key: str, value: str) -> list[tuple[ProcessIdentity, dict[str, str]]]:
+    """Live processes whose environment holds `key=value` (a marker their spawner set),
+    with their environment; one scan of /proc. Unreadable environments are skipped."""
+    marker = f"{key}={value}".encode()
+    found: list[tuple[ProcessIdentity, dict[str, str]]] = []
+    for entry in _PROC.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        if marker not in environ:
+            continue
+        identity = read(int(entry.name))
+        if identity is None:
+            continue
+        env: dict[str, str] = {}
+        for item in environ:
+            name, sep, val = item.partition(b"=")
+            if sep:
+                env[name.decode(errors="replace")] = val.decode(errors="replace")
+        found.append((identity, env))
+    return found

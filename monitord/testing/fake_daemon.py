@@ -1,0 +1,168 @@
+"""A fake messenger daemon: `python -m monitord.testing.fake_daemon --area A --data DIR
+--side local|remote --generation N --heartbeat HOST:PORT [--ignore-sigterm] [--crash-after S]`.
+
+It behaves like a messenger daemon where it matters to monitord:
+- it keeps a small "session DB" (`session.db` in its data dir): one JSON record per line,
+  each carrying the SHA-256 of the previous record, so a lost, truncated or torn copy is
+  detected when the next daemon reads it at start (exit code 4, `session_db_broken`);
+- every 100 ms it sends a heartbeat JSON line `{area, side, generation, pid, ts, seq}` over
+  TCP to the split-brain detector, reconnecting when the connection drops (on the VPS the
+  endpoint is a reverse-forwarded port);
+- on SIGTERM it appends a last record, sends `{"event": "goodbye", …}` and exits 0, unless
+  started with `--ignore-sigterm` (for stop-escalation tests); `--crash-after S` makes it
+  exit with status 70 after S seconds (for crash-loop tests).
+Service command templates expand {area}, {data_dir}, {generation} and {side}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+SESSION_DB = "session.db"
+GENESIS = "0" * 64
+EXIT_CRASH = 70
+EXIT_DB_BROKEN = 4
+
+
+class SessionDbBroken(Exception):
+    """The session DB's hash chain does not verify: the copy is torn or incomplete."""
+
+
+def record_hash(prev: str, payload: dict[str, Any]) -> str:
+    body = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256((prev + body).encode()).hexdigest()
+
+
+def verify_session_db(path: Path) -> tuple[int, str]:
+    """(records, last hash) of a valid chain; raises SessionDbBroken naming the bad line."""
+    prev, count = GENESIS, 0
+    if not path.exists():
+        return 0, GENESIS
+    with path.open("rb") as f:
+        for number, raw in enumerate(f, start=1):
+            if not raw.endswith(b"\n"):
+                raise SessionDbBroken(f"{path}:{number}: truncated record")
+            try:
+                record = json.loads(raw)
+                payload, claimed = record["payload"], record["hash"]
+                linked = record["prev"] == prev
+            except (ValueError, KeyError, TypeError) as e:
+                raise SessionDbBroken(f"{path}:{number}: unreadable record ({e})") from e
+            if not linked or record_hash(prev, payload) != claimed:
+                raise SessionDbBroken(f"{path}:{number}: hash chain broken")
+            prev, count = claimed, count + 1
+    return count, prev
+
+
+class SessionDb:
+    """Append-only hash-chained records, fsynced one by one."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.count, self.last = verify_session_db(path)
+
+    def append(self, payload: dict[str, Any]) -> None:
+        digest = record_hash(self.last, payload)
+        line = json.dumps({"prev": self.last, "hash": digest, "payload": payload}) + "\n"
+        with self.path.open("ab") as f:
+            f.write(line.encode())
+            f.flush()
+            os.fsync(f.fileno())
+        self.last, self.count = digest, self.count + 1
+
+
+class HeartbeatSender:
+    """One TCP connection to the detector, re-dialled (at most every 100 ms) when it drops."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self._address = (host, port)
+        self._sock: socket.socket | None = None
+        self._next_dial = 0.0
+
+    def send(self, message: dict[str, Any]) -> bool:
+        if self._sock is None:
+            if time.monotonic() < self._next_dial:
+                return False
+            self._next_dial = time.monotonic() + 0.1
+            try:
+                self._sock = socket.create_connection(self._address, timeout=0.5)
+                self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                self._sock = None
+                return False
+        try:
+            self._sock.sendall((json.dumps(message) + "\n").encode())
+            return True
+        except OSError:
+            self.close()
+            return False
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+
+def run(args: argparse.Namespace) -> int:
+    data = Path(args.data)
+    data.mkdir(parents=True, exist_ok=True)
+    try:
+        db = SessionDb(data / SESSION_DB)
+    except SessionDbBroken as e:
+        print(json.dumps({"event": "session_db_broken", "detail": str(e)}), file=sys.stderr)
+        return EXIT_DB_BROKEN
+    terminate = False
+
+    def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+        nonlocal terminate
+        terminate = True
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN if args.ignore_sigterm else _on_sigterm)
+    identity = {"area": args.area, "side": args.side, "generation": args.generation,
+                "pid": os.getpid()}
+    db.append({**identity, "event": "start", "ts": time.time(), "records_before": db.count})
+    host, _, port = args.heartbeat.rpartition(":")
+    sender = HeartbeatSender(host.strip("[]"), int(port))
+    started = time.monotonic()
+    seq = 0
+    while not terminate:
+        if args.crash_after is not None and time.monotonic() - started >= args.crash_after:
+            sender.close()  # no goodbye: a crash
+            return EXIT_CRASH
+        sender.send({**identity, "ts": time.time(), "seq": seq})
+        seq += 1
+        if seq % 10 == 0:
+            db.append({**identity, "event": "tick", "ts": time.time(), "seq": seq})
+        time.sleep(args.interval)
+    db.append({**identity, "event": "stop", "ts": time.time(), "seq": seq})
+    sender.send({**identity, "ts": time.time(), "seq": seq, "event": "goodbye"})
+    sender.close()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="fake_daemon", description=__doc__.splitlines()[0])
+    parser.add_argument("--area", required=True)
+    parser.add_argument("--data", required=True)
+    parser.add_argument("--side", required=True, choices=("local", "remote"))
+    parser.add_argument("--generation", type=int, required=True)
+    parser.add_argument("--heartbeat", required=True, help="detector HOST:PORT")
+    parser.add_argument("--interval", type=float, default=0.1, help="heartbeat period, s")
+    parser.add_argument("--ignore-sigterm", action="store_true")
+    parser.add_argument("--crash-after", type=float, default=None, help="exit 70 after S s")
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""The agent's manager API: authorisation, generation- and owner-checked create, stop, delete."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from monitord import proc_identity
+from monitord.testing.split_brain import Detector
+from tests.integration.agent.conftest import area_body
+from tests.support.agent_process import AgentProcess
+
+AREA = "5b1d0c2e-0000-4000-8000-000000000001"
+
+
+async def _running_pid(agent: AgentProcess, area: str = AREA) -> int | None:
+    processes = [p for p in (await agent.inventory())["processes"] if p["area"] == area]
+    assert len(processes) <= 1, processes
+    return processes[0]["pid"] if processes and processes[0]["alive"] else None
+
+
+class TestAuthorisation:
+    """Every route except /livez answers 401 AGENT_UNAUTHORIZED without the bearer secret."""
+
+    async def test_request_without_the_secret_is_refused(self, agent: AgentProcess) -> None:
+        status, body = await agent.request("GET", "/v1/inventory", auth=False)
+        assert status == 401
+        assert body["error"]["code"] == "AGENT_UNAUTHORIZED"
+
+    async def test_request_with_a_wrong_secret_is_refused(self, agent: AgentProcess) -> None:
+        status, body = await agent.request("GET", "/readyz", token=agent.secret + "x")
+        assert (status, body["error"]["code"]) == (401, "AGENT_UNAUTHORIZED")
+
+    async def test_a_write_without_the_secret_changes_nothing(
+        self, agent: AgentProcess, detector: Detector
+    ) -> None:
+        body = area_body(agent, detector, area=AREA, generation=1)
+        status, _ = await agent.request("PUT", f"/v1/areas/{AREA}", json_body=body, auth=False)
+        assert status == 401
+        assert (await agent.inventory())["entries"] == []
+
+    async def test_livez_needs_no_secret(self, agent: AgentProcess) -> None:
+        status, _ = await agent.request("GET", "/livez", auth=False)
+        assert status == 200
+
+
+class TestCreate:
+    """Creating an area is checked against owner and generation and never runs a second
+    process for one area."""
+
+    async def test_create_starts_the_daemon_and_repeating_it_is_idempotent(
+        self, agent: AgentProcess, detector: Detector
+    ) -> None:
+        body = area_body(agent, detector, area=AREA, generation=3)
+        status, created = await agent.request("PUT", f"/v1/areas/{AREA}", json_body=body)
+        assert status == 201, created
+        assert await detector.wait_for(lambda d: d.alive(AREA), timeout_s=10)
+        pid = await _running_pid(agent)
+        status, again = await agent.request("PUT", f"/v1/areas/{AREA}", json_body=body)
+        assert (status, again["result"]) == (200, "unchanged")
+        assert await _running_pid(agent) == pid
+        assert [life.key.pid for life in detector.lives(AREA)] == [pid]
+
+    async def test_create_at_an_older_generation_is_refused_with_409(
+        self, agent: AgentProcess, detector: Detector
+    ) -> None:
+        newer = area_body(agent, detector, area=AREA, generation=5)
+        assert (await agent.request("PUT", f"/v1/areas/{AREA}", json_body=newer))[0] == 201
+        older = area_body(agent, detector, area=AREA, generation=4)
+        status, body = await agent.request("PUT", f"/v1/areas/{AREA}", json_body=older)
+        assert status == 409
+        assert body["error"]["code"] == "DESTINATION_CONFLICT"
+        entry = (await agent.inventory())["entries"][0]
+        assert entry["generation"] == 5
+
+    async def test_create_by_another_owner_is_refused_with_409(
+        self, agent: AgentProcess, detector: Detector
+    ) -> None:
+        mine = area_body(agent, detector, area=AREA, generation=1)
+        assert (await agent.request("PUT", f"/v1/areas/{AREA}", json_body=mine))[0] == 201
+        theirs = area_body(agent, detector, area=AREA, generation=9, owner_id="other-pbx")
+        status, body = await agent.request("PUT", f"/v1/areas/{AREA}", json_body=theirs)
+        assert (status, body["error"]["code"]) == (409, "DESTINATION_CONFLICT")
+        assert "other-pbx" not in str(await agent.inventory())
+
+    async def test_a_newer_generation_replaces_the_old_process_without_overlap(
+        self, agent: AgentProcess, detector: Detector
+    ) -> None:
+        old = area_body(agent, detector, area=AREA, generation=1)
+        assert (await agent.request("PUT", f"/v1/areas/{AREA}", json_body=old))[0] == 201
+        assert await detector.wait_for(lambda d: d.alive(AREA), timeout_s=10)
+        new = area_body(agent, detector, area=AREA, generation=2)
+        assert (await agent.request("PUT", f"/v1/areas/{AREA}", json_body=new))[0] == 201
+        assert await detector.wait_for(
+            lambda d: [k.generation for k in d.alive(AREA)] == [2], timeout_s=10
+        )
+        assert detector.overlaps() == []
+
+    async def test_bad_input_is_rejected_with_400_and_changes_nothing(
+        self, agent: AgentProcess, detector: Detector, tmp_path: Path
+    ) -> None:
+        outside = area_body(agent, detector, area=AREA, generation=1)
+        outside["data_dir"] = str(tmp_path / "elsewhere")
+        for path, body in (
+            (f"/v1/areas/{AREA}", {"service": "tg"}),
+            (f"/v1/areas/{AREA}", outside),
+            ("/v1/areas/..%2Fetc", area_body(agent, detector, area=AREA, generation=1)),
+        ):
+            status, answer = await agent.request("PUT", path, json_body=body)
+            assert (status, answer["error"]["code"]) == (400, "BAD_REQUEST"), answer
+        assert (await agent.inventory())["entries"] == []
+
+
+class TestStopAndDelete:
+    """Stop and delete act only at the named generation; deleting an absent area succeeds."""
+
+    async def test_stop_stops_the_process_and_keeps_the_entry(
+        self, agent: AgentProcess, detector: Detector
+    ) -> None:
+        body = area_body(agent, detector, area=AREA, generation=2)
+        await agent.request("PUT", f"/v1/areas/{AREA}", json_body=body)
+        assert await detector.wait_for(lambda d: d.alive(AREA), timeout_s=10)
+        status, result = await agent.request("POST", f"/v1/areas/{AREA}/stop?generation=2")
+        assert (status, result["result"]) == (200, "stopped")
+        inventory = await agent.inventory()
+        assert inventory["processes"] == []
+        assert inventory["entries"][0]["state"] == "stopped"
+        assert detector.alive(AREA) == []
+
+    async def test_delete_at_a_wrong_generation_touches_nothing(
+        self, agent: AgentProcess, detector: Detector
+    ) -> None:
+        body = area_body(agent, detector, area=AREA, generation=7)
+        await agent.request("PUT", f"/v1/areas/{AREA}", json_body=body)
+        assert await detector.wait_for(lambda d: d.alive(AREA), timeout_s=10)
+        pid = await _running_pid(agent)
+        assert pid is not None
+        data_dir = Path(body["data_dir"])
+        for method, path in (("DELETE", f"/v1/areas/{AREA}?generation=6"),
+                             ("POST", f"/v1/areas/{AREA}/stop?generation=8")):
+            status, answer = await agent.request(method, path)
+            assert (status, answer["error"]["code"]) == (409, "DESTINATION_CONFLICT")
+        assert await _running_pid(agent) == pid
+        assert proc_identity.is_alive(pid)
+        assert (data_dir / "session.db").exists()
+        assert (await agent.inventory())["entries"][0]["generation"] == 7
+
+    async def test_delete_removes_process_entry_and_data_and_is_idempotent(
+        self, agent: AgentProcess, detector: Detector
+    ) -> None:
+        body = area_body(agent, detector, area=AREA, generation=7)
+        await agent.request("PUT", f"/v1/areas/{AREA}", json_body=body)
+        assert await detector.wait_for(lambda d: d.alive(AREA), timeout_s=10)
+        status, answer = await agent.request("DELETE", f"/v1/areas/{AREA}?generation=7")
+        assert (status, answer["result"]) == (200, "deleted")
+        inventory = await agent.inventory()
+        assert (inventory["entries"], inventory["processes"]) == ([], [])
+        assert not Path(body["data_dir"]).exists()
+        assert detector.alive(AREA) == []
+        status, answer = await agent.request("DELETE", f"/v1/areas/{AREA}?generation=7")
+        assert (status, answer["result"]) == (200, "absent")
