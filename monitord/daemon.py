@@ -212,6 +212,7 @@ class Daemon:
         self.stop_reason = ""
         self.failed = False
         self._wake: asyncio.Event | None = None
+        self._forced: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._previous_handlers: dict[int, Any] = {}
         self._lock: InstanceLock | None = None
@@ -241,6 +242,8 @@ class Daemon:
         # Runs between bytecodes of the main thread: only set flags and wake the loop.
         if self.should_exit and signum == signal.SIGINT:
             self.force_exit = True
+            if self._loop is not None and self._forced is not None:
+                self._loop.call_soon_threadsafe(self._forced.set)
         if not self.should_exit:
             self.stop_reason = signal.Signals(signum).name
         self.should_exit = True
@@ -262,6 +265,7 @@ class Daemon:
     async def serve(self) -> int:
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
+        self._forced = asyncio.Event()
         self._install_signal_handlers()
         try:
             try:
@@ -398,17 +402,16 @@ class Daemon:
         self.notifier.stopping(status=reason)
         self.log.info("daemon_stopping", reason=reason, forced=self.force_exit)
         self.admission.stop_intake()
-        drain_s = 0.0 if self.force_exit else self.config.http.drain_timeout_s
-        if not await self.admission.wait_drained(grace_s=drain_s):
+        drain_s = self.config.http.drain_timeout_s
+        if not await self._unless_forced(self.admission.wait_drained(grace_s=drain_s)):
             self.log.warning(
                 "http_drain_timeout", still_active=self.admission.active, drain_timeout_s=drain_s
             )
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
-        stop_s = 0.01 if self.force_exit else COMPONENT_STOP_TIMEOUT_S
         for component in reversed(self._started):
-            await self._stop_component(component, timeout_s=stop_s)
+            await self._stop_component(component)
         self._started.clear()
         if self._tasks is not None:
             await self._tasks.stop(grace_s=0.0 if self.force_exit else ROOT_TASK_GRACE_S)
@@ -420,10 +423,28 @@ class Daemon:
         self._lock = None
         self.log.info("daemon_stopped", reason=reason)
 
-    async def _stop_component(self, component: Component, *, timeout_s: float) -> None:
+    async def _unless_forced(self, waiting: Coroutine[Any, Any, bool]) -> bool:
+        """Await `waiting` unless a forced exit comes first (then False, `waiting` cancelled)."""
+        assert self._forced is not None
+        if self.force_exit:
+            waiting.close()
+            return False
+        task = asyncio.ensure_future(waiting)
+        forced = asyncio.ensure_future(self._forced.wait())
+        await asyncio.wait({task, forced}, return_when=asyncio.FIRST_COMPLETED)
+        for pending in (task, forced):
+            pending.cancel()
+        await asyncio.gather(task, forced, return_exceptions=True)
+        return not task.cancelled() and task.exception() is None and bool(task.result())
+
+    async def _stop_component(self, component: Component) -> None:
         stopping = asyncio.ensure_future(component.stop())
-        done, _ = await asyncio.wait({stopping}, timeout=timeout_s)
-        if not done:
+
+        async def finished() -> bool:
+            done, _ = await asyncio.wait({stopping}, timeout=COMPONENT_STOP_TIMEOUT_S)
+            return bool(done)
+
+        if not await self._unless_forced(finished()):
             stopping.cancel()
             await asyncio.wait({stopping}, timeout=ROOT_TASK_GRACE_S)
             self.log.error(

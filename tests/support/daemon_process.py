@@ -80,6 +80,36 @@ def _listen_of(config_path: Path) -> str:
     return str(data["http"]["listen"])
 
 
+@dataclass(frozen=True)
+class ApiClient:
+    """Plain HTTP calls to a monitord API at `base_url` (a subprocess or an in-process daemon)."""
+
+    base_url: str
+
+    async def request(
+        self, method: str, path: str, *, json_body: Any = None, timeout_s: float = 5.0
+    ) -> tuple[int, Any]:
+        """One HTTP request to the daemon: (status, parsed JSON body or text)."""
+        timeout = aiohttp.ClientTimeout(total=timeout_s)
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as session,
+            session.request(method, self.base_url + path, json=json_body) as response,
+        ):
+            text = await response.text()
+            try:
+                return response.status, json.loads(text)
+            except json.JSONDecodeError:
+                return response.status, text
+
+    async def status_of(self, path: str) -> int | None:
+        """The HTTP status of GET `path`, or None if nothing answers."""
+        try:
+            status, _ = await self.request("GET", path, timeout_s=1.0)
+        except (aiohttp.ClientError, TimeoutError):
+            return None
+        return status
+
+
 @dataclass
 class DaemonProcess:
     """One `monitord run` subprocess and what it wrote to stderr."""
@@ -130,28 +160,17 @@ class DaemonProcess:
                     parsed.append(event)
         return parsed
 
+    @property
+    def api(self) -> ApiClient:
+        return ApiClient(self.base_url)
+
     async def request(
         self, method: str, path: str, *, json_body: Any = None, timeout_s: float = 5.0
     ) -> tuple[int, Any]:
-        """One HTTP request to the daemon: (status, parsed JSON body or text)."""
-        timeout = aiohttp.ClientTimeout(total=timeout_s)
-        async with (
-            aiohttp.ClientSession(timeout=timeout) as session,
-            session.request(method, self.base_url + path, json=json_body) as response,
-        ):
-            text = await response.text()
-            try:
-                return response.status, json.loads(text)
-            except json.JSONDecodeError:
-                return response.status, text
+        return await self.api.request(method, path, json_body=json_body, timeout_s=timeout_s)
 
     async def status_of(self, path: str) -> int | None:
-        """The HTTP status of GET `path`, or None if nothing answers."""
-        try:
-            status, _ = await self.request("GET", path, timeout_s=1.0)
-        except (aiohttp.ClientError, TimeoutError):
-            return None
-        return status
+        return await self.api.status_of(path)
 
     async def wait_ready(self, *, timeout_s: float = 20.0) -> float:
         """Poll /readyz until 200; returns seconds waited. Fails if the process exits first."""
