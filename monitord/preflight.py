@@ -37,14 +37,13 @@ from enum import StrEnum
 
 import aiohttp
 import asyncssh
-import structlog
 
-from monitord import artifact, remote_exec
+from monitord import artifact, logs, remote_exec
 from monitord.config import Config, RemoteSection
 from monitord.provisioning import LocalArtifact
 from orchestrator.errors import ErrorCode, MonitordError, lookup
 
-log = structlog.get_logger(__name__)
+log = logs.get_logger(__name__)
 
 WANTED_ARCH = "x86_64"
 WRITE_TEST_NAME = ".preflight-write-test"

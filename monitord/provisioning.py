@@ -34,13 +34,12 @@ from enum import StrEnum
 from pathlib import Path
 
 import asyncssh
-import structlog
 
-from monitord import artifact, remote_exec
+from monitord import artifact, logs, remote_exec
 from monitord.config import RemoteSection
 from orchestrator.errors import ErrorCode, TransientError, error_for
 
-log = structlog.get_logger(__name__)
+log = logs.get_logger(__name__)
 
 SECRET_NAME = "agent.secret"
 BIN_DIR_MODE = 0o700

@@ -38,11 +38,11 @@ from types import TracebackType
 from typing import Any
 
 import asyncssh
-import structlog
 
+from monitord import logs
 from monitord.config import RemoteSection
 
-log = structlog.get_logger(__name__)
+log = logs.get_logger(__name__)
 
 _CHUNK = 64 * 1024
 _KILL_GRACE_S = 2.0
