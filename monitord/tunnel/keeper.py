@@ -331,9 +331,10 @@ class TunnelKeeper:
         )
 
     def _conflict_retry_s(self) -> float:
-        """How slowly to come back after a conflict: a lease period, within the backoff cap."""
+        """How slowly to come back after a conflict: a lease period, at least the backoff cap
+        (a live holder renews every TTL/3, so asking more often cannot change the answer)."""
         c = self._config
-        return min(c.reconnect_backoff_cap_s, max(c.tunnel_lease_ttl_s, c.reconnect_backoff_base_s))
+        return max(c.reconnect_backoff_cap_s, c.tunnel_lease_ttl_s)
 
     async def _connected(
         self,

@@ -1,12 +1,16 @@
-"""The pure tunnel decisions: who may take, renew or release the tunnel lease, and what a
-denied reverse forward means (orchestrator/tunnel_lease.py, orchestrator/forward_diagnosis.py)."""
+"""The pure tunnel decisions: who may take, renew or release the tunnel lease, what a denied
+reverse forward means (orchestrator/tunnel_lease.py, orchestrator/forward_diagnosis.py), and
+how fast the keeper may reconnect (monitord/tunnel/backoff.py, driven by a fake clock)."""
 
 from __future__ import annotations
+
+import random
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from monitord.tunnel.backoff import ReconnectBackoff
 from orchestrator.forward_diagnosis import Diagnosis, HolderKind, PortHolder, Verdict, diagnose
 from orchestrator.tunnel_lease import (
     LeaseAction,
@@ -175,3 +179,39 @@ class TestForwardDiagnosis:
             assert pid != 100
             assert silent is None or silent >= 3.0
             assert not (owner == "them" and pid == 200 and not current.is_expired(1010.0))
+
+
+class TestReconnectBackoff:
+    """Backoff grows with full jitter up to its cap, and no clock lets more than
+    max_attempts_per_window attempts through in any window."""
+
+    def test_a_minute_of_instant_failures_makes_at_most_the_cap_of_attempts(self) -> None:
+        backoff = ReconnectBackoff(base_s=0.01, cap_s=0.05, max_attempts_per_window=6,
+                                   window_s=60.0, rng=random.Random(7))
+        now, attempts = 0.0, []
+        while now < 180.0:
+            now += backoff.delay(now)
+            backoff.record_attempt(now)
+            attempts.append(now)
+            backoff.record_failure(now=now)
+        for i, t in enumerate(attempts):
+            assert len([u for u in attempts[i:] if u < t + 60.0]) <= 6
+        assert len(attempts) >= 3 * 6 - 1, "the cap paces attempts, it does not stop them"
+
+    def test_delays_are_jittered_below_an_exponential_ceiling_and_reset_on_success(
+        self,
+    ) -> None:
+        backoff = ReconnectBackoff(base_s=1.0, cap_s=30.0, max_attempts_per_window=1000,
+                                   rng=random.Random(1))
+        assert backoff.delay(0.0) == 0.0
+        for failures in range(1, 10):
+            backoff.record_failure(now=0.0)
+            assert 0.0 <= backoff.delay(0.0) <= min(30.0, 2 ** (failures - 1))
+        backoff.record_success()
+        assert backoff.delay(0.0) == 0.0
+
+    def test_a_cause_can_ask_for_a_slow_retry(self) -> None:
+        backoff = ReconnectBackoff(base_s=0.01, cap_s=0.05, max_attempts_per_window=100)
+        backoff.record_failure(at_least_s=20.0, now=100.0)
+        assert backoff.delay(100.0) >= 20.0
+        assert backoff.delay(121.0) <= 0.05

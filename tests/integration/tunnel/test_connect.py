@@ -69,3 +69,24 @@ class TestRefusals:
             assert status.last_error is not None
             assert status.last_error.code == "HOST_KEY_MISMATCH"
         assert "Accepted publickey" not in vps.sshd.log_text(), "we never authenticated"
+
+
+class TestNoKeyMaterial:
+    """Logs, status snapshots and error texts never contain the private key."""
+
+    async def test_nothing_a_keeper_exposes_contains_key_material(
+        self, vps: Vps, echo: EchoServer, captured: Captured
+    ) -> None:
+        config = remote_section(vps, reverse=(reverse_to(echo),))
+        async with running_keeper(config, captured=captured) as keeper:
+            await keeper.wait_connected(timeout_s=20)
+            vps.sshd.kill_session(vps.sshd.session_pids()[0])
+            await keeper.wait_for(lambda s: s.reconnects == 2, timeout_s=20)
+        text = captured.all_text()
+        assert "tunnel_connected" in text and "owner-a" in text, "the scan saw real output"
+        for fragment in vps.sshd.client_key.private_key_fragments():
+            assert fragment not in text
+
+    def test_the_scan_recognises_leaked_key_text(self, vps: Vps) -> None:
+        leaked = "detail: " + vps.sshd.client_key.private_path.read_text().splitlines()[2]
+        assert any(f in leaked for f in vps.sshd.client_key.private_key_fragments())
