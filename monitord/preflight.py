@@ -102,7 +102,12 @@ class PreflightReport:
         return next(r for r in self.results if r.check == check)
 
     def first_failure(self) -> CheckResult | None:
-        """The failure to report as the phase's error (checks are ordered by cause)."""
+        """The failure to report as the phase's error (checks are ordered by cause).
+
+        None means preflight does not block the move. Every skipped check comes with a
+        failed one, except one case: the agent is not running but startable, so
+        remote_config could not be asked yet (`ok` is then False, this is None).
+        """
         return self.failures[0] if self.failures else None
 
 
