@@ -308,3 +308,5 @@ class TestStartableAgent:
         report = await preflight(config=config.model_copy(update={"remote": runnable}))
         assert report.result("agent").ok, report.result("agent").detail
         assert "startable" in report.result("agent").detail
+        assert report.result("remote_config").status is CheckStatus.SKIPPED
+        assert report.first_failure() is None
