@@ -1,0 +1,159 @@
+"""The local supervisor: restarts with capped backoff, stops with escalation, and adopts or
+stops what a killed predecessor left running — never a duplicate."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import signal
+import sys
+from pathlib import Path
+
+from monitord import proc_identity
+from monitord.supervisor import AreaRun, LocalSupervisor
+from monitord.testing.split_brain import Detector
+from tests.integration.supervisor.conftest import fake_run
+from tests.support.agent_process import wait_until
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+AREA = "0a0a0a0a-0000-4000-8000-000000000001"
+OTHER = "0a0a0a0a-0000-4000-8000-000000000002"
+
+
+class TestCrashLoop:
+    """A daemon that keeps crashing is restarted with growing, capped delays, without end."""
+
+    async def test_crash_loop_backs_off_and_keeps_retrying(
+        self, supervisor: LocalSupervisor, detector: Detector, tmp_path: Path
+    ) -> None:
+        run = fake_run(detector, tmp_path, area=AREA, extra=("--crash-after", "0.2"))
+        await supervisor.start_area(run)
+        await supervisor.start()
+        saw_backoff = []
+
+        def six_lives_and_backoff_seen() -> bool:
+            view = supervisor.inventory()[0]
+            if view.state == "backoff" and view.next_retry_at is not None:
+                saw_backoff.append(view)
+            return len(detector.lives(AREA)) >= 6
+
+        await wait_until(six_lives_and_backoff_seen, timeout_s=30, what="six runs",
+                         interval_s=0.02)
+        assert saw_backoff, "the next retry time was never visible in the inventory"
+        lives = detector.lives(AREA)
+        gaps = [b.first_seen - a.last_seen for a, b in zip(lives, lives[1:], strict=False)]
+        # delays are 0.2, 0.4, 0.8, 0.8, ... (cap 0.8); a gap is never shorter than its delay
+        # minus one heartbeat period (the crash comes up to 0.1 s after the last heartbeat)
+        for gap, delay in zip(gaps, (0.2, 0.4, 0.8, 0.8, 0.8), strict=False):
+            assert gap >= delay - 0.1, (gaps, delay)
+        assert supervisor.inventory()[0].restarts >= 5
+        assert len({life.key.pid for life in lives}) == len(lives)
+        assert detector.overlaps() == []
+
+
+class TestStop:
+    """Stop sends SIGTERM to the group, waits the grace, SIGKILLs, and verifies it is gone."""
+
+    async def test_stop_of_a_daemon_ignoring_sigterm_escalates_to_sigkill(
+        self, supervisor: LocalSupervisor, detector: Detector, tmp_path: Path
+    ) -> None:
+        view = await supervisor.start_area(
+            fake_run(detector, tmp_path, area=AREA, extra=("--ignore-sigterm",))
+        )
+        assert await detector.wait_for(lambda d: d.alive(AREA), timeout_s=10)
+        assert await supervisor.stop_area(AREA, grace_s=0.5)
+        assert view.pid is not None and not proc_identity.is_alive(view.pid)
+        [life] = detector.lives(AREA)
+        assert life.goodbye_at is None  # it never ran its SIGTERM path: SIGKILL ended it
+        assert supervisor.inventory() == []
+
+    async def test_stop_of_a_well_behaved_daemon_ends_with_its_goodbye(
+        self, supervisor: LocalSupervisor, detector: Detector, tmp_path: Path
+    ) -> None:
+        await supervisor.start_area(fake_run(detector, tmp_path, area=AREA))
+        assert await detector.wait_for(lambda d: d.alive(AREA), timeout_s=10)
+        assert await supervisor.stop_area(AREA, grace_s=5)
+        [life] = detector.lives(AREA)
+        assert life.goodbye_at is not None
+
+    async def test_a_stopped_area_is_not_restarted(
+        self, supervisor: LocalSupervisor, detector: Detector, tmp_path: Path
+    ) -> None:
+        await supervisor.start_area(fake_run(detector, tmp_path, area=AREA))
+        await supervisor.start()
+        assert await detector.wait_for(lambda d: d.alive(AREA), timeout_s=10)
+        assert await supervisor.stop_area(AREA)
+        assert not await detector.wait_for(lambda d: d.alive(AREA), timeout_s=1.0)
+
+
+async def _host_killed_with_sigkill(state_dir: Path, runs: list[AreaRun]) -> None:
+    """Run a supervisor in another process until its areas run, then kill it with -9."""
+    payload = json.dumps([{**dataclasses.asdict(run), "env": {}} for run in runs])
+    host = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.integration.supervisor.supervisor_host",
+        str(state_dir), payload, cwd=REPO_ROOT, stdout=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert host.stdout is not None
+        line = await asyncio.wait_for(host.stdout.readline(), timeout=20)
+        assert line.strip() == b"ready"
+    finally:
+        host.send_signal(signal.SIGKILL)
+        await host.wait()
+
+
+class TestSurvivors:
+    """After the owning process is killed with -9, the next supervisor adopts the wanted
+    survivors and stops the rest before starting anything; the detector sees no overlap."""
+
+    async def test_next_supervisor_adopts_wanted_and_stops_unwanted_survivors(
+        self, detector: Detector, tmp_path: Path
+    ) -> None:
+        state_dir = tmp_path / "state"
+        keep = fake_run(detector, tmp_path, area=AREA, generation=1)
+        move = fake_run(detector, tmp_path, area=OTHER, generation=1)
+        await _host_killed_with_sigkill(state_dir, [keep, move])
+        assert await detector.wait_for(lambda d: len(d.alive()) == 2, timeout_s=10)
+        kept_pid = detector.alive(AREA)[0].pid
+
+        successor = LocalSupervisor(state_dir=state_dir, stop_grace_s=2.0)
+        try:
+            newer = fake_run(detector, tmp_path, area=OTHER, generation=2)
+            report = await successor.adopt_or_stop_survivors({AREA: keep, OTHER: newer})
+            assert (report.adopted, report.stopped, report.stuck) == ((AREA,), (OTHER,), ())
+            await successor.start()
+            assert await detector.wait_for(
+                lambda d: [k.generation for k in d.alive(OTHER)] == [2], timeout_s=10
+            )
+            views = {view.area: view for view in successor.inventory()}
+            assert (views[AREA].pid, views[AREA].adopted) == (kept_pid, True)
+            assert [life.key.pid for life in detector.lives(AREA)] == [kept_pid]
+            assert detector.overlaps() == []
+        finally:
+            await successor.close()
+            assert await successor.stop_all(grace_s=1.0)
+
+    async def test_a_survivor_without_its_record_is_stopped_not_duplicated(
+        self, detector: Detector, tmp_path: Path
+    ) -> None:
+        state_dir = tmp_path / "state"
+        run = fake_run(detector, tmp_path, area=AREA)
+        await _host_killed_with_sigkill(state_dir, [run])
+        assert await detector.wait_for(lambda d: d.alive(AREA), timeout_s=10)
+        old_pid = detector.alive(AREA)[0].pid
+        (state_dir / "records" / f"{AREA}.json").unlink()  # as if killed before recording
+
+        successor = LocalSupervisor(state_dir=state_dir, stop_grace_s=2.0)
+        try:
+            report = await successor.adopt_or_stop_survivors({AREA: run})
+            assert report.stopped == (AREA,)
+            assert not proc_identity.is_alive(old_pid)
+            await successor.start()
+            assert await detector.wait_for(
+                lambda d: [k.pid for k in d.alive(AREA)] not in ([], [old_pid]), timeout_s=10
+            )
+            assert detector.overlaps() == []
+        finally:
+            await successor.close()
+            assert await successor.stop_all(grace_s=1.0)
