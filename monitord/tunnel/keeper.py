@@ -427,8 +427,7 @@ class TunnelKeeper:
         repeats = last[3] if last is not None and last[0] == error.code else 0
         self._last_logged = (error.code, error.detail, now, 0)
         self._log.warning("tunnel_error", error_code=error.code, detail=error.detail,
-                          repeats=repeats, attempts=self._status.attempts,
-                          state=self._status.state.value)
+                          repeats=repeats, attempts=self._status.attempts)
 
     async def _publish(self, **changes: Any) -> None:
         self._status = replace(self._status, **changes)

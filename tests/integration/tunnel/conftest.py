@@ -20,7 +20,7 @@ import pytest
 import structlog
 
 from monitord.config import ForwardSpec, RemoteSection
-from monitord.tunnel.keeper import TunnelKeeper, TunnelStatus
+from monitord.tunnel.keeper import ReconnectHook, TunnelKeeper, TunnelStatus
 from tests.support.sshd import Sshd, can_run_sshd, free_port, running_sshd
 from tests.support.tcp_proxy import TcpProxy, running_proxy
 
@@ -159,11 +159,14 @@ async def running_keeper(
     owner_id: str = "owner-a",
     owner_label: str = "pbx-a",
     captured: Captured | None = None,
+    hooks: dict[str, ReconnectHook] | None = None,
     **kwargs: Any,
 ) -> AsyncIterator[TunnelKeeper]:
-    """A keeper running as a named task; closed, awaited and checked on exit."""
+    """A keeper running as a named task; closed and awaited on exit."""
     keeper = TunnelKeeper(config, owner_id=owner_id, owner_label=owner_label,
                           probe_timeout_s=5.0, **kwargs)
+    for name, hook in (hooks or {}).items():
+        keeper.add_reconnect_hook(name, hook)
     if captured is not None:
         keeper.add_listener(captured.add_status)
     task = asyncio.create_task(keeper.run(), name=f"tunnel keeper {owner_id}")

@@ -1,0 +1,86 @@
+"""What other parts rely on: local forwards, the live connection only while connected, and
+hooks run after every (re)connect."""
+
+from __future__ import annotations
+
+import asyncio
+
+import asyncssh
+import pytest
+
+from monitord.config import ForwardSpec
+from orchestrator.errors import MonitordError
+from tests.integration.tunnel.conftest import (
+    Captured,
+    EchoServer,
+    Vps,
+    remote_section,
+    reverse_to,
+    round_trip,
+    running_keeper,
+)
+from tests.support.sshd import free_port
+
+
+class TestLocalForward:
+    """A local forward reaches its VPS target; a target not listening yet is reported as
+    target_down without holding the tunnel back."""
+
+    async def test_a_local_forward_round_trips_to_its_vps_target(
+        self, vps: Vps, echo: EchoServer, captured: Captured
+    ) -> None:
+        manager = ForwardSpec(name="manager", listen=f"127.0.0.1:{free_port()}",
+                              target=f"127.0.0.1:{echo.port}")
+        config = remote_section(vps, local=(manager,))
+        async with running_keeper(config, captured=captured) as keeper:
+            status = await keeper.wait_connected(timeout_s=20)
+            assert [(f.name, f.direction, f.state) for f in status.forwards] == [
+                ("manager", "local", "proven")]
+            assert await round_trip(manager.listen) == b"ping\n"
+
+    async def test_a_target_that_is_not_listening_yet_is_target_down(
+        self, vps: Vps, captured: Captured
+    ) -> None:
+        manager = ForwardSpec(name="manager", listen=f"127.0.0.1:{free_port()}",
+                              target=f"127.0.0.1:{free_port()}")
+        config = remote_section(vps, local=(manager,))
+        async with running_keeper(config, captured=captured) as keeper:
+            status = await keeper.wait_connected(timeout_s=20)
+            assert [f.state for f in status.forwards] == ["target_down"]
+
+
+class TestSessionAndHooks:
+    """session() hands out the connection only while connected; hooks run after every
+    (re)connect with the new connection."""
+
+    async def test_session_raises_ssh_unreachable_while_down(
+        self, vps: Vps, captured: Captured
+    ) -> None:
+        vps.proxy.refuse(True)
+        config = remote_section(vps)
+        async with running_keeper(config, captured=captured) as keeper:
+            await keeper.wait_for(lambda s: s.last_error is not None, timeout_s=10)
+            with pytest.raises(MonitordError) as raised:
+                async with keeper.session():
+                    pass
+            assert raised.value.code == "SSH_UNREACHABLE"
+
+    async def test_hooks_run_after_the_first_connect_and_after_each_reconnect(
+        self, vps: Vps, echo: EchoServer, captured: Captured
+    ) -> None:
+        seen: asyncio.Queue[str] = asyncio.Queue()
+
+        async def on_connect(conn: asyncssh.SSHClientConnection) -> None:
+            result = await conn.run("echo $SSH_CONNECTION", check=True)
+            await seen.put(str(result.stdout).split()[1])
+
+        config = remote_section(vps, reverse=(reverse_to(echo),))
+        async with running_keeper(config, captured=captured,
+                                  hooks={"cleanup": on_connect}) as keeper:
+            first = await keeper.wait_connected(timeout_s=20)
+            first_port = await asyncio.wait_for(seen.get(), 10)
+            assert first.lease is not None
+            vps.sshd.kill_session(first.lease.session.sshd_pid)
+            await keeper.wait_for(lambda s: s.connected and s.reconnects == 2, timeout_s=20)
+            second_port = await asyncio.wait_for(seen.get(), 10)
+            assert first_port != second_port, "the hook got the new connection"
