@@ -1,7 +1,7 @@
 """Shared settings for the pure-core tests: hypothesis profiles chosen by environment.
 
 `HYPOTHESIS_PROFILE` selects one explicitly; otherwise CI=true selects "ci" (more examples,
-still deterministic per run via the database-free derandomised seed) and anything else "dev".
+derandomised so CI runs are repeatable) and anything else "dev".
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ settings.register_profile(
 )
 settings.register_profile(
     "ci",
-    max_examples=300,
+    max_examples=1000,
     stateful_step_count=60,
     deadline=None,
     derandomize=True,

@@ -1,0 +1,169 @@
+"""Random interleavings of engine steps and faults never break the safety promises of SPEC §10.
+
+A hypothesis RuleBasedStateMachine drives the model in world.py: the PBX with its durable
+store and volatile lease acknowledgements, the VPS with its agent and self-fencing daemons,
+and the link between them. After every step: never two processes for one area, cleanup and
+reconcile never stop what may run (a newer generation included), a failed preflight never
+stops the source, reconcile is idempotent. At the end faults stop and everything must
+converge: one side per area, as desired, no orphans, no cleanup left.
+
+Example counts come from the hypothesis profile (conftest.py): "dev" 60 examples x 40
+steps, "ci" 1000 examples x 60 steps.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    rule,
+    run_state_machine_as_test,
+)
+
+from orchestrator.models import Location
+from orchestrator.models import Phase as TxnPhase
+
+from .world import World
+
+AREAS = st.sampled_from(["a1", "a2"])
+RARELY = st.sampled_from([False, False, False, False, True])
+
+
+class PbxVpsLink(RuleBasedStateMachine):
+    broken_lease_wait = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.world = World(broken_lease_wait=self.broken_lease_wait)
+
+    @initialize(a1=st.sampled_from(list(Location)), a2=st.sampled_from(list(Location)))
+    def operator_asked_before_start(self, a1: Location, a2: Location) -> None:
+        self.world.desired.update(a1=a1, a2=a2)
+
+    @rule(area=AREAS, crash=RARELY, cut=RARELY)
+    def engine_step(self, area: str, crash: bool, cut: bool) -> None:
+        self.world.engine_step(area, crash_before_persist=crash, cut_link_after=cut)
+
+    @rule(area=AREAS, steps=st.integers(min_value=1, max_value=6))
+    def engine_runs_several_clean_steps(self, area: str, steps: int) -> None:
+        for _ in range(steps):
+            self.world.engine_step(area, crash_before_persist=False, cut_link_after=False)
+            self.world.check()
+
+    @rule(area=AREAS, location=st.sampled_from(list(Location)))
+    def operator_places(self, area: str, location: Location) -> None:
+        self.world.desired[area] = location
+
+    @rule()
+    def operator_retries_parked(self) -> None:
+        self.world.retry_parked()
+
+    @rule(up=st.booleans())
+    def link_changes(self, up: bool) -> None:
+        self.world.link_up = up
+
+    @rule()
+    def vps_crashes(self) -> None:
+        self.world.crash_vps()
+
+    @rule()
+    def vps_boots(self) -> None:
+        self.world.boot_vps()
+
+    @rule()
+    def monitord_crashes_and_restarts(self) -> None:
+        self.world.crash_local()
+
+    @rule(dt=st.sampled_from([0.3, 1.0, 2.5, 6.0]))
+    def time_passes(self, dt: float) -> None:
+        self.world.advance(dt)
+
+    @rule()
+    def leases_are_renewed(self) -> None:
+        self.world.renew()
+
+    @rule()
+    def reconciler_runs(self) -> None:
+        if self.world.reachable:
+            self.world.reconcile()
+
+    @rule()
+    def cleanup_worker_runs(self) -> None:
+        self.world.run_cleanup()
+
+    @rule(preflight=st.booleans(), copy=st.booleans())
+    def faults_change(self, preflight: bool, copy: bool) -> None:
+        self.world.preflight_fault = preflight
+        self.world.copy_fault = copy
+
+    @invariant()
+    def one_process_per_area(self) -> None:
+        self.world.check()
+
+    def teardown(self) -> None:
+        self.world.settle()
+
+
+TestRandomFaultInterleavings = PbxVpsLink.TestCase
+
+
+class BrokenPbxVpsLink(PbxVpsLink):
+    broken_lease_wait = True
+
+
+def _drive_to_unreachable_rollback(world: World) -> None:
+    world.desired["a1"] = Location.REMOTE
+    for _ in range(5):  # start, preflight, suppress, copy, create -> HEALTHCHECK_DESTINATION
+        world.engine_step("a1", crash_before_persist=False, cut_link_after=False)
+    assert world.transactions["a1"].phase is TxnPhase.HEALTHCHECK_DESTINATION
+    assert world.remote_procs["a1"] == world.transactions["a1"].generation
+    world.link_up = False
+    for _ in range(2):  # health check unreachable -> ROLLBACK; fence unreachable -> wait
+        world.engine_step("a1", crash_before_persist=False, cut_link_after=False)
+    assert world.transactions["a1"].cleanup_required
+
+
+class TestTheChecksCanFail:
+    """The invariant checks catch a runtime that restarts the source before the lease lapses."""
+
+    def test_correct_rules_keep_the_source_stopped_until_the_lease_lapses(self) -> None:
+        world = World()
+        _drive_to_unreachable_rollback(world)
+        world.engine_step("a1", crash_before_persist=False, cut_link_after=False)
+        world.check()
+        assert "a1" not in world.local_procs, "still waiting for the lease to lapse"
+        world.advance(3.0)  # past ack + ttl * 1.1 + 0.5
+        for _ in range(2):
+            world.engine_step("a1", crash_before_persist=False, cut_link_after=False)
+            world.check()
+        assert world.transactions["a1"].phase is TxnPhase.ROLLED_BACK
+        assert world.local_procs["a1"] == 1 and "a1" not in world.remote_procs
+        world.settle()
+
+    def test_restarting_the_source_early_is_caught_in_a_scripted_run(self) -> None:
+        world = World(broken_lease_wait=True)
+        _drive_to_unreachable_rollback(world)
+        with pytest.raises(AssertionError, match="runs locally"):
+            for _ in range(3):
+                world.engine_step("a1", crash_before_persist=False, cut_link_after=False)
+                world.check()
+
+    def test_restarting_the_source_early_is_found_by_the_random_search(self) -> None:
+        with pytest.raises(AssertionError):
+            run_state_machine_as_test(
+                BrokenPbxVpsLink,
+                settings=settings(
+                    max_examples=1000,
+                    phases=[Phase.generate],  # finding it is the point; no need to shrink
+                    stateful_step_count=40,
+                    deadline=None,
+                    derandomize=True,
+                    database=None,
+                    suppress_health_check=list(HealthCheck),
+                    report_multiple_bugs=False,
+                ),
+            )

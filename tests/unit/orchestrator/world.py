@@ -1,0 +1,559 @@
+"""A model of the PBX, the VPS and the SSH link, driven only by the decision core.
+
+The model is the runtime in miniature: it performs the actions the core returns (phase
+steps, reconcile plans, cleanup decisions, lease renewals, the supervisor's wanted set)
+against simulated processes and entries, and feeds outcomes back. Faults: the link drops
+(also right after a request took effect, so its answer is lost), the VPS reboots (its
+processes die, its entry cache survives, nothing restarts until granted), monitord
+crashes between performing a step and persisting its outcome (volatile lease
+acknowledgements are lost, durable records survive), preflight and copy failures, time
+passing (remote daemons die when their lease lapses: the agent's self-fencing, on a VPS
+clock running 5 % slow), and the operator reversing or retrying placements.
+
+`check()` raises `Violation` when a safety promise breaks. `broken_lease_wait=True` swaps in
+a deliberately wrong runtime that restarts the source without waiting for the lease, so
+tests can prove the checks catch it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from orchestrator import area_leases, cleanup_policy, phases, planner, rules
+from orchestrator.area_leases import LeasePolicy
+from orchestrator.cleanup_policy import CleanupPolicy, SideObservation
+from orchestrator.models import (
+    Area,
+    AreaLease,
+    CleanupItem,
+    LocalInventory,
+    Location,
+    Phase,
+    ProcessInfo,
+    RemoteEntry,
+    RemoteInventory,
+    Side,
+    Transaction,
+)
+from orchestrator.phases import Outcome, StepContext
+
+SERVICE = "tg"
+TTL = 2.0
+POLICY = LeasePolicy(ttl_s=TTL, clock_margin=0.1, safety_margin_s=0.5)
+REMOTE_SLOWNESS = 1.05  # the VPS clock runs slow, within the configured margin
+PARK_AFTER = 3
+CLEANUP = CleanupPolicy(base_s=0.5, cap_s=4.0, stuck_after_attempts=6)
+LEGACY_GRACE = 5.0
+LEGACY_AREA = "legacy-1"
+
+
+class Violation(AssertionError):
+    """A safety promise of SPEC §10 broke in the model."""
+
+
+@dataclass
+class EntryState:
+    generation: int
+    lease_until: float
+    created_at: float
+
+
+class World:
+    def __init__(self, *, broken_lease_wait: bool = False) -> None:
+        self.broken_lease_wait = broken_lease_wait
+        self.t = 100.0
+        # PBX, durable
+        self.committed: dict[str, Area] = {
+            "a1": Area(uuid="a1", service=SERVICE, location=Location.LOCAL, generation=1),
+            "a2": Area(uuid="a2", service=SERVICE, location=Location.REMOTE, generation=2),
+        }
+        self.desired: dict[str, Location] = {a: x.location for a, x in self.committed.items()}
+        self.transactions: dict[str, Transaction] = {}
+        self.ledger = rules.GenerationLedger()
+        self.cleanup: dict[str, CleanupItem] = {}
+        self.failures = 0
+        self.txn_counter = 0
+        # PBX, volatile (lost when monitord crashes)
+        self.leases: dict[str, AreaLease] = {
+            "a2": AreaLease(area="a2", generation=2, owner_id="me", acknowledged_at=self.t, ttl=TTL)
+        }
+        # PBX daemons (survive a monitord crash: the supervisor adopts them)
+        self.local_procs: dict[str, int] = {"a1": 1}
+        # VPS
+        self.vps_up = True
+        self.link_up = True
+        self.entries: dict[str, EntryState] = {
+            "a2": EntryState(2, self.t + TTL * REMOTE_SLOWNESS, self.t),
+            LEGACY_AREA: EntryState(3, self.t + 1.0, 0.0),  # the VPS's stale config
+        }
+        self.remote_procs: dict[str, int] = {"a2": 2, LEGACY_AREA: 3}
+        # faults
+        self.preflight_fault = False
+        self.copy_fault = False
+        self.preflight_failures_seen = 0
+        self.talked = False
+
+    # ------------------------------------------------------------------ observations
+
+    @property
+    def areas(self) -> list[str]:
+        return sorted(self.committed)
+
+    @property
+    def reachable(self) -> bool:
+        return self.vps_up and self.link_up
+
+    def active(self) -> list[Transaction]:
+        return [t for t in self.transactions.values() if t.is_active]
+
+    def desired_runs(self, side: Side) -> dict[str, int]:
+        return dict(
+            rules.desired_runs(
+                side=side, authoritative=self.committed.values(), transactions=self.active()
+            )
+        )
+
+    def parked(self) -> bool:
+        return any(t.phase is Phase.PARKED for t in self.transactions.values())
+
+    def check(self) -> None:
+        """Safety: never two running processes for one area, on any sides."""
+        for area in set(self.local_procs) & set(self.remote_procs):
+            raise Violation(
+                f"t={self.t:.2f}: area {area} runs locally at generation "
+                f"{self.local_procs[area]} and remotely at {self.remote_procs[area]}; "
+                f"transaction: {self.transactions.get(area)}"
+            )
+
+    def _check_stop_allowed(self, actor: str, side: Side, area: str, generation: int) -> None:
+        """Cleanup and reconcile never stop what the rules say may run (e.g. a newer gen)."""
+        if self.desired_runs(side).get(area) == generation:
+            raise Violation(f"{actor} stopped {area}@{generation} on {side}, which may run")
+
+    # ------------------------------------------------------------------ the VPS (agent)
+
+    def _lease_until(self) -> float:
+        return self.t + TTL * REMOTE_SLOWNESS
+
+    def agent_create(self, area: str, generation: int) -> bool:
+        entry = self.entries.get(area)
+        if entry is not None and entry.generation > generation:
+            return False  # 409: a newer generation holds the area
+        if entry is not None and entry.generation < generation:
+            self.remote_procs.pop(area, None)
+        self.entries[area] = EntryState(generation, self._lease_until(), self.t)
+        self.remote_procs[area] = generation
+        return True
+
+    def agent_stop(self, area: str, generation: int) -> None:
+        if self.remote_procs.get(area) == generation:
+            del self.remote_procs[area]
+
+    def agent_delete(self, area: str, generation: int) -> None:
+        entry = self.entries.get(area)
+        if entry is not None and entry.generation != generation:
+            return  # 409: touches nothing
+        self.entries.pop(area, None)
+        if self.remote_procs.get(area) == generation:
+            del self.remote_procs[area]
+
+    def renew(self) -> None:
+        """The lease renewer: grant exactly rules.desired_runs(side=REMOTE)."""
+        if not self.reachable:
+            return
+        for area, generation in self.desired_runs(Side.REMOTE).items():
+            self.leases[area] = AreaLease(
+                area=area, generation=generation, owner_id="me", acknowledged_at=self.t, ttl=TTL
+            )
+            entry = self.entries.get(area)
+            if entry is not None and entry.generation == generation:
+                entry.lease_until = self._lease_until()
+                self.remote_procs.setdefault(area, generation)
+
+    # ------------------------------------------------------------------ the PBX
+
+    def supervise(self) -> None:
+        """The local supervisor runs exactly rules.desired_runs(side=LOCAL)."""
+        wanted = self.desired_runs(Side.LOCAL)
+        for area, generation in list(self.local_procs.items()):
+            if wanted.get(area) != generation:
+                del self.local_procs[area]
+        for area, generation in wanted.items():
+            self.local_procs.setdefault(area, generation)
+
+    def _ctx(
+        self,
+        txn: Transaction,
+        *,
+        error_code: str | None = None,
+        lease: AreaLease | None = None,
+        new_generation: int | None = None,
+    ) -> StepContext:
+        return StepContext(
+            at=self.t,
+            now=self.t,
+            policy=POLICY,
+            lease=lease or self.leases.get(txn.area),
+            error_code=error_code,
+            new_generation=new_generation,
+        )
+
+    def _persist(
+        self,
+        txn: Transaction,
+        outcome: Outcome,
+        *,
+        error_code: str | None = None,
+        lease: AreaLease | None = None,
+        new_generation: int | None = None,
+    ) -> Transaction:
+        ctx = self._ctx(txn, error_code=error_code, lease=lease, new_generation=new_generation)
+        new, _ = phases.step(txn, outcome, ctx)
+        self.transactions[txn.area] = new
+        if new.phase is Phase.DONE:
+            self.failures = 0
+        return new
+
+    def start_transaction(self, area: str) -> None:
+        committed = self.committed[area]
+        self.ledger, generation = self.ledger.issue(area, floor=committed.generation)
+        self.txn_counter += 1
+        self.transactions[area] = Transaction(
+            transaction_id=f"t{self.txn_counter}",
+            service=SERVICE,
+            area=area,
+            source=committed.location,
+            destination=committed.location.other,
+            generation=generation,
+            source_generation=committed.generation,
+            started_at=self.t,
+            updated_at=self.t,
+        )
+
+    def engine_step(self, area: str, *, crash_before_persist: bool, cut_link_after: bool) -> None:
+        txn = self.transactions.get(area)
+        if txn is None or not txn.is_active:
+            if self.desired[area] is not self.committed[area].location and not self.parked():
+                self.start_transaction(area)
+            return
+        if txn.phase is Phase.PARKED:
+            return
+        reversal = rules.reversal(txn, desired=self.desired[area])
+        if reversal.outcome is not None:
+            self._persist(txn, reversal.outcome)
+            self.supervise()
+            return
+        actions = phases.next_actions(txn, self._ctx(txn))
+        source_was_running = txn.area in self._procs(txn.source)
+        self.talked = False
+        result = self._perform(txn, actions)
+        if result is None:
+            return
+        outcome, error = result
+        if cut_link_after and self.link_up:
+            self.link_up = False
+            if self.talked and Outcome.UNREACHABLE in phases.allowed(txn):
+                outcome, error = Outcome.UNREACHABLE, "SSH_UNREACHABLE"  # the answer was lost
+        if crash_before_persist:
+            self.crash_local()
+            return
+        outcome = self._count_failures(txn, outcome)
+        lease = None
+        if outcome is Outcome.LEASE_EXPIRED and self.broken_lease_wait:
+            lease = AreaLease(
+                area=area, generation=txn.generation, owner_id="me", acknowledged_at=-1e9, ttl=TTL
+            )
+        self._persist(txn, outcome, error_code=error, lease=lease)
+        self.supervise()
+        if txn.phase is Phase.PREFLIGHT and outcome is not Outcome.OK:
+            self.preflight_failures_seen += 1
+            if source_was_running and area not in self._procs(txn.source):
+                raise Violation(f"a failed preflight stopped the source of {area}")
+
+    def _count_failures(self, txn: Transaction, outcome: Outcome) -> Outcome:
+        failing = outcome in (Outcome.FAILED, Outcome.UNREACHABLE)
+        if txn.phase is Phase.PREFLIGHT and failing:
+            self.failures += 1
+            verdict = rules.failure_outcome(
+                consecutive_failures=self.failures, park_after_failures=PARK_AFTER
+            )
+            return Outcome.PARK if verdict is Outcome.PARK else outcome
+        if failing and txn.phase is not Phase.ROLLBACK:
+            if phases.allowed(txn).get(outcome) is Phase.ROLLBACK:
+                self.failures += 1
+        return outcome
+
+    def _vps(self) -> bool:
+        """Whether the VPS answers; remembers that this step talked to it."""
+        if self.reachable:
+            self.talked = True
+        return self.reachable
+
+    def _procs(self, side: Side) -> dict[str, int]:
+        return self.local_procs if side is Side.LOCAL else self.remote_procs
+
+    def _perform(
+        self, txn: Transaction, actions: tuple[phases.Action, ...]
+    ) -> tuple[Outcome, str | None] | None:
+        remote_dest = txn.destination is Side.REMOTE
+        for action in actions:
+            match action:
+                case phases.RunPreflight():
+                    if not self._vps():
+                        return Outcome.UNREACHABLE, "PREFLIGHT_AGENT"
+                    if self.preflight_fault:
+                        return Outcome.FAILED, "PREFLIGHT_DISK_SPACE"
+                    return Outcome.OK, None
+                case phases.SuppressSource(side=side, generation=generation):
+                    if side is Side.LOCAL:
+                        if self.local_procs.get(txn.area) == generation:
+                            del self.local_procs[txn.area]
+                        return Outcome.OK, None
+                    if not self._vps():
+                        return Outcome.UNREACHABLE, "AGENT_UNREACHABLE"
+                    self.agent_stop(txn.area, generation)
+                    if txn.area in self.remote_procs:
+                        return Outcome.FAILED, "DAEMON_STOP_FAILED"
+                    return Outcome.OK, None
+                case phases.CopyData():
+                    if not self._vps():
+                        return Outcome.UNREACHABLE, "SSH_UNREACHABLE"
+                    if self.copy_fault:
+                        return Outcome.FAILED, "COPY_INCOMPLETE"
+                    return Outcome.OK, None
+                case phases.CreateDestination(generation=generation):
+                    if not remote_dest:
+                        self.local_procs[txn.area] = generation
+                        return Outcome.OK, None
+                    if not self._vps():
+                        return Outcome.UNREACHABLE, "AGENT_UNREACHABLE"
+                    self.leases[txn.area] = AreaLease(
+                        area=txn.area, generation=generation, owner_id="me",
+                        acknowledged_at=self.t, ttl=TTL,
+                    )
+                    if not self.agent_create(txn.area, generation):
+                        return Outcome.FAILED, "DESTINATION_CONFLICT"
+                    return Outcome.OK, None
+                case phases.CheckHealth(generation=generation):
+                    if remote_dest and not self._vps():
+                        return Outcome.UNREACHABLE, "AGENT_UNREACHABLE"
+                    if self._procs(txn.destination).get(txn.area) == generation:
+                        return Outcome.OK, None
+                    return Outcome.FAILED, "HEALTHCHECK_TIMEOUT"
+                case phases.CommitLocation(location=location, generation=generation):
+                    self.committed[txn.area] = Area(
+                        uuid=txn.area, service=SERVICE, location=location, generation=generation
+                    )
+                    return Outcome.OK, None
+                case phases.CleanupSource(side=side, generation=generation):
+                    if side is Side.LOCAL:
+                        if self.local_procs.get(txn.area) == generation:
+                            del self.local_procs[txn.area]
+                        return Outcome.OK, None
+                    if not self._vps():
+                        return Outcome.UNREACHABLE, "AGENT_UNREACHABLE"
+                    self.agent_delete(txn.area, generation)
+                    return Outcome.OK, None
+                case phases.FenceDestination(generation=generation):
+                    if not remote_dest:
+                        if self.local_procs.get(txn.area) == generation:
+                            del self.local_procs[txn.area]
+                        return Outcome.FENCED, None
+                    if not self._vps():
+                        return Outcome.UNREACHABLE, "AGENT_UNREACHABLE"
+                    self.agent_delete(txn.area, generation)
+                    return Outcome.FENCED, None
+                case phases.EnqueueCleanup(item=item):
+                    self.cleanup.setdefault(item.id, item)
+                case phases.WaitLeaseExpiry(until=until):
+                    if self.broken_lease_wait or self.t >= until:
+                        return Outcome.LEASE_EXPIRED, None
+                    return None
+                case phases.RestartSource():
+                    return rules.rollback_completion_outcome(
+                        consecutive_failures=self.failures, park_after_failures=PARK_AFTER
+                    ), None
+                case phases.Park() | phases.Finish():
+                    return None
+        return None
+
+    def crash_local(self) -> None:
+        """monitord dies and restarts: volatile state is lost, recovery runs on start."""
+        self.leases = {
+            t.area: area_leases.after_restart(
+                area=t.area, generation=t.generation, owner_id="me", now=self.t, policy=POLICY
+            )
+            for t in self.active()
+        }
+        for txn in self.active():
+            outcome = rules.recovery_outcome(txn, committed=self.committed[txn.area])
+            if outcome is not None:
+                self._persist(txn, outcome)
+        self.supervise()
+
+    def retry_parked(self) -> None:
+        for txn in list(self.transactions.values()):
+            if txn.phase is Phase.PARKED:
+                self.ledger, generation = self.ledger.issue(
+                    txn.area, floor=self.committed[txn.area].generation
+                )
+                self._persist(txn, Outcome.RETRY_REQUESTED, new_generation=generation)
+        self.failures = 0
+
+    # ------------------------------------------------------------------ background work
+
+    def advance(self, dt: float) -> None:
+        self.t += dt
+        for area, generation in list(self.remote_procs.items()):
+            entry = self.entries.get(area)
+            if entry is None or entry.generation != generation or entry.lease_until <= self.t:
+                del self.remote_procs[area]  # the agent's timer / the lease guard
+
+    def crash_vps(self) -> None:
+        self.vps_up = False
+        self.remote_procs.clear()
+
+    def boot_vps(self) -> None:
+        self.vps_up = True  # entries come back from the cache; nothing runs until granted
+
+    def observe(self, side: Side, area: str) -> SideObservation:
+        if side is Side.LOCAL:
+            procs = {self.local_procs[area]} if area in self.local_procs else set()
+            return SideObservation(side=side, area=area, process_generations=frozenset(procs))
+        entry = self.entries.get(area)
+        return SideObservation(
+            side=side,
+            area=area,
+            entry_generations=frozenset({entry.generation} if entry else set()),
+            process_generations=frozenset(
+                {self.remote_procs[area]} if area in self.remote_procs else set()
+            ),
+        )
+
+    def run_cleanup(self, jitter: float = 0.5) -> None:
+        for item in sorted(self.cleanup.values(), key=lambda i: i.next_attempt_at):
+            if not cleanup_policy.is_due(item, now=self.t):
+                continue
+            if item.side is Side.REMOTE and not self.reachable:
+                self.cleanup[item.id] = cleanup_policy.after_failure(
+                    item, now=self.t, jitter=jitter, error="SSH_UNREACHABLE", policy=CLEANUP
+                )
+                continue
+            decision = cleanup_policy.decide(item, self.observe(item.side, item.area))
+            if isinstance(decision, cleanup_policy.RemoveAt):
+                if decision.generation != item.generation:
+                    raise Violation(f"cleanup of {item.id} acts on {decision.generation}")
+                self._check_stop_allowed("cleanup", item.side, item.area, item.generation)
+                self._remove(item.side, item.area, item.generation)
+                decision = cleanup_policy.decide(item, self.observe(item.side, item.area))
+            if isinstance(decision, cleanup_policy.Done):
+                del self.cleanup[item.id]
+
+    def _remove(self, side: Side, area: str, generation: int) -> None:
+        if side is Side.REMOTE:
+            self.agent_delete(area, generation)
+        elif self.local_procs.get(area) == generation:
+            del self.local_procs[area]
+
+    def inventories(self) -> tuple[LocalInventory, RemoteInventory | None]:
+        local = LocalInventory(
+            processes=tuple(
+                ProcessInfo(area=a, service=SERVICE, generation=g, pid=1, started_at=0.0)
+                for a, g in self.local_procs.items()
+            )
+        )
+        if not self.reachable:
+            return local, None
+        remote = RemoteInventory(
+            entries=tuple(
+                RemoteEntry(
+                    area=a, service=SERVICE, generation=e.generation, created_at=e.created_at
+                )
+                for a, e in self.entries.items()
+            ),
+            processes=tuple(
+                ProcessInfo(area=a, service=SERVICE, generation=g, pid=1, started_at=0.0)
+                for a, g in self.remote_procs.items()
+            ),
+        )
+        return local, remote
+
+    def plan(self) -> planner.Plan:
+        local, remote = self.inventories()
+        return planner.plan(
+            authoritative=self.committed.values(),
+            transactions=self.active(),
+            cleanup_items=self.cleanup.values(),
+            local_inventory=local,
+            remote_inventory=remote,
+            now=self.t,
+            legacy_grace_s=LEGACY_GRACE,
+        )
+
+    def reconcile(self) -> None:
+        result = self.plan()
+        for action in result.actions:
+            match action:
+                case planner.CreateRemoteEntry(area=area, generation=generation):
+                    self.leases[area] = AreaLease(
+                        area=area, generation=generation, owner_id="me",
+                        acknowledged_at=self.t, ttl=TTL,
+                    )
+                    self.agent_create(area, generation)
+                case planner.RemoveRemoteEntry(area=area, generation=generation, side=side):
+                    self._check_stop_allowed("reconcile", side, area, generation)
+                    self._remove(side, area, generation)
+                case planner.StopProcess(area=area, generation=generation, side=side):
+                    self._check_stop_allowed("reconcile", side, area, generation)
+                    if side is Side.REMOTE:
+                        self.agent_stop(area, generation)
+                    else:
+                        self._remove(side, area, generation)
+        again = self.plan()
+        if again.actions:
+            raise Violation(f"reconcile is not idempotent: second pass plans {again.actions}")
+
+    # ------------------------------------------------------------------ convergence
+
+    def settle(self, *, rounds: int = 400) -> None:
+        """Faults stop: the link and VPS come back, the operator retries parked services."""
+        self.link_up = True
+        self.preflight_fault = self.copy_fault = False
+        if not self.vps_up:
+            self.boot_vps()
+        for _ in range(rounds):
+            self.retry_parked()
+            self.renew()
+            for area in self.areas:
+                self.engine_step(area, crash_before_persist=False, cut_link_after=False)
+                self.check()
+            self.run_cleanup()
+            if self.reachable:
+                self.reconcile()
+            self.check()
+            if self.converged():
+                return
+            self.advance(0.5)
+            self.check()
+        raise Violation(f"did not converge: {self.describe()}")
+
+    def converged(self) -> bool:
+        if self.active() or self.cleanup:
+            return False
+        for area, placed in self.committed.items():
+            if placed.location is not self.desired[area]:
+                return False
+            runs = self._procs(placed.location)
+            if runs.get(area) != placed.generation or area in self._procs(placed.location.other):
+                return False
+        remote_entries = {a: e.generation for a, e in self.entries.items()}
+        expected = {a: p.generation for a, p in self.committed.items() if p.location is Side.REMOTE}
+        return remote_entries == expected
+
+    def describe(self) -> str:
+        return (
+            f"t={self.t} committed={self.committed} desired={self.desired} "
+            f"txns={self.transactions} cleanup={list(self.cleanup)} local={self.local_procs} "
+            f"remote={self.remote_procs} entries={self.entries} link={self.link_up} "
+            f"vps={self.vps_up}"
+        )
