@@ -324,8 +324,7 @@ class Daemon:
             components=[c.name for c in self._started],
             startup_s=round(time.monotonic() - started_at, 3),
         )
-        assert self._store is not None
-        await self._store.record_event("daemon_ready", {"pid": self._lock.pid})
+        await self._record_event("daemon_ready", {"pid": self._lock.pid})
         return None
 
     async def _start_everything(self) -> None:
@@ -416,12 +415,24 @@ class Daemon:
         if self._tasks is not None:
             await self._tasks.stop(grace_s=0.0 if self.force_exit else ROOT_TASK_GRACE_S)
         if self._store is not None:
-            await self._store.record_event("daemon_stopped", {"reason": reason})
+            await self._record_event("daemon_stopped", {"reason": reason})
             await self._store.close()
             self._store = None
         self._lock.release()
         self._lock = None
         self.log.info("daemon_stopped", reason=reason)
+
+    async def _record_event(self, event: str, fields: dict[str, Any]) -> None:
+        """Keep a lifecycle event in state.db; a failed write is logged, never fatal here."""
+        from monitord.store import StoreError
+
+        if self._store is None:
+            return
+        try:
+            await self._store.record_event(event, fields)
+        except StoreError as e:
+            self.log.error("event_not_recorded", recorded_event=event, error_code=e.error_code,
+                           detail=str(e))
 
     async def _unless_forced(self, waiting: Coroutine[Any, Any, bool]) -> bool:
         """Await `waiting` unless a forced exit comes first (then False, `waiting` cancelled)."""
