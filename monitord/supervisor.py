@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping
@@ -324,16 +325,23 @@ class LocalSupervisor:
     def _on_exit(self, area: str, slot: _Slot, *, now: float) -> None:
         status = slot.popen.returncode if slot.popen is not None else None
         ran_s = now - slot.started_mono
-        slot.failures = 0 if ran_s >= slot.run.min_uptime_s else slot.failures
-        slot.failures += 1
-        delay = min(self.backoff_cap_s, self.backoff_base_s * 2 ** (slot.failures - 1))
+        if ran_s >= slot.run.min_uptime_s:
+            slot.failures = 0
+        delay = self._schedule_retry(slot, now=now)
         slot.identity, slot.popen, slot.adopted = None, None, False
         slot.last_exit_status = status
-        slot.next_start = now + delay
         self._record_path(area).unlink(missing_ok=True)
         log.warning("daemon_exited", area=area, service=slot.run.service,
                     generation=slot.run.generation, status=status, ran_s=round(ran_s, 3),
                     restart_in_s=round(delay, 3), failures=slot.failures)
+
+    def _schedule_retry(self, slot: _Slot, *, now: float) -> float:
+        """Count a failure and set the next start: base x 2^(failures-1), capped. Never
+        gives up; returns the delay."""
+        slot.failures += 1
+        delay = float(min(self.backoff_cap_s, self.backoff_base_s * 2 ** (slot.failures - 1)))
+        slot.next_start = now + delay
+        return delay
 
     def _spawn(self, area: str, slot: _Slot) -> None:
         run = slot.run
@@ -347,10 +355,7 @@ class LocalSupervisor:
                     stdout=out, stderr=out, start_new_session=True, close_fds=True,
                 )
         except OSError as e:
-            slot.failures += 1
-            slot.next_start = self._clock() + min(
-                self.backoff_cap_s, self.backoff_base_s * 2 ** (slot.failures - 1)
-            )
+            self._schedule_retry(slot, now=self._clock())
             log.error("daemon_spawn_failed", area=area, service=run.service,
                       generation=run.generation, detail=str(e))
             return
@@ -359,7 +364,16 @@ class LocalSupervisor:
         )
         record = {"area": area, "service": run.service, "generation": run.generation,
                   "identity": identity.to_json()}
-        spool_files.atomic_write_bytes(self._record_path(area), json.dumps(record).encode())
+        try:
+            spool_files.atomic_write_bytes(self._record_path(area), json.dumps(record).encode())
+        except OSError as e:
+            # An unrecorded daemon could not be adopted by name after a crash: do not keep it.
+            proc_identity.signal_group(popen.pid, signal.SIGKILL)
+            popen.wait()
+            self._schedule_retry(slot, now=self._clock())
+            log.error("daemon_record_failed", area=area, error_code="STORE_WRITE_FAILED",
+                      detail=f"{e.strerror or e}: {e.filename}")
+            return
         if slot.started_mono:
             slot.restarts += 1
         slot.identity, slot.popen, slot.adopted = identity, popen, False

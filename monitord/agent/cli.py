@@ -82,10 +82,19 @@ async def _serve(args: argparse.Namespace, *, base_dir: Path) -> int:
     host, port = split_hostport(args.listen)
     address_path = base_dir / ADDRESS_NAME
     address_path.unlink(missing_ok=True)
-    runtime = AgentRuntime(
-        base_dir=base_dir, stop_grace_s=args.stop_grace, fence_grace_s=args.fence_grace
-    )
     stop = asyncio.Event()
+    failures: list[BaseException] = []
+
+    def _fatal(error: BaseException) -> None:
+        failures.append(error)
+        stop.set()
+
+    runtime = AgentRuntime(
+        base_dir=base_dir,
+        stop_grace_s=args.stop_grace,
+        fence_grace_s=args.fence_grace,
+        on_fatal=_fatal,
+    )
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
@@ -103,7 +112,7 @@ async def _serve(args: argparse.Namespace, *, base_dir: Path) -> int:
         address_path.unlink(missing_ok=True)
         await runner.cleanup()
         await runtime.close()
-    return EXIT_OK
+    return EXIT_FAILURE if failures else EXIT_OK
 
 
 def _ready(base_dir: Path) -> bool:

@@ -70,8 +70,10 @@ class AgentRuntime:
         fence_grace_s: float = 0.5,
         tick_s: float = 0.1,
         clock: Callable[[], float] = time.monotonic,
+        on_fatal: Callable[[BaseException], None] | None = None,
     ) -> None:
         self.base_dir = base_dir.resolve()
+        self._on_fatal = on_fatal
         self.cache_path = self.base_dir / "spool" / spool_cache.CACHE_NAME
         self.cache_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.runner = AreaRunner(
@@ -127,9 +129,22 @@ class AgentRuntime:
             if path.stem not in self._handles:
                 path.unlink(missing_ok=True)
         self._loop_task = asyncio.create_task(self._lease_loop(), name="agent lease loop")
+        self._loop_task.add_done_callback(self._loop_ended)
         self.ready = True
         log.info("agent_started", dir=str(self.base_dir), entries=len(self._entries),
                  adopted=len(self._handles))
+
+    def _loop_ended(self, task: asyncio.Task[None]) -> None:
+        """The lease loop must never end on its own: escalate (the agent exits, its guards
+        keep fencing, and the launcher or systemd starts a fresh agent)."""
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is not None:
+            self.ready = False
+            log.critical("lease_loop_failed", error=repr(error), exc_info=error)
+            if self._on_fatal is not None:
+                self._on_fatal(error)
 
     async def close(self) -> None:
         """Stop the lease loop; daemons stay under their guards (see module docstring)."""
@@ -204,19 +219,30 @@ class AgentRuntime:
             return {"area": area, "result": "stopped", "generation": generation}
 
     async def delete(self, area: str, *, generation: int) -> dict[str, Any]:
-        """DELETE /v1/areas/{area}: stop, then remove the entry, its lease and its data."""
+        """DELETE /v1/areas/{area}: stop, then remove the data, the lease and the entry.
+        If the data cannot be removed the entry stays (stopped) and the caller retries."""
         async with self._lock(area):
             entry = self._generation_checked(area, generation)
             if entry is None:
                 return {"area": area, "result": "absent"}
             self._entries[area] = replace(entry, run_wanted=False)
+            spool_cache.save(self.cache_path, self._entries.values())
             await self._stop_process(area, fence=False)
+            data_dir = Path(entry.spec.data_dir)
+            if data_dir.is_relative_to(self.base_dir) and data_dir != self.base_dir:
+                try:
+                    shutil.rmtree(data_dir)
+                except FileNotFoundError:
+                    pass
+                except OSError as e:
+                    raise AgentError(
+                        code="CLEANUP_STUCK",
+                        detail=f"area {area}: cannot remove {data_dir}: {e.strerror or e}",
+                        status=500,
+                    ) from e
             self.runner.revoke(area)
             del self._entries[area]
             spool_cache.save(self.cache_path, self._entries.values())
-            data_dir = Path(entry.spec.data_dir)
-            if data_dir.is_relative_to(self.base_dir) and data_dir != self.base_dir:
-                shutil.rmtree(data_dir, ignore_errors=True)
             log.info("area_deleted", area=area, generation=generation)
             return {"area": area, "result": "deleted", "generation": generation}
 
@@ -224,24 +250,26 @@ class AgentRuntime:
         self, *, owner_id: str, ttl_s: float, areas: Mapping[str, int]
     ) -> dict[str, Any]:
         """POST /v1/leases/renew: the grant. Renews exact (area, generation, owner) matches
-        and starts any granted entry that should run and has no process."""
+        and starts any granted entry that should run and has no process.
+
+        Deliberately without the area locks: the body per area has no await, so it is atomic
+        on the event loop, and a slow stop of one area must never delay (and so lapse) the
+        renewal of the others. It cannot start a second process: an area being stopped or
+        replaced still has its handle until the old process is verified gone."""
         results: dict[str, Any] = {}
         for area, generation in areas.items():
-            async with self._lock(area):
-                existing = self._entries.get(area)
-                outcome = lease_table.decide_renew(
-                    existing, owner_id=owner_id, generation=generation
-                )
-                view: dict[str, Any] = {"result": outcome.value}
-                if existing is not None and outcome is lease_table.RenewOutcome.RENEWED:
-                    now = self._clock()
-                    self.runner.grant(existing.spec, ttl_s=ttl_s)
-                    self._entries[area] = existing.granted(now=now, ttl_s=ttl_s)
-                    self._start_if_due(area)
-                    view.update(self._lease_view(self._entries[area], now=now))
-                elif existing is not None:
-                    view.update(generation=existing.generation, owner_id=existing.owner_id)
-                results[area] = view
+            existing = self._entries.get(area)
+            outcome = lease_table.decide_renew(existing, owner_id=owner_id, generation=generation)
+            view: dict[str, Any] = {"result": outcome.value}
+            if existing is not None and outcome is lease_table.RenewOutcome.RENEWED:
+                now = self._clock()
+                self.runner.grant(existing.spec, ttl_s=ttl_s)
+                self._entries[area] = existing.granted(now=now, ttl_s=ttl_s)
+                self._start_if_due(area)
+                view.update(self._lease_view(self._entries[area], now=now))
+            elif existing is not None:
+                view.update(generation=existing.generation, owner_id=existing.owner_id)
+            results[area] = view
         return {"owner_id": owner_id, "ttl_s": ttl_s, "areas": results}
 
     def _generation_checked(self, area: str, generation: int) -> AreaEntry | None:
@@ -263,7 +291,16 @@ class AgentRuntime:
         entry = self._entries.get(area)
         if entry is None or area in self._handles or not entry.should_run(self._clock()):
             return
-        self._handles[area] = self.runner.spawn(entry.spec)
+        try:
+            self._handles[area] = self.runner.spawn(entry.spec)
+        except OSError as e:
+            restarts = entry.restarts + 1
+            delay = lease_table.restart_delay_s(restarts)
+            next_start = self._clock() + delay
+            self._entries[area] = replace(entry, restarts=restarts, next_start=next_start)
+            log.error("daemon_spawn_failed", area=area, generation=entry.generation,
+                      detail=f"{e.strerror or e}: {e.filename}", restart_in_s=delay)
+            return
         self._started_mono[area] = self._clock()
         log.info("daemon_started", area=area, generation=entry.generation,
                  guard_pid=self._handles[area].pid, restarts=entry.restarts)

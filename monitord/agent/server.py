@@ -75,6 +75,10 @@ async def _errors_and_auth(request: web.Request, handler: Handler) -> web.Stream
         return await handler(request)
     except AgentError as e:
         return error_response(status=e.status, code=e.code, detail=e.detail)
+    except OSError as e:  # a cache, lease or record write failed: nothing was acknowledged
+        return error_response(
+            status=500, code="STORE_WRITE_FAILED", detail=f"{e.strerror or e}: {e.filename}"
+        )
     except web.HTTPException as e:
         if e.status < 400:
             raise
