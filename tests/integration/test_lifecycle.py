@@ -281,7 +281,7 @@ class TestSystemdNotify:
                 assert f"MAINPID={daemon.pid}" in ready
                 assert messages.index(ready) < len(messages) - 1
                 assert await daemon.stop() == 0
-            tail = []
+            tail: list[str] = []
             while not any("STOPPING=1" in m for m in tail):
                 tail.append(await next_message())
 

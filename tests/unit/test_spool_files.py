@@ -69,7 +69,7 @@ class TestAtomicWrite:
         def failing_fsync(fd: int) -> None:
             raise OSError(28, "No space left on device")
 
-        monkeypatch.setattr(spool_files.os, "fsync", failing_fsync)
+        monkeypatch.setattr("monitord.spool_files.os.fsync", failing_fsync)
         with pytest.raises(OSError):
             spool_files.atomic_write_bytes(target, b"new content that never lands")
         assert target.read_bytes() == b"old content"
@@ -84,7 +84,7 @@ class TestAtomicWrite:
         def failing_replace(src: Any, dst: Any) -> None:
             raise OSError(5, "Input/output error")
 
-        monkeypatch.setattr(spool_files.os, "replace", failing_replace)
+        monkeypatch.setattr("monitord.spool_files.os.replace", failing_replace)
         with pytest.raises(OSError):
             spool_files.atomic_write_bytes(target, b"new")
         assert target.read_bytes() == b"old"
@@ -151,7 +151,7 @@ class TestCustomConfigRoundTrip:
 
 
 def before_service(document: dict[str, Any], uuid: str) -> str:
-    return next(e["service"] for e in document["custom_daemons"] if e["uuid"] == uuid)
+    return str(next(e["service"] for e in document["custom_daemons"] if e["uuid"] == uuid))
 
 
 MALFORMED = {
