@@ -3,6 +3,7 @@ happens to the agent, and a restarted agent starts nothing until the owner grant
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import time
 from pathlib import Path
@@ -85,6 +86,34 @@ class TestLeaseLapse:
         assert entry["lease_expires_in_s"] <= TTL_S
 
 
+class TestRenewalIndependence:
+    """A slow stop of one area never holds up the renewal of the others."""
+
+    async def test_renewal_answers_while_another_area_is_still_stopping(
+        self, agent: AgentProcess, detector: Detector
+    ) -> None:
+        await _create(agent, detector, AREA, extra=("--ignore-sigterm",))  # stop takes the grace
+        await _create(agent, detector, OTHER)
+        order: list[str] = []
+
+        async def stop_slow_area() -> None:
+            status, _ = await agent.request("POST", f"/v1/areas/{AREA}/stop?generation=1")
+            assert status == 200
+            order.append("stop")
+
+        async def renew_other_area() -> None:
+            guard_log = agent.base_dir / "logs" / f"{AREA}.log"
+            await wait_until(lambda: b'"stop_requested"' in guard_log.read_bytes(),
+                             timeout_s=10, what="the stop of the slow area to begin")
+            renew = {"owner_id": OWNER, "ttl_s": TTL_S, "areas": {AREA: 1, OTHER: 1}}
+            _, answer = await agent.request("POST", "/v1/leases/renew", json_body=renew)
+            assert answer["areas"][OTHER]["result"] == "renewed"
+            order.append("renew")
+
+        await asyncio.gather(stop_slow_area(), renew_other_area())
+        assert order == ["renew", "stop"]
+
+
 class TestAgentKilled:
     """A remote daemon never outlives its lease, even when the agent is killed with SIGKILL."""
 
@@ -123,6 +152,17 @@ class TestAgentRestart:
             assert answer["areas"][AREA]["result"] == "renewed"
             assert await detector.wait_for(lambda d: d.alive(AREA), timeout_s=10)
         assert detector.overlaps() == []
+
+    async def test_an_unreadable_cache_is_moved_aside_and_starts_nothing(
+        self, tmp_path: Path, detector: Detector
+    ) -> None:
+        base_dir = tmp_path / "vps"
+        (base_dir / "spool").mkdir(parents=True)
+        (base_dir / "spool" / "custom_config.json").write_text('{"custom_daemons": [{"uu')
+        async with running_agent(base_dir) as agent:
+            inventory = await agent.inventory()
+            assert (inventory["entries"], inventory["processes"]) == ([], [])
+            assert list((base_dir / "spool").glob("custom_config.json.corrupt-*"))
 
     async def test_a_restart_within_the_lease_adopts_the_running_daemon(
         self, tmp_path: Path, detector: Detector
