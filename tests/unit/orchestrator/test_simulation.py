@@ -7,7 +7,7 @@ reconcile never stop what may run (a newer generation included), a failed prefli
 stops the source, reconcile is idempotent. At the end faults stop and everything must
 converge: one side per area, as desired, no orphans, no cleanup left.
 
-Example counts come from the hypothesis profile (conftest.py): "dev" 60 examples x 40
+Example counts come from the hypothesis profile (profiles.py): "dev" 60 examples x 40
 steps, "ci" 1000 examples x 60 steps.
 """
 
@@ -27,6 +27,7 @@ from hypothesis.stateful import (
 from orchestrator.models import Location
 from orchestrator.models import Phase as TxnPhase
 
+from .profiles import PROFILE
 from .world import World
 
 AREAS = st.sampled_from(["a1", "a2"])
@@ -109,6 +110,7 @@ class PbxVpsLink(RuleBasedStateMachine):
 
 
 TestRandomFaultInterleavings = PbxVpsLink.TestCase
+TestRandomFaultInterleavings.settings = PROFILE
 
 
 class BrokenPbxVpsLink(PbxVpsLink):
