@@ -70,59 +70,86 @@ CLEANUP_COLUMNS = (
     "created_at",
 )
 
-# Forward-only schema migrations: index i brings the schema from version i to i + 1.
-MIGRATIONS: tuple[str, ...] = (
-    """
-    CREATE TABLE transactions (
-        transaction_id TEXT PRIMARY KEY,
-        service TEXT NOT NULL,
-        area TEXT NOT NULL,
-        source TEXT NOT NULL,
-        destination TEXT NOT NULL,
-        phase TEXT NOT NULL,
-        attempt INTEGER NOT NULL,
-        generation INTEGER NOT NULL,
-        started_at REAL NOT NULL,
-        updated_at REAL NOT NULL,
-        last_error_code TEXT,
-        last_error_detail TEXT,
-        cleanup_required INTEGER NOT NULL DEFAULT 0,
-        extra TEXT NOT NULL DEFAULT '{}'
-    );
-    CREATE INDEX transactions_by_area ON transactions (area);
-    CREATE INDEX transactions_by_service ON transactions (service);
-    CREATE TABLE generations (
-        area TEXT PRIMARY KEY,
-        highest_issued INTEGER NOT NULL
-    );
-    CREATE TABLE cleanup_items (
-        id TEXT PRIMARY KEY,
-        service TEXT NOT NULL,
-        area TEXT NOT NULL,
-        side TEXT NOT NULL,
-        generation INTEGER NOT NULL,
-        action TEXT NOT NULL,
-        attempts INTEGER NOT NULL DEFAULT 0,
-        next_attempt_at REAL NOT NULL,
-        last_error TEXT,
-        created_at REAL NOT NULL,
-        UNIQUE (service, area, side, generation, action)
-    );
-    CREATE INDEX cleanup_items_due ON cleanup_items (next_attempt_at);
-    CREATE TABLE events (
-        seq INTEGER PRIMARY KEY AUTOINCREMENT,
-        at REAL NOT NULL,
-        event TEXT NOT NULL,
-        fields TEXT NOT NULL
-    );
-    CREATE TABLE desired_placement (
-        service TEXT NOT NULL,
-        area TEXT,
-        location TEXT NOT NULL,
-        updated_at REAL NOT NULL
-    );
-    CREATE UNIQUE INDEX desired_placement_key ON desired_placement (service, IFNULL(area, ''));
-    """,
+# Forward-only schema migrations: entry i (a tuple of statements, applied in one transaction)
+# brings the schema from version i to i + 1. Never edit a released entry; append a new one.
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (
+        """
+        CREATE TABLE transactions (
+            transaction_id TEXT PRIMARY KEY,
+            service TEXT NOT NULL,
+            area TEXT NOT NULL,
+            source TEXT NOT NULL,
+            destination TEXT NOT NULL,
+            phase TEXT NOT NULL,
+            attempt INTEGER NOT NULL,
+            generation INTEGER NOT NULL,
+            started_at REAL NOT NULL,
+            updated_at REAL NOT NULL,
+            last_error_code TEXT,
+            last_error_detail TEXT,
+            cleanup_required INTEGER NOT NULL DEFAULT 0,
+            extra TEXT NOT NULL DEFAULT '{}'
+        )
+        """,
+        "CREATE INDEX transactions_by_area ON transactions (area)",
+        "CREATE INDEX transactions_by_service ON transactions (service)",
+        """
+        CREATE TABLE generations (
+            area TEXT PRIMARY KEY,
+            highest_issued INTEGER NOT NULL
+        )
+        """,
+        """
+        CREATE TABLE cleanup_items (
+            id TEXT PRIMARY KEY,
+            service TEXT NOT NULL,
+            area TEXT NOT NULL,
+            side TEXT NOT NULL,
+            generation INTEGER NOT NULL,
+            action TEXT NOT NULL,
+            attempts INTEGER NOT NULL DEFAULT 0,
+            next_attempt_at REAL NOT NULL,
+            last_error TEXT,
+            created_at REAL NOT NULL,
+            UNIQUE (service, area, side, generation, action)
+        )
+        """,
+        "CREATE INDEX cleanup_items_due ON cleanup_items (next_attempt_at)",
+        """
+        CREATE TABLE events (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            at REAL NOT NULL,
+            event TEXT NOT NULL,
+            fields TEXT NOT NULL
+        )
+        """,
+        """
+        CREATE TABLE desired_placement (
+            service TEXT NOT NULL,
+            area TEXT,
+            location TEXT NOT NULL,
+            updated_at REAL NOT NULL
+        )
+        """,
+        "CREATE UNIQUE INDEX desired_placement_key "
+        "ON desired_placement (service, IFNULL(area, ''))",
+    ),
+    # v2: the cleanup backlog as a counter kept by triggers, so reading it is O(1).
+    (
+        "CREATE TABLE counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL)",
+        "INSERT INTO counters (name, value) SELECT 'cleanup_items', COUNT(*) FROM cleanup_items",
+        """
+        CREATE TRIGGER cleanup_items_counted_in AFTER INSERT ON cleanup_items BEGIN
+            UPDATE counters SET value = value + 1 WHERE name = 'cleanup_items';
+        END
+        """,
+        """
+        CREATE TRIGGER cleanup_items_counted_out AFTER DELETE ON cleanup_items BEGIN
+            UPDATE counters SET value = value - 1 WHERE name = 'cleanup_items';
+        END
+        """,
+    ),
 )
 
 
@@ -146,7 +173,7 @@ def _connect(path: Path) -> sqlite3.Connection:
     return conn
 
 
-def _migrate(conn: sqlite3.Connection) -> int:
+def _migrate(conn: sqlite3.Connection, *, target: int = len(MIGRATIONS)) -> int:
     conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
     row = conn.execute("SELECT version FROM schema_version").fetchone()
     current = row[0] if row else 0
@@ -155,19 +182,18 @@ def _migrate(conn: sqlite3.Connection) -> int:
             f"state.db schema version {current} is newer than this monitord "
             f"({len(MIGRATIONS)}); refusing to downgrade"
         )
-    for version in range(current, len(MIGRATIONS)):
+    for version in range(current, target):
         conn.execute("BEGIN IMMEDIATE")
         try:
-            for statement in MIGRATIONS[version].split(";"):
-                if statement.strip():
-                    conn.execute(statement)
+            for statement in MIGRATIONS[version]:
+                conn.execute(statement)
             conn.execute("DELETE FROM schema_version")
             conn.execute("INSERT INTO schema_version (version) VALUES (?)", (version + 1,))
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
             raise
-    return len(MIGRATIONS)
+    return max(current, target)
 
 
 class _Tx:
@@ -476,8 +502,15 @@ class Store:
         return await self._run(read)
 
     async def cleanup_backlog(self) -> int:
+        """How many items are queued (a trigger-kept counter: O(1), not a scan)."""
+
         def read() -> int:
-            return int(self._db().execute("SELECT COUNT(*) FROM cleanup_items").fetchone()[0])
+            row = (
+                self._db()
+                .execute("SELECT value FROM counters WHERE name = 'cleanup_items'")
+                .fetchone()
+            )
+            return int(row[0])
 
         return await self._run(read)
 

@@ -66,6 +66,23 @@ class TestSchema:
         with pytest.raises(StoreError, match="newer"):
             await Store.open(tmp_path)
 
+    async def test_an_older_database_is_migrated_forward_keeping_its_rows(
+        self, tmp_path: Path
+    ) -> None:
+        with sqlite3.connect(tmp_path / "state.db", isolation_level=None) as db:
+            store_module._migrate(db, target=1)
+            for n in range(3):
+                db.execute(
+                    "INSERT INTO cleanup_items VALUES (?, 'tg', ?, 'remote', 1, 'remove_area', "
+                    "0, 0, NULL, 0)",
+                    (f"id-{n}", f"a-{n}"),
+                )
+        async with await Store.open(tmp_path) as upgraded:
+            assert await upgraded.schema_version() == len(store_module.MIGRATIONS)
+            assert await upgraded.cleanup_backlog() == 3
+            await upgraded.complete("id-0")
+            assert await upgraded.cleanup_backlog() == 2
+
     async def test_the_event_loop_never_runs_sqlite(self, store: Store) -> None:
         seen: list[str] = []
         original = store._db
@@ -147,6 +164,9 @@ class TestCleanupQueue:
         again = await store.enqueue_cleanup(**cleanup_key(1), now=20.0)
         assert again == first
         assert await store.cleanup_backlog() == 1
+        await store.complete(first["id"])
+        await store.complete(first["id"])
+        assert await store.cleanup_backlog() == 0
 
     async def test_items_are_not_due_before_next_attempt_at(self, store: Store) -> None:
         await store.enqueue_cleanup(**cleanup_key(1), now=10.0)
