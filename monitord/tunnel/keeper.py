@@ -1,7 +1,9 @@
 """The tunnel keeper: the root task that owns monitord's one SSH connection to the VPS.
 
 Lifecycle of one attempt: connect (host key checked against known_hosts, keepalive on)
--> acquire the tunnel lease on the VPS -> request every forward (a denial is diagnosed and
+-> acquire the tunnel lease on the VPS -> `before_forwards(conn)` (provisioning; on first
+contact, when monitord is not on the VPS yet, it runs before the lease instead, since the
+lease verb needs it) -> request every forward (a denial is diagnosed and
 may fence our own stale session) -> prove every forward end to end -> `connected`; then
 renew the lease every TTL/3 until the connection drops or the lease is lost. Between
 attempts: exponential backoff with full jitter, capped, and at most
@@ -38,6 +40,7 @@ from orchestrator.tunnel_lease import LeaseRecord
 
 RELEASE_TIMEOUT_S = 3.0
 ReconnectHook = Callable[[asyncssh.SSHClientConnection], Awaitable[None]]
+BeforeForwards = Callable[[asyncssh.SSHClientConnection], Awaitable[None]]
 StatusListener = Callable[["TunnelStatus"], None]
 
 
@@ -146,8 +149,10 @@ class TunnelKeeper:
         owner_label: str,
         reconnect_window_s: float = 60.0,
         probe_timeout_s: float = 10.0,
+        before_forwards: BeforeForwards | None = None,
     ) -> None:
         self._config = config
+        self._before_forwards = before_forwards
         self.owner_id = owner_id
         self.owner_label = owner_label
         self._lease_client = LeaseClient(
@@ -263,7 +268,9 @@ class TunnelKeeper:
         self._conn = conn
         forwards: ForwardSet | None = None
         try:
-            answer = await self._acquire_lease(conn)
+            answer, prepared = await self._acquire_lease_bootstrapping(conn)
+            if not prepared:
+                await self._prepare_vps(conn)
             forwards = self._forward_set(conn, answer)
             await forwards.open()
             statuses = await forwards.prove()
@@ -299,6 +306,30 @@ class TunnelKeeper:
                 )
         except (asyncssh.Error, OSError, TimeoutError, ValueError) as e:
             raise translate_connect_error(e, where=where) from e
+
+    async def _acquire_lease_bootstrapping(
+        self, conn: asyncssh.SSHClientConnection
+    ) -> tuple[LeaseAnswer, bool]:
+        """Acquire the lease; if monitord is not on the VPS yet (first contact), run the
+        before_forwards step (provisioning) once first, then acquire. Returns the answer and
+        whether before_forwards already ran in this attempt."""
+        try:
+            return await self._acquire_lease(conn), False
+        except MonitordError as e:
+            if e.code is not ErrorCode.PROVISION_FAILED or self._before_forwards is None:
+                raise
+            self._log.info("tunnel_bootstrap", detail=e.detail)
+        await self._prepare_vps(conn)
+        return await self._acquire_lease(conn), True
+
+    async def _prepare_vps(self, conn: asyncssh.SSHClientConnection) -> None:
+        """The before_forwards step (provisioning), with foreign errors translated."""
+        if self._before_forwards is None:
+            return
+        try:
+            await self._before_forwards(conn)
+        except (asyncssh.Error, OSError) as e:
+            raise translate_connect_error(e, where="preparing the VPS") from e
 
     async def _acquire_lease(self, conn: asyncssh.SSHClientConnection) -> LeaseAnswer:
         answer = await self._lease_client.acquire(conn)

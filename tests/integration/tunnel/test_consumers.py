@@ -4,6 +4,7 @@ hooks run after every (re)connect."""
 from __future__ import annotations
 
 import asyncio
+import sys
 
 import asyncssh
 import pytest
@@ -84,3 +85,34 @@ class TestSessionAndHooks:
             await keeper.wait_for(lambda s: s.connected and s.reconnects == 2, timeout_s=20)
             second_port = await asyncio.wait_for(seen.get(), 10)
             assert first_port != second_port, "the hook got the new connection"
+
+
+SHIM = "import runpy\nrunpy.run_module('monitord', run_name='__main__')\n"
+
+
+class TestBeforeForwards:
+    """The VPS preparation step runs on every connect before the forwards; on first contact,
+    when monitord is not on the VPS yet, it runs first so that the lease can be taken."""
+
+    async def test_first_contact_provisions_then_takes_the_lease(
+        self, vps: Vps, echo: EchoServer, captured: Captured
+    ) -> None:
+        calls: list[bool] = []
+        shim = vps.remote_dir / "run_monitord.py"
+
+        async def provision(conn: asyncssh.SSHClientConnection) -> None:
+            calls.append((vps.remote_dir / "tunnel_lease.json").exists())
+            shim.write_text(SHIM)
+
+        config = remote_section(
+            vps, reverse=(reverse_to(echo),),
+            remote_monitord=(sys.executable, "{remote_bin_dir}/run_monitord.py"),
+        )
+        async with running_keeper(config, captured=captured, before_forwards=provision) as keeper:
+            first = await keeper.wait_connected(timeout_s=20)
+            assert first.lease is not None
+            assert calls == [False], "provisioned before the lease on first contact"
+            vps.sshd.kill_session(first.lease.session.sshd_pid)
+            await keeper.wait_for(lambda s: s.connected and s.reconnects == 2, timeout_s=20)
+            assert calls == [False, True], "later connects provision after taking the lease"
+        assert any(e["event"] == "tunnel_bootstrap" for e in captured.events)
