@@ -179,6 +179,7 @@ class TunnelKeeper:
         self._listeners: list[StatusListener] = []
         self._conn: asyncssh.SSHClientConnection | None = None
         self._closing = asyncio.Event()
+        self._attempt_task: asyncio.Task[None] | None = None
         self._hooks = _Hooks()
         self._log = structlog.get_logger("monitord.tunnel").bind(owner_label=owner_label)
         self._last_logged: tuple[str, str, float, int] | None = None
@@ -224,7 +225,15 @@ class TunnelKeeper:
                 await self._wait_before_attempt()
                 if self._closing.is_set():
                     break
-                await self._attempt()
+                # Each attempt is its own task so that close() can abort a connect in flight.
+                attempt = asyncio.create_task(self._attempt(), name="tunnel keeper: attempt")
+                self._attempt_task = attempt
+                try:
+                    await attempt
+                except asyncio.CancelledError:
+                    current = asyncio.current_task()
+                    if current is not None and current.cancelling():
+                        raise  # run() itself is being cancelled
         finally:
             await self._cancel_hooks()
             await self._publish(state=TunnelState.STOPPED, next_retry_at=None, forwards=())
@@ -239,6 +248,10 @@ class TunnelKeeper:
                     async with asyncio.timeout(RELEASE_TIMEOUT_S):
                         await self._lease_client.release(conn)
             conn.close()
+        attempt = self._attempt_task
+        if attempt is not None and not attempt.done():
+            attempt.cancel()
+            await asyncio.gather(attempt, return_exceptions=True)
 
     # -- one attempt -----------------------------------------------------------------------
     async def _wait_before_attempt(self) -> None:

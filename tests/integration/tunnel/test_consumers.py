@@ -15,6 +15,7 @@ from tests.integration.tunnel.conftest import (
     Captured,
     EchoServer,
     Vps,
+    poll,
     remote_section,
     reverse_to,
     round_trip,
@@ -116,3 +117,19 @@ class TestBeforeForwards:
             await keeper.wait_for(lambda s: s.connected and s.reconnects == 2, timeout_s=20)
             assert calls == [False, True], "later connects provision after taking the lease"
         assert any(e["event"] == "tunnel_bootstrap" for e in captured.events)
+
+
+class TestClose:
+    """close() ends the keeper promptly even while a connect hangs."""
+
+    async def test_close_aborts_a_connect_stuck_on_a_black_hole(
+        self, vps: Vps, captured: Captured
+    ) -> None:
+        vps.proxy.blackhole(new_too=True)  # TCP connects, SSH never answers
+        config = remote_section(vps, connect_timeout_s=30.0)
+        async with running_keeper(config, captured=captured) as keeper:
+            await poll(lambda: vps.proxy.accepted >= 1, timeout_s=5, what="a connect")
+            assert keeper.status().state.value == "connecting"
+            started = asyncio.get_running_loop().time()
+        assert asyncio.get_running_loop().time() - started < 5.0
+        assert keeper.status().state.value == "stopped"
