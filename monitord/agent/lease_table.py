@@ -47,6 +47,7 @@ class AreaEntry:
     no grant since this agent started (or the lease lapsed)."""
 
     spec: AreaSpec
+    created_at: float = 0.0  # wall clock, when this generation's entry was created
     run_wanted: bool = True
     lease_expires: float | None = None
     restarts: int = 0

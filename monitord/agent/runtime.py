@@ -194,7 +194,7 @@ class AgentRuntime:
             entry = (
                 existing
                 if decision.verdict is CreateVerdict.SAME and existing is not None
-                else AreaEntry(spec=spec)
+                else AreaEntry(spec=spec, created_at=time.time())
             )
             entry = replace(entry, run_wanted=True, next_start=0.0).granted(now=now, ttl_s=ttl_s)
             self.runner.grant(spec, ttl_s=ttl_s)
@@ -391,6 +391,7 @@ class AgentRuntime:
             "service": entry.spec.service,
             "generation": entry.generation,
             "owner_id": entry.owner_id,
+            "created_at": entry.created_at,
             "state": entry.state(now=now, process_running=running).value,
             "run_wanted": entry.run_wanted,
             "data_dir": entry.spec.data_dir,
@@ -411,9 +412,11 @@ class AgentRuntime:
             processes.append(
                 {
                     "area": handle.spec.area,
+                    "service": handle.spec.service,
                     "generation": handle.spec.generation,
                     "guard_pid": handle.pid,
-                    "pid": identity.pid if identity else None,
+                    # the daemon; the guard while the daemon is not (yet, or no longer) up
+                    "pid": identity.pid if identity else handle.pid,
                     "started_at": proc_identity.started_at(identity) if identity else None,
                     "uptime_s": round(proc_identity.uptime_s(identity), 3) if identity else 0.0,
                     "alive": identity is not None,

@@ -45,6 +45,7 @@ def _entry_to_json(entry: AreaEntry) -> dict[str, Any]:
         "data_dir": spec.data_dir,
         "env": dict(spec.env),
         "run_wanted": entry.run_wanted,
+        "created_at": entry.created_at,
     }
 
 
@@ -58,7 +59,12 @@ def _entry_from_json(raw: dict[str, Any]) -> AreaEntry:
         data_dir=str(raw["data_dir"]),
         env={str(k): str(v) for k, v in dict(raw.get("env") or {}).items()},
     )
-    return AreaEntry(spec=spec, run_wanted=bool(raw.get("run_wanted", True)), lease_expires=None)
+    return AreaEntry(
+        spec=spec,
+        created_at=float(raw.get("created_at") or 0.0),
+        run_wanted=bool(raw.get("run_wanted", True)),
+        lease_expires=None,
+    )
 
 
 def save(path: Path, entries: Iterable[AreaEntry]) -> None:

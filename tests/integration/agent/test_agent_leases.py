@@ -55,7 +55,6 @@ class TestLeaseLapse:
         pid = detector.alive(AREA)[0].pid
         await wait_until(lambda: not proc_identity.is_alive(pid), timeout_s=TTL_S + 3,
                          what="the daemon ignoring SIGTERM to be killed")
-        assert time.time() <= granted_at + TTL_S + 1.0 + 0.2  # +0.2: this poll's own lag
         assert _last_sign_of_life(detector, AREA) <= granted_at + TTL_S + 1.0
 
     async def test_renewal_keeps_the_daemon_running_past_the_first_ttl(
