@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -42,6 +43,7 @@ SUPERVISOR_ENV = "MONITORD_SUPERVISOR"
 AREA_ENV = "MONITORD_AREA"
 GENERATION_ENV = "MONITORD_GENERATION"
 TASK_NAME = "local supervisor"
+_PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
 
 log = structlog.get_logger("monitord.supervisor")
 
@@ -61,9 +63,11 @@ class AreaRun:
 
 def expand(template: str, *, area: str, data_dir: str, generation: int, side: str,
            remote_bin_dir: str = "") -> str:
-    """Expand {area}, {data_dir}, {generation}, {side} and {remote_bin_dir} in a template."""
-    return template.format(area=area, data_dir=data_dir, generation=generation, side=side,
-                           remote_bin_dir=remote_bin_dir)
+    """Expand {area}, {data_dir}, {generation}, {side} and {remote_bin_dir} in a template;
+    any other {name} is left as written (a daemon argument may contain braces)."""
+    known = {"area": area, "data_dir": data_dir, "generation": str(generation), "side": side,
+             "remote_bin_dir": remote_bin_dir}
+    return _PLACEHOLDER.sub(lambda m: known.get(m.group(1), m.group(0)), template)
 
 
 def area_run(*, service: str, section: ServiceSection, area: str, generation: int) -> AreaRun:
