@@ -66,9 +66,9 @@ class _LeaseWatch:
         )
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    """Runs in the daemon between fork and exec: die by SIGKILL when the guard dies."""
-    libc = ctypes.CDLL(None, use_errno=True)
+def _die_with_parent(libc: ctypes.CDLL, parent_pid: int) -> None:
+    """Runs in the daemon between fork and exec: die by SIGKILL when the guard dies.
+    (libc is loaded before the fork: nothing but the two syscalls happens in the child.)"""
     if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
         os._exit(126)
     if os.getppid() != parent_pid:  # the guard died before prctl took effect
@@ -125,10 +125,11 @@ def run(
         _say("not_started", reason="lease_not_current", lease_file=str(lease_path))
         return EXIT_LEASE_LAPSED
     guard_pid = os.getpid()
+    libc = ctypes.CDLL(None, use_errno=True)
     try:
         child = subprocess.Popen(
             list(argv),
-            preexec_fn=lambda: _die_with_parent(guard_pid),
+            preexec_fn=lambda: _die_with_parent(libc, guard_pid),
             process_group=0,
             close_fds=True,
         )

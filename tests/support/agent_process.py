@@ -201,7 +201,7 @@ async def running_agent(
                 await asyncio.wait_for(process.wait(), timeout=10.0)
             except TimeoutError:
                 process.kill()
-                await process.wait()
+                await asyncio.wait_for(process.wait(), timeout=10.0)
         if kill_daemons_on_exit:
             kill_left_processes(base_dir)
 

@@ -181,3 +181,23 @@ class TestAgentRestart:
             assert not proc_identity.is_alive(pid)
         assert [life.key.pid for life in detector.lives(AREA)] == [pid]
         assert detector.overlaps() == []
+
+
+class TestGuardDeath:
+    """A daemon dies with its lease guard (PR_SET_PDEATHSIG), and the agent restarts the area
+    while its lease is current."""
+
+    async def test_killing_the_guard_kills_its_daemon_and_the_agent_restarts_it(
+        self, agent: AgentProcess, detector: Detector
+    ) -> None:
+        body = area_body(agent, detector, area=AREA, generation=1, ttl_s=30)
+        assert (await agent.request("PUT", f"/v1/areas/{AREA}", json_body=body))[0] == 201
+        assert await detector.wait_for(lambda d: d.alive(AREA), timeout_s=10)
+        [process] = (await agent.inventory())["processes"]
+        proc_identity.signal_group(process["guard_pid"], signal.SIGKILL)
+        await wait_until(lambda: not proc_identity.is_alive(process["pid"]), timeout_s=5,
+                         what="the daemon to die with its guard")
+        assert await detector.wait_for(
+            lambda d: [k.pid for k in d.alive(AREA)] not in ([], [process["pid"]]), timeout_s=10
+        )
+        assert detector.overlaps() == []

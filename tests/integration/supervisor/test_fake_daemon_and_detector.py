@@ -29,7 +29,7 @@ class TestDetectorOnRealDaemons:
             assert await detector.wait_for(lambda d: bool(d.overlaps()), timeout_s=10)
         finally:
             duplicate.terminate()
-            await duplicate.wait()
+            await asyncio.wait_for(duplicate.wait(), timeout=10)
         [overlap] = detector.overlaps()
         assert {overlap.first.side, overlap.second.side} == {"local", "remote"}
         assert {overlap.first.pid, overlap.second.pid} >= {duplicate.pid}

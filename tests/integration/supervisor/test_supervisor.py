@@ -100,7 +100,7 @@ async def _host_killed_with_sigkill(state_dir: Path, runs: list[AreaRun]) -> Non
         assert line.strip() == b"ready"
     finally:
         host.send_signal(signal.SIGKILL)
-        await host.wait()
+        await asyncio.wait_for(host.wait(), timeout=10)
 
 
 class TestSurvivors:
