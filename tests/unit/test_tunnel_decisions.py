@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from monitord.tunnel.backoff import ReconnectBackoff
+from monitord.tunnel.port_holder import parse_probe
 from orchestrator.forward_diagnosis import Diagnosis, HolderKind, PortHolder, Verdict, diagnose
 from orchestrator.tunnel_lease import (
     LeaseAction,
@@ -215,3 +216,39 @@ class TestReconnectBackoff:
         backoff.record_failure(at_least_s=20.0, now=100.0)
         assert backoff.delay(100.0) >= 20.0
         assert backoff.delay(121.0) <= 0.05
+
+
+SS_SSHD = """LISTEN 0      128    127.0.0.1:4222 0.0.0.0:* users:(("sshd",pid=6200,fd=5))
+@@stat
+6200 (sshd) S 6196 6196 6196 0 -1 4194560 700 0 0 0 1 2 0 0 20 0 1 0 987654 1 2 3
+@@estab
+0 0 127.0.0.1:22 127.0.0.1:50104 users:(("sshd",pid=6300,fd=4)) bbr lastsnd:4 lastrcv:9 lastack:4
+0 0 127.0.0.1:22 127.0.0.1:50200 users:(("sshd",pid=6200,fd=4)) lastsnd:10 lastrcv:4016 lastack:9
+@@self
+127.0.0.1 50104 127.0.0.1 22
+"""
+
+
+class TestPortHolderParsing:
+    """The VPS probe's `ss` output becomes a holder observation (pure parsing)."""
+
+    def test_an_sshd_holder_with_its_silence_client_and_start_time(self) -> None:
+        observed = parse_probe(SS_SSHD, port=4222)
+        assert observed.holder == PortHolder(
+            port=4222, kind=HolderKind.SSHD, pid=6200, command="sshd", lastrcv_s=4.016,
+            client="127.0.0.1:50200")
+        assert observed.start_ticks == 987654
+        assert observed.our_ssh_connection == "127.0.0.1 50104 127.0.0.1 22"
+
+    def test_a_foreign_program_and_a_free_port(self) -> None:
+        foreign = parse_probe(
+            'LISTEN 0 128 127.0.0.1:4222 0.0.0.0:* users:(("nc",pid=77,fd=3))\n@@stat\n'
+            "@@estab\n@@self\nx\n", port=4222)
+        assert (foreign.holder.kind, foreign.holder.pid, foreign.holder.command) == (
+            HolderKind.OTHER, 77, "nc")
+        free = parse_probe("@@stat\n@@estab\n@@self\nx\n", port=4222)
+        assert free.holder.kind is HolderKind.NONE
+
+    def test_an_sshd_holder_without_a_client_socket_has_unknown_silence(self) -> None:
+        text = SS_SSHD.replace("pid=6200,fd=4", "pid=9999,fd=4")
+        assert parse_probe(text, port=4222).holder.lastrcv_s is None

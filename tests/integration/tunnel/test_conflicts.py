@@ -78,7 +78,9 @@ class TestForeignListener:
                 assert status.last_error is not None
                 assert status.last_error.code == "PORT_OCCUPIED"
                 assert f"pid {os.getpid()}" in status.last_error.detail
-                assert vps.sshd.session_pids(), "the VPS side is reachable"
+                assert status.fenced_sessions == 0, "a foreign program is never fenced"
+                assert status.next_retry_at is not None
+                assert status.next_retry_at - status.last_error.at >= LEASE_TTL_S - 0.1
         finally:
             squatter.close()
             await squatter.wait_closed()
