@@ -5,8 +5,9 @@ remote_state.json projection, and the normalisation of a legacy remote_state.jso
   a fixed priority: what needs a human first, then the least advanced migration phase
   (the one holding the service back), then background cleanup, then idle.
 * `area_counts()` counts a service's areas as local / remote / migrating / orphan.
-* `remote_state()` is the compatibility projection the PHP UI reads (SPEC §4.3); it is
-  written from transactions, never read back as truth.
+* `service_view()` bundles state, counts, desired and `last_error_view()` for the API.
+* `remote_state()` / `remote_state_row()` is the compatibility projection the PHP UI
+  reads (SPEC §4.3); it is written from transactions, never read back as truth.
 * `normalise_legacy()` cleans a remote_state.json found on first start: unknown services
   and areas dropped, `migrating`/`resuming` without a transaction cleared, `parked` with
   no parked transaction cleared, malformed values reset; each change is noted.
@@ -22,6 +23,7 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
+from orchestrator import errors
 from orchestrator.models import Area, CleanupItem, Location, Phase, Transaction
 from orchestrator.planner import CreateRemoteEntry, PlanAction
 
@@ -148,29 +150,118 @@ def _latest_error(own: list[Transaction]) -> str:
     return max(errors, key=lambda t: t.updated_at).last_error_code or ""
 
 
+def remote_state_row(
+    *, transactions: Iterable[Transaction], fail_count: int, last_error: str
+) -> dict[str, Any]:
+    """One service's remote_state.json entry from its transactions (SPEC §4.3 keys).
+
+    migrating: a migration is moving an area forward; resuming: a rollback is bringing an
+    area's source back; parked: the service waits for an operator's retry.
+    """
+    active = [t for t in transactions if t.is_active]
+    return {
+        "migrating": any(t.phase not in (Phase.ROLLBACK, Phase.PARKED) for t in active),
+        "resuming": any(t.phase is Phase.ROLLBACK for t in active),
+        "parked": any(t.phase is Phase.PARKED for t in active),
+        "fail_count": int(fail_count),
+        "last_error": last_error,
+    }
+
+
 def remote_state(
     *,
     services: Iterable[str],
     transactions: Iterable[Transaction],
     fail_counts: Mapping[str, int],
 ) -> dict[str, dict[str, Any]]:
-    """The remote_state.json projection (SPEC §4.3), one entry per configured service.
-
-    migrating: a migration is moving an area forward; resuming: a rollback is bringing an
-    area's source back; parked: the service waits for an operator's retry.
-    """
+    """The remote_state.json projection (SPEC §4.3), one entry per configured service."""
     every = list(transactions)
     result: dict[str, dict[str, Any]] = {}
     for service in services:
         own = _own(service, every)
-        result[service] = {
-            "migrating": any(t.phase not in (Phase.ROLLBACK, Phase.PARKED) for t in own),
-            "resuming": any(t.phase is Phase.ROLLBACK for t in own),
-            "parked": any(t.phase is Phase.PARKED for t in own),
-            "fail_count": int(fail_counts.get(service, 0)),
-            "last_error": _latest_error(own),
-        }
+        result[service] = remote_state_row(
+            transactions=own,
+            fail_count=fail_counts.get(service, 0),
+            last_error=_latest_error(own),
+        )
     return result
+
+
+def last_error_view(transactions: Iterable[Transaction]) -> dict[str, Any] | None:
+    """SPEC §8 `last_error{code, detail, phase, at, action}` of the latest failing transaction."""
+    failing = [t for t in transactions if t.last_error_code]
+    if not failing:
+        return None
+    latest = max(failing, key=lambda t: t.updated_at)
+    code = latest.last_error_code or ""
+    try:
+        action = errors.lookup(code).action
+    except errors.UnknownErrorCode:
+        action = ""
+    return {
+        "code": code,
+        "detail": latest.last_error_detail or "",
+        "phase": latest.phase.value,
+        "area": latest.area,
+        "at": latest.updated_at,
+        "action": action,
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceView:
+    """Everything the status API shows for one service, derived in one place."""
+
+    desired: str  # "local" | "remote" | "mixed"
+    state: ServiceState
+    counts: Mapping[str, int]
+    last_error: dict[str, Any] | None
+
+
+def service_view(
+    *,
+    service: str,
+    areas: Iterable[Area],
+    transactions: Iterable[Transaction],
+    desired: Location | None,
+    area_desired: Mapping[str, Location],
+    orphans: int,
+    tunnel_conflict: bool,
+    cleanup_pending: bool = False,
+) -> ServiceView:
+    """state + counts + desired + last error of one service (see service_state/area_counts)."""
+    own_areas = [a for a in areas if a.service == service]
+    txns = _own(service, transactions)
+    wanted = {area_desired.get(a.uuid, desired or a.location) for a in own_areas}
+    if len(wanted) > 1:
+        desired_text = "mixed"
+    elif wanted:
+        desired_text = next(iter(wanted)).value
+    else:
+        desired_text = (desired or Location.LOCAL).value
+    state = service_state(
+        service=service,
+        authoritative=own_areas,
+        transactions=txns,
+        tunnel_conflict=tunnel_conflict,
+        orphans=orphans + (1 if cleanup_pending else 0),
+    )
+    counts = area_counts(
+        service=service, authoritative=own_areas, transactions=txns, orphans=orphans
+    )
+    return ServiceView(
+        desired=desired_text,
+        state=state,
+        counts=MappingProxyType(
+            {
+                "local": counts.local,
+                "remote": counts.remote,
+                "migrating": counts.migrating,
+                "orphan": counts.orphan,
+            }
+        ),
+        last_error=last_error_view(txns),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,17 +271,24 @@ class LegacyNormalisation:
     state: dict[str, dict[str, Any]]
     notes: tuple[str, ...]
 
+    def __bool__(self) -> bool:
+        """True when something had to be changed."""
+        return bool(self.notes)
+
 
 def normalise_legacy(
     raw: Mapping[str, Any],
     *,
     services: Iterable[str],
-    known_areas: Iterable[str],
     transactions: Iterable[Transaction],
+    known_areas: Iterable[str] | None = None,
 ) -> LegacyNormalisation:
-    """Bring a legacy remote_state.json in line with monitord's records (which are the truth)."""
+    """Bring a legacy remote_state.json in line with monitord's records (which are the truth).
+
+    `known_areas` None keeps per-area sub-entries as found; otherwise unknown ones are dropped.
+    """
     every = list(transactions)
-    areas = set(known_areas)
+    areas = None if known_areas is None else set(known_areas)
     configured = list(services)
     notes = [f"dropped unknown service {name!r}" for name in raw if name not in configured]
     state: dict[str, dict[str, Any]] = {}
@@ -224,8 +322,9 @@ def normalise_legacy(
         clean["last_error"] = last_error if isinstance(last_error, str) else ""
         old_areas = entry.get("areas")
         if isinstance(old_areas, Mapping):
-            kept = {uuid: info for uuid, info in old_areas.items() if uuid in areas}
-            unknown = [uuid for uuid in old_areas if uuid not in areas]
+            known = set(old_areas) if areas is None else areas
+            kept = {uuid: info for uuid, info in old_areas.items() if uuid in known}
+            unknown = [uuid for uuid in old_areas if uuid not in known]
             notes.extend(f"{service}: dropped unknown area {uuid!r}" for uuid in unknown)
             clean["areas"] = kept
         state[service] = clean

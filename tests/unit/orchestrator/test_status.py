@@ -173,3 +173,52 @@ class TestLegacyNormalisation:
         )
         assert result.state["tg"]["fail_count"] == 0
         assert any("fail_count" in note for note in result.notes)
+
+
+class TestServiceView:
+    """The API view of a service: desired side, state, counts and an actionable last error."""
+
+    def test_view_of_a_failing_migration(self) -> None:
+        failing = transaction(
+            phase=Phase.ROLLBACK, last_error_code="HEALTHCHECK_TIMEOUT",
+            last_error_detail="uptime 1.2 s < 3 s", updated_at=1_234.0,
+        )
+        view = status.service_view(
+            service="tg", areas=[LOCAL_AREA], transactions=[failing], desired=Location.REMOTE,
+            area_desired={}, orphans=0, tunnel_conflict=False,
+        )
+        assert view.desired == "remote"
+        assert view.state == "rolling_back"
+        assert dict(view.counts) == {"local": 0, "remote": 0, "migrating": 1, "orphan": 0}
+        assert view.last_error is not None
+        assert view.last_error["code"] == "HEALTHCHECK_TIMEOUT"
+        assert view.last_error["phase"] == "ROLLBACK"
+        assert view.last_error["at"] == 1_234.0
+        assert view.last_error["action"]  # the catalogue's recommended action
+
+    def test_mixed_desired_sides(self) -> None:
+        view = status.service_view(
+            service="tg", areas=[LOCAL_AREA, REMOTE_AREA], transactions=[], desired=None,
+            area_desired={"a1": Location.LOCAL, "a2": Location.REMOTE}, orphans=0,
+            tunnel_conflict=False,
+        )
+        assert view.desired == "mixed" and view.state == "idle" and view.last_error is None
+
+    def test_pending_cleanup_shows_as_cleaning(self) -> None:
+        view = status.service_view(
+            service="tg", areas=[LOCAL_AREA], transactions=[], desired=None, area_desired={},
+            orphans=0, tunnel_conflict=False, cleanup_pending=True,
+        )
+        assert view.state == "cleaning_orphans"
+
+    def test_remote_state_row_keys_are_the_contract(self) -> None:
+        row = status.remote_state_row(transactions=[], fail_count=1, last_error="X")
+        assert row == {"migrating": False, "resuming": False, "parked": False, "fail_count": 1,
+                       "last_error": "X"}
+
+    def test_legacy_normalisation_without_an_area_list_keeps_area_entries(self) -> None:
+        result = status.normalise_legacy(
+            {"tg": {"areas": {"u": {}}}}, services=["tg"], transactions=[]
+        )
+        assert result.state["tg"]["areas"] == {"u": {}}
+        assert not result  # nothing had to change
