@@ -67,6 +67,20 @@ class Outcome(StrEnum):
     RETRY_REQUESTED = "retry_requested"  # the operator's retry of a parked service
 
 
+OUTCOME_MEANINGS: Mapping[Outcome, str] = MappingProxyType({
+    Outcome.OK: "the phase's actions succeeded and were verified",
+    Outcome.FAILED: "they failed; the record keeps the error code and detail",
+    Outcome.UNREACHABLE: "the VPS could not be reached to perform them",
+    Outcome.FENCED: "rollback: the destination is verified stopped and removed at its generation",
+    Outcome.LEASE_EXPIRED: "rollback: the destination's area lease has provably lapsed",
+    Outcome.RECOVERED_UNCOMMITTED: "after a restart, custom_config.json shows no commit",
+    Outcome.RECOVERED_COMMITTED: "after a restart, custom_config.json shows the commit",
+    Outcome.REVERSE_REQUESTED: "the operator asked for the source side again",
+    Outcome.PARK: "failed too often: stop retrying until an operator asks",
+    Outcome.RETRY_REQUESTED: "the operator's retry of a parked service (new generation)",
+})
+
+
 class IllegalTransition(PermanentError):
     """A move the phase table (or one of its guards) does not allow; nothing was changed."""
 
