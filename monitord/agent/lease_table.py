@@ -6,7 +6,8 @@ is where the rules of SPEC §6.4 live:
 
 - an area is created only if nobody else holds it: another owner's entry blocks while its
   lease is current or its process may still run; a newer generation always blocks;
-- the same (area, generation, owner) again is idempotent (a renewal of the grant);
+- the same (area, generation, owner) again is idempotent (a renewal of the grant); with a
+  changed command, data dir or env the old process is stopped and the new spec started;
 - an older generation of the same owner is superseded (its process is fenced first);
 - stop and delete act only at the named generation;
 - a renewal is the grant: it refreshes the lease of entries that match exactly.
@@ -84,6 +85,7 @@ class AreaEntry:
 class CreateVerdict(enum.Enum):
     NEW = "new"  # nothing there: create
     SAME = "same"  # identical (area, generation, owner): refresh the grant, start if stopped
+    UPDATE = "update"  # same (area, generation, owner), new command/env: stop it, start anew
     SUPERSEDE = "supersede"  # same owner, older generation: fence the old one, then create
     TAKE_OVER = "take_over"  # another owner's lapsed entry with no process: replace it
     CONFLICT = "conflict"  # 409 DESTINATION_CONFLICT
@@ -113,10 +115,7 @@ def decide_create(
         )
     if existing.generation == spec.generation:
         if existing.spec != spec:
-            return CreateDecision(
-                CreateVerdict.CONFLICT,
-                f"area {spec.area} generation {spec.generation} exists with a different spec",
-            )
+            return CreateDecision(CreateVerdict.UPDATE, "command, data dir or env changed")
         return CreateDecision(CreateVerdict.SAME)
     return CreateDecision(CreateVerdict.SUPERSEDE, f"superseding generation {existing.generation}")
 

@@ -186,22 +186,28 @@ class AgentRuntime:
             )
             if decision.verdict is CreateVerdict.CONFLICT:
                 raise AgentError(code="DESTINATION_CONFLICT", detail=decision.detail, status=409)
-            if decision.verdict in (CreateVerdict.SUPERSEDE, CreateVerdict.TAKE_OVER):
+            if decision.verdict in (
+                CreateVerdict.SUPERSEDE, CreateVerdict.TAKE_OVER, CreateVerdict.UPDATE
+            ):
                 assert existing is not None
                 await self._stop_process(spec.area, fence=False)
-                log.warning("entry_superseded", area=spec.area, old_generation=existing.generation,
-                            old_owner=existing.owner_id, generation=spec.generation)
-            entry = (
-                existing
-                if decision.verdict is CreateVerdict.SAME and existing is not None
-                else AreaEntry(spec=spec, created_at=time.time())
-            )
+                log.warning("entry_replaced", area=spec.area, old_generation=existing.generation,
+                            old_owner=existing.owner_id, generation=spec.generation,
+                            reason=decision.detail)
+            if existing is not None and decision.verdict in (
+                CreateVerdict.SAME, CreateVerdict.UPDATE
+            ):
+                entry = replace(existing, spec=spec)
+            else:
+                entry = AreaEntry(spec=spec, created_at=time.time())
             entry = replace(entry, run_wanted=True, next_start=0.0).granted(now=now, ttl_s=ttl_s)
             self.runner.grant(spec, ttl_s=ttl_s)
             self._entries[spec.area] = entry
             spool_cache.save(self.cache_path, self._entries.values())
             self._start_if_due(spec.area)
-            result = "unchanged" if decision.verdict is CreateVerdict.SAME else "created"
+            result = {CreateVerdict.SAME: "unchanged", CreateVerdict.UPDATE: "updated"}.get(
+                decision.verdict, "created"
+            )
             log.info("area_" + result, area=spec.area, service=spec.service,
                      generation=spec.generation, owner_id=spec.owner_id)
             return result, self._entry_view(spec.area, now=self._clock())

@@ -38,7 +38,7 @@ class TestCreateDecision:
         [
             (None, spec(), False, CreateVerdict.NEW),
             (entry(), spec(), True, CreateVerdict.SAME),
-            (entry(), spec(command=("other",)), True, CreateVerdict.CONFLICT),
+            (entry(), spec(command=("other",)), True, CreateVerdict.UPDATE),
             (entry(generation=6), spec(generation=5), False, CreateVerdict.CONFLICT),
             (entry(generation=4), spec(generation=5), True, CreateVerdict.SUPERSEDE),
             (entry(owner="them"), spec(generation=9), False, CreateVerdict.CONFLICT),

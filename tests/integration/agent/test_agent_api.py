@@ -95,6 +95,21 @@ class TestCreate:
         )
         assert detector.overlaps() == []
 
+    async def test_a_changed_command_at_the_same_generation_restarts_without_overlap(
+        self, agent: AgentProcess, detector: Detector
+    ) -> None:
+        body = area_body(agent, detector, area=AREA, generation=4)
+        assert (await agent.request("PUT", f"/v1/areas/{AREA}", json_body=body))[0] == 201
+        assert await detector.wait_for(lambda d: d.alive(AREA), timeout_s=10)
+        old_pid = detector.alive(AREA)[0].pid
+        body["command"] = [*body["command"], "--interval", "0.05"]
+        status, answer = await agent.request("PUT", f"/v1/areas/{AREA}", json_body=body)
+        assert (status, answer["result"]) == (200, "updated")
+        assert await detector.wait_for(
+            lambda d: [k.pid for k in d.alive(AREA)] not in ([], [old_pid]), timeout_s=10
+        )
+        assert detector.overlaps() == []
+
     async def test_bad_input_is_rejected_with_400_and_changes_nothing(
         self, agent: AgentProcess, detector: Detector, tmp_path: Path
     ) -> None:
