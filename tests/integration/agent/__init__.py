@@ -1,0 +1,1 @@
+"""Tests of the remote agent: its API, area leases, self-fencing and single instance."""

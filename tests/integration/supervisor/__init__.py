@@ -1,0 +1,1 @@
+"""Tests of the local supervisor, the fake messenger daemon and the split-brain detector."""
