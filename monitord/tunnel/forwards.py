@@ -6,10 +6,10 @@ Called by the keeper once per connection, after the tunnel lease is held:
   is never retried blindly: port_holder.py finds the holder on the VPS and
   orchestrator/forward_diagnosis.py decides — fence our own stale session and retry at once,
   wait for a session going silent, or raise TUNNEL_LEASE_CONFLICT / PORT_OCCUPIED.
-- `prove()` shows each forward works end to end. For a reverse forward a probe on the VPS
-  (`monitord tunnel-lease probe-forward`) announces its source port, connects to the
-  forwarded port and sends a random nonce; our listener recognises that source port and
-  answers the nonce. A stale listener of another session still accepts TCP, but it can
+- `prove()` shows each forward works end to end. For a reverse forward the VPS helper
+  (`monitord tunnel-lease serve`) binds a socket and reports its source port, then connects
+  to the forwarded port and sends a random nonce; our listener recognises that source port
+  and answers the nonce. A stale listener of another session still accepts TCP, but it can
   never answer, so only a round trip through THIS connection proves the forward. Normal
   connections are piped to the target untouched (server-first protocols such as NATS work).
   A local forward is proven by opening a channel to its VPS target; a target that is not
@@ -21,17 +21,15 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import json
 import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
 import asyncssh
 
-from monitord import remote_exec
 from monitord.config import ForwardSpec, split_hostport
 from monitord.tunnel import port_holder
-from monitord.tunnel.lease_client import LeaseClient
+from monitord.tunnel.lease_client import LeaseSession
 from monitord.tunnel.lease_command import PROBE_PREFIX, PROBE_REPLY
 from orchestrator import forward_diagnosis
 from orchestrator.errors import ErrorCode, TransientError, error_for
@@ -104,7 +102,7 @@ class ForwardSet:
         *,
         reverse: tuple[ForwardSpec, ...],
         local: tuple[ForwardSpec, ...],
-        lease_client: LeaseClient,
+        helper: LeaseSession,
         our_sshd_pid: int | None,
         lease_context: LeaseRecord | None,
         vps_now: float,
@@ -117,7 +115,7 @@ class ForwardSet:
         self._conn = conn
         self._reverse = reverse
         self._local = local
-        self._lease = lease_client
+        self._helper = helper
         self._our_sshd_pid = our_sshd_pid
         self._lease_context = lease_context
         self._vps_now = vps_now
@@ -189,7 +187,7 @@ class ForwardSet:
         observation = await port_holder.observe(self._conn, port, timeout_s=self._timeout_s)
         diagnosis = forward_diagnosis.diagnose(
             observation.holder,
-            our_owner_id=self._lease.owner_id,
+            our_owner_id=self._helper.owner_id,
             our_sshd_pid=self._our_sshd_pid,
             lease=self._lease_context,
             now=self._vps_now,
@@ -213,8 +211,7 @@ class ForwardSet:
             pid = diagnosis.fence_pid
             if pid is None or observation.start_ticks is None:
                 raise TransientError(ErrorCode.FORWARD_DENIED, diagnosis.detail)
-            gone = await self._lease.fence(self._conn, pid=pid,
-                                           start_ticks=observation.start_ticks)
+            gone = await self._helper.fence(pid=pid, start_ticks=observation.start_ticks)
             self._log.warning("stale_session_fenced", forward=spec.name, port=port, pid=pid,
                               gone=gone, detail=diagnosis.detail)
             if not gone:
@@ -252,37 +249,23 @@ class ForwardSet:
 
     async def _prove_reverse(self, spec: ForwardSpec) -> None:
         host, port = split_hostport(spec.listen)
-        argv = self._lease.probe_argv(host=host, port=port, timeout_s=self._timeout_s)
         probe = _PendingProbe(nonce=secrets.token_hex(16).encode())
-        source_port: int | None = None
-        answer: dict[str, Any] = {}
-        process: asyncssh.SSHClientProcess[bytes] | None = None
+        source_port = await self._helper.probe_bind(host=host)
+        self._probes[source_port] = probe
         try:
-            async with asyncio.timeout(self._timeout_s):
-                process = await self._conn.create_process(
-                    remote_exec.command_line(argv), encoding=None
-                )
-                first = await process.stdout.readline()
-                source_port = int(json.loads(first)["source_port"])
-                self._probes[source_port] = probe
-                process.stdin.write(probe.nonce + b"\n")
-                answer = json.loads(await process.stdout.readline())
-                await probe.arrived.wait()
+            answer = await self._helper.probe_connect(
+                source_port=source_port, host=host, port=port, nonce=probe.nonce.decode(),
+                timeout_s=self._timeout_s,
+            )
+            if answer.get("ok"):
+                async with asyncio.timeout(self._timeout_s):
+                    await probe.arrived.wait()
         except TimeoutError as e:
-            raise self._unproven(spec, f"no round trip within {self._timeout_s:g}s") from e
-        except (ValueError, KeyError, TypeError) as e:
-            raise self._unproven(spec, f"probe gave no answer ({type(e).__name__})") from e
-        except (asyncssh.Error, OSError) as e:
-            raise TransientError(
-                ErrorCode.SSH_UNREACHABLE, f"forward probe {spec.name}: {type(e).__name__}"
-            ) from e
+            raise self._unproven(spec, "the nonce never reached this connection") from e
         finally:
-            if source_port is not None:
-                self._probes.pop(source_port, None)
-            if process is not None:
-                process.close()
+            self._probes.pop(source_port, None)
         if not answer.get("ok"):
-            raise self._unproven(spec, str(answer.get("detail", "probe failed")))
+            raise self._unproven(spec, str(answer.get("detail") or "probe failed"))
         self._status[spec.name] = ForwardStatus(
             spec.name, "reverse", spec.listen, spec.target, "proven",
             f"round trip {float(answer.get('rtt_ms', 0.0)):.1f} ms",

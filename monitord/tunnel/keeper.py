@@ -34,7 +34,7 @@ import structlog
 from monitord.config import RemoteSection
 from monitord.tunnel.backoff import ReconnectBackoff
 from monitord.tunnel.forwards import ForwardSet, ForwardStatus
-from monitord.tunnel.lease_client import LeaseAnswer, LeaseClient, command_prefix
+from monitord.tunnel.lease_client import LeaseAnswer, LeaseClient, LeaseSession, command_prefix
 from orchestrator.errors import ErrorCode, MonitordError, TransientError, error_for
 from orchestrator.tunnel_lease import LeaseRecord
 
@@ -178,6 +178,7 @@ class TunnelKeeper:
         self._changed = asyncio.Condition()
         self._listeners: list[StatusListener] = []
         self._conn: asyncssh.SSHClientConnection | None = None
+        self._helper: LeaseSession | None = None
         self._closing = asyncio.Event()
         self._attempt_task: asyncio.Task[None] | None = None
         self._hooks = _Hooks()
@@ -241,12 +242,12 @@ class TunnelKeeper:
     async def close(self) -> None:
         """Release the lease if held, drop the connection; run() then returns."""
         self._closing.set()
-        conn = self._conn
+        conn, helper = self._conn, self._helper
         if conn is not None:
-            if self._status.connected:
+            if self._status.connected and helper is not None:
                 with contextlib.suppress(MonitordError, TimeoutError):
                     async with asyncio.timeout(RELEASE_TIMEOUT_S):
-                        await self._lease_client.release(conn)
+                        await helper.release()
             conn.close()
         attempt = self._attempt_task
         if attempt is not None and not attempt.done():
@@ -281,20 +282,24 @@ class TunnelKeeper:
         self._conn = conn
         forwards: ForwardSet | None = None
         try:
-            answer, prepared = await self._acquire_lease_bootstrapping(conn)
+            helper, prepared = await self._open_helper_bootstrapping(conn)
+            self._helper = helper
+            answer = await self._acquire_lease(helper)
             if not prepared:
                 await self._prepare_vps(conn)
-            forwards = self._forward_set(conn, answer)
+            forwards = self._forward_set(conn, helper, answer)
             await forwards.open()
             statuses = await forwards.prove()
             await self._connected(conn, answer, statuses, fenced=len(forwards.fenced))
-            await self._hold(conn)
+            await self._hold(conn, helper)
         except MonitordError as e:
             await self._failed(e)
         finally:
             if forwards is not None:
                 forwards.close()
-            self._conn = None
+            if self._helper is not None:
+                self._helper.close()
+            self._conn = self._helper = None
             conn.close()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(conn.wait_closed(), 2.0)
@@ -320,20 +325,20 @@ class TunnelKeeper:
         except (asyncssh.Error, OSError, TimeoutError, ValueError) as e:
             raise translate_connect_error(e, where=where) from e
 
-    async def _acquire_lease_bootstrapping(
+    async def _open_helper_bootstrapping(
         self, conn: asyncssh.SSHClientConnection
-    ) -> tuple[LeaseAnswer, bool]:
-        """Acquire the lease; if monitord is not on the VPS yet (first contact), run the
-        before_forwards step (provisioning) once first, then acquire. Returns the answer and
-        whether before_forwards already ran in this attempt."""
+    ) -> tuple[LeaseSession, bool]:
+        """Start the VPS helper; if monitord is not on the VPS yet (first contact), run the
+        before_forwards step (provisioning) once first. Returns the helper and whether
+        before_forwards already ran in this attempt."""
         try:
-            return await self._acquire_lease(conn), False
+            return await self._lease_client.open_session(conn), False
         except MonitordError as e:
             if e.code is not ErrorCode.PROVISION_FAILED or self._before_forwards is None:
                 raise
             self._log.info("tunnel_bootstrap", detail=e.detail)
         await self._prepare_vps(conn)
-        return await self._acquire_lease(conn), True
+        return await self._lease_client.open_session(conn), True
 
     async def _prepare_vps(self, conn: asyncssh.SSHClientConnection) -> None:
         """The before_forwards step (provisioning), with foreign errors translated."""
@@ -344,8 +349,8 @@ class TunnelKeeper:
         except (asyncssh.Error, OSError) as e:
             raise translate_connect_error(e, where="preparing the VPS") from e
 
-    async def _acquire_lease(self, conn: asyncssh.SSHClientConnection) -> LeaseAnswer:
-        answer = await self._lease_client.acquire(conn)
+    async def _acquire_lease(self, helper: LeaseSession) -> LeaseAnswer:
+        answer = await helper.acquire()
         if answer.ok:
             return answer
         holder = answer.holder
@@ -357,13 +362,15 @@ class TunnelKeeper:
             delay=self._conflict_retry_s(),
         )
 
-    def _forward_set(self, conn: asyncssh.SSHClientConnection, answer: LeaseAnswer) -> ForwardSet:
+    def _forward_set(
+        self, conn: asyncssh.SSHClientConnection, helper: LeaseSession, answer: LeaseAnswer
+    ) -> ForwardSet:
         c = self._config
         return ForwardSet(
             conn,
             reverse=c.reverse_forwards,
             local=c.local_forwards,
-            lease_client=self._lease_client,
+            helper=helper,
             our_sshd_pid=answer.session.sshd_pid if answer.session else None,
             lease_context=answer.holder or answer.lease,
             vps_now=answer.now,
@@ -420,7 +427,7 @@ class TunnelKeeper:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _hold(self, conn: asyncssh.SSHClientConnection) -> None:
+    async def _hold(self, conn: asyncssh.SSHClientConnection, helper: LeaseSession) -> None:
         """Renew the lease every TTL/3 until the connection ends or the lease is lost."""
         ttl = self._config.tunnel_lease_ttl_s
         last_ok = time.monotonic()
@@ -431,7 +438,7 @@ class TunnelKeeper:
                 if done or self._closing.is_set():
                     break
                 try:
-                    answer = await self._lease_client.renew(conn)
+                    answer = await helper.renew()
                 except MonitordError as e:
                     if time.monotonic() - last_ok > ttl * 2 / 3:
                         raise error_for(ErrorCode.LEASE_EXPIRED,

@@ -8,6 +8,7 @@ comes from `config.remote.remote_monitord` with {remote_python} and {remote_bin_
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -102,9 +103,26 @@ class LeaseClient:
         )
         return bool(doc.get("ok"))
 
-    def probe_argv(self, *, host: str, port: int, timeout_s: float) -> list[str]:
-        return self._argv("probe-forward", "--host", host, "--port", str(port),
-                          "--timeout", repr(timeout_s))
+    async def open_session(self, conn: asyncssh.SSHClientConnection) -> LeaseSession:
+        """Start the per-connection helper (`tunnel-lease serve`) and wait until it is ready."""
+        argv = self._argv("serve", *self._owner_args())
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                process = await conn.create_process(remote_exec.command_line(argv),
+                                                    encoding=None)
+        except TimeoutError as e:
+            raise TransientError(ErrorCode.SSH_TIMEOUT, "starting tunnel-lease serve") from e
+        except (asyncssh.Error, OSError) as e:
+            raise TransientError(
+                ErrorCode.SSH_UNREACHABLE, f"starting tunnel-lease serve: {type(e).__name__}"
+            ) from e
+        session = LeaseSession(process, owner_id=self.owner_id, timeout_s=self._timeout_s)
+        try:
+            await session.read_reply("ready")
+        except MonitordError:
+            process.close()
+            raise
+        return session
 
     async def _run(self, conn: asyncssh.SSHClientConnection, argv: list[str]) -> dict[str, Any]:
         result = await remote_exec.run(conn, argv, timeout_s=self._timeout_s)
@@ -130,7 +148,7 @@ def parse_answer_document(text: str, *, stderr: str = "") -> dict[str, Any]:
             ErrorCode.PROVISION_FAILED,
             f"tunnel-lease gave no JSON answer: {text[-200:]!r} {stderr}",
         ) from e
-    if doc.get("ok") is False and "action" not in doc and doc.get("op") not in ("fence",):
+    if doc.get("ok") is False and "code" in doc and "action" not in doc:
         code = str(doc.get("code") or "BAD_REQUEST")
         raise _usage_error(code, str(doc.get("detail", "")))
     return doc
@@ -169,3 +187,86 @@ def _answer(doc: dict[str, Any]) -> LeaseAnswer:
         code=doc.get("code"),
         fenced_pid=doc.get("fenced_pid"),
     )
+
+
+class LeaseSession:
+    """One `tunnel-lease serve` helper on the VPS for the life of a connection: lease
+    operations, fencing and forward probes become one JSON line each way instead of a
+    process start (login shell + interpreter + imports) every time."""
+
+    def __init__(self, process: asyncssh.SSHClientProcess[bytes], *, owner_id: str,
+                 timeout_s: float) -> None:
+        self._process = process
+        self.owner_id = owner_id
+        self._timeout_s = timeout_s
+        self._lock = asyncio.Lock()
+
+    async def read_reply(self, op: str, *, timeout_s: float | None = None) -> dict[str, Any]:
+        """The next reply line; EOF means the helper is gone (maybe not installed)."""
+        try:
+            async with asyncio.timeout(timeout_s or self._timeout_s):
+                line = await self._process.stdout.readline()
+        except TimeoutError as e:
+            raise TransientError(ErrorCode.SSH_TIMEOUT, f"tunnel-lease {op}: no answer") from e
+        except (asyncssh.Error, OSError) as e:
+            raise TransientError(
+                ErrorCode.SSH_UNREACHABLE, f"tunnel-lease {op}: {type(e).__name__}"
+            ) from e
+        if not line:
+            raise await self._gone(op)
+        return parse_answer_document(line.decode("utf-8", "replace"))
+
+    async def _gone(self, op: str) -> MonitordError:
+        stderr = b""
+        status: int | None = None
+        try:
+            async with asyncio.timeout(2.0):
+                stderr = await self._process.stderr.read()
+                status = (await self._process.wait(check=False)).exit_status
+        except (TimeoutError, asyncssh.Error, OSError):
+            pass
+        tail = stderr.decode("utf-8", "replace").strip()[-300:]
+        if status in (EXIT_NOT_FOUND, EXIT_NOT_EXECUTABLE) or "No such file" in tail:
+            return TransientError(
+                ErrorCode.PROVISION_FAILED, f"monitord is not installed on the VPS: {tail}"
+            )
+        return TransientError(
+            ErrorCode.SSH_UNREACHABLE, f"tunnel-lease serve ended during {op}: {tail}"
+        )
+
+    async def request(self, op: str, *, timeout_s: float | None = None,
+                      **fields: Any) -> dict[str, Any]:
+        async with self._lock:
+            try:
+                self._process.stdin.write(json.dumps({"op": op, **fields}).encode() + b"\n")
+            except (asyncssh.Error, OSError) as e:
+                raise TransientError(
+                    ErrorCode.SSH_UNREACHABLE, f"tunnel-lease {op}: {type(e).__name__}"
+                ) from e
+            return await self.read_reply(op, timeout_s=timeout_s)
+
+    async def acquire(self) -> LeaseAnswer:
+        return _answer(await self.request("acquire"))
+
+    async def renew(self) -> LeaseAnswer:
+        return _answer(await self.request("renew"))
+
+    async def release(self) -> LeaseAnswer:
+        return _answer(await self.request("release"))
+
+    async def fence(self, *, pid: int, start_ticks: int) -> bool:
+        doc = await self.request("fence", pid=pid, start_ticks=start_ticks)
+        return bool(doc.get("ok"))
+
+    async def probe_bind(self, *, host: str) -> int:
+        doc = await self.request("probe-bind", host=host)
+        return int(doc["source_port"])
+
+    async def probe_connect(self, *, source_port: int, host: str, port: int, nonce: str,
+                            timeout_s: float) -> dict[str, Any]:
+        return await self.request("probe-connect", timeout_s=timeout_s + self._timeout_s,
+                                  source_port=source_port, host=host, port=port,
+                                  nonce=nonce, timeout=timeout_s)
+
+    def close(self) -> None:
+        self._process.close()

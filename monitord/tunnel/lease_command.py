@@ -1,7 +1,7 @@
 """`monitord tunnel-lease`: the tunnel lease operations, run ON THE VPS over SSH exec.
 
 The local keeper (through lease_client.py) runs
-`monitord tunnel-lease --dir REMOTE_BIN_DIR acquire|renew|release|show|fence|probe-forward …`.
+`monitord tunnel-lease --dir REMOTE_BIN_DIR acquire|renew|release|show|fence|serve …`.
 Every lease operation holds an exclusive flock on `{dir}/tunnel_lease.lock` while it reads
 `{dir}/tunnel_lease.json`, asks orchestrator/tunnel_lease.py what to do, and writes the new
 record atomically (temp file, fsync, rename, fsync dir). The caller's session identity is
@@ -9,9 +9,11 @@ found by walking up the parent chain to the per-connection sshd process (PID + s
 plus $SSH_CONNECTION. Output is ONE JSON object on stdout; exit status 0 whenever a decision
 was made (granted or refused: see "ok"), 2 for a usage or environment problem.
 
-`fence` terminates one sshd session (verified by PID + start time, never the caller's own);
-`probe-forward` makes one connection to a reverse-forwarded port and does a nonce round trip
-so the local side can prove the forward arrives through its own connection.
+`fence` terminates one sshd session (verified by PID + start time, never the caller's own).
+`serve` is what the keeper runs: one helper process for the life of a connection that
+answers JSON-line requests (the lease ops, fence, and the forward probe: bind a socket,
+report its source port, then connect to a reverse-forwarded port and do a nonce round trip,
+so the local side can prove the forward arrives through its own connection).
 """
 
 from __future__ import annotations
@@ -51,22 +53,21 @@ class LeaseCommandError(Exception):
 def add_tunnel_lease_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dir", required=True, help="the remote bin dir holding the lease file")
     parser.add_argument(
-        "op", choices=["acquire", "renew", "release", "show", "fence", "probe-forward"]
+        "op", choices=["acquire", "renew", "release", "show", "fence", "serve"]
     )
     parser.add_argument("--owner-id", default="")
     parser.add_argument("--owner-label", default="")
     parser.add_argument("--ttl", type=float, default=30.0)
     parser.add_argument("--pid", type=int, default=0, help="fence: the sshd session to end")
     parser.add_argument("--start-ticks", type=int, default=0, help="fence: its start time")
-    parser.add_argument("--host", default="127.0.0.1", help="probe-forward: listen host")
-    parser.add_argument("--port", type=int, default=0, help="probe-forward: listen port")
-    parser.add_argument("--timeout", type=float, default=5.0, help="probe-forward: seconds")
 
 
 add_arguments = add_tunnel_lease_arguments
 
 
 def main_tunnel_lease(args: argparse.Namespace) -> int:
+    if args.op == "serve":
+        return _serve(args)
     try:
         result = _dispatch(args)
     except LeaseCommandError as e:
@@ -85,8 +86,6 @@ def _emit(document: dict[str, Any]) -> None:
 
 
 def _dispatch(args: argparse.Namespace) -> dict[str, Any]:
-    if args.op == "probe-forward":
-        return _probe_forward(host=args.host, port=args.port, timeout_s=args.timeout)
     if args.op == "fence":
         return _fence_op(args.pid, args.start_ticks)
     directory = Path(args.dir)
@@ -289,33 +288,86 @@ def _fence_op(pid: int, start_ticks: int) -> dict[str, Any]:
 
 
 # -- forward proof -------------------------------------------------------------------------
-def _probe_forward(*, host: str, port: int, timeout_s: float) -> dict[str, Any]:
-    """Connect to host:port from a source port we announce first, then wait for "go" on
-    stdin, send a nonce and expect it back prefixed by PROBE_REPLY."""
-    if not 0 < port < 65536:
-        raise LeaseCommandError("BAD_REQUEST", "probe-forward needs --port")
+def _probe_bind(host: str) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.bind((host, 0))
-        _emit({"op": "probe-forward", "source_port": sock.getsockname()[1]})
-        nonce = sys.stdin.buffer.readline().strip()
-        if not nonce:
-            raise LeaseCommandError("BAD_REQUEST", "no nonce on stdin")
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.bind((host, 0))
+    return sock
+
+
+def _probe_connect(sock: socket.socket, *, host: str, port: int, nonce: bytes,
+                   timeout_s: float) -> dict[str, Any]:
+    """From the already bound `sock`, connect to host:port, send the nonce and expect it
+    back prefixed by PROBE_REPLY (only our own listener can answer that)."""
+    if not 0 < port < 65536 or not nonce:
+        raise LeaseCommandError("BAD_REQUEST", "probe needs a port and a nonce")
+    with sock:
         sock.settimeout(timeout_s)
         started = time.monotonic()
+        reply = b""
         try:
             sock.connect((host, port))
             sock.sendall(PROBE_PREFIX + nonce + b"\n")
-            reply = b""
             while not reply.endswith(b"\n") and len(reply) < 256:
                 chunk = sock.recv(256)
                 if not chunk:
                     break
                 reply += chunk
         except OSError as e:
-            return {"op": "probe-forward", "ok": False, "detail": f"{type(e).__name__}: {e}"}
+            return {"op": "probe", "ok": False, "detail": f"{type(e).__name__}: {e}"}
         rtt_ms = (time.monotonic() - started) * 1000
     ok = reply.strip() == PROBE_REPLY + nonce
-    return {"op": "probe-forward", "ok": ok, "rtt_ms": rtt_ms,
+    return {"op": "probe", "ok": ok, "rtt_ms": rtt_ms,
             "detail": "" if ok else f"unexpected reply {reply[:64]!r}"}
+
+
+# -- serve: one helper process per connection -----------------------------------------------
+def _serve(args: argparse.Namespace) -> int:
+    """Answer JSON-line requests on stdin until EOF (the connection's end).
+
+    Requests: {"op": "acquire"|"renew"|"release"|"show"} (owner from the command line),
+    {"op": "fence", "pid", "start_ticks"}, {"op": "probe-bind", "host"} -> source_port,
+    {"op": "probe-connect", "source_port", "host", "port", "nonce", "timeout"}.
+    One reply line per request. Saves a process start (login shell + imports) per step."""
+    directory = Path(args.dir)
+    bound: dict[int, socket.socket] = {}
+    _emit({"op": "ready", "ok": True})
+    for line in sys.stdin:
+        op = "?"
+        try:
+            request = json.loads(line)
+            op = str(request["op"])
+            reply = _serve_one(op, request, args=args, directory=directory, bound=bound)
+        except LeaseCommandError as e:
+            reply = {"ok": False, "op": op, "code": e.code, "detail": e.detail}
+        except (ValueError, KeyError, TypeError) as e:
+            reply = {"ok": False, "op": op, "code": "BAD_REQUEST",
+                     "detail": f"{type(e).__name__}: {e}"}
+        _emit(reply)
+    for sock in bound.values():
+        sock.close()
+    return EXIT_DECIDED
+
+
+def _serve_one(op: str, request: dict[str, Any], *, args: argparse.Namespace,
+               directory: Path, bound: dict[int, socket.socket]) -> dict[str, Any]:
+    if op in ("acquire", "renew", "release", "show"):
+        if not directory.is_dir():
+            raise LeaseCommandError("PREFLIGHT_BIN_DIR", f"{directory} is not a directory")
+        with _locked(directory / LOCK_FILE):
+            return _lease_op(argparse.Namespace(**{**vars(args), "op": op}),
+                             directory / LEASE_FILE)
+    if op == "fence":
+        return _fence_op(int(request["pid"]), int(request["start_ticks"]))
+    if op == "probe-bind":
+        sock = _probe_bind(str(request.get("host", "127.0.0.1")))
+        port = int(sock.getsockname()[1])
+        bound[port] = sock
+        return {"op": op, "ok": True, "source_port": port}
+    if op == "probe-connect":
+        sock = bound.pop(int(request["source_port"]))
+        return _probe_connect(sock, host=str(request["host"]), port=int(request["port"]),
+                              nonce=str(request["nonce"]).encode(),
+                              timeout_s=float(request.get("timeout", 5.0)))
+    raise LeaseCommandError("BAD_REQUEST", f"unknown op {op!r}")
