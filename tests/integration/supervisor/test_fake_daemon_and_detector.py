@@ -49,6 +49,20 @@ class TestDetectorOnRealDaemons:
         assert detector.overlaps() == []
 
 
+class TestHeartbeatLink:
+    """The fake daemon re-dials its heartbeat endpoint when the connection drops."""
+
+    async def test_heartbeats_resume_after_the_detector_restarts_on_the_same_port(
+        self, supervisor: LocalSupervisor, tmp_path: Path
+    ) -> None:
+        async with Detector() as first:
+            await supervisor.start_area(fake_run(first, tmp_path, area=AREA))
+            assert await first.wait_for(lambda d: d.alive(AREA), timeout_s=10)
+            port = first.port
+        async with Detector(port=port) as second:
+            assert await second.wait_for(lambda d: d.alive(AREA), timeout_s=10)
+
+
 class TestSessionDb:
     """The fake daemon's hash-chained session DB survives restarts and exposes a torn copy."""
 
