@@ -110,7 +110,8 @@ def diagnose(
         and lease.owner_id != our_owner_id
         and not lease.is_expired(now)
     ):
-        return _conflict(holder, lease.owner_id, lease.owner_label, conflict_retry_s)
+        return _conflict(holder, owner_id=lease.owner_id, owner_label=lease.owner_label,
+                         retry_s=conflict_retry_s)
     whose = "our own" if lease is not None and lease.owner_id == our_owner_id else "an unknown"
     if silent is None or silent >= stale_after_s:
         why = "has no client connection" if silent is None else f"silent for {silent:.1f}s"
@@ -130,12 +131,16 @@ def diagnose(
             holder_pid=holder.pid,
         )
     if lease is not None and lease_session:
-        return _conflict(holder, lease.owner_id, lease.owner_label, conflict_retry_s)
-    return _conflict(holder, "unknown", f"live ssh session from {holder.client or '?'}",
-                     conflict_retry_s)
+        return _conflict(holder, owner_id=lease.owner_id, owner_label=lease.owner_label,
+                         retry_s=conflict_retry_s)
+    return _conflict(holder, owner_id="unknown",
+                     owner_label=f"live ssh session from {holder.client or '?'}",
+                     retry_s=conflict_retry_s)
 
 
-def _conflict(holder: PortHolder, owner_id: str, owner_label: str, retry_s: float) -> Diagnosis:
+def _conflict(
+    holder: PortHolder, *, owner_id: str, owner_label: str, retry_s: float
+) -> Diagnosis:
     return Diagnosis(
         Verdict.LEASE_CONFLICT,
         f"port {holder.port} is held by the live ssh session pid {holder.pid} of"

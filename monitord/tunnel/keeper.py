@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -184,7 +185,15 @@ class TunnelKeeper:
         self._hooks = _Hooks()
         self._log = structlog.get_logger("monitord.tunnel").bind(owner_label=owner_label)
         self._last_logged: tuple[str, str, float, int] | None = None
-        self.attempt_times: list[float] = []  # monotonic time of each attempt (diagnostics)
+        detect_s = config.keepalive_interval_s * config.keepalive_count_max
+        if detect_s >= config.tunnel_lease_ttl_s:
+            # Safety relies on noticing a dead connection before our lease can expire.
+            self._log.warning(
+                "tunnel_keepalive_exceeds_lease_ttl", dead_peer_detection_s=detect_s,
+                tunnel_lease_ttl_s=config.tunnel_lease_ttl_s,
+            )
+        # Monotonic start time of recent attempts (diagnostics and tests), bounded.
+        self.attempt_times: deque[float] = deque(maxlen=1000)
 
     # -- public surface ------------------------------------------------------------------
     def status(self) -> TunnelStatus:
@@ -287,10 +296,12 @@ class TunnelKeeper:
             answer = await self._acquire_lease(helper)
             if not prepared:
                 await self._prepare_vps(conn)
-            forwards = self._forward_set(conn, helper, answer)
+            forwards = self._forward_set(conn, helper=helper, answer=answer)
             await forwards.open()
             statuses = await forwards.prove()
-            await self._connected(conn, answer, statuses, fenced=len(forwards.fenced))
+            await self._connected(
+                conn, answer=answer, statuses=statuses, fenced=len(forwards.fenced)
+            )
             await self._hold(conn, helper)
         except MonitordError as e:
             await self._failed(e)
@@ -363,7 +374,7 @@ class TunnelKeeper:
         )
 
     def _forward_set(
-        self, conn: asyncssh.SSHClientConnection, helper: LeaseSession, answer: LeaseAnswer
+        self, conn: asyncssh.SSHClientConnection, *, helper: LeaseSession, answer: LeaseAnswer
     ) -> ForwardSet:
         c = self._config
         return ForwardSet(
@@ -390,9 +401,9 @@ class TunnelKeeper:
     async def _connected(
         self,
         conn: asyncssh.SSHClientConnection,
+        *,
         answer: LeaseAnswer,
         statuses: tuple[ForwardStatus, ...],
-        *,
         fenced: int,
     ) -> None:
         self._backoff.record_success()
@@ -406,11 +417,15 @@ class TunnelKeeper:
                        attempts=self._status.attempts, fenced=fenced,
                        forwards=[f.name for f in statuses])
         for name, hook in self._hooks.hooks.items():
-            task = asyncio.create_task(self._run_hook(name, hook, conn), name=f"tunnel-hook:{name}")
+            task = asyncio.create_task(
+                self._run_hook(name=name, hook=hook, conn=conn), name=f"tunnel-hook:{name}"
+            )
             self._hooks.running.add(task)
             task.add_done_callback(self._hooks.running.discard)
 
-    async def _run_hook(self, name: str, hook: ReconnectHook, conn: Any) -> None:
+    async def _run_hook(
+        self, *, name: str, hook: ReconnectHook, conn: asyncssh.SSHClientConnection
+    ) -> None:
         try:
             await hook(conn)
         except MonitordError as e:
