@@ -47,6 +47,7 @@ class GuardHandle:
     identity: ProcessIdentity
     popen: subprocess.Popen[bytes] | None
     adopted: bool
+    daemon: ProcessIdentity | None = None  # learnt once the guard has started it
 
     @property
     def pid(self) -> int:
@@ -141,6 +142,26 @@ class AreaRunner:
         found = proc_identity.children_of({h.pid for h in handles})
         return {guard: (kids[0] if kids else None) for guard, kids in found.items()}
 
+    def learn_daemons(self, handles: list[GuardHandle]) -> None:
+        """Remember each guard's daemon identity, so that it can still be found (and
+        verified gone) after its guard died and it was re-parented."""
+        waiting = [h for h in handles if h.daemon is None and not h.exited()]
+        if not waiting:
+            return
+        found = self.daemon_pids(waiting)  # one scan of /proc for all of them
+        for handle in waiting:
+            pid = found.get(handle.pid)
+            if pid is not None:
+                handle.daemon = proc_identity.read(pid)
+
+    async def reap_orphaned_daemon(self, handle: GuardHandle) -> bool:
+        """After a guard exited: make sure its daemon is gone too (it dies by PDEATHSIG;
+        this verifies it, and kills its group if it somehow lives). True once gone."""
+        daemon = handle.daemon
+        if daemon is None or not proc_identity.is_same_process(daemon):
+            return True
+        return await proc_identity.terminate_group(daemon.pid, grace_s=0.0)
+
     async def stop(self, handle: GuardHandle, *, fence: bool) -> bool:
         """Stop a guard and its daemon; True once both are verified gone.
 
@@ -149,6 +170,9 @@ class AreaRunner:
         with the short fence grace. Either way the guard gets until its grace + 1 s, then
         the agent SIGKILLs the guard's and the daemon's groups itself."""
         daemon_pid = self.daemon_pids([handle]).get(handle.pid)
+        if daemon_pid is None and handle.daemon is not None:
+            if proc_identity.is_same_process(handle.daemon):
+                daemon_pid = handle.daemon.pid
         if fence:
             self.revoke(handle.spec.area)
             grace = self.fence_grace_s

@@ -328,6 +328,7 @@ class AgentRuntime:
         while True:
             await asyncio.sleep(self._tick_s)
             now = self._clock()
+            self.runner.learn_daemons(list(self._handles.values()))
             due = [area for area in list(self._entries) if self._needs_care(area, now)]
             if due:
                 await asyncio.gather(*(self._tend(area) for area in due))
@@ -351,6 +352,10 @@ class AgentRuntime:
             now = self._clock()
             handle = self._handles.get(area)
             if handle is not None and handle.exited():
+                if not await self.runner.reap_orphaned_daemon(handle):
+                    log.error("orphaned_daemon_stuck", area=area, error_code="CLEANUP_STUCK",
+                              pid=handle.daemon.pid if handle.daemon else None)
+                    return  # keep the handle: never start a second process beside it
                 del self._handles[area]
                 self.runner.forget(area)
                 ran_s = now - self._started_mono.pop(area, now)
