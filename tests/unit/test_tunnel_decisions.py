@@ -1,17 +1,21 @@
 """The pure tunnel decisions: who may take, renew or release the tunnel lease, what a denied
 reverse forward means (orchestrator/tunnel_lease.py, orchestrator/forward_diagnosis.py), and
-how fast the keeper may reconnect (monitord/tunnel/backoff.py, driven by a fake clock)."""
+how fast the keeper may reconnect (monitord/tunnel/backoff.py, driven by a fake clock), plus
+the small pure-ish pieces around them (`ss` output parsing, the stable owner id)."""
 
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from monitord import owner_id
 from monitord.tunnel.backoff import ReconnectBackoff
 from monitord.tunnel.port_holder import parse_probe
+from orchestrator.errors import MonitordError
 from orchestrator.forward_diagnosis import Diagnosis, HolderKind, PortHolder, Verdict, diagnose
 from orchestrator.tunnel_lease import (
     LeaseAction,
@@ -252,3 +256,20 @@ class TestPortHolderParsing:
     def test_an_sshd_holder_without_a_client_socket_has_unknown_silence(self) -> None:
         text = SS_SSHD.replace("pid=6200,fd=4", "pid=9999,fd=4")
         assert parse_probe(text, port=4222).holder.lastrcv_s is None
+
+
+class TestOwnerId:
+    """The owner id is created once per work_dir and read back unchanged afterwards."""
+
+    def test_stable_per_work_dir_and_distinct_between_work_dirs(self, tmp_path: Path) -> None:
+        first = owner_id.load_or_create(tmp_path / "a")
+        assert owner_id.load_or_create(tmp_path / "a") == first
+        assert owner_id.load_or_create(tmp_path / "b") != first
+        assert (tmp_path / "a" / "owner_id").read_text().strip() == first
+
+    def test_a_damaged_file_is_config_corrupt_and_left_alone(self, tmp_path: Path) -> None:
+        (tmp_path / "owner_id").write_text("not-an-id\n")
+        with pytest.raises(MonitordError) as raised:
+            owner_id.load_or_create(tmp_path)
+        assert raised.value.code == "CONFIG_CORRUPT"
+        assert (tmp_path / "owner_id").read_text() == "not-an-id\n"
