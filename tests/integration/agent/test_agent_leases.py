@@ -201,3 +201,14 @@ class TestGuardDeath:
             lambda d: [k.pid for k in d.alive(AREA)] not in ([], [process["pid"]]), timeout_s=10
         )
         assert detector.overlaps() == []
+
+    async def test_a_crashing_daemon_is_restarted_while_its_lease_is_current(
+        self, agent: AgentProcess, detector: Detector
+    ) -> None:
+        body = area_body(agent, detector, area=AREA, generation=1, ttl_s=30,
+                         extra=("--crash-after", "0.3"))
+        assert (await agent.request("PUT", f"/v1/areas/{AREA}", json_body=body))[0] == 201
+        assert await detector.wait_for(lambda d: len(d.lives(AREA)) >= 3, timeout_s=15)
+        entry = (await agent.inventory())["entries"][0]
+        assert entry["restarts"] >= 2
+        assert detector.overlaps() == []
