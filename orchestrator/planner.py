@@ -226,6 +226,9 @@ def plan(
                 continue
             if newest_entry.get(area.uuid, -1) > area.generation:
                 continue  # already tallied as newer_generation; never replaced by planner
+            if (area.uuid, Side.REMOTE, area.generation) in index.cleanup_keys:
+                tally.kept("awaiting_cleanup")  # never recreate what a cleanup item removes
+                continue
             tally.fixed("missing_entries")
             actions.append(
                 CreateRemoteEntry(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from hypothesis import given
@@ -273,7 +274,10 @@ class TestPlannerProperties:
         world.apply(first.actions)
         second = world.plan()
         assert second.actions == ()
-        assert second.drift_before == first.drift_after_expected
+        # The expectation is an upper bound per kind: creating an entry at the committed
+        # generation also replaces an older one that was only awaiting its cleanup item.
+        for kind in (f.name for f in dataclasses.fields(planner.Drift)):
+            assert getattr(second.drift_before, kind) <= getattr(first.drift_after_expected, kind)
 
     @PROFILE
     @given(world=snapshots())
