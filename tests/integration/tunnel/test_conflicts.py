@@ -143,3 +143,30 @@ class TestTwoKeepers:
                 await keeper.close()
             await asyncio.wait_for(asyncio.gather(*tasks), 15)
         assert overlaps == []
+
+
+class TestTakeoverAfterExpiry:
+    """An owner that vanished inside a partition keeps its lease until it expires; only
+    then does another owner fence the dead session and take over."""
+
+    async def test_the_other_owner_waits_for_expiry_then_fences_and_takes_over(
+        self, vps: Vps, echo: EchoServer, captured: Captured
+    ) -> None:
+        forward = reverse_to(echo)
+        config = remote_section(vps, reverse=(forward,))
+        async with running_keeper(config, owner_id="owner-a", owner_label="pbx-a",
+                                  captured=captured) as gone:
+            held = await gone.wait_connected(timeout_s=20)
+            assert held.lease is not None
+            vps.proxy.blackhole()  # pbx-a is cut off, then dies inside the partition
+        dead_pid = held.lease.session.sshd_pid
+        assert dead_pid in vps.sshd.session_pids()
+
+        async with running_keeper(config, owner_id="owner-b", owner_label="pbx-b",
+                                  captured=captured) as heir:
+            taken = await heir.wait_connected(timeout_s=20)
+            assert taken.lease is not None and taken.lease.owner_id == "owner-b"
+            # Not before pbx-a's lease had expired on the VPS clock.
+            assert taken.lease.acquired_at >= held.lease.expires_at
+            assert dead_pid not in vps.sshd.session_pids(), "the dead owner's session was fenced"
+            assert await round_trip(forward.listen) == b"ping\n"
