@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -132,6 +133,18 @@ def uptime_s(identity: ProcessIdentity) -> float:
     with (_PROC / "uptime").open() as f:
         since_boot = float(f.read().split()[0])
     return max(0.0, since_boot - identity.start_ticks / _CLOCK_TICKS)
+
+
+def child_has_exited(child: subprocess.Popen[bytes]) -> bool:
+    """Whether our child has exited, WITHOUT reaping it: while it is an unreaped zombie its
+    PID (and so its process group id) cannot be reused, so signalling the group stays safe."""
+    if child.returncode is not None:
+        return True
+    try:
+        info = os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return True
+    return info is not None
 
 
 def signal_group(pgid: int, sig: signal.Signals) -> bool:

@@ -132,7 +132,7 @@ class _Slot:
         if self.identity is None:
             return False
         if self.popen is not None:
-            return self.popen.poll() is not None
+            return proc_identity.child_has_exited(self.popen)
         return not proc_identity.is_same_process(self.identity)
 
 
@@ -327,7 +327,11 @@ class LocalSupervisor:
             self._spawn(area, slot)
 
     def _on_exit(self, area: str, slot: _Slot, *, now: float) -> None:
-        status = slot.popen.returncode if slot.popen is not None else None
+        status = None
+        if slot.popen is not None:
+            # not reaped yet, so its group id is still ours: kill what the daemon left behind
+            proc_identity.signal_group(slot.popen.pid, signal.SIGKILL)
+            status = slot.popen.wait()
         ran_s = now - slot.started_mono
         if ran_s >= slot.run.min_uptime_s:
             slot.failures = 0

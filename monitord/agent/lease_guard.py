@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
+from monitord import proc_identity
 from monitord.agent import lease_file
 
 POLL_S = 0.05
@@ -75,18 +76,6 @@ def _die_with_parent(libc: ctypes.CDLL, parent_pid: int) -> None:
         os._exit(126)
 
 
-def _has_exited(child: subprocess.Popen[bytes]) -> bool:
-    """Whether the daemon has exited, WITHOUT reaping it: while it is an unreaped zombie its
-    PID (and so its process group id) cannot be reused, so killing the group stays safe."""
-    if child.returncode is not None:
-        return True
-    try:
-        info = os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except ChildProcessError:
-        return True
-    return info is not None
-
-
 def _kill_group(pgid: int, sig: signal.Signals) -> None:
     try:
         os.killpg(pgid, sig)
@@ -108,12 +97,12 @@ def _fence(
     _kill_group(child.pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     lapse_deadline: float | None = None
-    while not _has_exited(child) and time.monotonic() < deadline:
+    while not proc_identity.child_has_exited(child) and time.monotonic() < deadline:
         if lapse_deadline is None and not watch.current():
             lapse_deadline = time.monotonic() + fence_grace_s
             deadline = min(deadline, lapse_deadline)
         time.sleep(0.01)
-    escalated = not _has_exited(child)
+    escalated = not proc_identity.child_has_exited(child)
     _kill_group(child.pid, signal.SIGKILL)  # also mops up anything the daemon left behind
     status = child.wait()
     _say("fence_done", reason=reason, child_pid=child.pid, status=status, escalated=escalated)
@@ -150,7 +139,7 @@ def run(
         return 127
     _say("started", child_pid=child.pid, argv=list(argv))
     while True:
-        if _has_exited(child):
+        if proc_identity.child_has_exited(child):
             _kill_group(child.pid, signal.SIGKILL)  # leftovers of a daemon that exited
             status = child.wait()
             _say("daemon_exited", child_pid=child.pid, status=status)
