@@ -1,5 +1,6 @@
 """A fake messenger daemon: `python -m monitord.testing.fake_daemon --area A --data DIR
---side local|remote --generation N --heartbeat HOST:PORT [--ignore-sigterm] [--crash-after S]`.
+--side local|remote --generation N --heartbeat HOST:PORT [--heartbeat …] [--ignore-sigterm]
+[--crash-after S]`.
 
 It behaves like a messenger daemon where it matters to monitord:
 - it keeps a small "session DB" (`session.db` in its data dir): one JSON record per line,
@@ -132,22 +133,27 @@ def run(args: argparse.Namespace) -> int:
     identity = {"area": args.area, "side": args.side, "generation": args.generation,
                 "pid": os.getpid()}
     db.append({**identity, "event": "start", "ts": time.time(), "records_before": db.count})
-    host, _, port = args.heartbeat.rpartition(":")
-    sender = HeartbeatSender(host.strip("[]"), int(port))
+    senders = []
+    for endpoint in args.heartbeat:
+        host, _, port = endpoint.rpartition(":")
+        senders.append(HeartbeatSender(host.strip("[]"), int(port)))
     started = time.monotonic()
     seq = 0
     while not terminate:
         if args.crash_after is not None and time.monotonic() - started >= args.crash_after:
-            sender.close()  # no goodbye: a crash
+            for sender in senders:
+                sender.close()  # no goodbye: a crash
             return EXIT_CRASH
-        sender.send({**identity, "ts": time.time(), "seq": seq})
+        for sender in senders:
+            sender.send({**identity, "ts": time.time(), "seq": seq})
         seq += 1
         if seq % 10 == 0:
             db.append({**identity, "event": "tick", "ts": time.time(), "seq": seq})
         time.sleep(args.interval)
     db.append({**identity, "event": "stop", "ts": time.time(), "seq": seq})
-    sender.send({**identity, "ts": time.time(), "seq": seq, "event": "goodbye"})
-    sender.close()
+    for sender in senders:
+        sender.send({**identity, "ts": time.time(), "seq": seq, "event": "goodbye"})
+        sender.close()
     return 0
 
 
@@ -157,7 +163,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--data", required=True)
     parser.add_argument("--side", required=True, choices=("local", "remote"))
     parser.add_argument("--generation", type=int, required=True)
-    parser.add_argument("--heartbeat", required=True, help="detector HOST:PORT")
+    parser.add_argument(
+        "--heartbeat",
+        required=True,
+        action="append",
+        help="detector HOST:PORT (repeatable: each heartbeat goes to every endpoint)",
+    )
     parser.add_argument("--interval", type=float, default=0.1, help="heartbeat period, s")
     parser.add_argument("--ignore-sigterm", action="store_true")
     parser.add_argument("--crash-after", type=float, default=None, help="exit 70 after S s")
