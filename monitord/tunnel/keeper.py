@@ -479,7 +479,10 @@ class TunnelKeeper:
         error = TunnelError(code=str(e.code), detail=e.detail, at=time.time())
         lease_holder = self._status.lease_holder if e.code is ErrorCode.TUNNEL_LEASE_CONFLICT \
             else None
-        await self._publish(last_error=error, lease=None, lease_holder=lease_holder, forwards=())
+        await self._publish(
+            state=STATE_FOR_ERROR.get(error.code, TunnelState.BACKOFF), last_error=error,
+            lease=None, lease_holder=lease_holder, forwards=(),
+        )
         self._log_error(error)
 
     def _log_error(self, error: TunnelError) -> None:

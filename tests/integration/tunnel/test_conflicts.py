@@ -73,7 +73,9 @@ class TestForeignListener:
             config = remote_section(vps, reverse=(forward,))
             async with running_keeper(config, captured=captured) as keeper:
                 status = await keeper.wait_for(
-                    lambda s: s.state is TunnelState.PORT_OCCUPIED, timeout_s=15
+                    lambda s: s.state is TunnelState.PORT_OCCUPIED
+                    and s.next_retry_at is not None,
+                    timeout_s=15,
                 )
                 assert status.last_error is not None
                 assert status.last_error.code == "PORT_OCCUPIED"
