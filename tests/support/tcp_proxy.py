@@ -45,6 +45,10 @@ class TcpProxy:
         self._refusing = False
         self._blackhole_new = False
         self._links: set[_Link] = set()
+        # Bumped by blackhole()/cut() so that a connection accepted before the fault but not
+        # yet linked to the server when it happened still suffers it.
+        self._blackhole_epoch = 0
+        self._cut_epoch = 0
         self._server: asyncio.Server | None = None
         self.accepted = 0  # connections accepted in total (refused ones included)
 
@@ -62,6 +66,7 @@ class TcpProxy:
     # -- faults --------------------------------------------------------------------------
     async def cut(self) -> None:
         """Close every current connection, both sides."""
+        self._cut_epoch += 1
         links = list(self._links)
         for link in links:
             self._close_link(link)
@@ -72,6 +77,7 @@ class TcpProxy:
 
     def blackhole(self, *, new_too: bool = False) -> None:
         """Stop forwarding on current connections (and new ones if new_too), keep them open."""
+        self._blackhole_epoch += 1
         for link in self._links:
             link.blackholed = True
         self._blackhole_new = new_too
@@ -101,6 +107,7 @@ class TcpProxy:
         if self._refusing:
             writer.close()
             return
+        blackhole_epoch, cut_epoch = self._blackhole_epoch, self._cut_epoch
         try:
             up_reader, up_writer = await asyncio.wait_for(
                 asyncio.open_connection(self.target_host, self.target_port), 5.0
@@ -113,8 +120,11 @@ class TcpProxy:
             server_writer=up_writer,
             client_port=int(writer.get_extra_info("peername")[1]),
             upstream_port=int(up_writer.get_extra_info("sockname")[1]),
-            blackholed=self._blackhole_new,
+            blackholed=self._blackhole_new or blackhole_epoch != self._blackhole_epoch,
         )
+        if cut_epoch != self._cut_epoch:
+            self._close_link(link)
+            return
         self._links.add(link)
         link.tasks = [
             asyncio.create_task(self._pump(link, reader, up_writer), name="proxy-up"),
