@@ -234,9 +234,16 @@ class EnqueueCleanup(Action):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WaitLeaseExpiry(Action):
-    """Wait until local monotonic `until`, then report Outcome.LEASE_EXPIRED."""
+    """Wait until local monotonic `until`, then report Outcome.LEASE_EXPIRED.
+
+    `lease` is the grant being waited out. When the runtime knew no grant of this
+    generation (StepContext.lease was None or of another generation) it is a conservative
+    one assumed at `now`: the runtime must keep it and pass it back as StepContext.lease,
+    or the deadline would move with every call.
+    """
 
     until: float
+    lease: AreaLease
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -419,11 +426,17 @@ def _rollback_actions(txn: Transaction, ctx: StepContext) -> tuple[Action, ...]:
     if txn.destination_fenced:
         actions.append(RestartSource(**ids, side=txn.source, generation=txn.source_generation))
     elif txn.cleanup_required:
-        lease = ctx.lease or area_leases.after_restart(
-            area=txn.area, generation=txn.generation, owner_id="?", now=ctx.now, policy=ctx.policy
-        )
+        lease = ctx.lease
+        if lease is None or lease.generation != txn.generation:
+            lease = area_leases.after_restart(
+                area=txn.area,
+                generation=txn.generation,
+                owner_id="unknown",
+                now=ctx.now,
+                policy=ctx.policy,
+            )
         until = area_leases.expired_at(lease, policy=ctx.policy)
-        actions.append(WaitLeaseExpiry(**ids, until=until))
+        actions.append(WaitLeaseExpiry(**ids, until=until, lease=lease))
     else:
         actions.append(FenceDestination(**ids, side=txn.destination, generation=txn.generation))
     return tuple(actions)

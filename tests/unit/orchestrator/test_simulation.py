@@ -67,6 +67,11 @@ class PbxVpsLink(RuleBasedStateMachine):
     def link_changes(self, up: bool) -> None:
         self.world.link_up = up
 
+    @rule(area=AREAS)
+    def a_daemon_crashes(self, area: str) -> None:
+        self.world.local_procs.pop(area, None)  # the supervisor restarts what may run
+        self.world.remote_procs.pop(area, None)  # the agent restarts it on the next grant
+
     @rule()
     def vps_crashes(self) -> None:
         self.world.crash_vps()
@@ -82,6 +87,10 @@ class PbxVpsLink(RuleBasedStateMachine):
     @rule(dt=st.sampled_from([0.3, 1.0, 2.5, 6.0]))
     def time_passes(self, dt: float) -> None:
         self.world.advance(dt)
+
+    @rule()
+    def supervisor_syncs(self) -> None:
+        self.world.supervise()
 
     @rule()
     def leases_are_renewed(self) -> None:

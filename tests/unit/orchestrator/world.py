@@ -365,7 +365,8 @@ class World:
                     return Outcome.FENCED, None
                 case phases.EnqueueCleanup(item=item):
                     self.cleanup.setdefault(item.id, item)
-                case phases.WaitLeaseExpiry(until=until):
+                case phases.WaitLeaseExpiry(until=until, lease=lease):
+                    self.leases[txn.area] = lease  # the grant being waited out
                     if self.broken_lease_wait or self.t >= until:
                         return Outcome.LEASE_EXPIRED, None
                     return None
@@ -523,6 +524,7 @@ class World:
             self.boot_vps()
         for _ in range(rounds):
             self.retry_parked()
+            self.supervise()
             self.renew()
             for area in self.areas:
                 self.engine_step(area, crash_before_persist=False, cut_link_after=False)
