@@ -195,6 +195,23 @@ class TestRollbackGuards:
         assert isinstance(actions[-1], phases.RestartSource)
         assert actions[-1].generation == 7
 
+    def test_an_unknown_grant_is_assumed_now_once_and_the_deadline_then_holds(self) -> None:
+        record = transaction(
+            phase=P.ROLLBACK, rollback_from=P.CREATE_DESTINATION, cleanup_required=True
+        )
+        stale = AreaLease(area="a1", generation=7, owner_id="me", acknowledged_at=0.0, ttl=2.0)
+        for known in (None, stale):
+            (_, wait) = phases.next_actions(
+                record, StepContext(at=1.0, now=40.0, policy=POLICY, lease=known)
+            )
+            assert isinstance(wait, phases.WaitLeaseExpiry)
+            assert (wait.lease.generation, wait.lease.acknowledged_at) == (8, 40.0)
+            assert wait.until == pytest.approx(40.0 + 2.2 + 0.5)
+        later = StepContext(at=1.0, now=41.0, policy=POLICY, lease=wait.lease)
+        (_, again) = phases.next_actions(record, later)
+        assert isinstance(again, phases.WaitLeaseExpiry)
+        assert again.until == wait.until, "passing the lease back keeps the deadline fixed"
+
     def test_lease_of_another_generation_proves_nothing(self) -> None:
         record = transaction(
             phase=P.ROLLBACK, rollback_from=P.CREATE_DESTINATION, cleanup_required=True
