@@ -187,10 +187,15 @@ class CopyData(Action):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CreateDestination(Action):
-    """Create the destination entry at `generation` (remote: with an area lease) and start it."""
+    """Create the destination entry at `generation` and start it.
+
+    A remote destination is created with an area lease of `lease_ttl_s` (None for local);
+    the runtime records the grant's time before sending it (see WaitLeaseExpiry).
+    """
 
     side: Side
     generation: int
+    lease_ttl_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -394,7 +399,10 @@ def next_actions(txn: Transaction, ctx: StepContext) -> tuple[Action, ...]:
                 ),
             )
         case Phase.CREATE_DESTINATION:
-            return (CreateDestination(**ids, side=dest_side, generation=dest_gen),)
+            ttl = ctx.policy.ttl_s if dest_side is Side.REMOTE else None
+            return (
+                CreateDestination(**ids, side=dest_side, generation=dest_gen, lease_ttl_s=ttl),
+            )
         case Phase.HEALTHCHECK_DESTINATION:
             return (CheckHealth(**ids, side=dest_side, generation=dest_gen),)
         case Phase.COMMIT_LOCATION:
