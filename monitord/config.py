@@ -58,6 +58,9 @@ class MonitordSection(_Section):
     reconcile_interval_s: float = Field(default=30.0, gt=0)
     cleanup_interval_s: float = Field(default=15.0, gt=0)
     park_after_failures: int = Field(default=5, ge=1)
+    retry_backoff_base_s: float = Field(default=5.0, gt=0)
+    retry_backoff_cap_s: float = Field(default=300.0, gt=0)
+    legacy_grace_s: float = Field(default=300.0, ge=0)
     watchdog_interval_s: float = Field(default=5.0, gt=0)
 
 
@@ -133,6 +136,7 @@ class ServiceSection(_Section):
     remote_command: tuple[str, ...] | None = None  # default: command with remote paths
     min_uptime_s: float = Field(default=3.0, ge=0)
     probe: tuple[str, ...] | None = None  # optional health probe command, {area} expanded
+    healthcheck_timeout_s: float = Field(default=30.0, gt=0)
     parallelism: int = Field(default=4, ge=1)
     env: dict[str, str] = Field(default_factory=dict)
 

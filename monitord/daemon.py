@@ -54,7 +54,7 @@ if TYPE_CHECKING:
 
 # "module:function" factories of the runtime's components, started in this order and stopped
 # in reverse. A missing module is skipped (a build without that part), any other error is not.
-COMPONENT_FACTORIES: list[str] = []
+COMPONENT_FACTORIES: list[str] = ["monitord.runtime:build"]
 
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 HTTP_CLOSE_GRACE_S = 2.0  # after the admission drain: in-flight reads get this long
@@ -105,6 +105,10 @@ class RootTasks:
         self._tasks[name] = task
         task.add_done_callback(self._finished)
         return task
+
+    def expect_exits(self) -> None:
+        """The daemon is shutting down: tasks that end from now on are not faults."""
+        self._stopping = True
 
     @property
     def names(self) -> list[str]:
@@ -401,6 +405,8 @@ class Daemon:
         self.notifier.stopping(status=reason)
         self.log.info("daemon_stopping", reason=reason, forced=self.force_exit)
         self.admission.stop_intake()
+        if self._tasks is not None:
+            self._tasks.expect_exits()
         drain_s = self.config.http.drain_timeout_s
         if not await self._unless_forced(self.admission.wait_drained(grace_s=drain_s)):
             self.log.warning(

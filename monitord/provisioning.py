@@ -220,7 +220,7 @@ async def provision(
                                               timeout_s=step_timeout_s)
     if start_agent:
         notify(ProvisionProgress(step="launch"))
-        await _launch_agent(conn, remote=remote, timeout_s=step_timeout_s)
+        await launch_agent(conn, remote=remote, timeout_s=step_timeout_s)
     report = ProvisionReport(
         bin_dir=bin_dir,
         artifacts=tuple(outcomes),
@@ -379,7 +379,7 @@ async def _fsync(remote_file: asyncssh.SFTPClientFile) -> None:
         log.warning("sftp_fsync_unsupported")  # the rename still keeps readers safe
 
 
-async def _launch_agent(
+async def launch_agent(
     conn: asyncssh.SSHClientConnection, *, remote: RemoteSection, timeout_s: float
 ) -> None:
     argv = [

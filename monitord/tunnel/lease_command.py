@@ -237,23 +237,74 @@ def _ancestor_pids(pid: int) -> list[int]:
 
 
 def _caller_session() -> Any:
-    """The per-connection sshd process above us, and $SSH_CONNECTION."""
+    """The per-connection sshd process above us, and $SSH_CONNECTION.
+
+    An SSH server without a per-connection process (an embedded server such as the one
+    `monitord demo` runs) is identified by $SSH_CONNECTION alone (sshd_pid 0): such a
+    session is alive while its TCP connection is established, and cannot be fenced.
+    """
     from orchestrator.tunnel_lease import SessionIdentity
 
+    ssh_connection = os.environ.get("SSH_CONNECTION", "")
     for pid in _ancestor_pids(os.getppid()):
         stat = _stat(pid)
         if stat is not None and stat[0] == "sshd":
             return SessionIdentity(
                 sshd_pid=pid,
                 sshd_start_ticks=stat[2],
-                ssh_connection=os.environ.get("SSH_CONNECTION", ""),
+                ssh_connection=ssh_connection,
             )
-    raise LeaseCommandError("BAD_REQUEST", "not running under an sshd session")
+    if _tcp_tuple(ssh_connection) is not None:
+        return SessionIdentity(sshd_pid=0, sshd_start_ticks=0, ssh_connection=ssh_connection)
+    raise LeaseCommandError("BAD_REQUEST", "not running under an SSH session")
 
 
 def _session_alive(session: Any) -> bool:
+    if session.sshd_pid <= 0:
+        return _tcp_established(session.ssh_connection)
     stat = _stat(session.sshd_pid)
     return stat is not None and stat[0] == "sshd" and stat[2] == session.sshd_start_ticks
+
+
+def _tcp_tuple(ssh_connection: str) -> tuple[str, int, str, int] | None:
+    """(client ip, client port, server ip, server port) from $SSH_CONNECTION."""
+    parts = ssh_connection.split()
+    if len(parts) != 4 or not parts[1].isdigit() or not parts[3].isdigit():
+        return None
+    return parts[0], int(parts[1]), parts[2], int(parts[3])
+
+
+def _hex_endpoint(ip: str, port: int) -> str | None:
+    """An endpoint as /proc/net/tcp writes it (IPv4 only: little-endian hex address)."""
+    try:
+        packed = socket.inet_aton(ip)
+    except OSError:
+        return None
+    return f"{int.from_bytes(packed, 'little'):08X}:{port:04X}"
+
+
+def _tcp_established(ssh_connection: str) -> bool:
+    """Is the server side of this SSH connection an ESTABLISHED socket on this host?
+
+    Unknown (not IPv4, unreadable /proc) counts as alive: never take a lease on a guess.
+    """
+    parsed = _tcp_tuple(ssh_connection)
+    if parsed is None:
+        return True
+    client_ip, client_port, server_ip, server_port = parsed
+    local = _hex_endpoint(server_ip, server_port)
+    remote = _hex_endpoint(client_ip, client_port)
+    if local is None or remote is None:
+        return True
+    try:
+        lines = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    except OSError:
+        return True
+    for line in lines:
+        fields = line.split()
+        if len(fields) > 3 and fields[1] == local and fields[2] == remote and fields[3] == "01":
+            return True
+    return False
 
 
 def _fence(pid: int, start_ticks: int) -> bool:
@@ -261,6 +312,8 @@ def _fence(pid: int, start_ticks: int) -> bool:
 
     Refuses (False) for a process that is not an sshd, has another start time (a reused
     PID), or is one of our own ancestors (our own live session)."""
+    if pid <= 0:
+        return False  # a session without its own process cannot be fenced; wait for it
     stat = _stat(pid)
     if stat is None:
         return True
