@@ -1,0 +1,122 @@
+"""The status page at `/`, rendered by a real headless chromium against a whole installation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from monitord.testing.stack import Stack
+from orchestrator import errors
+from tests.integration.operator.conftest import Browser, StackFactory
+from tests.integration.operator.rendered_page import Element, parse
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+async def render(browser: Browser, stack: Stack) -> Element:
+    page = parse(await browser.dump_dom(f"http://127.0.0.1:{stack.http_port}/"))
+    body = page.one("body")
+    assert body.attrs.get("data-loaded") == "1", "the page never rendered a status document"
+    return page
+
+
+def buttons(row: Element) -> dict[str, Element]:
+    return {
+        b.attrs.get("data-location") or b.attrs["data-action"]: b for b in row.find_all("button")
+    }
+
+
+def cells(row: Element) -> dict[str, str]:
+    return {
+        name: row.one("td", cls=name).text
+        for name in ("name", "desired", "state", "phase", "local", "remote", "migrating", "orphan")
+    }
+
+
+async def park_tg(stack: Stack) -> None:
+    """A placement while the VPS refuses connections: preflight fails and tg parks."""
+    await stack.partition()
+    await stack.place("tg", "remote")
+
+    async def parked() -> bool:
+        return (await stack.status())["services"]["tg"]["state"] == "parked"
+
+    await stack.wait_until(parked, timeout_s=30, what="tg parked")
+
+
+class TestServicesAndCounts:
+    """The page shows every service with its state, its area counts and the overall counts."""
+
+    async def test_each_service_row_shows_state_desired_and_counts_per_side(
+        self, stack_factory: StackFactory, browser: Browser
+    ) -> None:
+        stack = await stack_factory(services={"tg": 2, "chats": 1})
+        await stack.place("chats", "remote")
+        await stack.wait_settled(expect={"tg": "local", "chats": "remote"}, timeout_s=60)
+        page = await render(browser, stack)
+
+        tg = page.one("tr", data_service="tg")
+        chats = page.one("tr", data_service="chats")
+        assert cells(tg) == {"name": "tg", "desired": "local", "state": "idle", "phase": "",
+                             "local": "2", "remote": "0", "migrating": "0", "orphan": "0"}
+        assert cells(chats) == {"name": "chats", "desired": "remote", "state": "idle",
+                                "phase": "", "local": "0", "remote": "1", "migrating": "0",
+                                "orphan": "0"}
+        counts = {k: page.by_id(f"count-{k}").text for k in ("local", "remote", "migrating",
+                                                              "orphan")}
+        assert counts == {"local": "2", "remote": "1", "migrating": "0", "orphan": "0"}
+        assert page.by_id("tunnel").attrs["data-state"] == "connected"
+        assert page.by_id("errors").find_all(cls="error") == []
+
+    async def test_only_the_move_to_the_other_side_is_offered_when_nothing_is_in_flight(
+        self, stack_factory: StackFactory, browser: Browser
+    ) -> None:
+        stack = await stack_factory(services={"tg": 1})
+        await stack.wait_settled(expect={"tg": "local"}, timeout_s=60)
+        page = await render(browser, stack)
+        offered = buttons(page.one("tr", data_service="tg"))
+        assert set(offered) == {"local", "remote"}
+        assert offered["local"].disabled and not offered["remote"].disabled
+
+
+class TestErrorBlock:
+    """A failed placement shows service, area, phase, time, stable code and the recommended
+    action, and locks that service's buttons while its transaction is active."""
+
+    async def test_a_parked_service_shows_its_error_and_only_its_buttons_are_locked(
+        self, stack_factory: StackFactory, browser: Browser
+    ) -> None:
+        stack = await stack_factory(services={"tg": 2, "chats": 1}, park_after_failures=1)
+        await stack.wait_settled(expect={"tg": "local", "chats": "local"}, timeout_s=60)
+        await park_tg(stack)
+        page = await render(browser, stack)
+
+        block = page.by_id("errors").one("div", cls="error", data_service="tg")
+        code = block.one(cls="err-code").text
+        entry = errors.lookup(code)  # a stable code from the catalogue, not free text
+        assert block.one(cls="err-service").text == "tg"
+        assert block.one(cls="err-area").text in stack.areas["tg"]
+        assert block.one(cls="err-phase").text == "PREFLIGHT"
+        assert block.one(cls="err-at").text.endswith("UTC")
+        assert entry.action and block.one(cls="err-action-text").text == entry.action
+        assert page.by_id("errors").find_all(cls="error", data_service="chats") == []
+
+        tg = page.one("tr", data_service="tg")
+        assert cells(tg)["state"] == "parked" and cells(tg)["phase"] == "PARKED"
+        tg_buttons = buttons(tg)
+        assert tg_buttons["local"].disabled and tg_buttons["remote"].disabled
+        assert not tg_buttons["retry"].disabled
+        chats_buttons = buttons(page.one("tr", data_service="chats"))
+        assert not chats_buttons["remote"].disabled, "another service's change must stay open"
+        assert "retry" not in chats_buttons
+
+
+class TestScreenshot:
+    """The page renders to an image in a real browser."""
+
+    async def test_the_page_renders_to_a_png(
+        self, stack_factory: StackFactory, browser: Browser, tmp_path: Path
+    ) -> None:
+        stack = await stack_factory(services={"tg": 1})
+        shot = tmp_path / "status-page.png"
+        await browser.screenshot(f"http://127.0.0.1:{stack.http_port}/", shot)
+        assert shot.read_bytes()[:8] == PNG_MAGIC
