@@ -206,6 +206,31 @@ async def get_bundle(request: web.Request) -> web.Response:
     )
 
 
+async def not_found(request: web.Request) -> web.Response:
+    """The last route: unknown paths get the API's error shape instead of aiohttp's text.
+
+    A path that exists under another method is a 405 with an Allow header, as aiohttp would
+    answer, but in the same JSON shape.
+    """
+    allowed: set[str] = set()
+    for resource in request.app.router.resources():
+        if resource is request.match_info.route.resource:
+            continue
+        _, methods = await resource.resolve(request)
+        allowed |= methods
+    if allowed:
+        response = http_api.error_response(
+            405, code="BAD_REQUEST",
+            detail=f"{request.method} is not allowed on {request.path};"
+                   f" allowed: {', '.join(sorted(allowed))}",
+        )
+        response.headers["Allow"] = ", ".join(sorted(allowed))
+        return response
+    return http_api.error_response(
+        404, code="NOT_FOUND", detail=f"no such endpoint: {request.method} {request.path}"
+    )
+
+
 async def get_page(request: web.Request) -> web.Response:
     page = resources.files("monitord").joinpath("static/index.html").read_bytes()
     return web.Response(body=page, content_type="text/html", charset="utf-8")
@@ -220,5 +245,6 @@ def routes(orch: Orchestration) -> list[web.RouteDef]:
         web.post("/v1/services/{service}/retry", post_retry),
         web.get("/metrics", get_metrics),
         web.get("/v1/diagnostics/bundle", get_bundle),
+        web.route("*", "/{tail:.*}", not_found),  # must stay last
     ]
 

@@ -1,0 +1,144 @@
+"""Bad input on every endpoint of the HTTP API (SPEC §8): a 4xx in the one error shape with a
+stable code, and no state change anywhere (status, transactions, the store's desired placement,
+custom_config.json, remote_state.json)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import pytest
+import pytest_asyncio
+
+from monitord.testing.stack import Stack, StackOptions
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+VALID = b'{"location": "remote"}'
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack]:
+    """One settled installation shared by the cases: none of them may change anything."""
+    async with Stack(tmp_path_factory.mktemp("bad-input"),
+                     StackOptions(services={"tg": 2, "chats": 1})) as stack:
+        await stack.place("chats", "remote")
+        await stack.wait_settled(expect={"tg": "local", "chats": "remote"}, timeout_s=60)
+        yield stack
+        assert stack.detector.overlaps() == []
+
+
+async def raw(stack: Stack, method: str, path: str, body: bytes | None,
+              ) -> tuple[int, dict[str, Any], str]:
+    """Send exactly these bytes (no client-side JSON encoding); status, document, content type."""
+    url = f"http://127.0.0.1:{stack.http_port}{path}"
+    timeout = aiohttp.ClientTimeout(total=10)
+    async with aiohttp.ClientSession(timeout=timeout) as session, session.request(
+        method, url, data=body, headers={"Content-Type": "application/json"} if body else None
+    ) as resp:
+        text = await resp.text()
+        return resp.status, json.loads(text), resp.content_type
+
+
+async def snapshot(stack: Stack) -> dict[str, Any]:
+    """Everything a request could have changed, minus clocks."""
+    status = await stack.status()
+    code, transactions = await stack.request("GET", "/v1/transactions")
+    assert code == 200
+    work = stack.root / "work" / "state.db"
+    with sqlite3.connect(f"file:{work}?mode=ro", uri=True) as db:
+        desired = db.execute(
+            "SELECT service, area, location, updated_at FROM desired_placement"
+            " ORDER BY service, area"
+        ).fetchall()
+    spool = stack.root / "spool"
+    return {
+        "services": status["services"],
+        "counts": status["counts"],
+        "active": status["transactions"],
+        "cleanup": status["cleanup"],
+        "transactions": transactions,
+        "desired_placement": desired,
+        "custom_config.json": (spool / "custom_config.json").read_bytes(),
+        "remote_state.json": (spool / "remote_state.json").read_bytes(),
+    }
+
+
+@dataclass(frozen=True)
+class Case:
+    method: str
+    path: str
+    body: bytes | None
+    status: int
+    code: str
+
+    def __str__(self) -> str:
+        return f"{self.method} {self.path} {self.body!r} -> {self.status} {self.code}"
+
+
+AREA = "{tg_area}"  # replaced by a real tg area of the stack
+PLACEMENT_BODIES = [
+    (b"{not json", "malformed"),
+    (b"", "empty"),
+    (b"\xff\xfe\x00", "not utf-8"),
+    (b'["remote"]', "array"),
+    (b'"remote"', "string"),
+    (b"null", "null"),
+    (b'{"location": "remote", "force": true}', "unknown field"),
+    (b'{"where": "remote"}', "only an unknown field"),
+    (b'{"location": "elsewhere"}', "wrong location"),
+    (b'{"location": "REMOTE"}', "wrong case"),
+    (b'{"location": 1}', "location not a string"),
+    (b"{}", "location missing"),
+]
+CASES = [
+    *(Case("PUT", "/v1/services/tg/placement", body, 400, "BAD_REQUEST")
+      for body, _ in PLACEMENT_BODIES),
+    *(Case("PUT", f"/v1/areas/{AREA}/placement", body, 400, "BAD_REQUEST")
+      for body, _ in PLACEMENT_BODIES),
+    Case("PUT", "/v1/services/nope/placement", VALID, 404, "UNKNOWN_SERVICE"),
+    Case("PUT", f"/v1/areas/{uuid.uuid4()}/placement", VALID, 404, "UNKNOWN_AREA"),
+    Case("PUT", "/v1/areas/not-a-uuid/placement", VALID, 404, "UNKNOWN_AREA"),
+    Case("POST", "/v1/services/nope/retry", None, 404, "UNKNOWN_SERVICE"),
+    *(Case("GET", f"/v1/{what}?limit={limit}", None, 400, "BAD_REQUEST")
+      for what in ("transactions", "cleanup")
+      for limit in ("abc", "0", "-1", "100001", "", "1.5", "1e3")),
+    Case("GET", "/v1/nothing-here", None, 404, "NOT_FOUND"),
+    Case("DELETE", "/v1/services/tg/placement", None, 405, "BAD_REQUEST"),
+    Case("POST", "/v1/status", VALID, 405, "BAD_REQUEST"),
+    Case("PUT", "/v1/services/tg", VALID, 404, "NOT_FOUND"),
+]
+
+
+class TestBadInput:
+    """Every bad request gets a 4xx JSON error with a stable code and changes nothing."""
+
+    @pytest.mark.parametrize("case", CASES, ids=str)
+    async def test_bad_request_is_refused_with_a_stable_code_and_changes_nothing(
+        self, stack: Stack, case: Case
+    ) -> None:
+        path = case.path.replace(AREA, stack.areas["tg"][0])
+        before = await snapshot(stack)
+        status, document, content_type = await raw(stack, case.method, path, case.body)
+        assert (status, content_type) == (case.status, "application/json"), document
+        assert set(document) == {"error"} and set(document["error"]) == {"code", "detail"}
+        assert document["error"]["code"] == case.code
+        assert document["error"]["detail"]
+        assert await snapshot(stack) == before
+
+
+class TestGoodInputChangesState:
+    """The snapshot sees a change when there is one (so the cases above could fail)."""
+
+    async def test_a_valid_placement_changes_the_snapshot(self, stack: Stack) -> None:
+        before = await snapshot(stack)
+        status, document, _ = await raw(stack, "PUT", "/v1/services/chats/placement",
+                                        b'{"location": "local"}')
+        assert status == 202, document
+        assert await snapshot(stack) != before
+        await stack.wait_settled(expect={"tg": "local", "chats": "local"}, timeout_s=60)
