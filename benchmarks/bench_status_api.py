@@ -111,7 +111,8 @@ class _LoadRun:
             if self._proc.returncode is None:
                 self._proc.kill()
                 await self._proc.wait()
-        return [tuple(sample) for sample in json.loads(out)]  # type: ignore[misc]
+        return [(float(start), float(latency), int(status))
+                for start, latency, status in json.loads(out)]
 
 
 def _percentiles(latencies: list[float]) -> dict[str, float]:

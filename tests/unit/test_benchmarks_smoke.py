@@ -1,0 +1,62 @@
+"""Smoke runs of the benchmark suite (benchmarks/bench_*.py) at their smallest sizes, so the
+benchmark code cannot rot unnoticed. Only that figures come out is checked: benchmarks are
+never pass/fail on their values (SPEC §12)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from benchmarks import (
+    bench_cleanup_queue,
+    bench_idle_rss,
+    bench_migration,
+    bench_reconcile,
+    bench_status_api,
+)
+
+
+def assert_figures(figures: list[dict[str, Any]], *, names: set[str], count: int) -> None:
+    assert len(figures) == count, figures
+    for figure in figures:
+        assert figure["benchmark"] in names, figure
+        assert isinstance(figure["ratio"], float | int) and figure["ratio"] > 0, figure
+        assert figure.get("reference"), figure
+
+
+class TestInProcessBenchmarks:
+    """The store and planner benchmarks produce a figure with a ratio for each size."""
+
+    async def test_cleanup_queue_reports_each_operation_against_the_small_backlog(
+        self, tmp_path: Path
+    ) -> None:
+        figures = await bench_cleanup_queue.measure(
+            tmp_path, backlogs=(10, 100), rounds=2, ops_per_round=5
+        )
+        assert_figures(figures, count=3, names={"cleanup_queue_enqueue",
+                                                "cleanup_queue_take_due",
+                                                "cleanup_queue_complete"})
+
+    def test_reconcile_reports_per_area_time_for_every_size(self) -> None:
+        figures = bench_reconcile.measure(sizes=(100, 300), repeats=1)
+        assert_figures(figures, count=2, names={"reconcile_pass"})
+        assert [f["areas"] for f in figures] == [100, 300]
+
+
+class TestWholeInstallationBenchmarks:
+    """The benchmarks that start real monitord processes produce their figures."""
+
+    async def test_idle_rss_of_a_few_areas_against_none(self, tmp_path: Path) -> None:
+        figures = await bench_idle_rss.measure(tmp_path, areas=10)
+        assert_figures(figures, count=1, names={"idle_rss"})
+
+    async def test_migration_and_status_latency_on_tiny_stacks(self, tmp_path: Path) -> None:
+        # Two independent stacks side by side: the smoke run stays short.
+        migration, status = await asyncio.gather(
+            bench_migration.measure(tmp_path / "migration", sizes=(1,), data_bytes=4096),
+            bench_status_api.measure(tmp_path / "status", areas=2, clients=2,
+                                     requests_per_client=5),
+        )
+        assert_figures(migration, count=1, names={"migration_local_to_remote"})
+        assert_figures(status, count=1, names={"status_api_latency_during_migration"})
