@@ -28,6 +28,19 @@ from orchestrator.models import ProcessInfo, RemoteEntry, RemoteInventory
 DEFAULT_TIMEOUT_S = 10.0
 
 
+class AgentUnreachable(TransientError):
+    """AGENT_UNREACHABLE, knowing whether the request may have reached the agent anyway."""
+
+    def __init__(self, detail: str, *, maybe_delivered: bool) -> None:
+        super().__init__(ErrorCode.AGENT_UNREACHABLE, detail)
+        self.maybe_delivered = maybe_delivered
+
+
+def maybe_delivered(error: MonitordError) -> bool:
+    """False only when the request provably never left (the connection was refused)."""
+    return getattr(error, "maybe_delivered", True)
+
+
 @dataclass(frozen=True, slots=True)
 class RenewResult:
     """The agent's answer for one area of a batch renewal."""
@@ -82,8 +95,10 @@ class AgentClient:
         except MonitordError:
             raise
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
-            raise TransientError(
-                ErrorCode.AGENT_UNREACHABLE, f"{method} {path}: {type(e).__name__}: {e}"
+            # A refused connect sent nothing; anything later may have delivered the request.
+            refused = isinstance(e, aiohttp.ClientConnectorError)
+            raise AgentUnreachable(
+                f"{method} {path}: {type(e).__name__}: {e}", maybe_delivered=not refused
             ) from e
 
     # -- the manager API ---------------------------------------------------------------
@@ -164,8 +179,8 @@ def _http_error(status: int, payload: Any, *, where: str) -> MonitordError:
         return error_for(ErrorCode.AGENT_UNAUTHORIZED, detail)
     if status == 409:
         return error_for(ErrorCode.DESTINATION_CONFLICT, detail)
-    if status >= 500 or status in (502, 503, 504):
-        return TransientError(ErrorCode.AGENT_UNREACHABLE, detail)
+    if status >= 500:
+        return AgentUnreachable(detail, maybe_delivered=True)
     code = str(err.get("code") or ErrorCode.BAD_REQUEST)
     try:
         return error_for(code, detail)

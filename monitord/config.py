@@ -88,6 +88,9 @@ class RemoteSection(_Section):
     # single-file artifact by default; tests on one machine point it at this interpreter.
     remote_monitord: tuple[str, ...] = ("{remote_python}", "{remote_bin_dir}/monitord.pyz")
     connect_timeout_s: float = Field(default=10.0, gt=0)
+    # A migration's preflight waits this long for a tunnel that is (re)connecting before
+    # it counts as failed (SSH_UNREACHABLE); covers start-up and short link blips.
+    preflight_tunnel_wait_s: float = Field(default=30.0, ge=0)
     keepalive_interval_s: float = Field(default=5.0, gt=0)
     keepalive_count_max: int = Field(default=3, ge=1)
     reconnect_backoff_base_s: float = Field(default=1.0, gt=0)

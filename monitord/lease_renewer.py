@@ -11,10 +11,13 @@ actually received, never on requests merely sent.
 After a restart nothing is known about earlier acknowledgements; `lease_for()` then answers
 with `area_leases.after_restart()` (as if acknowledged at start-up), which is conservative.
 
-A grant whose answer never came (timeout, broken forward) may still reach the agent later,
-as long as the SSH connection that carries it lives. Such a grant is *uncertain*: its lease
-counts as renewed "now" until the tunnel is seen down (`tunnel_down()`), after which no late
-delivery is possible and the bound counts from that moment.
+A grant whose answer never came (a timeout, a connection reset after sending) may still
+reach the agent later — but only over the SSH connection that carried it. Such a grant is
+*uncertain* and tagged with that connection's epoch (the keeper's reconnect count): while
+that connection lives, the lease counts as renewed "now"; once the epoch changes or the
+tunnel is down, no late delivery is possible and the bound counts from the moment that was
+observed. A grant that provably never left (the forward refused the connection) changes
+nothing.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from collections.abc import Callable
 
 import structlog
 
-from monitord.agent_client import AgentClient
+from monitord.agent_client import AgentClient, maybe_delivered
 from monitord.placement_state import PlacementState
 from orchestrator import area_leases
 from orchestrator.area_leases import LeasePolicy
@@ -36,6 +39,7 @@ from orchestrator.models import AreaLease, Side
 log = structlog.get_logger("monitord.lease_renewer")
 
 TASK_NAME = "lease renewer"
+Key = tuple[str, int]
 
 
 class LeaseRenewer:
@@ -47,28 +51,31 @@ class LeaseRenewer:
         owner_id: str,
         policy: LeasePolicy,
         tunnel_connected: Callable[[], bool],
+        connection_epoch: Callable[[], int],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._tunnel_connected = tunnel_connected
         self._state = state
         self._agent = agent
         self.owner_id = owner_id
         self.policy = policy
+        self._tunnel_connected = tunnel_connected
+        self._epoch = connection_epoch
         self._clock = clock
         self.started_at = clock()
-        self._acks: dict[tuple[str, int], float] = {}
-        self._uncertain: set[tuple[str, int]] = set()
+        self._acks: dict[Key, float] = {}
+        self._uncertain: dict[Key, int] = {}  # grant -> epoch of the connection carrying it
         self._wake = asyncio.Event()
         self.rejected: dict[str, str] = {}  # area -> the agent's reason, for the status
         self.last_error: MonitordError | None = None
         state.add_listener(self._wake.set)
 
+    # -- the bound ---------------------------------------------------------------------------
+
     def lease_for(self, area: str, generation: int) -> AreaLease:
         """The best-known lease of (area, generation) for the expiry bound."""
-        if (area, generation) in self._uncertain:
-            acked: float | None = self._clock()
-        else:
-            acked = self._acks.get((area, generation))
+        self._resolve()
+        key = (area, generation)
+        acked = self._clock() if key in self._uncertain else self._acks.get(key)
         if acked is None:
             return area_leases.after_restart(
                 area=area,
@@ -85,24 +92,41 @@ class LeaseRenewer:
             ttl=self.policy.ttl_s,
         )
 
+    def epoch(self) -> int:
+        """The current connection epoch; pass it back to `grant_failed`."""
+        return self._epoch()
+
     def acknowledge(self, area: str, generation: int, *, at: float | None = None) -> None:
         """Record a grant the agent confirmed (also used by CREATE_DESTINATION)."""
-        self._acks[(area, generation)] = self._clock() if at is None else at
-        self._uncertain.discard((area, generation))
+        key = (area, generation)
+        self._acks[key] = self._clock() if at is None else at
+        self._uncertain.pop(key, None)
 
-    def grant_failed(self, area: str, generation: int) -> None:
-        """A grant was sent and its answer lost: it may still arrive (see module doc)."""
-        if self._tunnel_connected():
-            self._uncertain.add((area, generation))
-        else:  # the carrying connection is already gone: nothing can arrive after now
-            self._acks[(area, generation)] = self._clock()
+    def grant_failed(self, area: str, generation: int, *, epoch: int, error: MonitordError) -> None:
+        """A grant sent over connection `epoch` got no answer (see the module doc)."""
+        if not maybe_delivered(error):
+            return
+        key = (area, generation)
+        if epoch != self._epoch() or not self._tunnel_connected():
+            self._acks[key] = self._clock()  # its connection is gone: nothing arrives later
+        else:
+            self._uncertain[key] = epoch
 
     def tunnel_down(self) -> None:
         """The SSH connection is gone: uncertain grants can no longer arrive."""
+        self._resolve()
+
+    def _resolve(self) -> None:
+        if not self._uncertain:
+            return
+        current, connected = self._epoch(), self._tunnel_connected()
         now = self._clock()
-        for key in self._uncertain:
-            self._acks[key] = now
-        self._uncertain.clear()
+        for key, epoch in list(self._uncertain.items()):
+            if epoch != current or not connected:
+                self._acks[key] = now
+                del self._uncertain[key]
+
+    # -- the loop ----------------------------------------------------------------------------
 
     def wake(self) -> None:
         self._wake.set()
@@ -121,13 +145,14 @@ class LeaseRenewer:
         grants = dict(self._state.runs(Side.REMOTE))
         if agent is None or not grants:
             return
+        epoch = self._epoch()
         try:
             answers = await agent.renew(
                 owner_id=self.owner_id, ttl_s=self.policy.ttl_s, areas=grants
             )
         except MonitordError as e:
             for area, generation in grants.items():
-                self.grant_failed(area, generation)
+                self.grant_failed(area, generation, epoch=epoch, error=e)
             if self.last_error is None or self.last_error.code != e.code:
                 log.warning("lease_renewal_failed", error_code=e.code, detail=e.detail)
             self.last_error = e

@@ -43,7 +43,7 @@ from monitord.store import Store
 from orchestrator import errors, phases, rules
 from orchestrator.area_leases import LeasePolicy
 from orchestrator.errors import ErrorCode, MonitordError, TransientError
-from orchestrator.models import Area, Phase, Side, Transaction
+from orchestrator.models import Area, AreaLease, Phase, Side, Transaction
 from orchestrator.phases import Outcome
 
 log = structlog.get_logger("monitord.migration_engine")
@@ -266,9 +266,18 @@ class MigrationEngine:
                 continue
             task = self._runners.get(area)
             if task is None or task.done():
-                self._runners[area] = asyncio.create_task(
+                task = asyncio.create_task(
                     self._drive(area), name=f"migration:{txn.service}:{area[:8]}"
                 )
+                task.add_done_callback(self._runner_done)
+                self._runners[area] = task
+
+    def _runner_done(self, task: asyncio.Task[None]) -> None:
+        # A runner that died of a bug is logged loudly; the next tick starts it again from
+        # the stored record (every step is idempotent).
+        if not task.cancelled() and task.exception() is not None:
+            log.error("migration_runner_crashed", task=task.get_name(),
+                      exc_info=task.exception())
 
     async def _drive(self, area: str) -> None:
         txn = self.state.transactions.get(area)
@@ -280,23 +289,44 @@ class MigrationEngine:
                 txn = self.state.transactions.get(area)
                 if txn is None or txn.phase is Phase.PARKED:
                     return
-                committed = self.state.committed.get(area)
-                if committed is not None:
-                    reversal = rules.reversal(txn, desired=self.state.desired_location(committed))
-                    if reversal.outcome is not None:
-                        txn = await self._advance(txn, reversal.outcome)
-                        continue
-                ctx = self._ctx(txn)
-                outcome, error = await self._perform(txn, phases.next_actions(txn, ctx))
-                if outcome is None:
+                try:
+                    progressed, failed = await self._step(txn)
+                except phases.IllegalTransition as e:
+                    # The table refused what we observed (e.g. a lease deadline moved while
+                    # we waited): nothing was written; decide again from the stored record.
+                    log.warning("step_refused", transaction_id=txn.transaction_id,
+                                service=txn.service, area=txn.area, phase=txn.phase.value,
+                                detail=e.detail)
+                    progressed, failed = True, True
+                if not progressed:
                     return  # Finish or Park
-                before = txn.phase
-                txn = await self._advance(txn, outcome, error=error)
-                if error is not None and txn.phase is before and before in SELF_LOOPING:
+                if failed:
                     await self._pause(pause)
                     pause = min(STEP_RETRY_CAP_S, pause * 2)
-                elif error is None:
+                else:
                     pause = STEP_RETRY_BASE_S
+
+    async def _step(self, txn: Transaction) -> tuple[bool, bool]:
+        """One step of one record: (something happened, it failed and looped back)."""
+        committed = self.state.committed.get(txn.area)
+        if committed is not None:
+            reversal = rules.reversal(txn, desired=self.state.desired_location(committed))
+            if reversal.outcome is not None:
+                await self._advance(txn, reversal.outcome)
+                return True, False
+        actions = phases.next_actions(txn, self._ctx(txn))
+        outcome, error = await self._perform(txn, actions)
+        if outcome is None:
+            return False, False
+        lease = None
+        if outcome is Outcome.LEASE_EXPIRED:
+            # Judge the deadline by the grant waited out, or a later one learnt meanwhile.
+            waited = next(a.lease for a in actions if isinstance(a, phases.WaitLeaseExpiry))
+            known = self._ctx(txn).lease
+            later = known is not None and known.acknowledged_at > waited.acknowledged_at
+            lease = known if later else waited
+        new = await self._advance(txn, outcome, error=error, lease=lease)
+        return True, error is not None and new.phase is txn.phase and txn.phase in SELF_LOOPING
 
     async def _pause(self, seconds: float) -> None:
         # Bounded; stop() cancels a runner that is still pausing after its grace period.
@@ -350,9 +380,9 @@ class MigrationEngine:
         *,
         error: MonitordError | None = None,
         new_generation: int | None = None,
+        lease: AreaLease | None = None,
     ) -> phases.StepContext:
-        lease = None
-        if txn.destination is Side.REMOTE and self.renewer is not None:
+        if lease is None and txn.destination is Side.REMOTE and self.renewer is not None:
             lease = self.renewer.lease_for(txn.area, txn.generation)
         return phases.StepContext(
             at=self._wall(),
@@ -371,14 +401,15 @@ class MigrationEngine:
         *,
         error: MonitordError | None = None,
         new_generation: int | None = None,
+        lease: AreaLease | None = None,
     ) -> Transaction:
         if txn.phase is Phase.ROLLBACK and outcome is Outcome.OK and txn.last_error_code:
             outcome = rules.rollback_completion_outcome(
                 consecutive_failures=self._failures[txn.service] + 1,
                 park_after_failures=self.park_after_failures,
             )
-        new = phases.advance(txn, outcome, self._ctx(txn, error=error,
-                                                     new_generation=new_generation))
+        ctx = self._ctx(txn, error=error, new_generation=new_generation, lease=lease)
+        new = phases.advance(txn, outcome, ctx)
         await self.state.save(new)
         await self._event("transaction_phase", new, outcome=outcome.value,
                           previous=txn.phase.value)

@@ -34,13 +34,20 @@ from monitord.remote_link import RemoteLink
 from monitord.store import Store
 from monitord.supervisor import AreaRun, LocalSupervisor, area_run, expand
 from orchestrator import phases
-from orchestrator.errors import ErrorCode, MonitordError, TransientError, error_for
+from orchestrator.errors import ErrorCode, MonitordError, error_for
 from orchestrator.models import Side, Transaction
 from orchestrator.phases import Outcome
 
 log = structlog.get_logger("monitord.phase_actions")
 
 POLL_S = 0.1
+# Why a tunnel is not up, as the preflight reports it (anything else: SSH_UNREACHABLE).
+TUNNEL_STATE_CODES = {
+    "auth_failed": ErrorCode.PREFLIGHT_AUTH,
+    "host_key_mismatch": ErrorCode.HOST_KEY_MISMATCH,
+    "lease_conflict": ErrorCode.PREFLIGHT_TUNNEL_OWNER,
+    "port_occupied": ErrorCode.PREFLIGHT_FORWARDS,
+}
 STOP_GRACE_S = 10.0
 
 
@@ -149,9 +156,8 @@ class PhaseActions:
     async def preflight(self, txn: Transaction) -> Outcome:
         """SPEC §6.5 for a move to the VPS; reachability + local space for a move back."""
         link = self._link()
+        await self._wait_for_tunnel(link)
         if txn.destination is Side.LOCAL:
-            if not link.connected():
-                raise TransientError(ErrorCode.SSH_UNREACHABLE, "the tunnel is down")
             target = local_data_dir(self._section(txn), area=txn.area, generation=txn.generation)
             target.parent.mkdir(parents=True, exist_ok=True)
             free = shutil.disk_usage(target.parent).free
@@ -161,17 +167,8 @@ class PhaseActions:
         data = local_data_dir(self._section(txn), area=txn.area, generation=txn.source_generation)
         size = await asyncio.to_thread(_tree_size, data)
         ours, owner_id, owner_label = link.tunnel_owner()
-        conn_cm = link.session() if link.connected() else None
-        try:
-            if conn_cm is None:
-                report = await self._run_preflight(link, None, txn, size, ours, owner_id,
-                                                   owner_label)
-            else:
-                async with conn_cm as conn:
-                    report = await self._run_preflight(link, conn, txn, size, ours, owner_id,
-                                                       owner_label)
-        except MonitordError:
-            raise
+        async with link.session() as conn:
+            report = await self._run_preflight(link, conn, txn, size, ours, owner_id, owner_label)
         failure = report.first_failure()
         if failure is None and not report.ok and link.connected():
             # Only "startable" failed: the agent is not running but can be; start it.
@@ -179,6 +176,19 @@ class PhaseActions:
         if failure is None:
             return Outcome.OK
         raise error_for(failure.code, f"{failure.detail} — {failure.hint}".rstrip(" —"))
+
+    async def _wait_for_tunnel(self, link: RemoteLink) -> None:
+        """A (re)connecting tunnel gets a moment; a VPS that stays away fails the preflight."""
+        if link.connected():
+            return
+        try:
+            await link.keeper.wait_connected(timeout_s=link.remote.preflight_tunnel_wait_s)
+        except TimeoutError as e:
+            status = link.keeper.status()
+            last = status.last_error
+            why = f"{last.code}: {last.detail}" if last else "not connected yet"
+            code = TUNNEL_STATE_CODES.get(status.state.value, ErrorCode.SSH_UNREACHABLE)
+            raise error_for(code, f"the tunnel to the VPS is {status.state.value} ({why})") from e
 
     async def _run_preflight(
         self,
@@ -279,15 +289,16 @@ class PhaseActions:
         data_dir, command = remote_paths(self.config, service=service, area=area,
                                          generation=generation)
         section = self.config.services[service]
+        epoch = self.renewer.epoch() if self.renewer is not None else 0
         try:
             await link.agent.create(
                 area=area, service=service, generation=generation, owner_id=self.owner_id,
                 lease_ttl_s=link.remote.area_lease_ttl_s, command=command, data_dir=data_dir,
                 env=section.env,
             )
-        except MonitordError:
+        except MonitordError as e:
             if self.renewer is not None:
-                self.renewer.grant_failed(area, generation)
+                self.renewer.grant_failed(area, generation, epoch=epoch, error=e)
             raise
         if self.renewer is not None:
             self.renewer.acknowledge(area, generation)

@@ -111,6 +111,7 @@ class Orchestration:
                 owner_id=self.owner_id,
                 policy=self.policy,
                 tunnel_connected=lambda: bool(self.link and self.link.connected()),
+                connection_epoch=lambda: keeper.status().reconnects,
             )
             keeper.add_listener(self._tunnel_changed)
         self.actions = PhaseActions(

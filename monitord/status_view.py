@@ -85,7 +85,12 @@ def summary_lines(status: dict[str, Any]) -> list[str]:
     drift = status.get("drift", {})
     lines = [
         f"tunnel: {tunnel.get('state', 'not configured')}"
-        + (f" ({tunnel['last_error']})" if tunnel.get("last_error") else "")
+        # A past error is history once the tunnel is up again; show it only while down.
+        + (
+            f" ({tunnel['last_error']})"
+            if tunnel.get("last_error") and not tunnel.get("connected")
+            else ""
+        )
         + f", attempts {tunnel.get('attempts', 0)}",
         "areas: "
         + ", ".join(f"{k} {counts.get(k, 0)}" for k in ("local", "remote", "migrating", "orphan")),

@@ -86,6 +86,7 @@ class StackOptions:
     park_after_failures: int = 5
     parallelism: int = 4
     data_bytes: int = 4096
+    remote_daemon_args: tuple[str, ...] = ()  # e.g. ("--crash-after", "0.2"): never healthy
     extra_env: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -165,6 +166,7 @@ class Stack:
                 "remote_bin_dir": str(bin_dir),
                 "remote_python": sys.executable,
                 "connect_timeout_s": 5.0,
+                "preflight_tunnel_wait_s": 3.0,
                 "keepalive_interval_s": 1.0,
                 "keepalive_count_max": 3,
                 "reconnect_backoff_base_s": 0.2,
@@ -192,7 +194,8 @@ class Stack:
                 # remote daemon even while the tunnel is cut — the split-brain check must
                 # not be blind exactly when a split brain could happen.
                 "remote_command": [*fake, "--side", "remote", "--heartbeat",
-                                   f"127.0.0.1:{nats_vps}", "--heartbeat", det],
+                                   f"127.0.0.1:{nats_vps}", "--heartbeat", det,
+                                   *o.remote_daemon_args],
                 "local_data_dir": f"{self.root}/pbx/{service}/{{area}}",
                 "remote_data_dir": f"{{remote_bin_dir}}/data/{service}/{{area}}",
                 "min_uptime_s": o.min_uptime_s,
@@ -296,6 +299,32 @@ class Stack:
     async def heal(self) -> None:
         assert self.vps is not None
         await self.vps.accept_new_connections()
+
+    @property
+    def vps_dir(self) -> Path:
+        """remote_bin_dir on the VPS (this machine)."""
+        return self.root / "vps" / "opt"
+
+    def kill_agent(self) -> bool:
+        """SIGKILL the agent process on the VPS (its lease guards live on); True if found."""
+        pid_file = self.vps_dir / "agent.pid"
+        try:
+            pid = int(pid_file.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return False
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+            return True
+        return False
+
+    def agent_cache(self) -> dict[str, dict[str, Any]]:
+        """The agent's spool cache (its custom_config.json) by area."""
+        path = self.vps_dir / "spool" / "custom_config.json"
+        try:
+            document = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return {e["uuid"]: e for e in document.get("custom_daemons", [])}
 
     def events(self, name: str | None = None) -> list[dict[str, Any]]:
         found = []

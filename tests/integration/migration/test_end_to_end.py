@@ -1,0 +1,59 @@
+"""End to end: placement requests move areas between the PBX and the VPS, and back."""
+
+from __future__ import annotations
+
+import json
+
+from monitord.testing.stack import Stack
+from tests.integration.migration.conftest import StackFactory
+
+
+class TestMigration:
+    """Areas move to the VPS and back with exactly one running process each at all times."""
+
+    async def test_two_services_move_concurrently_and_back(
+        self, stack_factory: StackFactory
+    ) -> None:
+        stack: Stack = await stack_factory(services={"tg": 3, "chats": 2})
+        await stack.wait_settled(expect={"tg": "local", "chats": "local"})
+        tg_ids = await stack.place("tg", "remote")
+        chats_ids = await stack.place("chats", "remote")
+        assert len(tg_ids) == 3 and len(chats_ids) == 2
+        await stack.wait_settled(expect={"tg": "remote", "chats": "remote"})
+        there = stack.committed()
+        assert all(e["generation"] >= 1 for e in there.values())
+        assert all(e["phone"].startswith("+7900") for e in there.values())  # kept as found
+        await stack.place("tg", "local")
+        await stack.wait_settled(expect={"tg": "local", "chats": "remote"})
+        back = stack.committed()
+        # A generation is issued when a migration starts and never reused: the way back is
+        # always newer than the way there (a retried attempt may skip numbers).
+        assert all(back[a]["generation"] > there[a]["generation"] for a in stack.areas["tg"])
+        assert all(back[a] == there[a] for a in stack.areas["chats"])
+
+    async def test_session_data_survives_the_round_trip(self, stack_factory: StackFactory) -> None:
+        stack = await stack_factory(services={"tg": 1})
+        area = stack.areas["tg"][0]
+        local_db = stack.root / "pbx" / "tg" / area / "session.db"
+        await stack.wait_until(local_db.exists, timeout_s=20, what="session.db")
+        await stack.place("tg", "remote")
+        await stack.wait_settled(expect={"tg": "remote"})
+        await stack.place("tg", "local")
+        await stack.wait_settled(expect={"tg": "local"})
+        # The fake daemon refuses to start on a torn or truncated session DB (exit 4), so a
+        # daemon that is alive here read an intact chain; check the chain spans both sides.
+        records = [json.loads(line)["payload"] for line in local_db.read_text().splitlines()]
+        sides = [r["side"] for r in records if r.get("event") == "start"]
+        assert sides[:1] == ["local"] and "remote" in sides and sides[-1] == "local"
+
+    async def test_remote_state_projection_follows_the_transactions(
+        self, stack_factory: StackFactory
+    ) -> None:
+        stack = await stack_factory(services={"tg": 1})
+        await stack.place("tg", "remote")
+        await stack.wait_settled(expect={"tg": "remote"})
+        state = json.loads((stack.root / "spool" / "remote_state.json").read_text())
+        assert state["tg"] == {
+            "migrating": False, "resuming": False, "parked": False,
+            "fail_count": 0, "last_error": "",
+        }

@@ -1,0 +1,208 @@
+"""Rollbacks, recoveries and operator actions end to end (SPEC §5.3, §7, §10)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+
+from monitord.testing.stack import Stack
+from tests.integration.migration.conftest import StackFactory
+
+L2R = "local_to_remote"
+
+
+async def _hold(stack: Stack, point: str) -> None:
+    """Restart monitord so that it holds at `point` (l2r) until released."""
+    assert await stack.stop_monitord() == 0
+    await stack.start_monitord(env={"MONITORD_HOLD_AT": f"{L2R}:{point}"})
+
+
+class TestRollbackWhileTheVpsIsUnreachable:
+    """With the VPS cut off, the source restarts only after the destination's lease lapsed."""
+
+    async def test_source_waits_for_the_remote_lease_then_the_orphan_is_cleaned(
+        self, stack_factory: StackFactory
+    ) -> None:
+        stack = await stack_factory(services={"tg": 1}, area_lease_ttl_s=3.0)
+        area = stack.areas["tg"][0]
+        await stack.wait_settled(expect={"tg": "local"})
+        await _hold(stack, "HEALTHCHECK_DESTINATION")
+        await stack.place("tg", "remote")
+        await stack.wait_event("hold_point")
+        await stack.wait_until(
+            lambda: any(k.side == "remote" for k in stack.detector.alive(area)),
+            timeout_s=20, what="the destination runs on the VPS",
+        )
+        await stack.partition()
+        cut_at = time.time()
+        await stack.place("tg", "local")  # the operator gives up: a rollback
+        stack.release_hold()
+        await stack.wait_until(
+            lambda: any(k.side == "local" for k in stack.detector.alive(area)),
+            timeout_s=30, what="the source runs again",
+        )
+        remote = [life for life in stack.detector.lives(area) if life.key.side == "remote"]
+        local = [life for life in stack.detector.lives(area) if life.key.side == "local"]
+        restarted_at = max(life.first_seen for life in local)
+        remote_gone_at = max(life.last_seen for life in remote)
+        # The remote daemon kept running through the partition until its lease lapsed on
+        # the VPS, and the source came back only after that.
+        assert remote_gone_at > cut_at
+        assert restarted_at > remote_gone_at
+        status = await stack.status()
+        assert status["cleanup"]["backlog"] >= 1  # the VPS still holds the entry
+        await stack.heal()
+        await stack.wait_settled(expect={"tg": "local"}, timeout_s=60)
+        assert area not in stack.agent_cache()
+
+
+class TestStaleVpsConfig:
+    """A VPS that comes back with orphan entries in its cache starts none and loses them."""
+
+    async def test_orphan_entries_of_a_stale_cache_are_removed_and_never_started(
+        self, stack_factory: StackFactory
+    ) -> None:
+        stack = await stack_factory(services={"tg": 2})
+        await stack.wait_settled(expect={"tg": "local"})
+        assert stack.kill_agent()
+        local_area = stack.areas["tg"][0]
+        ghost = "0f0e0d0c-0000-4000-8000-00000000dead"
+        cache_path = stack.vps_dir / "spool" / "custom_config.json"
+        stale = []
+        for uuid, generation in ((local_area, 0), (ghost, 5)):
+            data_dir = stack.vps_dir / "data" / "tg" / uuid
+            data_dir.mkdir(parents=True, exist_ok=True)
+            stale.append({
+                "uuid": uuid, "service": "tg", "location": "remote", "generation": generation,
+                "owner_id": "someone-before-us",
+                "command": ["/bin/sleep", "3600"], "data_dir": str(data_dir), "env": {},
+                "run_wanted": True, "created_at": time.time() - 3600,
+            })
+        cache_path.write_text(json.dumps({"custom_daemons": stale}))
+        # The reconciler notices the agent is gone, launches it; it loads the stale cache.
+        await stack.wait_until(
+            lambda: not ({local_area, ghost} & set(stack.agent_cache())), timeout_s=60,
+            what="stale entries removed",
+        )
+        await stack.wait_settled(expect={"tg": "local"}, timeout_s=30)
+        assert not [k for k in stack.detector.alive() if k.side == "remote"]
+        assert not any(
+            e.get("event") == "daemon_started" for e in _agent_events(stack, {local_area, ghost})
+        )
+
+
+def _agent_events(stack: Stack, areas: set[str]) -> list[dict[str, object]]:
+    events = []
+    for line in (stack.vps_dir / "logs").glob("*.log"):
+        for text in line.read_text(errors="replace").splitlines():
+            try:
+                event = json.loads(text)
+            except ValueError:
+                continue
+            if event.get("area") in areas:
+                events.append(event)
+    return events
+
+
+class TestOperatorChangesMidway:
+    """A reversal before the commit rolls back; a parked service moves again after retry."""
+
+    async def test_reversal_before_commit_rolls_back_cleanly(
+        self, stack_factory: StackFactory
+    ) -> None:
+        stack = await stack_factory(services={"tg": 2})
+        await stack.wait_settled(expect={"tg": "local"})
+        await _hold(stack, "COPY")
+        await stack.place("tg", "remote")
+        await stack.wait_event("hold_point")
+        await stack.place("tg", "local")
+        stack.release_hold()
+        await stack.wait_settled(expect={"tg": "local"}, timeout_s=60)
+        code, body = await stack.request("GET", "/v1/transactions")
+        assert code == 200
+        phases = {t["phase"] for t in body["transactions"]}
+        assert phases == {"ROLLED_BACK"}
+        assert all(t["last_error_code"] is None for t in body["transactions"])
+        state = json.loads((stack.root / "spool" / "remote_state.json").read_text())
+        assert state["tg"]["fail_count"] == 0 and not state["tg"]["parked"]
+
+    async def test_parked_service_waits_for_retry_then_moves(
+        self, stack_factory: StackFactory
+    ) -> None:
+        stack = await stack_factory(services={"tg": 1}, park_after_failures=2)
+        await stack.wait_settled(expect={"tg": "local"})
+        await stack.partition()
+        await stack.place("tg", "remote")
+
+        async def parked() -> bool:
+            return (await stack.status())["services"]["tg"]["state"] == "parked"
+
+        await stack.wait_until(parked, timeout_s=60, what="tg parked")
+        status = await stack.status()
+        assert status["services"]["tg"]["last_error"]["code"].startswith("PREFLIGHT_") or (
+            status["services"]["tg"]["last_error"]["code"] in ("SSH_UNREACHABLE",)
+        )
+        state = json.loads((stack.root / "spool" / "remote_state.json").read_text())
+        assert state["tg"]["parked"] and state["tg"]["fail_count"] >= 2
+        area = stack.areas["tg"][0]
+        assert [k.side for k in stack.detector.alive(area)] == ["local"]  # never taken down
+        await stack.heal()
+        _, before = await stack.request("GET", "/v1/transactions")
+        # Observe for longer than the retry back-off (stack: 0.5 s doubling to 5 s): a parked
+        # service must not try again by itself, even with the VPS back.
+        await asyncio.sleep(6)
+        _, after = await stack.request("GET", "/v1/transactions")
+        assert after == before
+        assert (await stack.status())["services"]["tg"]["state"] == "parked"
+        code, _ = await stack.request("POST", "/v1/services/tg/retry")
+        assert code == 202
+        await stack.wait_settled(expect={"tg": "remote"}, timeout_s=60)
+
+
+class TestUnhealthyDestination:
+    """A destination that starts but never stays up is rolled back; the source runs on."""
+
+    async def test_never_healthy_destination_rolls_back(self, stack_factory: StackFactory) -> None:
+        stack = await stack_factory(
+            services={"tg": 1},
+            remote_daemon_args=("--crash-after", "0.2"),
+            min_uptime_s=1.0,
+            healthcheck_timeout_s=2.0,
+            park_after_failures=1,
+        )
+        await stack.wait_settled(expect={"tg": "local"})
+        await stack.place("tg", "remote")
+
+        async def parked() -> bool:
+            return (await stack.status())["services"]["tg"]["state"] == "parked"
+
+        await stack.wait_until(parked, timeout_s=60, what="tg parked after the failed health")
+        status = await stack.status()
+        assert status["services"]["tg"]["last_error"]["code"] == "HEALTHCHECK_TIMEOUT"
+        area = stack.areas["tg"][0]
+        await stack.wait_until(
+            lambda: [k.side for k in stack.detector.alive(area)] == ["local"], timeout_s=20,
+            what="the source runs alone",
+        )
+        assert stack.committed()[area].get("location", "local") == "local"
+
+
+class TestAgentUnreachable:
+    """The agent dying just before or just after COPY ends converged on the VPS."""
+
+    @pytest.mark.parametrize("point", ["COPY", "CREATE_DESTINATION"])
+    async def test_agent_killed_at_point_converges(
+        self, stack_factory: StackFactory, point: str
+    ) -> None:
+        stack = await stack_factory(services={"tg": 1})
+        await stack.wait_settled(expect={"tg": "local"})
+        await _hold(stack, point)
+        await stack.place("tg", "remote")
+        await stack.wait_event("hold_point")
+        assert stack.kill_agent()
+        stack.release_hold()
+        await stack.wait_settled(expect={"tg": "remote"}, timeout_s=90)
+
