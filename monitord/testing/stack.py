@@ -17,6 +17,13 @@ daemon that lost its tunnel falls silent, exactly like the real thing.
 
 Every process a stack started is killed when it closes (found by the stack's root path in
 its command line or environment), so nothing leaks between tests.
+
+With `StackOptions(external_vps=ExternalVps(...))` the VPS is a real SSH server instead (the
+fault tier runs OpenSSH in a network namespace): the stack then starts no `VpsServer`, the
+detector listens on every address so remote daemons reach it directly at
+`ExternalVps.observer_host`, and whoever built that VPS kills what runs on it. With
+`nats_target` the `nats` reverse forward leads to a real NATS server and remote daemons
+report through an extra `heartbeat` reverse forward instead.
 """
 
 from __future__ import annotations
@@ -74,6 +81,22 @@ def to_toml(document: Mapping[str, Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class ExternalVps:
+    """A real SSH server playing the VPS, and how processes on it reach this machine."""
+
+    host: str
+    port: int
+    user: str
+    key_file: Path
+    known_hosts: Path
+    remote_bin_dir: Path  # on the VPS; the same filesystem as this machine
+    observer_host: str  # an address of this machine the VPS reaches without the tunnel
+    nats_listen: str = "127.0.0.1:4222"  # the reverse forwards' listen side on the VPS
+    heartbeat_listen: str = "127.0.0.1:4223"
+    agent_listen: str = "127.0.0.1:8225"
+
+
 @dataclass
 class StackOptions:
     services: Mapping[str, int] = field(default_factory=lambda: {"tg": 2})
@@ -88,13 +111,18 @@ class StackOptions:
     data_bytes: int = 4096
     remote_daemon_args: tuple[str, ...] = ()  # e.g. ("--crash-after", "0.2"): never healthy
     extra_env: Mapping[str, str] = field(default_factory=dict)
+    external_vps: ExternalVps | None = None  # None: the in-process VpsServer
+    nats_target: str | None = None  # "host:port" of a real NATS server on this machine
 
 
 class Stack:
     def __init__(self, root: Path, options: StackOptions | None = None, **kw: Any) -> None:
         self.root = root.resolve()
         self.options = options or StackOptions(**kw)
-        self.detector = Detector()
+        external = self.options.external_vps
+        # A remote daemon on an external VPS reports to the detector directly over the
+        # network too, so it must listen beyond loopback.
+        self.detector = Detector(host="0.0.0.0") if external else Detector()
         self.vps: VpsServer | None = None
         self.daemon: asyncio.subprocess.Process | None = None
         self.log_lines: list[str] = []
@@ -125,22 +153,47 @@ class Stack:
     async def start(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         await self.detector.__aenter__()
-        self.vps = VpsServer(work_dir=self.root / "vps-ssh")
-        await self.vps.__aenter__()
+        if self.options.external_vps is None:
+            self.vps = VpsServer(work_dir=self.root / "vps-ssh")
+            await self.vps.__aenter__()
         self._write_files()
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
         await self.start_monitord()
 
-    def _write_files(self) -> None:
+    def _remote_endpoint(self) -> dict[str, Any]:
+        """host/port/user/key_file/known_hosts of the VPS's SSH server."""
+        external = self.options.external_vps
+        if external is not None:
+            return {"host": external.host, "port": external.port, "user": external.user,
+                    "key_file": external.key_file, "known_hosts": external.known_hosts}
         assert self.vps is not None
+        remote = self.vps.remote_section(remote_bin_dir=str(self.vps_dir))
+        return {"host": remote.host, "port": remote.port, "user": remote.user,
+                "key_file": remote.key_file, "known_hosts": remote.known_hosts}
+
+    def _write_files(self) -> None:
         o = self.options
+        external = o.external_vps
         spool, work = self.root / "spool", self.root / "work"
         spool.mkdir(exist_ok=True)
-        bin_dir = self.root / "vps" / "opt"
-        nats_vps = free_port()
-        agent_port, manager_port = free_port(), free_port()
-        remote = self.vps.remote_section(remote_bin_dir=str(bin_dir))
-        det = self.detector.address
+        bin_dir = self.vps_dir
+        manager_port = free_port()
+        det = f"127.0.0.1:{self.detector.port}"
+        if external is None:
+            nats_vps, agent_listen = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+            heartbeat_vps = f"127.0.0.1:{free_port()}"
+            det_direct = det  # the VPS is this machine's loopback
+        else:
+            nats_vps, agent_listen = external.nats_listen, external.agent_listen
+            heartbeat_vps = external.heartbeat_listen
+            det_direct = f"{external.observer_host}:{self.detector.port}"
+        if o.nats_target is None:
+            reverse = [{"name": "nats", "listen": nats_vps, "target": det}]
+            heartbeat_via_tunnel = nats_vps
+        else:
+            reverse = [{"name": "nats", "listen": nats_vps, "target": o.nats_target},
+                       {"name": "heartbeat", "listen": heartbeat_vps, "target": det}]
+            heartbeat_via_tunnel = heartbeat_vps
         fake = [sys.executable, "-m", "monitord.testing.fake_daemon", "--area", "{area}",
                 "--data", "{data_dir}", "--generation", "{generation}"]
         document: dict[str, dict[str, Any]] = {
@@ -158,11 +211,7 @@ class Stack:
             },
             "http": {"listen": f"127.0.0.1:{self.http_port}", "drain_timeout_s": 2.0},
             "remote": {
-                "host": remote.host,
-                "port": remote.port,
-                "user": remote.user,
-                "key_file": remote.key_file,
-                "known_hosts": remote.known_hosts,
+                **self._remote_endpoint(),
                 "remote_bin_dir": str(bin_dir),
                 "remote_python": sys.executable,
                 "connect_timeout_s": 5.0,
@@ -175,13 +224,11 @@ class Stack:
                 "tunnel_lease_ttl_s": o.tunnel_lease_ttl_s,
                 "area_lease_ttl_s": o.area_lease_ttl_s,
                 "lease_safety_margin_s": 0.5,
-                "agent_listen": f"127.0.0.1:{agent_port}",
-                "reverse_forwards": [
-                    {"name": "nats", "listen": f"127.0.0.1:{nats_vps}", "target": det},
-                ],
+                "agent_listen": agent_listen,
+                "reverse_forwards": reverse,
                 "local_forwards": [
                     {"name": "manager", "listen": f"127.0.0.1:{manager_port}",
-                     "target": f"127.0.0.1:{agent_port}"},
+                     "target": agent_listen},
                 ],
             },
         }
@@ -194,7 +241,7 @@ class Stack:
                 # remote daemon even while the tunnel is cut — the split-brain check must
                 # not be blind exactly when a split brain could happen.
                 "remote_command": [*fake, "--side", "remote", "--heartbeat",
-                                   f"127.0.0.1:{nats_vps}", "--heartbeat", det,
+                                   heartbeat_via_tunnel, "--heartbeat", det_direct,
                                    *o.remote_daemon_args],
                 "local_data_dir": f"{self.root}/pbx/{service}/{{area}}",
                 "remote_data_dir": f"{{remote_bin_dir}}/data/{service}/{{area}}",
@@ -282,7 +329,7 @@ class Stack:
 
     async def cut_ssh(self, *, for_s: float = 0.0) -> None:
         """Drop every SSH session; with `for_s`, refuse new ones that long (a partition)."""
-        assert self.vps is not None
+        assert self.vps is not None, "an external VPS has its own fault controls"
         if for_s > 0:
             await self.vps.refuse_new_connections()
         self.vps.drop_all_sessions()
@@ -302,7 +349,9 @@ class Stack:
 
     @property
     def vps_dir(self) -> Path:
-        """remote_bin_dir on the VPS (this machine)."""
+        """remote_bin_dir on the VPS (this machine's filesystem either way)."""
+        if self.options.external_vps is not None:
+            return self.options.external_vps.remote_bin_dir
         return self.root / "vps" / "opt"
 
     def kill_agent(self) -> bool:
