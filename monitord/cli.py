@@ -33,11 +33,15 @@ VERBS: dict[str, tuple[str, str]] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser; with `only`, just that verb's module is imported (the others keep their
+    name and help): a verb run over SSH on the VPS should not pay for every other verb."""
     parser = argparse.ArgumentParser(prog="monitord", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
     for verb, (module_name, help_text) in VERBS.items():
         verb_parser = sub.add_parser(verb, help=help_text, description=help_text)
+        if only is not None and verb != only:
+            continue
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as e:
@@ -54,8 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    verb = next((w for w in words if not w.startswith("-")), None)
+    parser = build_parser(only=verb if verb in VERBS else None)
+    args = parser.parse_args(words)
     if getattr(args, "_missing", None):
         print(f"monitord: '{args.verb}' is not available in this build", file=sys.stderr)
         return EXIT_USAGE

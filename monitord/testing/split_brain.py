@@ -158,6 +158,7 @@ class Detector:
         self._clock = clock
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
         self._changed = asyncio.Event()
         self.port = 0
 
@@ -179,11 +180,16 @@ class Detector:
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
-            for task in list(self._connections):
-                task.cancel()
-            for task in list(self._connections):
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            # End each handler by closing its connection (its readline then returns), so
+            # no handler task is cancelled mid-read; cancel only what does not end in time.
+            for writer in list(self._writers):
+                writer.close()
+            pending = list(self._connections)
+            if pending:
+                _, stuck = await asyncio.wait(pending, timeout=2.0)
+                for task in stuck:
+                    task.cancel()
+                await asyncio.gather(*stuck, return_exceptions=True)
             await self._server.wait_closed()
             self._server = None
 
@@ -197,6 +203,7 @@ class Detector:
         task = asyncio.current_task()
         assert task is not None
         self._connections.add(task)
+        self._writers.add(writer)
         try:
             while line := await reader.readline():
                 try:
@@ -208,6 +215,7 @@ class Detector:
             pass
         finally:
             self._connections.discard(task)
+            self._writers.discard(writer)
             writer.close()
 
     def overlaps(self) -> list[Overlap]:
