@@ -1,0 +1,102 @@
+"""Fixtures of the fault tier: a namespace VPS with real OpenSSH, a real nats-server on the
+PBX side, and whole installations (`Stack`) pointed at them.
+
+`netns_vps` is a fresh network namespace with sshd (see netns_vps.py); `nats` a PBX-side
+nats-server; `fault_stack(**options)` starts a `Stack` whose VPS is that namespace and whose
+`nats` reverse forward leads to that nats-server (remote fake daemons report heartbeats
+through a second forward and, over the veth, straight to the split-brain detector, which
+therefore sees them even while SSH is black-holed). At teardown the stacks are closed, every
+process in the namespace is killed and the namespace deleted, and the detector must have
+seen no overlap — checked here, after the body, so no test can forget it.
+
+Every test here needs root, iproute2, nft, sshd and nats-server; without them it is skipped
+(and under CI=true a skip is a failure).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from monitord.testing.stack import ExternalVps, Stack, StackOptions
+from tests.faults import monitord_process
+from tests.faults.monitord_process import MonitordRun
+from tests.faults.nats_server import NatsServer, can_run_nats, running_nats_server
+from tests.faults.netns_vps import NetnsVps, can_build_netns, running_netns_vps
+
+FaultStackFactory = Callable[..., Awaitable[Stack]]
+SpawnMonitord = Callable[..., Awaitable[MonitordRun]]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "tests/faults" in str(item.fspath):
+            item.add_marker(pytest.mark.root)
+            if not can_build_netns():
+                item.add_marker(pytest.mark.skip(reason="needs root, ip, nft and sshd"))
+            elif not can_run_nats():
+                item.add_marker(pytest.mark.skip(reason="needs nats-server"))
+
+
+@pytest.fixture
+async def netns_vps(tmp_path: Path) -> AsyncIterator[NetnsVps]:
+    async with running_netns_vps(tmp_path / "vps") as vps:
+        yield vps
+
+
+@pytest.fixture
+async def nats(tmp_path: Path) -> AsyncIterator[NatsServer]:
+    async with running_nats_server(tmp_path / "nats") as server:
+        yield server
+
+
+def external_vps(vps: NetnsVps) -> ExternalVps:
+    return ExternalVps(
+        host=vps.vps_address, port=vps.port, user=vps.user,
+        key_file=vps.client_key.private_path, known_hosts=vps.known_hosts,
+        remote_bin_dir=vps.remote_bin_dir, observer_host=vps.pbx_address,
+    )
+
+
+@pytest.fixture
+async def fault_stack(
+    tmp_path: Path, netns_vps: NetnsVps, nats: NatsServer
+) -> AsyncIterator[FaultStackFactory]:
+    stacks: list[Stack] = []
+    async with AsyncExitStack() as exits:
+
+        async def make(**options: Any) -> Stack:
+            stack = Stack(tmp_path / f"stack{len(stacks)}", StackOptions(
+                external_vps=external_vps(netns_vps), nats_target=nats.address, **options,
+            ))
+            await exits.enter_async_context(stack)
+            stacks.append(stack)
+            return stack
+
+        yield make
+        for stack in stacks:
+            overlaps = stack.detector.overlaps()
+            assert overlaps == [], "split brain: " + "; ".join(o.describe() for o in overlaps)
+
+
+@pytest.fixture
+async def spawn_monitord() -> AsyncIterator[SpawnMonitord]:
+    """Start extra `monitord run`s on a stack; each is killed and reaped at the end."""
+    runs: list[MonitordRun] = []
+
+    async def spawn(stack: Stack, **kw: Any) -> MonitordRun:
+        run = await monitord_process.spawn(stack, **kw)
+        runs.append(run)
+        return run
+
+    yield spawn
+    for run in runs:
+        if run.running():
+            with contextlib.suppress(ProcessLookupError):
+                run.process.kill()
+        await run.exit_code(timeout_s=10)

@@ -1,0 +1,317 @@
+"""A real OpenSSH "VPS" in its own network namespace, and the partitions the fault tier cuts.
+
+`running_netns_vps(tmp)` builds, for one test:
+
+- a network namespace `mtd-<hex>` with its loopback up;
+- a veth pair `mtd<hex>p` (PBX side, 10.231.N.1/30, in the root namespace) and
+  `mtd<hex>v` (VPS side, 10.231.N.2/30, inside the namespace);
+- OpenSSH `sshd -D -e -f CONFIG` started with `ip netns exec`, listening on 10.231.N.2:22,
+  root logins by a client key generated at run time, `ClientAliveInterval 0` (sshd's
+  default: a black-holed session and its forwards stay until something fences them).
+
+Everything the agent starts over SSH inherits the namespace, so processes "on the VPS" see
+only the VPS network: 127.0.0.1 there is the VPS's own loopback, and the PBX is reachable only
+through the tunnel's reverse forwards or at 10.231.N.1 over the veth. Files live in `tmp`
+(same filesystem as the PBX side; only the network is separated).
+
+Faults (`NetnsVps`): `link_down()` / `link_up()` (`ip link set … down`: both ends see the
+carrier go), `black_hole()` / `heal()` (an nft table inside the namespace drops every SSH
+packet both ways: no reset, no FIN — only keepalives can tell the peer is gone), `reboot()`
+(SIGKILL every process in the namespace, then start sshd again with the same host key).
+
+Teardown, also after a failure: SIGKILL every process in the namespace, reap sshd, delete the
+namespace (its nft table goes with it) and the PBX-side veth.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.support import ssh_keys
+
+SSHD_BINARY = Path("/usr/sbin/sshd")
+IP_BINARY = "ip"
+NFT_BINARY = "nft"
+SSH_PORT = 22
+COMMAND_TIMEOUT_S = 10.0
+START_TIMEOUT_S = 10.0
+FAULT_TABLE = "mtd_fault"
+
+
+class NetnsError(RuntimeError):
+    """A namespace, link or firewall command failed (the message carries its stderr)."""
+
+
+def can_build_netns() -> bool:
+    """Root, iproute2, nft and sshd: everything a namespace VPS needs."""
+    return (
+        os.geteuid() == 0
+        and SSHD_BINARY.exists()
+        and shutil.which(IP_BINARY) is not None
+        and shutil.which(NFT_BINARY) is not None
+    )
+
+
+def run_command(argv: Sequence[str], *, stdin: str | None = None) -> str:
+    """Run a short administrative command; its stdout, or NetnsError naming its stderr."""
+    try:
+        done = subprocess.run(
+            list(argv), input=stdin, capture_output=True, text=True,
+            timeout=COMMAND_TIMEOUT_S, check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise NetnsError(f"{' '.join(argv)}: {e}") from e
+    if done.returncode != 0:
+        raise NetnsError(f"{' '.join(argv)} -> {done.returncode}: {done.stderr.strip()}")
+    return done.stdout
+
+
+def _used_subnets() -> str:
+    return run_command([IP_BINARY, "-4", "-o", "addr", "show"])
+
+
+def _pick_subnet() -> tuple[str, str]:
+    """(PBX address, VPS address) of a /30 in 10.231.0.0/16 that no interface uses."""
+    used = _used_subnets()
+    for _ in range(100):
+        block = secrets.randbelow(16384) * 4
+        base = f"10.231.{block // 256}.{block % 256}"
+        prefix = base.rsplit(".", 1)[0] + "."
+        pbx, vps = f"{prefix}{block % 256 + 1}", f"{prefix}{block % 256 + 2}"
+        if f" {pbx}/" not in used and f" {vps}/" not in used:
+            return pbx, vps
+    raise NetnsError("no free /30 in 10.231.0.0/16")
+
+
+def _sshd_config(*, listen: str, host_key: Path, authorized: Path, pid_file: Path) -> str:
+    return "\n".join([
+        f"Port {SSH_PORT}",
+        f"ListenAddress {listen}",
+        f"HostKey {host_key}",
+        f"PidFile {pid_file}",
+        f"AuthorizedKeysFile {authorized}",
+        "PermitRootLogin prohibit-password",
+        "PubkeyAuthentication yes",
+        "PasswordAuthentication no",
+        "KbdInteractiveAuthentication no",
+        "StrictModes no",
+        "UsePAM no",
+        "AllowTcpForwarding yes",
+        "GatewayPorts no",
+        "ClientAliveInterval 0",
+        "MaxStartups 100:30:200",
+        "MaxSessions 50",
+        "LogLevel VERBOSE",
+        "PrintMotd no",
+        "Subsystem sftp internal-sftp",
+        "",
+    ])
+
+
+@dataclass
+class NetnsVps:
+    """A live namespace VPS: its addresses, the client's key and known_hosts, fault controls."""
+
+    name: str
+    pbx_dev: str
+    vps_dev: str
+    pbx_address: str
+    vps_address: str
+    root: Path
+    host_key: ssh_keys.KeyPair
+    client_key: ssh_keys.KeyPair
+    known_hosts: Path
+    config_path: Path
+    log_path: Path
+    sshd: asyncio.subprocess.Process | None = None
+    spawned: list[asyncio.subprocess.Process] = field(default_factory=list)
+    user: str = "root"
+    port: int = SSH_PORT
+
+    @property
+    def remote_bin_dir(self) -> Path:
+        return self.root / "opt"
+
+    # -- processes in the namespace ----------------------------------------------------
+
+    def netns_argv(self, argv: Sequence[str]) -> list[str]:
+        return [IP_BINARY, "netns", "exec", self.name, *argv]
+
+    async def spawn(
+        self, argv: Sequence[str], *, stdin: int | None = asyncio.subprocess.DEVNULL,
+        stdout: int | None = asyncio.subprocess.DEVNULL,
+    ) -> asyncio.subprocess.Process:
+        """Start `argv` inside the namespace (killed at teardown if still running)."""
+        process = await asyncio.create_subprocess_exec(
+            *self.netns_argv(argv), stdin=stdin, stdout=stdout,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        self.spawned.append(process)
+        return process
+
+    def pids(self) -> list[int]:
+        """Every process whose network namespace is this VPS's."""
+        try:
+            out = run_command([IP_BINARY, "netns", "pids", self.name])
+        except NetnsError:
+            return []
+        return [int(p) for p in out.split() if p.isdigit()]
+
+    async def kill_all(self) -> None:
+        """SIGKILL every process in the namespace until none is left (or NetnsError)."""
+        deadline = time.monotonic() + COMMAND_TIMEOUT_S
+        while pids := self.pids():
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            for process in [self.sshd, *self.spawned]:
+                if process is not None and process.returncode is None and process.pid in pids:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(process.wait(), 1.0)
+            if time.monotonic() > deadline:
+                raise NetnsError(f"processes outlive SIGKILL in {self.name}: {pids}")
+            await asyncio.sleep(0.05)  # poll interval of a deadline loop
+
+    # -- sshd ----------------------------------------------------------------------------
+
+    async def start_sshd(self) -> None:
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # privilege separation dir
+        with self.log_path.open("ab") as log_file:
+            self.sshd = await asyncio.create_subprocess_exec(
+                *self.netns_argv([str(SSHD_BINARY), "-D", "-e", "-f", str(self.config_path)]),
+                stdin=asyncio.subprocess.DEVNULL, stdout=log_file, stderr=log_file,
+            )
+        await self._wait_accepting()
+
+    async def _wait_accepting(self) -> None:
+        """Until an SSH banner comes back from the VPS address (through the veth)."""
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            assert self.sshd is not None
+            if self.sshd.returncode is not None:
+                raise NetnsError(f"sshd exited with {self.sshd.returncode}:\n{self.log_text()}")
+            with contextlib.suppress(OSError, TimeoutError):
+                async with asyncio.timeout(1.0):
+                    reader, writer = await asyncio.open_connection(self.vps_address, self.port)
+                    banner = await reader.readline()
+                    writer.close()
+                    if banner.startswith(b"SSH-2.0-"):
+                        return
+            if time.monotonic() > deadline:
+                raise NetnsError(f"sshd did not answer on {self.vps_address}:{self.port}")
+            await asyncio.sleep(0.05)  # poll interval of a deadline loop
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    # -- faults --------------------------------------------------------------------------
+
+    def link_down(self) -> None:
+        """Take the PBX end of the veth down: the VPS is off the network (both see it)."""
+        run_command([IP_BINARY, "link", "set", self.pbx_dev, "down"])
+
+    def link_up(self) -> None:
+        run_command([IP_BINARY, "link", "set", self.pbx_dev, "up"])
+
+    def black_hole(self) -> None:
+        """Drop every SSH packet to and from the VPS's sshd, silently, in both directions."""
+        rules = (
+            f"table inet {FAULT_TABLE} {{\n"
+            f"  chain input {{ type filter hook input priority -10; policy accept;\n"
+            f"    tcp dport {self.port} drop\n  }}\n"
+            f"  chain output {{ type filter hook output priority -10; policy accept;\n"
+            f"    tcp sport {self.port} drop\n  }}\n"
+            "}\n"
+        )
+        run_command(self.netns_argv([NFT_BINARY, "-f", "-"]), stdin=rules)
+
+    def heal(self) -> None:
+        """Remove the black hole (SSH packets flow again)."""
+        run_command(self.netns_argv([NFT_BINARY, "delete", "table", "inet", FAULT_TABLE]))
+
+    def black_holed(self) -> bool:
+        out = run_command(self.netns_argv([NFT_BINARY, "list", "tables"]))
+        return FAULT_TABLE in out
+
+    async def reboot(self) -> None:
+        """A VPS reboot: every process in the namespace dies, then sshd starts again."""
+        await self.kill_all()
+        if self.sshd is not None:
+            await asyncio.wait_for(self.sshd.wait(), COMMAND_TIMEOUT_S)
+        await self.start_sshd()
+
+
+def _build(tmp: Path) -> NetnsVps:
+    token = secrets.token_hex(3)
+    name, pbx_dev, vps_dev = f"mtd-{token}", f"mtd{token}p", f"mtd{token}v"
+    tmp.mkdir(parents=True, exist_ok=True)
+    host_key = ssh_keys.generate(tmp / "ssh_host_ed25519_key", comment="vps-host")
+    client_key = ssh_keys.generate(tmp / "client" / "id_ed25519", comment="pbx-client")
+    authorized = tmp / "authorized_keys"
+    authorized.write_text(client_key.public_line + "\n")
+    pbx_address, vps_address = _pick_subnet()
+    config_path = tmp / "sshd_config"
+    config_path.write_text(_sshd_config(
+        listen=vps_address, host_key=host_key.private_path, authorized=authorized,
+        pid_file=tmp / "sshd.pid",
+    ))
+    known_hosts = tmp / "known_hosts"
+    known_hosts.write_text(ssh_keys.known_hosts_line(
+        host=vps_address, port=SSH_PORT, host_public_line=host_key.public_line
+    ))
+    return NetnsVps(
+        name=name, pbx_dev=pbx_dev, vps_dev=vps_dev, pbx_address=pbx_address,
+        vps_address=vps_address, root=tmp, host_key=host_key, client_key=client_key,
+        known_hosts=known_hosts, config_path=config_path, log_path=tmp / "sshd.log",
+    )
+
+
+def _create_network(vps: NetnsVps) -> None:
+    ns = vps.netns_argv
+    run_command([IP_BINARY, "netns", "add", vps.name])
+    run_command(ns([IP_BINARY, "link", "set", "lo", "up"]))
+    run_command([IP_BINARY, "link", "add", vps.pbx_dev, "type", "veth", "peer", "name",
+                 vps.vps_dev])
+    run_command([IP_BINARY, "link", "set", vps.vps_dev, "netns", vps.name])
+    run_command([IP_BINARY, "addr", "add", f"{vps.pbx_address}/30", "dev", vps.pbx_dev])
+    run_command([IP_BINARY, "link", "set", vps.pbx_dev, "up"])
+    run_command(ns([IP_BINARY, "addr", "add", f"{vps.vps_address}/30", "dev", vps.vps_dev]))
+    run_command(ns([IP_BINARY, "link", "set", vps.vps_dev, "up"]))
+
+
+def _delete_network(vps: NetnsVps) -> None:
+    with contextlib.suppress(NetnsError):
+        run_command([IP_BINARY, "netns", "delete", vps.name])
+    # Deleting the namespace destroys the pair, asynchronously; make sure it is gone.
+    with contextlib.suppress(NetnsError):
+        run_command([IP_BINARY, "link", "delete", vps.pbx_dev])
+
+
+@contextlib.asynccontextmanager
+async def running_netns_vps(tmp: Path) -> AsyncIterator[NetnsVps]:
+    """Build the namespace, veth and sshd; always tear all of it down on exit."""
+    vps = _build(tmp)
+    try:
+        _create_network(vps)
+        await vps.start_sshd()
+        yield vps
+    finally:
+        try:
+            await vps.kill_all()
+            for process in [vps.sshd, *vps.spawned]:
+                if process is not None and process.returncode is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        process.kill()
+                    await asyncio.wait_for(process.wait(), COMMAND_TIMEOUT_S)
+        finally:
+            _delete_network(vps)
