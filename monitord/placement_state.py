@@ -23,6 +23,7 @@ from pathlib import Path
 from monitord import spool_files
 from monitord.store import Store
 from orchestrator import rules
+from orchestrator.errors import ErrorCode, error_for
 from orchestrator.models import Area, Phase, Side, Transaction
 
 Listener = Callable[[], None]
@@ -40,6 +41,10 @@ class PlacementState:
         self.last_finished: dict[str, Transaction] = {}  # newest final record per area
         self._listeners: list[Listener] = []
         self.changed = asyncio.Event()
+        # custom_config.json is read-changed-written by commits and re-read by the
+        # reconciler, each in a worker thread: one at a time, or a commit can be lost on
+        # disk or undone in memory (and the supervisor would start a migrated area again).
+        self._file_lock = asyncio.Lock()
 
     # -- loading ---------------------------------------------------------------------------
 
@@ -60,13 +65,18 @@ class PlacementState:
         A corrupt file changes nothing in memory: what runs keeps running, and placement
         changes are refused until the file is fixed (CONFIG_CORRUPT).
         """
-        try:
-            document = await asyncio.to_thread(
-                spool_files.read_custom_config, self.custom_config_path
-            )
-        except spool_files.ConfigCorrupt as e:
-            self.corrupt = e
-            return False
+        async with self._file_lock:
+            try:
+                document = await asyncio.to_thread(
+                    spool_files.read_custom_config, self.custom_config_path
+                )
+            except spool_files.ConfigCorrupt as e:
+                self.corrupt = e
+                return False
+            self._apply_committed(document)
+        return True
+
+    def _apply_committed(self, document: spool_files.CustomConfig) -> None:
         self.corrupt = None
         committed = {
             e.uuid: Area(uuid=e.uuid, service=e.service, location=Side(e.location),
@@ -76,7 +86,6 @@ class PlacementState:
         if committed != self.committed:
             self.committed = committed
             self.notify()
-        return True
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -120,18 +129,23 @@ class PlacementState:
 
     async def commit(self, *, area: str, location: Side, generation: int) -> None:
         """The commit point of a migration: custom_config.json, atomically (SPEC §5.3)."""
-        await asyncio.to_thread(
-            spool_files.update_area_placement,
-            self.custom_config_path,
-            uuid=area,
-            location=location.value,
-            generation=generation,
-        )
-        old = self.committed[area]
-        self.committed[area] = old.model_copy(
-            update={"location": location, "generation": generation}
-        )
-        self.notify()
+        async with self._file_lock:
+            try:
+                document = await asyncio.to_thread(
+                    spool_files.update_area_placement,
+                    self.custom_config_path,
+                    uuid=area,
+                    location=location.value,
+                    generation=generation,
+                )
+            except spool_files.ConfigCorrupt as e:
+                self.corrupt = e
+                raise error_for(ErrorCode.CONFIG_CORRUPT, str(e)) from e
+            except KeyError as e:
+                raise error_for(
+                    ErrorCode.UNKNOWN_AREA, f"area {area} is no longer in custom_config.json"
+                ) from e
+            self._apply_committed(document)
 
     async def record_desired(self, *, service: str, area: str | None, location: Side) -> None:
         await self.store.set_desired_placement(
