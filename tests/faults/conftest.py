@@ -16,6 +16,7 @@ Every test here needs root, iproute2, nft, sshd and nats-server; without them it
 from __future__ import annotations
 
 import contextlib
+import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -64,9 +65,34 @@ def external_vps(vps: NetnsVps) -> ExternalVps:
 
 
 @pytest.fixture
+async def spawn_monitord() -> AsyncIterator[SpawnMonitord]:
+    """Extra `monitord run`s on a stack; each is stopped (SIGTERM, then SIGKILL) and reaped."""
+    runs: list[MonitordRun] = []
+
+    async def spawn(stack: Stack, **kw: Any) -> MonitordRun:
+        run = await monitord_process.spawn(stack, **kw)
+        runs.append(run)
+        return run
+
+    yield spawn
+    for run in runs:  # an adopted run still going is stopped as the stack would stop it
+        if run.running():
+            with contextlib.suppress(ProcessLookupError):
+                run.process.send_signal(signal.SIGTERM)
+            with contextlib.suppress(TimeoutError):
+                await run.exit_code(timeout_s=20)
+        if run.running():
+            with contextlib.suppress(ProcessLookupError):
+                run.process.kill()
+        await run.exit_code(timeout_s=10)
+
+
+@pytest.fixture
 async def fault_stack(
-    tmp_path: Path, netns_vps: NetnsVps, nats: NatsServer
+    tmp_path: Path, netns_vps: NetnsVps, nats: NatsServer, spawn_monitord: SpawnMonitord
 ) -> AsyncIterator[FaultStackFactory]:
+    # Requesting spawn_monitord makes it set up first and torn down last: a run a test
+    # adopted is stopped gently by its stack, before the spawner's SIGTERM/SIGKILL sweep.
     stacks: list[Stack] = []
     async with AsyncExitStack() as exits:
 
@@ -82,21 +108,3 @@ async def fault_stack(
         for stack in stacks:
             overlaps = stack.detector.overlaps()
             assert overlaps == [], "split brain: " + "; ".join(o.describe() for o in overlaps)
-
-
-@pytest.fixture
-async def spawn_monitord() -> AsyncIterator[SpawnMonitord]:
-    """Start extra `monitord run`s on a stack; each is killed and reaped at the end."""
-    runs: list[MonitordRun] = []
-
-    async def spawn(stack: Stack, **kw: Any) -> MonitordRun:
-        run = await monitord_process.spawn(stack, **kw)
-        runs.append(run)
-        return run
-
-    yield spawn
-    for run in runs:
-        if run.running():
-            with contextlib.suppress(ProcessLookupError):
-                run.process.kill()
-        await run.exit_code(timeout_s=10)
