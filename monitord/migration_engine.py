@@ -362,14 +362,17 @@ class MigrationEngine:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _outcome_for_error(self, txn: Transaction, error: MonitordError) -> Outcome:
-        allowed = phases.allowed(txn)
-        if error.code in UNREACHABLE_CODES and Outcome.UNREACHABLE in allowed:
-            return Outcome.UNREACHABLE
         if txn.phase is Phase.PREFLIGHT:
-            return rules.failure_outcome(
+            # Every failed preflight counts towards parking, an unreachable VPS included.
+            outcome = rules.failure_outcome(
                 consecutive_failures=self._failures[txn.service] + 1,
                 park_after_failures=self.park_after_failures,
             )
+            if outcome is Outcome.PARK:
+                return outcome
+        allowed = phases.allowed(txn)
+        if error.code in UNREACHABLE_CODES and Outcome.UNREACHABLE in allowed:
+            return Outcome.UNREACHABLE
         return Outcome.FAILED
 
     # -- advancing ------------------------------------------------------------------------
@@ -410,26 +413,31 @@ class MigrationEngine:
             )
         ctx = self._ctx(txn, error=error, new_generation=new_generation, lease=lease)
         new = phases.advance(txn, outcome, ctx)
+        ended = not new.is_active or new.phase is Phase.PARKED
+        if ended:
+            self._count_end(new)  # before saving: the projection written on save shows it
         await self.state.save(new)
         await self._event("transaction_phase", new, outcome=outcome.value,
                           previous=txn.phase.value)
         if new.phase is not txn.phase:
             await crash_points.reached(new.phase.value, direction=new.direction.value,
                                        area=new.area)
-        if not new.is_active or new.phase is Phase.PARKED:
+        if ended:
             self._finished(new)
         return new
 
-    def _finished(self, txn: Transaction) -> None:
-        failed = txn.phase is not Phase.DONE and txn.last_error_code is not None
+    def _count_end(self, txn: Transaction) -> None:
+        """Consecutive failures per service, and the back-off before this area tries again."""
         if txn.phase is Phase.DONE:
             self._failures[txn.service] = 0
             self.last_errors.pop(txn.service, None)
-        elif failed:
+        elif txn.last_error_code is not None:
             self._failures[txn.service] += 1
             count = self._failures[txn.service]
             delay = min(self.retry_backoff_cap_s, self.retry_backoff_base_s * 2 ** (count - 1))
             self._not_before[txn.area] = self._clock() + delay
+
+    def _finished(self, txn: Transaction) -> None:
         if txn.phase is Phase.ROLLED_BACK or (
             txn.phase is Phase.PARKED and txn.rollback_from is not None
         ):

@@ -144,8 +144,7 @@ class PhaseActions:
                 )
                 return Outcome.OK
             case phases.WaitLeaseExpiry(until=until):
-                await asyncio.sleep(max(0.0, until - self._clock()))
-                return Outcome.LEASE_EXPIRED
+                return await self.wait_lease_or_absence(txn, until=until)
             case phases.RestartSource(side=side, generation=generation):
                 await self.restart_source(txn, side=side, generation=generation)
                 return Outcome.OK
@@ -252,6 +251,26 @@ class PhaseActions:
                 ErrorCode.DAEMON_STOP_FAILED,
                 f"{area} still present on the VPS at generation {generation}",
             )
+
+    async def wait_lease_or_absence(self, txn: Transaction, *, until: float) -> Outcome:
+        """Wait out the destination's lease — unless the VPS comes back first and shows the
+        destination gone at its generation (no process, no entry): that is FENCED.
+
+        Verified absence is the same proof the cleanup worker completes items on; it ends a
+        rollback early when the link returns, instead of after the (possibly long) bound.
+        """
+        while (remaining := until - self._clock()) > 0:
+            if self.remote is not None and self.remote.connected():
+                try:
+                    await self._verify_remote_gone(
+                        txn.area, generation=txn.generation, entry_gone=True
+                    )
+                except MonitordError:
+                    pass  # still there, or not observable now: keep waiting
+                else:
+                    return Outcome.FENCED
+            await asyncio.sleep(min(remaining, 1.0))
+        return Outcome.LEASE_EXPIRED
 
     # -- COPY -----------------------------------------------------------------------------
 
