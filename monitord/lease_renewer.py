@@ -17,7 +17,9 @@ reach the agent later — but only over the SSH connection that carried it. Such
 that connection lives, the lease counts as renewed "now"; once the epoch changes or the
 tunnel is down, no late delivery is possible and the bound counts from the moment that was
 observed. A grant that provably never left (the forward refused the connection) changes
-nothing.
+nothing. An uncertainty that outlives one lease TTL on a live connection (an agent that
+hangs without dropping the link) is ended on purpose: `recycle` closes that connection, the
+keeper reconnects, and the bound starts counting.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import structlog
 
@@ -52,8 +54,10 @@ class LeaseRenewer:
         policy: LeasePolicy,
         tunnel_connected: Callable[[], bool],
         connection_epoch: Callable[[], int],
+        recycle: Callable[[], Awaitable[None]] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self._recycle = recycle
         self._state = state
         self._agent = agent
         self.owner_id = owner_id
@@ -64,6 +68,7 @@ class LeaseRenewer:
         self.started_at = clock()
         self._acks: dict[Key, float] = {}
         self._uncertain: dict[Key, int] = {}  # grant -> epoch of the connection carrying it
+        self._uncertain_since: dict[Key, float] = {}
         self._wake = asyncio.Event()
         self.rejected: dict[str, str] = {}  # area -> the agent's reason, for the status
         self.last_error: MonitordError | None = None
@@ -101,6 +106,7 @@ class LeaseRenewer:
         key = (area, generation)
         self._acks[key] = self._clock() if at is None else at
         self._uncertain.pop(key, None)
+        self._uncertain_since.pop(key, None)
 
     def grant_failed(self, area: str, generation: int, *, epoch: int, error: MonitordError) -> None:
         """A grant sent over connection `epoch` got no answer (see the module doc)."""
@@ -111,6 +117,7 @@ class LeaseRenewer:
             self._acks[key] = self._clock()  # its connection is gone: nothing arrives later
         else:
             self._uncertain[key] = epoch
+            self._uncertain_since.setdefault(key, self._clock())
 
     def tunnel_down(self) -> None:
         """The SSH connection is gone: uncertain grants can no longer arrive."""
@@ -125,6 +132,7 @@ class LeaseRenewer:
             if epoch != current or not connected:
                 self._acks[key] = now
                 del self._uncertain[key]
+                self._uncertain_since.pop(key, None)
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -136,9 +144,20 @@ class LeaseRenewer:
         while True:
             self._wake.clear()
             await self.renew_once()
+            await self._end_long_uncertainty()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(interval):
                     await self._wake.wait()
+
+    async def _end_long_uncertainty(self) -> None:
+        self._resolve()
+        oldest = min(self._uncertain_since.values(), default=None)
+        if self._recycle is None or oldest is None:
+            return
+        if self._clock() - oldest >= self.policy.ttl_s:
+            log.warning("grant_uncertain_recycling_tunnel", grants=len(self._uncertain),
+                        waited_s=round(self._clock() - oldest, 1))
+            await self._recycle()
 
     async def renew_once(self) -> None:
         agent = self._agent()

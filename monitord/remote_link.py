@@ -48,6 +48,14 @@ class RemoteLink:
         async with self.session() as conn:
             await provisioning.launch_agent(conn, remote=self.remote, timeout_s=30.0)
 
+    async def recycle(self) -> None:
+        """Close the live SSH connection; the keeper reconnects. Ends every uncertainty
+        about requests still in flight on it (nothing can arrive over a closed connection)."""
+        if not self.connected():
+            return
+        async with self.session() as conn:
+            conn.close()
+
     def tunnel_owner(self) -> tuple[bool, str, str]:
         """(ours, owner_id, owner_label) of the tunnel lease as last seen."""
         status = self.keeper.status()

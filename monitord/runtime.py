@@ -112,6 +112,7 @@ class Orchestration:
                 policy=self.policy,
                 tunnel_connected=lambda: bool(self.link and self.link.connected()),
                 connection_epoch=lambda: keeper.status().reconnects,
+                recycle=self._recycle_tunnel,
             )
             keeper.add_listener(self._tunnel_changed)
         self.actions = PhaseActions(
@@ -205,6 +206,10 @@ class Orchestration:
             artifacts=self.link.artifacts,
             secret=self.link.secret,
         )
+
+    async def _recycle_tunnel(self) -> None:
+        if self.link is not None:
+            await self.link.recycle()
 
     async def _after_connect(self, conn: asyncssh.SSHClientConnection) -> None:
         self.metrics.tunnel_reconnects.inc()

@@ -1,0 +1,91 @@
+"""The lease bound a rollback waits for never trusts a grant that may still arrive."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from monitord.agent_client import AgentUnreachable
+from monitord.lease_renewer import LeaseRenewer
+from monitord.placement_state import PlacementState
+from monitord.store import Store
+from orchestrator import area_leases
+from orchestrator.area_leases import LeasePolicy
+
+POLICY = LeasePolicy(ttl_s=10.0, clock_margin=0.1, safety_margin_s=2.0)
+
+
+class World:
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.epoch = 1
+        self.connected = True
+        self.recycled = 0
+
+    async def recycle(self) -> None:
+        self.recycled += 1
+        self.epoch += 1
+
+
+@pytest.fixture
+async def renewer(tmp_path: Path):  # type: ignore[no-untyped-def]
+    world = World()
+    async with await Store.open(tmp_path) as store:
+        state = PlacementState(store=store, custom_config_path=tmp_path / "custom_config.json")
+        yield world, LeaseRenewer(
+            state=state, agent=lambda: None, owner_id="me", policy=POLICY,
+            tunnel_connected=lambda: world.connected, connection_epoch=lambda: world.epoch,
+            recycle=world.recycle, clock=lambda: world.now,
+        )
+
+
+def _deadline(renewer: LeaseRenewer) -> float:
+    return area_leases.expired_at(renewer.lease_for("a", 3), policy=POLICY)
+
+
+class TestUncertainGrants:
+    """A grant with a lost answer keeps the deadline open until its connection is gone."""
+
+    async def test_a_refused_grant_changes_nothing(self, renewer) -> None:  # type: ignore[no-untyped-def]
+        world, r = renewer
+        r.acknowledge("a", 3)
+        before = _deadline(r)
+        world.now += 5
+        r.grant_failed("a", 3, epoch=world.epoch,
+                       error=AgentUnreachable("refused", maybe_delivered=False))
+        assert _deadline(r) == before
+
+    async def test_a_lost_answer_moves_the_deadline_until_the_connection_changes(
+        self, renewer  # type: ignore[no-untyped-def]
+    ) -> None:
+        world, r = renewer
+        r.acknowledge("a", 3)
+        r.grant_failed("a", 3, epoch=world.epoch,
+                       error=AgentUnreachable("reset", maybe_delivered=True))
+        world.now += 50
+        assert _deadline(r) == world.now + 10 * 1.1 + 2  # may have arrived just now
+        world.epoch += 1  # the keeper reconnected: the old connection is gone
+        world.now += 1
+        fixed = _deadline(r)
+        world.now += 30
+        assert _deadline(r) == fixed == 151 + 13
+
+    async def test_a_grant_failing_with_the_tunnel_down_counts_from_now(self, renewer) -> None:  # type: ignore[no-untyped-def]
+        world, r = renewer
+        world.connected = False
+        r.grant_failed("a", 3, epoch=world.epoch,
+                       error=AgentUnreachable("reset", maybe_delivered=True))
+        assert _deadline(r) == 100 + 13
+
+    async def test_an_uncertainty_older_than_a_ttl_recycles_the_connection(self, renewer) -> None:  # type: ignore[no-untyped-def]
+        world, r = renewer
+        r.grant_failed("a", 3, epoch=world.epoch,
+                       error=AgentUnreachable("timeout", maybe_delivered=True))
+        world.now += 5
+        await r._end_long_uncertainty()
+        assert world.recycled == 0
+        world.now += 6
+        await r._end_long_uncertainty()
+        assert world.recycled == 1
+        assert _deadline(r) == world.now + 13  # resolved by the epoch change, from now on
