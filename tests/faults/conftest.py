@@ -18,17 +18,17 @@ from __future__ import annotations
 import contextlib
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from monitord.testing.stack import ExternalVps, Stack, StackOptions
+from monitord.testing.stack import ExternalVps, Stack
 from tests.faults import monitord_process
 from tests.faults.monitord_process import MonitordRun
 from tests.faults.nats_server import NatsServer, can_run_nats, running_nats_server
 from tests.faults.netns_vps import NetnsVps, can_build_netns, running_netns_vps
+from tests.support import stacks
 
 FaultStackFactory = Callable[..., Awaitable[Stack]]
 SpawnMonitord = Callable[..., Awaitable[MonitordRun]]
@@ -93,18 +93,7 @@ async def fault_stack(
 ) -> AsyncIterator[FaultStackFactory]:
     # Requesting spawn_monitord makes it set up first and torn down last: a run a test
     # adopted is stopped gently by its stack, before the spawner's SIGTERM/SIGKILL sweep.
-    stacks: list[Stack] = []
-    async with AsyncExitStack() as exits:
-
-        async def make(**options: Any) -> Stack:
-            stack = Stack(tmp_path / f"stack{len(stacks)}", StackOptions(
-                external_vps=external_vps(netns_vps), nats_target=nats.address, **options,
-            ))
-            await exits.enter_async_context(stack)
-            stacks.append(stack)
-            return stack
-
+    async with stacks.stack_factory(
+        tmp_path, external_vps=external_vps(netns_vps), nats_target=nats.address
+    ) as make:
         yield make
-        for stack in stacks:
-            overlaps = stack.detector.overlaps()
-            assert overlaps == [], "split brain: " + "; ".join(o.describe() for o in overlaps)

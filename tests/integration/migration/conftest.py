@@ -9,33 +9,22 @@ test can forget it.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from monitord.testing.stack import Stack, StackOptions
+from monitord.testing.stack import Stack
+from tests.support import stacks
+from tests.support.stacks import StackFactory
 
-StackFactory = Callable[..., Awaitable[Stack]]
+__all__ = ["StackFactory", "settle_remote", "stack_factory"]
 
 
 @pytest.fixture
 async def stack_factory(tmp_path: Path) -> AsyncIterator[StackFactory]:
-    stacks: list[Stack] = []
-    async with AsyncExitStack() as exits:
-
-        async def make(**options: Any) -> Stack:
-            stack = Stack(tmp_path / f"stack{len(stacks)}", StackOptions(**options))
-            await exits.enter_async_context(stack)
-            stacks.append(stack)
-            return stack
-
+    async with stacks.stack_factory(tmp_path) as make:
         yield make
-        for stack in stacks:
-            overlaps = stack.detector.overlaps()
-            assert overlaps == [], "split brain: " + "; ".join(o.describe() for o in overlaps)
 
 
 async def settle_remote(stack: Stack, service: str = "tg") -> None:

@@ -13,17 +13,15 @@ import asyncio
 import os
 import shutil
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from monitord.testing.stack import Stack, StackOptions
+from tests.support import stacks
+from tests.support.stacks import StackFactory
 
-StackFactory = Callable[..., Awaitable[Stack]]
 CLI_TIMEOUT_S = 90.0
 BROWSER_TIMEOUT_S = 60.0
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -31,19 +29,8 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 @pytest.fixture
 async def stack_factory(tmp_path: Path) -> AsyncIterator[StackFactory]:
-    stacks: list[Stack] = []
-    async with AsyncExitStack() as exits:
-
-        async def make(**options: Any) -> Stack:
-            stack = Stack(tmp_path / f"stack{len(stacks)}", StackOptions(**options))
-            await exits.enter_async_context(stack)
-            stacks.append(stack)
-            return stack
-
+    async with stacks.stack_factory(tmp_path) as make:
         yield make
-        for stack in stacks:
-            overlaps = stack.detector.overlaps()
-            assert overlaps == [], "split brain: " + "; ".join(o.describe() for o in overlaps)
 
 
 @dataclass(frozen=True)
