@@ -298,6 +298,7 @@ class Daemon:
                 work_dir=str(work_dir),
                 lock_file=str(e.lock_path),
             )
+            singleton.record_refused_start(work_dir)
             return EXIT_DUPLICATE
         except OSError as e:
             self.log.error(

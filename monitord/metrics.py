@@ -6,21 +6,40 @@ one process never share counters. Components receive it and update it; nothing r
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
+class _RefusedStarts(Collector):
+    """monitord_duplicate_instances_total: starts the instance lock refused, read at scrape
+    time from the file the refused processes append to (they cannot reach our memory)."""
+
+    def __init__(self, count: Callable[[], int]) -> None:
+        self._count = count
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily(
+            "monitord_duplicate_instances",
+            "Second instances refused by the singleton lock of this work_dir",
+            value=self._count(),
+        )
+
+
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, *, work_dir: Path | None = None) -> None:
+        from monitord import singleton
+
         self.registry = CollectorRegistry()
         r = self.registry
-        self.duplicate_instances = Counter(
-            "monitord_duplicate_instances",
-            "Second instances refused by the singleton lock (seen by the lock holder's peers)",
-            registry=r,
-        )
+        where = work_dir
+        r.register(_RefusedStarts(lambda: singleton.refused_starts(where) if where else 0))
         self.tunnel_lease_conflicts = Counter(
             "monitord_tunnel_lease_conflicts", "Tunnel lease held by another owner", registry=r
         )

@@ -76,7 +76,7 @@ class Orchestration:
         self.ctx = ctx
         self.config = config
         work_dir = config.monitord.work_dir
-        self.metrics = Metrics()
+        self.metrics = Metrics(work_dir=work_dir)
         self.owner_id = owner_id.load_or_create(work_dir)
         self.state = PlacementState(store=ctx.store, custom_config_path=ctx.custom_config_path)
         self.supervisor = LocalSupervisor(state_dir=work_dir / "supervisor")

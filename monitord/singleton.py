@@ -161,3 +161,32 @@ def is_held(directory: Path, *, name: str = DEFAULT_NAME) -> bool:
     portalocker.unlock(handle)
     handle.close()
     return False
+
+
+REFUSED_STARTS_FILE = "refused_starts"
+
+
+def record_refused_start(directory: Path) -> None:
+    """Count a start refused by the lock, for the holder's metrics (one line per refusal).
+
+    The refused process cannot reach the holder's memory; an append-only file in the same
+    directory can (O_APPEND writes of one short line do not interleave). Best effort.
+    """
+    line = f"{time.time():.3f} {os.getpid()}\n".encode()
+    try:
+        fd = os.open(directory / REFUSED_STARTS_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except OSError:
+        return
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def refused_starts(directory: Path) -> int:
+    """How many starts the lock of `directory` has refused (see record_refused_start)."""
+    try:
+        with open(directory / REFUSED_STARTS_FILE, "rb") as f:
+            return sum(1 for _ in f)
+    except OSError:
+        return 0
