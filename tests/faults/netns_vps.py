@@ -37,7 +37,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.support import ssh_keys
+from tests.support import ssh_keys, sshd
 
 SSHD_BINARY = Path("/usr/sbin/sshd")
 IP_BINARY = "ip"
@@ -91,31 +91,6 @@ def _pick_subnet() -> tuple[str, str]:
         if f" {pbx}/" not in used and f" {vps}/" not in used:
             return pbx, vps
     raise NetnsError("no free /30 in 10.231.0.0/16")
-
-
-def _sshd_config(*, listen: str, host_key: Path, authorized: Path, pid_file: Path) -> str:
-    return "\n".join([
-        f"Port {SSH_PORT}",
-        f"ListenAddress {listen}",
-        f"HostKey {host_key}",
-        f"PidFile {pid_file}",
-        f"AuthorizedKeysFile {authorized}",
-        "PermitRootLogin prohibit-password",
-        "PubkeyAuthentication yes",
-        "PasswordAuthentication no",
-        "KbdInteractiveAuthentication no",
-        "StrictModes no",
-        "UsePAM no",
-        "AllowTcpForwarding yes",
-        "GatewayPorts no",
-        "ClientAliveInterval 0",
-        "MaxStartups 100:30:200",
-        "MaxSessions 50",
-        "LogLevel VERBOSE",
-        "PrintMotd no",
-        "Subsystem sftp internal-sftp",
-        "",
-    ])
 
 
 @dataclass
@@ -261,9 +236,9 @@ def _build(tmp: Path) -> NetnsVps:
     authorized.write_text(client_key.public_line + "\n")
     pbx_address, vps_address = _pick_subnet()
     config_path = tmp / "sshd_config"
-    config_path.write_text(_sshd_config(
-        listen=vps_address, host_key=host_key.private_path, authorized=authorized,
-        pid_file=tmp / "sshd.pid",
+    config_path.write_text(sshd.config_text(
+        port=SSH_PORT, listen=vps_address, host_key=host_key.private_path,
+        authorized=authorized, pid_file=tmp / "sshd.pid",
     ))
     known_hosts = tmp / "known_hosts"
     known_hosts.write_text(ssh_keys.known_hosts_line(

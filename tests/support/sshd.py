@@ -140,11 +140,14 @@ def _peer_ports_of(pid: int, local_port: int) -> list[int]:
     return ports
 
 
-def _config_text(*, port: int, tmp: Path, host_key: Path, authorized: Path, pid_file: Path) -> str:
+def config_text(
+    *, port: int, host_key: Path, authorized: Path, pid_file: Path, listen: str = "127.0.0.1"
+) -> str:
+    """The sshd_config of every test VPS: root by key only, forwarding on, no keepalive."""
     return "\n".join(
         [
             f"Port {port}",
-            "ListenAddress 127.0.0.1",
+            f"ListenAddress {listen}",
             f"HostKey {host_key}",
             f"PidFile {pid_file}",
             f"AuthorizedKeysFile {authorized}",
@@ -205,8 +208,8 @@ def _prepare_files(tmp: Path, *, host_key: ssh_keys.KeyPair | None) -> _Files:
     port = free_port()
     config_path = tmp / "sshd_config"
     config_path.write_text(
-        _config_text(
-            port=port, tmp=tmp, host_key=host_key.private_path, authorized=authorized,
+        config_text(
+            port=port, host_key=host_key.private_path, authorized=authorized,
             pid_file=tmp / "sshd.pid",
         )
     )
