@@ -6,6 +6,11 @@ event when another agent holds it), adopts or stops what a previous agent left, 
 the manager API. Once listening it writes the bound address to `{dir}/agent.address`, so a
 `--listen` with port 0 is usable by tests. SIGTERM/SIGINT stop it; its daemons stay under
 their lease guards. Called through monitord.cli; provisioning runs `agent-launch` over SSH.
+
+Upgrades: a running agent records which code it runs in `{dir}/agent.version` (the SHA-256
+of the monitord.pyz it was started from). `agent-launch` from a different artifact (a new
+version was pushed) stops the old agent with SIGTERM — its daemons stay under their lease
+guards — and starts the new one, which adopts them; from the same artifact it does nothing.
 """
 
 from __future__ import annotations
@@ -21,7 +26,22 @@ EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_DUPLICATE = 3
 ADDRESS_NAME = "agent.address"
+VERSION_NAME = "agent.version"
 LOCK_NAME = "agent"
+STOP_OLD_AGENT_S = 15.0
+
+
+def code_version() -> str:
+    """Which code this process runs: `sha256:<hex>` of its monitord.pyz, or `dev:<dir>` when
+    it runs from an installed tree (then every launcher of that tree counts as the same)."""
+    import hashlib
+
+    from monitord.agent.area_runner import package_root
+
+    root = Path(package_root())
+    if not root.is_file():
+        return f"dev:{root}"
+    return "sha256:" + hashlib.sha256(root.read_bytes()).hexdigest()
 
 
 def _common_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,6 +56,8 @@ def _common_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
     _common_arguments(parser)
+    # Set by agent-launch: the version it compares against is the one the agent records.
+    parser.add_argument("--code-version", default=None, help=argparse.SUPPRESS)
 
 
 def add_agent_launch_arguments(parser: argparse.ArgumentParser) -> None:
@@ -61,6 +83,10 @@ def main_agent(args: argparse.Namespace) -> int:
                   holder_pid=e.holder_pid, dir=str(base_dir))
         return EXIT_DUPLICATE
     with lock:
+        from monitord import spool_files
+
+        version = args.code_version or code_version()
+        spool_files.atomic_write_bytes(base_dir / VERSION_NAME, (version + "\n").encode())
         try:
             return asyncio.run(_serve(args, base_dir=base_dir))
         except OSError as e:
@@ -140,6 +166,39 @@ def _ready(base_dir: Path) -> bool:
         return False
 
 
+def _running_version(base_dir: Path) -> str:
+    try:
+        return (base_dir / VERSION_NAME).read_text().strip()
+    except OSError:
+        return "unknown"
+
+
+def _stop_old_agent(base_dir: Path) -> bool:
+    """SIGTERM the agent holding `base_dir` (verified by its command line), wait for the lock."""
+    import signal
+
+    from monitord import singleton
+
+    pid = singleton.read_holder_pid(base_dir / f"{LOCK_NAME}.pid")
+    if pid is not None:
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            cmdline = []
+        # Only a process that is an agent of this very dir; a reused PID is left alone.
+        if b"agent" in cmdline and str(base_dir).encode() in cmdline:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + STOP_OLD_AGENT_S
+    while singleton.is_held(base_dir, name=LOCK_NAME):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)  # poll interval of a bounded wait for another process's lock
+    return True
+
+
 def main_agent_launch(args: argparse.Namespace) -> int:
     import structlog
 
@@ -150,14 +209,23 @@ def main_agent_launch(args: argparse.Namespace) -> int:
     log = structlog.get_logger("monitord.agent")
     base_dir: Path = args.dir.resolve()
     base_dir.mkdir(parents=True, exist_ok=True)
+    wanted = code_version()
     if singleton.is_held(base_dir, name=LOCK_NAME):
-        return EXIT_OK
+        running = _running_version(base_dir)
+        if running == wanted:
+            return EXIT_OK
+        log.info("agent_upgrading", dir=str(base_dir), running=running, new=wanted)
+        if not _stop_old_agent(base_dir):
+            log.error("agent_upgrade_failed", error_code="DAEMON_STOP_FAILED", dir=str(base_dir),
+                      detail="the running agent did not release its lock")
+            return EXIT_FAILURE
     (base_dir / "logs").mkdir(exist_ok=True)
     env = {**os.environ}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root(), env.get("PYTHONPATH")) if p)
     argv = [sys.executable, "-m", "monitord", "agent", "--dir", str(base_dir),
             "--listen", args.listen, "--stop-grace", str(args.stop_grace),
-            "--fence-grace", str(args.fence_grace), "--log-format", "json"]
+            "--fence-grace", str(args.fence_grace), "--log-format", "json",
+            "--code-version", wanted]
     with open(base_dir / "logs" / "agent.log", "ab") as out:
         child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
                                  env=env, start_new_session=True, close_fds=True)
