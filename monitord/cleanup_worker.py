@@ -62,6 +62,7 @@ class CleanupWorker:
         self._wake = asyncio.Event()
         self.stuck = 0
         self.backlog = 0
+        self.backlog_by_service: dict[str, int] = {}
         self.passes = 0
 
     def wake(self) -> None:
@@ -96,12 +97,12 @@ class CleanupWorker:
     async def _publish(self) -> None:
         self.backlog = await self.store.cleanup_backlog()
         self.metrics.cleanup_backlog.set(self.backlog)
-        items = await self.store.list_cleanup(limit=1000)
-        self.stuck = sum(
-            1
-            for item in items
-            if cleanup_policy.is_stuck(CleanupItem.from_storage(item), policy=self.policy)
-        )
+        items = [CleanupItem.from_storage(i) for i in await self.store.list_cleanup(limit=1000)]
+        self.stuck = sum(1 for item in items if cleanup_policy.is_stuck(item, policy=self.policy))
+        by_service: dict[str, int] = {}
+        for item in items:
+            by_service[item.service] = by_service.get(item.service, 0) + 1
+        self.backlog_by_service = by_service
         self.metrics.cleanup_stuck.set(self.stuck)
 
     async def _remote_inventory(self, items: list[CleanupItem]) -> RemoteInventory | None:

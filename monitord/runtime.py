@@ -41,7 +41,7 @@ from monitord.placement_state import PlacementState
 from monitord.reconciler import Reconciler
 from monitord.remote_link import RemoteLink
 from monitord.supervisor import LocalSupervisor
-from monitord.tunnel.keeper import TunnelKeeper, TunnelStatus
+from monitord.tunnel.keeper import TunnelKeeper, TunnelState, TunnelStatus
 from orchestrator import status as status_rules
 from orchestrator.area_leases import LeasePolicy
 from orchestrator.models import Transaction
@@ -158,6 +158,7 @@ class Orchestration:
         self.placement_intake = self.engine
         self._projection: dict[str, Any] | None = None
         self._was_connected = False
+        self._last_state: TunnelState | None = None
         ctx.extras["orchestration"] = self
 
     def routes(self) -> list[web.RouteDef]:
@@ -223,10 +224,11 @@ class Orchestration:
         self.metrics.tunnel_up.set(1 if status.connected else 0)
         if self._was_connected and not status.connected and self.renewer is not None:
             self.renewer.tunnel_down()
-        if status.last_error is not None and status.last_error.code == "TUNNEL_LEASE_CONFLICT":
-            if status.state.value == "lease_conflict":
-                self.metrics.tunnel_lease_conflicts.inc()
+        # Count each conflict once, when the keeper enters the state (it publishes often).
+        if status.state is TunnelState.LEASE_CONFLICT and self._last_state is not status.state:
+            self.metrics.tunnel_lease_conflicts.inc()
         self._was_connected = status.connected
+        self._last_state = status.state
 
     def _state_changed(self) -> None:
         self.supervisor.set_desired(local_runs(self.config, self.state))

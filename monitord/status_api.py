@@ -51,7 +51,7 @@ def _service_view(orch: Orchestration, service: str) -> dict[str, Any]:
         area_desired={a.uuid: state.desired_location(a) for a in areas},
         orphans=_orphans_of(orch, service),
         tunnel_conflict=bool(tunnel and tunnel.state.value in ("lease_conflict", "port_occupied")),
-        cleanup_pending=False,
+        cleanup_pending=orch.cleanup.backlog_by_service.get(service, 0) > 0,
     )
     by_area = {t.area: t for t in txns}
     return {
