@@ -169,10 +169,8 @@ class CleanupWorker:
     async def _remove(self, item: CleanupItem) -> None:
         """Remove exactly the item's generation on its side (never a newer one)."""
         if item.side is Side.LOCAL:
-            running = [v for v in self.supervisor.inventory() if v.area == item.area and v.pid]
-            if any(v.generation == item.generation for v in running):
-                if not await self.supervisor.stop_area(item.area):
-                    raise error_for(ErrorCode.DAEMON_STOP_FAILED, f"{item.area} would not stop")
+            if not await self.supervisor.stop_area_at(item.area, item.generation):
+                raise error_for(ErrorCode.DAEMON_STOP_FAILED, f"{item.area} would not stop")
             return
         assert self.remote is not None
         if item.action is CleanupAction.STOP_PROCESS:

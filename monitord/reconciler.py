@@ -189,10 +189,7 @@ class Reconciler:
                     assert self.remote is not None
                     await self.remote.agent.stop(area=action.area, generation=action.generation)
                 case planner.StopProcess(side=Side.LOCAL):
-                    running = [v for v in self.supervisor.inventory()
-                               if v.area == action.area and v.pid]
-                    if any(v.generation == action.generation for v in running):
-                        await self.supervisor.stop_area(action.area)
+                    await self.supervisor.stop_area_at(action.area, action.generation)
                 case planner.CreateRemoteEntry():
                     await self.actions.restart_remote(
                         service=action.service, area=action.area, generation=action.generation

@@ -191,6 +191,20 @@ class LocalSupervisor:
         async with self._lock(area):
             return await self._stop_slot(area, grace_s=grace_s)
 
+    async def stop_area_at(
+        self, area: str, generation: int, *, grace_s: float | None = None
+    ) -> bool:
+        """Stop `area` only if its process runs at exactly `generation` — a newer generation
+        is never touched. True once nothing runs there at that generation."""
+        async with self._lock(area):
+            slot = self._slots.get(area)
+            if slot is None or slot.identity is None or slot.run.generation != generation:
+                return True
+            wanted = self._desired.get(area)
+            if wanted is not None and wanted.generation == generation:
+                del self._desired[area]
+            return await self._stop_slot(area, grace_s=grace_s)
+
     async def stop_all(self, *, grace_s: float | None = None) -> bool:
         """Stop every area (operator shutdown of the local side). True if all verified gone."""
         self._desired.clear()

@@ -157,3 +157,17 @@ class TestSurvivors:
         finally:
             await successor.close()
             assert await successor.stop_all(grace_s=1.0)
+
+
+class TestGenerationCheckedStop:
+    """A stop for one generation never touches the same area running at another."""
+
+    async def test_stop_at_an_older_generation_leaves_the_newer_one_running(
+        self, supervisor: LocalSupervisor, detector: Detector, tmp_path: Path
+    ) -> None:
+        view = await supervisor.start_area(fake_run(detector, tmp_path, area=AREA, generation=2))
+        assert await supervisor.stop_area_at(AREA, 1)
+        assert [(v.generation, v.pid) for v in supervisor.inventory()] == [(2, view.pid)]
+        assert proc_identity.read(view.pid or 0) is not None
+        assert await supervisor.stop_area_at(AREA, 2)
+        assert all(v.pid is None for v in supervisor.inventory())
