@@ -51,9 +51,10 @@ from monitord.testing.vps_server import VpsServer
 PROC = Path("/proc")
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (bind port 0, read it, close)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         return int(sock.getsockname()[1])
 
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import asyncssh
 import pytest
 
+from monitord.testing.stack import free_port
 from monitord.testing.vps_server import VpsServer
 
 TIMEOUT = 10.0
@@ -19,12 +19,6 @@ TIMEOUT = 10.0
 async def vps(tmp_path: Path) -> AsyncIterator[VpsServer]:
     async with VpsServer(work_dir=tmp_path / "vps") as server:
         yield server
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def echo_server() -> asyncio.Server:

@@ -17,7 +17,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -28,19 +27,14 @@ from typing import Any
 
 import aiohttp
 
+from monitord.testing.stack import free_port
+
 SERVICE_BLOCK = """
 [services.tg]
 command = ["/bin/sleep", "3600"]
 local_data_dir = "{root}/data/tg/{{area}}"
 remote_data_dir = "/opt/offload/data/tg/{{area}}"
 """
-
-
-def free_port() -> int:
-    """A TCP port that was free a moment ago (bind port 0, read it, close)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def write_config(

@@ -12,23 +12,16 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from monitord.testing.stack import free_port
 from tests.support import ssh_keys
 
 SSHD_BINARY = Path("/usr/sbin/sshd")
 START_TIMEOUT_S = 10.0
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free a moment ago (bind to port 0, read it, release it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def can_run_sshd() -> bool:

@@ -8,7 +8,6 @@ import contextlib
 import os
 import secrets
 import signal
-import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -19,14 +18,9 @@ from monitord import provisioning
 from monitord.config import Config, RemoteSection, ServiceSection
 from monitord.preflight import TunnelOwnerView, run_preflight
 from monitord.provisioning import LocalArtifact
+from monitord.testing.stack import free_port
 
 TIMEOUT = 30.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def agent_pid(bin_dir: Path) -> int:
