@@ -37,7 +37,7 @@ async def _await(awaitable: Any) -> Any:
 
 
 def main(argv: list[str]) -> int:
-    from monitord import logs
+    from monitord.base import logs
 
     logs.configure("json", level=logging.WARNING)  # logs to stderr; stdout is figures only
     status = 0

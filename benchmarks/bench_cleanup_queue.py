@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from monitord.store import Store
+    from monitord.store.state_db import Store
 
 BACKLOGS = (1_000, 100_000)
 ROUNDS = 10
@@ -66,7 +66,7 @@ def _fill(db_path: Path, *, backlog: int, now: float) -> None:
 
 
 async def _open_filled(work_dir: Path, *, backlog: int, now: float) -> Store:
-    from monitord.store import Store
+    from monitord.store.state_db import Store
 
     store = await Store.open(work_dir)
     await store.close()

@@ -116,7 +116,8 @@ async def _until(predicate: Any, *, timeout_s: float, what: str) -> None:
 
 
 async def _idle_rss(root: Path, *, areas: int) -> dict[str, int]:
-    from monitord.config import load, split_hostport
+    from monitord.base.config import load
+    from monitord.base.hostport import split_hostport
     from monitord.testing.stack import kill_processes_under
 
     config_path = _config(root, areas=areas)

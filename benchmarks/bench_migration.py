@@ -205,7 +205,7 @@ def _count(stack: Stack, since: int, event: str, **match: str) -> int:
 
 
 async def _one_size(root: Path, *, areas: int, data_bytes: int) -> dict[str, Any]:
-    from monitord.config import ServiceSection
+    from monitord.base.config import ServiceSection
     from monitord.testing.stack import Stack, StackOptions
 
     parallelism = ServiceSection.model_fields["parallelism"].default

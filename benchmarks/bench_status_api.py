@@ -141,7 +141,7 @@ async def measure(
     clients: int = CLIENTS,
     requests_per_client: int = REQUESTS_PER_CLIENT,
 ) -> list[dict[str, Any]]:
-    from monitord.config import ServiceSection
+    from monitord.base.config import ServiceSection
     from monitord.testing.stack import Stack, StackOptions
 
     parallelism = ServiceSection.model_fields["parallelism"].default

@@ -54,8 +54,8 @@ async def _until_round_trip(port: int, *, timeout_s: float) -> float:
 async def _measure(tmp: Path) -> list[dict[str, Any]]:
     import asyncssh
 
-    from monitord.config import ForwardSpec, RemoteSection
-    from monitord.tunnel.keeper import TunnelKeeper
+    from monitord.base.config import ForwardSpec, RemoteSection
+    from monitord.remote.tunnel.keeper import TunnelKeeper
     from tests.support.sshd import free_port, running_sshd
     from tests.support.tcp_proxy import running_proxy
 

@@ -2,6 +2,6 @@
 
 import sys
 
-from monitord.cli import main
+from monitord.surface.cli import main
 
 sys.exit(main())

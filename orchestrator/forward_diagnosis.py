@@ -2,7 +2,7 @@
 VPS, decide between fencing our own stale session, waiting for a session that is going
 silent, a lease conflict with a live owner, or a port held by some other program.
 
-Called by monitord/tunnel/forwards.py after `ss` on the VPS has been parsed into a
+Called by monitord/remote/tunnel/forwards.py after `ss` on the VPS has been parsed into a
 `PortHolder`. No I/O; the caller fences, waits or reports.
 
 | holder                                              | verdict        | error code            |

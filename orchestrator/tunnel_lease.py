@@ -23,6 +23,11 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
+# The end-to-end proof of a forward: the VPS side sends PROBE_PREFIX + nonce through the
+# forward, and only our own listener answers PROBE_REPLY + nonce.
+PROBE_PREFIX = b"monitord-forward-probe "
+PROBE_REPLY = b"monitord-forward-proven "
+
 
 @dataclass(frozen=True)
 class SessionIdentity:

@@ -39,8 +39,8 @@ from typing import Any
 
 import asyncssh
 
-from monitord import logs
-from monitord.config import RemoteSection
+from monitord.base import logs
+from monitord.base.config import RemoteSection
 
 log = logs.get_logger(__name__)
 

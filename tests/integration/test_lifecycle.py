@@ -25,10 +25,10 @@ import aiohttp
 import pytest
 from structlog.testing import capture_logs
 
-from monitord import config as config_module
-from monitord import logs, singleton
-from monitord.daemon import Daemon, RuntimeContext
-from monitord.sdnotify import Notifier
+from monitord.base import config as config_module
+from monitord.base import logs, singleton
+from monitord.surface.daemon import Daemon, RuntimeContext
+from monitord.surface.sdnotify import Notifier
 from tests.support import daemon_process
 
 # --- in-process daemon with test components ------------------------------------------------------

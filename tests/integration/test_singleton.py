@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from monitord import singleton
+from monitord.base import singleton
 from tests.support import daemon_process
 
 HOLDER_SCRIPT = """
 import sys
 from pathlib import Path
-from monitord import singleton
+from monitord.base import singleton
 from tests.support import daemon_process
 lock = singleton.acquire(Path(sys.argv[1]))
 print("locked", flush=True)

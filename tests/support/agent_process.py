@@ -25,8 +25,8 @@ from typing import Any
 
 import aiohttp
 
-from monitord import proc_identity
-from monitord.proc_identity import ProcessIdentity
+from monitord.base import proc_identity
+from monitord.base.proc_identity import ProcessIdentity
 
 START_TIMEOUT_S = 20.0
 DEFAULT_SECRET = "test-agent-secret-0123456789abcdef"

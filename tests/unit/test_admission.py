@@ -17,10 +17,10 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from monitord import http_api
-from monitord.admission import Admission, IntakeState
-from monitord.config import Config, ServiceSection
-from monitord.store import Store, StoreError
+from monitord.base.config import Config, ServiceSection
+from monitord.store.state_db import Store, StoreError
+from monitord.surface import http_api
+from monitord.surface.admission import Admission, IntakeState
 
 AREA = "5b1d0000-0000-4000-8000-000000000001"
 CONFIG = Config(

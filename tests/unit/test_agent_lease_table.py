@@ -1,10 +1,10 @@
-"""The agent's pure lease-table decisions (monitord.agent.lease_table), case by case."""
+"""The agent's pure lease-table decisions (monitord.vps.lease_table), case by case."""
 
 from __future__ import annotations
 
 import pytest
 
-from monitord.agent.lease_table import (
+from monitord.vps.lease_table import (
     AreaEntry,
     AreaSpec,
     CreateVerdict,

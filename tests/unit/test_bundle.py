@@ -7,7 +7,7 @@ import tarfile
 
 import asyncssh
 
-from monitord import bundle
+from monitord.surface import bundle
 
 
 def _members(data: bytes) -> dict[str, bytes]:

@@ -29,7 +29,7 @@ class TestUsage:
 
 
 def test_config_module_names_key(tmp_path: Path) -> None:
-    from monitord import config
+    from monitord.base import config
 
     path = tmp_path / "m.toml"
     path.write_text("[monitord]\nbogus = 1\n")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from monitord import config
+from monitord.base import config
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "config" / "monitord.toml"
 EXAMPLE_CUSTOM_CONFIG = EXAMPLE.with_name("custom_config.json")
@@ -67,7 +67,7 @@ class TestExampleDocumentsEveryKey:
         assert set(model_fields(config.Config)) <= tables
 
     def test_the_example_custom_config_is_valid(self) -> None:
-        from monitord import spool_files
+        from monitord.store import spool_files
 
         assert spool_files.read_custom_config(EXAMPLE_CUSTOM_CONFIG).entries
 

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from monitord.agent_client import AgentUnreachable
-from monitord.lease_renewer import LeaseRenewer
-from monitord.placement_state import PlacementState
-from monitord.store import Store
+from monitord.engine.lease_renewer import LeaseRenewer
+from monitord.engine.placement_state import PlacementState
+from monitord.remote.agent_client import AgentUnreachable
+from monitord.store.state_db import Store
 from orchestrator import area_leases
 from orchestrator.area_leases import LeasePolicy
 

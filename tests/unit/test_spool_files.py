@@ -11,8 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from monitord import spool_files
-from monitord.spool_files import AreaEntry, ConfigCorrupt, ServiceCompatState
+from monitord.base import atomic_file
+from monitord.store import spool_files
+from monitord.store.spool_files import AreaEntry, ConfigCorrupt, ServiceCompatState
 
 JSON_SCALARS = st.none() | st.booleans() | st.integers() | st.text(max_size=8)
 JSON_VALUES = st.recursive(
@@ -56,7 +57,7 @@ class TestAtomicWrite:
     def test_write_replaces_content_and_leaves_no_temp_file(self, tmp_path: Path) -> None:
         target = tmp_path / "f.json"
         target.write_bytes(b"old")
-        spool_files.atomic_write_bytes(target, b"new")
+        atomic_file.atomic_write_bytes(target, b"new")
         assert target.read_bytes() == b"new"
         assert os.listdir(tmp_path) == ["f.json"]
 
@@ -69,9 +70,9 @@ class TestAtomicWrite:
         def failing_fsync(fd: int) -> None:
             raise OSError(28, "No space left on device")
 
-        monkeypatch.setattr("monitord.spool_files.os.fsync", failing_fsync)
+        monkeypatch.setattr("monitord.base.atomic_file.os.fsync", failing_fsync)
         with pytest.raises(OSError):
-            spool_files.atomic_write_bytes(target, b"new content that never lands")
+            atomic_file.atomic_write_bytes(target, b"new content that never lands")
         assert target.read_bytes() == b"old content"
         assert os.listdir(tmp_path) == ["f.json"]
 
@@ -84,9 +85,9 @@ class TestAtomicWrite:
         def failing_replace(src: Any, dst: Any) -> None:
             raise OSError(5, "Input/output error")
 
-        monkeypatch.setattr("monitord.spool_files.os.replace", failing_replace)
+        monkeypatch.setattr("monitord.base.atomic_file.os.replace", failing_replace)
         with pytest.raises(OSError):
-            spool_files.atomic_write_bytes(target, b"new")
+            atomic_file.atomic_write_bytes(target, b"new")
         assert target.read_bytes() == b"old"
         assert os.listdir(tmp_path) == ["f.json"]
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from monitord import store as store_module
-from monitord.store import Store, StoreError
+from monitord.store import state_db as store_module
+from monitord.store.state_db import Store, StoreError
 
 TX = {
     "transaction_id": "t-1",
@@ -258,7 +258,7 @@ class TestEventsAndPlacement:
 WRITER_SCRIPT = """
 import asyncio, sys
 from pathlib import Path
-from monitord.store import Store
+from monitord.store.state_db import Store
 
 async def main():
     store = await Store.open(Path(sys.argv[1]))

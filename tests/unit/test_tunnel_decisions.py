@@ -1,6 +1,6 @@
 """The pure tunnel decisions: who may take, renew or release the tunnel lease, what a denied
 reverse forward means (orchestrator/tunnel_lease.py, orchestrator/forward_diagnosis.py), and
-how fast the keeper may reconnect (monitord/tunnel/backoff.py, driven by a fake clock), plus
+how fast the keeper may reconnect (monitord/remote/tunnel/backoff.py, driven by a fake clock), plus
 the small pure-ish pieces around them (`ss` output parsing, the stable owner id)."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from monitord import owner_id
-from monitord.tunnel.backoff import ReconnectBackoff
-from monitord.tunnel.port_holder import parse_probe
+from monitord.remote.tunnel.backoff import ReconnectBackoff
+from monitord.remote.tunnel.port_holder import parse_probe
+from monitord.store import owner_id
 from orchestrator.errors import MonitordError
 from orchestrator.forward_diagnosis import Diagnosis, HolderKind, PortHolder, Verdict, diagnose
 from orchestrator.tunnel_lease import (

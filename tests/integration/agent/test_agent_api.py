@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from monitord import proc_identity
+from monitord.base import proc_identity
 from monitord.testing.split_brain import Detector
 from tests.integration.agent.conftest import area_body
 from tests.support.agent_process import AgentProcess

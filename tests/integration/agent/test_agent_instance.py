@@ -12,7 +12,7 @@ import sys
 import zipapp
 from pathlib import Path
 
-from monitord import proc_identity, singleton
+from monitord.base import proc_identity, singleton
 from monitord.testing.split_brain import Detector
 from tests.integration.agent.conftest import area_body
 from tests.support.agent_process import (
@@ -94,7 +94,7 @@ class TestZipapp:
         shutil.copytree(REPO_ROOT / "monitord", source / "monitord",
                         ignore=shutil.ignore_patterns("__pycache__"))
         (source / "__main__.py").write_text(
-            "import sys\nfrom monitord.cli import main\nsys.exit(main())\n"
+            "import sys\nfrom monitord.surface.cli import main\nsys.exit(main())\n"
         )
         pyz = tmp_path / "vps" / "monitord.pyz"
         pyz.parent.mkdir()

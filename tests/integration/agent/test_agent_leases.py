@@ -8,7 +8,7 @@ import signal
 import time
 from pathlib import Path
 
-from monitord import proc_identity
+from monitord.base import proc_identity
 from monitord.testing.split_brain import Detector
 from tests.integration.agent.conftest import OWNER, area_body
 from tests.support.agent_process import AgentProcess, running_agent, wait_until

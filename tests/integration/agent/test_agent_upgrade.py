@@ -11,7 +11,7 @@ from pathlib import Path
 
 import aiohttp
 
-from monitord import artifact
+from monitord.remote import artifact
 from monitord.testing.split_brain import Detector
 from monitord.testing.stack import kill_processes_under
 from tests.support.agent_process import kill_left_processes, write_secret

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from monitord import area_copy
+from monitord.remote import area_copy
 from monitord.testing.vps_server import VpsServer
 from orchestrator.errors import ErrorCode, MonitordError
 

@@ -6,10 +6,10 @@ import asyncio
 import time
 from pathlib import Path
 
-from monitord.cleanup_worker import CleanupWorker
-from monitord.metrics import Metrics
-from monitord.store import Store
-from monitord.supervisor import LocalSupervisor
+from monitord.base.metrics import Metrics
+from monitord.engine.cleanup_worker import CleanupWorker
+from monitord.local.supervisor import LocalSupervisor
+from monitord.store.state_db import Store
 from orchestrator.cleanup_policy import CleanupPolicy
 
 ITEMS = 2000

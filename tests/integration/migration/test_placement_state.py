@@ -6,8 +6,8 @@ import asyncio
 import json
 from pathlib import Path
 
-from monitord.placement_state import PlacementState
-from monitord.store import Store
+from monitord.engine.placement_state import PlacementState
+from monitord.store.state_db import Store
 from orchestrator.models import Side
 
 AREAS = 40

@@ -11,9 +11,9 @@ from pathlib import Path
 import asyncssh
 import pytest
 
-from monitord import artifact
-from monitord.config import RemoteSection
-from monitord.provisioning import LocalArtifact
+from monitord.base.config import RemoteSection
+from monitord.remote import artifact
+from monitord.remote.provisioning import LocalArtifact
 from monitord.testing.vps_server import VpsServer
 
 SERVICE_BINARY_SIZE = 600 * 1024  # a few SFTP chunks, so an upload can be cut in the middle

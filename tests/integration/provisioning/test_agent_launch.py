@@ -14,10 +14,10 @@ from pathlib import Path
 import asyncssh
 import pytest
 
-from monitord import provisioning
-from monitord.config import Config, RemoteSection, ServiceSection
-from monitord.preflight import TunnelOwnerView, run_preflight
-from monitord.provisioning import LocalArtifact
+from monitord.base.config import Config, RemoteSection, ServiceSection
+from monitord.remote import provisioning
+from monitord.remote.preflight import TunnelOwnerView, run_preflight
+from monitord.remote.provisioning import LocalArtifact
 from monitord.testing.stack import free_port
 
 TIMEOUT = 30.0

@@ -7,8 +7,8 @@ import sys
 import zipfile
 from pathlib import Path
 
-from monitord import artifact
-from monitord.config import RemoteSection
+from monitord.base.config import RemoteSection
+from monitord.remote import artifact
 
 
 def run_pyz(pyz: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -33,7 +33,7 @@ class TestDeterministicBuild:
         info = artifact.build(tmp_path)
         names = zipfile.ZipFile(info.path).namelist()
         assert "__main__.py" in names
-        assert "monitord/cli.py" in names and "orchestrator/errors.py" in names
+        assert "monitord/surface/cli.py" in names and "orchestrator/errors.py" in names
         assert not [n for n in names if n.endswith(".pyc") or "__pycache__" in n]
         assert names[0] == "__main__.py" and names[1:] == sorted(names[1:])
 

@@ -17,10 +17,10 @@ import asyncssh
 import pytest
 from aiohttp import web
 
-from monitord import provisioning
-from monitord.config import Config, RemoteSection, ServiceSection
-from monitord.preflight import CheckStatus, PreflightReport, TunnelOwnerView, run_preflight
-from monitord.provisioning import LocalArtifact
+from monitord.base.config import Config, RemoteSection, ServiceSection
+from monitord.remote import provisioning
+from monitord.remote.preflight import CheckStatus, PreflightReport, TunnelOwnerView, run_preflight
+from monitord.remote.provisioning import LocalArtifact
 from monitord.testing.vps_server import VpsServer
 from orchestrator.errors import ErrorCode
 

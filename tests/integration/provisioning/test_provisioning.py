@@ -14,9 +14,9 @@ import asyncssh
 import pytest
 from structlog.testing import capture_logs
 
-from monitord import artifact, provisioning, remote_exec
-from monitord.config import RemoteSection
-from monitord.provisioning import ArtifactAction, LocalArtifact, ProvisionProgress
+from monitord.base.config import RemoteSection
+from monitord.remote import artifact, provisioning, remote_exec
+from monitord.remote.provisioning import ArtifactAction, LocalArtifact, ProvisionProgress
 from monitord.testing.vps_server import VpsServer
 from orchestrator.errors import ErrorCode, MonitordError
 

@@ -13,9 +13,9 @@ from typing import Any
 import asyncssh
 import pytest
 
-from monitord import provisioning, remote_exec
-from monitord.config import RemoteSection
-from monitord.provisioning import ArtifactAction, LocalArtifact, ProvisionProgress
+from monitord.base.config import RemoteSection
+from monitord.remote import provisioning, remote_exec
+from monitord.remote.provisioning import ArtifactAction, LocalArtifact, ProvisionProgress
 from orchestrator.errors import ErrorCode, MonitordError
 from tests.support.sshd import Sshd, can_run_sshd, running_sshd
 

@@ -7,7 +7,7 @@ import asyncio
 import asyncssh
 import pytest
 
-from monitord import remote_exec
+from monitord.remote import remote_exec
 from monitord.testing.vps_server import VpsServer
 from orchestrator.errors import ErrorCode, MonitordError, TransientError
 

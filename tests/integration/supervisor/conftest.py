@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from monitord.supervisor import AreaRun, LocalSupervisor
+from monitord.local.supervisor import AreaRun, LocalSupervisor
 from monitord.testing.split_brain import Detector
 
 

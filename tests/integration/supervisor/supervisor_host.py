@@ -9,8 +9,8 @@ import json
 import sys
 from pathlib import Path
 
-from monitord import logs
-from monitord.supervisor import AreaRun, LocalSupervisor
+from monitord.base import logs
+from monitord.local.supervisor import AreaRun, LocalSupervisor
 from tests.support.agent_process import wait_until
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from monitord.config import ServiceSection
-from monitord.supervisor import area_run
+from monitord.base.config import ServiceSection
+from monitord.local.supervisor import area_run
 
 
 class TestAreaRun:

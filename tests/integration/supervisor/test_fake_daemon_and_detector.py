@@ -7,7 +7,7 @@ import asyncio
 import sys
 from pathlib import Path
 
-from monitord.supervisor import LocalSupervisor
+from monitord.local.supervisor import LocalSupervisor
 from monitord.testing import fake_daemon
 from monitord.testing.split_brain import Detector
 from tests.integration.supervisor.conftest import fake_run

@@ -10,8 +10,8 @@ import signal
 import sys
 from pathlib import Path
 
-from monitord import proc_identity
-from monitord.supervisor import AreaRun, LocalSupervisor
+from monitord.base import proc_identity
+from monitord.local.supervisor import AreaRun, LocalSupervisor
 from monitord.testing.split_brain import Detector
 from tests.integration.supervisor.conftest import fake_run
 from tests.support.agent_process import wait_until

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import structlog
 
-from monitord.config import ForwardSpec, RemoteSection
-from monitord.tunnel.keeper import ReconnectHook, TunnelKeeper, TunnelStatus
+from monitord.base.config import ForwardSpec, RemoteSection
+from monitord.remote.tunnel.keeper import ReconnectHook, TunnelKeeper, TunnelStatus
 from tests.support.sshd import Sshd, can_run_sshd, free_port, running_sshd
 from tests.support.tcp_proxy import TcpProxy, running_proxy
 

@@ -8,7 +8,7 @@ import asyncio
 import os
 import time
 
-from monitord.tunnel.keeper import TunnelKeeper, TunnelState, TunnelStatus
+from monitord.remote.tunnel.keeper import TunnelKeeper, TunnelState, TunnelStatus
 from tests.integration.tunnel.conftest import (
     LEASE_TTL_S,
     Captured,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from monitord.tunnel.keeper import TunnelState
+from monitord.remote.tunnel.keeper import TunnelState
 from tests.integration.tunnel.conftest import (
     Captured,
     EchoServer,

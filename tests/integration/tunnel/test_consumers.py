@@ -9,7 +9,7 @@ import sys
 import asyncssh
 import pytest
 
-from monitord.config import ForwardSpec
+from monitord.base.config import ForwardSpec
 from orchestrator.errors import MonitordError
 from tests.integration.tunnel.conftest import (
     Captured,

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 
 import asyncssh
 
-from monitord.tunnel.lease_client import LeaseAnswer, LeaseClient
+from monitord.remote.tunnel.lease_client import LeaseAnswer, LeaseClient
 from tests.integration.tunnel.conftest import Captured, Vps, poll
 
 

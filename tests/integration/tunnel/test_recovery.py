@@ -4,7 +4,7 @@ proven again."""
 
 from __future__ import annotations
 
-from monitord.tunnel.keeper import TunnelState
+from monitord.remote.tunnel.keeper import TunnelState
 from tests.integration.tunnel.conftest import (
     KEEPALIVE_COUNT,
     KEEPALIVE_S,

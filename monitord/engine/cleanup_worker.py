@@ -1,0 +1,179 @@
+"""The cleanup worker: works the durable cleanup queue down (SPEC §7.1).
+
+A root task ("cleanup worker"). It runs right after every tunnel (re)connect (a reconnect
+hook wakes it) and every `monitord.cleanup_interval_s`. For each due item it observes the
+item's side, asks `orchestrator.cleanup_policy.decide()`, and:
+
+- completes the item only on verified absence (no process and no entry at that generation);
+- otherwise removes exactly that generation (the agent deletes only at the named generation,
+  and locally a process is stopped only if it runs at that generation), observes again, and
+  completes or reschedules with capped, jittered back-off;
+- never drops an item: one failing for `stuck_after_attempts` is reported CLEANUP_STUCK.
+
+Taking due items and completing one are indexed store operations (O(log n)).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import Callable
+
+import structlog
+
+from monitord.base.metrics import Metrics
+from monitord.local.supervisor import LocalSupervisor
+from monitord.remote.remote_link import RemoteLink
+from monitord.store.state_db import Store
+from orchestrator import cleanup_policy
+from orchestrator.cleanup_policy import CleanupPolicy, SideObservation
+from orchestrator.errors import ErrorCode, MonitordError, error_for
+from orchestrator.models import CleanupAction, CleanupItem, RemoteInventory, Side
+
+log = structlog.get_logger("monitord.engine.cleanup_worker")
+
+TASK_NAME = "cleanup worker"
+BATCH = 200
+
+
+class CleanupWorker:
+    def __init__(
+        self,
+        *,
+        store: Store,
+        supervisor: LocalSupervisor,
+        remote: RemoteLink | None,
+        metrics: Metrics,
+        interval_s: float,
+        policy: CleanupPolicy | None = None,
+        wall: Callable[[], float] = time.time,
+        jitter: Callable[[], float] = random.random,
+    ) -> None:
+        self.store = store
+        self.supervisor = supervisor
+        self.remote = remote
+        self.metrics = metrics
+        self.interval_s = interval_s
+        self.policy = policy or CleanupPolicy()
+        self._wall = wall
+        self._jitter = jitter
+        self._wake = asyncio.Event()
+        self.stuck = 0
+        self.backlog = 0
+        self.backlog_by_service: dict[str, int] = {}
+        self.passes = 0
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def run(self) -> None:
+        while True:
+            self._wake.clear()
+            await self.run_once()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.interval_s):
+                    await self._wake.wait()
+
+    async def run_once(self) -> int:
+        """Process every item due now; returns how many were completed."""
+        completed = 0
+        while True:
+            raw = await self.store.take_due(self._wall(), BATCH)
+            if not raw:
+                break
+            items = [CleanupItem.from_storage(r) for r in raw]
+            remote_view = await self._remote_inventory(items)
+            for item in items:
+                if await self._process(item, remote_view):
+                    completed += 1
+            if len(raw) < BATCH:
+                break
+        await self._publish()
+        self.passes += 1
+        return completed
+
+    async def _publish(self) -> None:
+        self.backlog = await self.store.cleanup_backlog()
+        self.metrics.cleanup_backlog.set(self.backlog)
+        items = [CleanupItem.from_storage(i) for i in await self.store.list_cleanup(limit=1000)]
+        self.stuck = sum(1 for item in items if cleanup_policy.is_stuck(item, policy=self.policy))
+        by_service: dict[str, int] = {}
+        for item in items:
+            by_service[item.service] = by_service.get(item.service, 0) + 1
+        self.backlog_by_service = by_service
+        self.metrics.cleanup_stuck.set(self.stuck)
+
+    async def _remote_inventory(self, items: list[CleanupItem]) -> RemoteInventory | None:
+        if self.remote is None or not any(i.side is Side.REMOTE for i in items):
+            return None
+        if not self.remote.connected():
+            return None
+        try:
+            return await self.remote.agent.inventory()
+        except MonitordError as e:
+            log.warning("cleanup_inventory_failed", error_code=e.code, detail=e.detail)
+            return None
+
+    def _observe(self, item: CleanupItem, remote_view: RemoteInventory | None) -> SideObservation:
+        if item.side is Side.LOCAL:
+            procs = frozenset(
+                v.generation for v in self.supervisor.inventory() if v.area == item.area and v.pid
+            )
+            return SideObservation(side=Side.LOCAL, area=item.area, process_generations=procs)
+        assert remote_view is not None
+        return SideObservation(
+            side=Side.REMOTE,
+            area=item.area,
+            entry_generations=frozenset(
+                e.generation for e in remote_view.entries if e.area == item.area
+            ),
+            process_generations=frozenset(
+                p.generation for p in remote_view.processes if p.area == item.area
+            ),
+        )
+
+    async def _process(self, item: CleanupItem, remote_view: RemoteInventory | None) -> bool:
+        try:
+            if item.side is Side.REMOTE and remote_view is None:
+                raise error_for(ErrorCode.SSH_UNREACHABLE, "the VPS is not reachable now")
+            decision = cleanup_policy.decide(item, self._observe(item, remote_view))
+            if isinstance(decision, cleanup_policy.RemoveAt):
+                await self._remove(item)
+                if item.side is Side.REMOTE:
+                    assert self.remote is not None
+                    remote_view = await self.remote.agent.inventory()
+                decision = cleanup_policy.decide(item, self._observe(item, remote_view))
+            if isinstance(decision, cleanup_policy.Done):
+                await self.store.complete(item.id)
+                log.info("cleanup_done", service=item.service, area=item.area,
+                         side=item.side.value, generation=item.generation,
+                         action=item.action.value, attempts=item.attempts)
+                return True
+            raise error_for(ErrorCode.CLEANUP_STUCK, "still present after removal")
+        except MonitordError as e:
+            delay = cleanup_policy.backoff_delay(
+                item.attempts, jitter=self._jitter(), policy=self.policy
+            )
+            await self.store.reschedule(
+                item.id, next_attempt_at=self._wall() + delay, last_error=f"{e.code}: {e.detail}"
+            )
+            if cleanup_policy.is_stuck(item, policy=self.policy):
+                log.error("cleanup_stuck", service=item.service, area=item.area,
+                          side=item.side.value, generation=item.generation,
+                          attempts=item.attempts, error_code=ErrorCode.CLEANUP_STUCK,
+                          detail=e.detail)
+            return False
+
+    async def _remove(self, item: CleanupItem) -> None:
+        """Remove exactly the item's generation on its side (never a newer one)."""
+        if item.side is Side.LOCAL:
+            if not await self.supervisor.stop_area_at(item.area, item.generation):
+                raise error_for(ErrorCode.DAEMON_STOP_FAILED, f"{item.area} would not stop")
+            return
+        assert self.remote is not None
+        if item.action is CleanupAction.STOP_PROCESS:
+            await self.remote.agent.stop(area=item.area, generation=item.generation)
+        else:
+            await self.remote.agent.delete(area=item.area, generation=item.generation)

@@ -1,0 +1,186 @@
+"""Area-lease renewal: the local owner's grants that let the VPS run areas (SPEC §6.4).
+
+A root task ("lease renewer"). Every TTL/3, and at once when the placement changes, it sends
+the agent ONE batch renewal naming every area that may run remote right now
+(`PlacementState.runs(REMOTE)`), and records, per (area, generation), the local monotonic
+time at which the agent's acknowledgement arrived. That time is what
+`orchestrator.area_leases.expired_at()` counts from, so the rollback rule ("restart the
+source only after the destination's lease provably expired") rests on acknowledgements
+actually received, never on requests merely sent.
+
+After a restart nothing is known about earlier acknowledgements; `lease_for()` then answers
+with `area_leases.after_restart()` (as if acknowledged at start-up), which is conservative.
+
+A grant whose answer never came (a timeout, a connection reset after sending) may still
+reach the agent later — but only over the SSH connection that carried it. Such a grant is
+*uncertain* and tagged with that connection's epoch (the keeper's reconnect count): while
+that connection lives, the lease counts as renewed "now"; once the epoch changes or the
+tunnel is down, no late delivery is possible and the bound counts from the moment that was
+observed. A grant that provably never left (the forward refused the connection) changes
+nothing. An uncertainty that outlives one lease TTL on a live connection (an agent that
+hangs without dropping the link) is ended on purpose: `recycle` closes that connection, the
+keeper reconnects, and the bound starts counting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+
+import structlog
+
+from monitord.engine.placement_state import PlacementState
+from monitord.remote.agent_client import AgentClient, maybe_delivered
+from orchestrator import area_leases
+from orchestrator.area_leases import LeasePolicy
+from orchestrator.errors import MonitordError
+from orchestrator.models import AreaLease, Side
+
+log = structlog.get_logger("monitord.engine.lease_renewer")
+
+TASK_NAME = "lease renewer"
+Key = tuple[str, int]
+
+
+class LeaseRenewer:
+    def __init__(
+        self,
+        *,
+        state: PlacementState,
+        agent: Callable[[], AgentClient | None],
+        owner_id: str,
+        policy: LeasePolicy,
+        tunnel_connected: Callable[[], bool],
+        connection_epoch: Callable[[], int],
+        recycle: Callable[[], Awaitable[None]] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._recycle = recycle
+        self._state = state
+        self._agent = agent
+        self.owner_id = owner_id
+        self.policy = policy
+        self._tunnel_connected = tunnel_connected
+        self._epoch = connection_epoch
+        self._clock = clock
+        self.started_at = clock()
+        self._acks: dict[Key, float] = {}
+        self._uncertain: dict[Key, int] = {}  # grant -> epoch of the connection carrying it
+        self._uncertain_since: dict[Key, float] = {}
+        self._wake = asyncio.Event()
+        self.rejected: dict[str, str] = {}  # area -> the agent's reason, for the status
+        self.last_error: MonitordError | None = None
+        state.add_listener(self._wake.set)
+
+    # -- the bound ---------------------------------------------------------------------------
+
+    def lease_for(self, area: str, generation: int) -> AreaLease:
+        """The best-known lease of (area, generation) for the expiry bound."""
+        self._resolve()
+        key = (area, generation)
+        acked = self._clock() if key in self._uncertain else self._acks.get(key)
+        if acked is None:
+            return area_leases.after_restart(
+                area=area,
+                generation=generation,
+                owner_id=self.owner_id,
+                now=self.started_at,
+                policy=self.policy,
+            )
+        return AreaLease(
+            area=area,
+            generation=generation,
+            owner_id=self.owner_id,
+            acknowledged_at=acked,
+            ttl=self.policy.ttl_s,
+        )
+
+    def epoch(self) -> int:
+        """The current connection epoch; pass it back to `grant_failed`."""
+        return self._epoch()
+
+    def acknowledge(self, area: str, generation: int, *, at: float | None = None) -> None:
+        """Record a grant the agent confirmed (also used by CREATE_DESTINATION)."""
+        key = (area, generation)
+        self._acks[key] = self._clock() if at is None else at
+        self._uncertain.pop(key, None)
+        self._uncertain_since.pop(key, None)
+
+    def grant_failed(self, area: str, generation: int, *, epoch: int, error: MonitordError) -> None:
+        """A grant sent over connection `epoch` got no answer (see the module doc)."""
+        if not maybe_delivered(error):
+            return
+        key = (area, generation)
+        if epoch != self._epoch() or not self._tunnel_connected():
+            self._acks[key] = self._clock()  # its connection is gone: nothing arrives later
+        else:
+            self._uncertain[key] = epoch
+            self._uncertain_since.setdefault(key, self._clock())
+
+    def tunnel_down(self) -> None:
+        """The SSH connection is gone: uncertain grants can no longer arrive."""
+        self._resolve()
+
+    def _resolve(self) -> None:
+        if not self._uncertain:
+            return
+        current, connected = self._epoch(), self._tunnel_connected()
+        now = self._clock()
+        for key, epoch in list(self._uncertain.items()):
+            if epoch != current or not connected:
+                self._acks[key] = now
+                del self._uncertain[key]
+                self._uncertain_since.pop(key, None)
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def run(self) -> None:
+        interval = self.policy.ttl_s / 3
+        while True:
+            self._wake.clear()
+            await self.renew_once()
+            await self._end_long_uncertainty()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(interval):
+                    await self._wake.wait()
+
+    async def _end_long_uncertainty(self) -> None:
+        self._resolve()
+        oldest = min(self._uncertain_since.values(), default=None)
+        if self._recycle is None or oldest is None:
+            return
+        if self._clock() - oldest >= self.policy.ttl_s:
+            log.warning("grant_uncertain_recycling_tunnel", grants=len(self._uncertain),
+                        waited_s=round(self._clock() - oldest, 1))
+            await self._recycle()
+
+    async def renew_once(self) -> None:
+        agent = self._agent()
+        grants = dict(self._state.runs(Side.REMOTE))
+        if agent is None or not grants:
+            return
+        epoch = self._epoch()
+        try:
+            answers = await agent.renew(
+                owner_id=self.owner_id, ttl_s=self.policy.ttl_s, areas=grants
+            )
+        except MonitordError as e:
+            for area, generation in grants.items():
+                self.grant_failed(area, generation, epoch=epoch, error=e)
+            if self.last_error is None or self.last_error.code != e.code:
+                log.warning("lease_renewal_failed", error_code=e.code, detail=e.detail)
+            self.last_error = e
+            return
+        arrived = self._clock()
+        self.last_error = None
+        for area, answer in answers.items():
+            if answer.renewed:
+                self.acknowledge(area, grants[area], at=arrived)
+                self.rejected.pop(area, None)
+            else:
+                self.rejected[area] = answer.result

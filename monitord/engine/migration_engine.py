@@ -1,0 +1,483 @@
+"""The migration engine: drives every area's transaction through the phase table.
+
+A root task ("migration engine"). It never decides a move itself: `orchestrator.phases`
+says what to do next for a stored record, `PhaseActions` does it, and the engine feeds the
+observed outcome back, persisting each new record BEFORE the next step starts (SPEC §5.3
+rule 4). Concretely, per area:
+
+    record --next_actions--> actions --perform--> outcome --step--> record' --store--> ...
+
+- New transactions come from the operator's wishes (`record_placement`, the HTTP intake)
+  and from the periodic tick (wishes not yet satisfied, retries after a back-off). Their
+  generation is issued durably by the store and never reused.
+- On start-up, `recover()` applies `rules.recovery_outcome` to every unfinished record: the
+  committed location in custom_config.json decides roll-forward or roll-back.
+- Services run independently; areas of one service with bounded parallelism
+  (`services.<name>.parallelism`).
+- A wish reversed mid-transaction becomes a rollback at the next step boundary
+  (`rules.reversal`); after the commit it becomes a new transaction.
+- `park_after_failures` consecutive failures park the service until `retry()`.
+- `stop()` lets each runner finish its current step (bounded), then cancels; every record
+  on disk is a valid point to resume from.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from monitord.base.metrics import Metrics
+from monitord.engine import crash_points
+from monitord.engine.lease_renewer import LeaseRenewer
+from monitord.engine.phase_actions import PhaseActions
+from monitord.engine.placement_state import PlacementState
+from monitord.store.state_db import Store
+from monitord.surface.http_api import PlacementConflict
+from orchestrator import errors, phases, rules
+from orchestrator.area_leases import LeasePolicy
+from orchestrator.errors import ErrorCode, MonitordError, TransientError
+from orchestrator.models import Area, AreaLease, Phase, Side, Transaction
+from orchestrator.phases import Outcome
+
+log = structlog.get_logger("monitord.engine.migration_engine")
+
+TASK_NAME = "migration engine"
+TICK_S = 1.0
+STOP_GRACE_S = 5.0
+STEP_RETRY_BASE_S = 0.5
+STEP_RETRY_CAP_S = 15.0
+STEP_ATTEMPTS = 3  # tries of one step on a transient (not "unreachable") error
+UNREACHABLE_CODES = frozenset(
+    {ErrorCode.SSH_UNREACHABLE, ErrorCode.SSH_TIMEOUT, ErrorCode.AGENT_UNREACHABLE}
+)
+# Phases whose own failure sends the record back to itself (retry after a pause).
+SELF_LOOPING = frozenset({Phase.ROLLBACK})
+
+
+class MigrationEngine:
+    def __init__(
+        self,
+        *,
+        state: PlacementState,
+        actions: PhaseActions,
+        store: Store,
+        metrics: Metrics,
+        policy: LeasePolicy,
+        renewer: LeaseRenewer | None,
+        parallelism: dict[str, int],
+        park_after_failures: int,
+        retry_backoff_base_s: float,
+        retry_backoff_cap_s: float,
+        on_finished: Callable[[Transaction], None] = lambda txn: None,
+        wall: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.state = state
+        self.actions = actions
+        self.store = store
+        self.metrics = metrics
+        self.policy = policy
+        self.renewer = renewer
+        self.park_after_failures = park_after_failures
+        self.retry_backoff_base_s = retry_backoff_base_s
+        self.retry_backoff_cap_s = retry_backoff_cap_s
+        self.on_finished = on_finished
+        self._wall = wall
+        self._clock = clock
+        self._slots = {name: asyncio.Semaphore(n) for name, n in parallelism.items()}
+        self._runners: dict[str, asyncio.Task[None]] = {}
+        self._failures: dict[str, int] = defaultdict(int)  # consecutive, per service
+        self._not_before: dict[str, float] = {}  # area -> monotonic time of the next try
+        self._wake = asyncio.Event()
+        self.intake_lock = asyncio.Lock()
+        self._stopping = False
+        self.last_errors: dict[str, dict[str, Any]] = {}  # service -> last error shown
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def recover(self) -> None:
+        """Resume or roll back what a previous run left unfinished (SPEC §5.3 rule 4)."""
+        history = await self.store.list_transactions(limit=5000)
+        self._count_failures(history)
+        for record in history:
+            txn = Transaction.from_storage(record)
+            if txn.phase is Phase.DONE and txn.cleanup_required:
+                # The DONE record was written; its cleanup item may not have been (idempotent).
+                for action in phases.next_actions(txn, self._ctx(txn)):
+                    if isinstance(action, phases.EnqueueCleanup):
+                        await self.actions.perform(txn, action)
+        for txn in list(self.state.transactions.values()):
+            committed = self.state.committed.get(txn.area)
+            if committed is None:
+                continue
+            outcome = rules.recovery_outcome(txn, committed=committed)
+            if outcome is not None:
+                log.info("transaction_recovering", transaction_id=txn.transaction_id,
+                         service=txn.service, area=txn.area, phase=txn.phase.value,
+                         outcome=outcome.value)
+                await self._advance(txn, outcome)
+
+    def _count_failures(self, history: list[dict[str, Any]]) -> None:
+        # Newest first: count failed ends per service until the last success.
+        seen_success: set[str] = set()
+        for record in history:
+            service, phase = record["service"], record["phase"]
+            if service in seen_success:
+                continue
+            if phase == Phase.DONE.value:
+                seen_success.add(service)
+            elif phase in (Phase.ROLLED_BACK.value, Phase.PARKED.value) and record.get(
+                "last_error_code"
+            ):
+                self._failures[service] += 1
+
+    async def run(self) -> None:
+        await self.recover()
+        while not self._stopping:
+            self._wake.clear()
+            await self._open_due()
+            self._start_runners()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(TICK_S):
+                    await self._wake.wait()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def failures(self, service: str) -> int:
+        """Consecutive failed migrations of a service (the remote_state fail_count)."""
+        return self._failures.get(service, 0)
+
+    async def stop(self) -> None:
+        """Finish the current steps (bounded), then cancel what is left."""
+        self._stopping = True
+        self._wake.set()
+        runners = [t for t in self._runners.values() if not t.done()]
+        if runners:
+            _, pending = await asyncio.wait(runners, timeout=STOP_GRACE_S)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    # -- intake (HTTP) -------------------------------------------------------------------
+
+    async def record_placement(self, *, service: str, area: str | None, location: str) -> list[str]:
+        """Durably record a wish and open its transactions; returns their ids (for 202)."""
+        wanted = Side(location)
+        if self.state.corrupt is not None:
+            conflict = PlacementConflict(f"custom_config.json is unreadable: {self.state.corrupt}")
+            conflict.error_code = ErrorCode.CONFIG_CORRUPT
+            raise conflict
+        async with self.intake_lock:
+            targets = [self.state.committed[area]] if area else self.state.areas_of(service)
+            for target in targets:
+                txn = self.state.transactions.get(target.uuid)
+                if txn is not None and txn.phase is Phase.COMMIT_LOCATION \
+                        and txn.destination is not wanted:
+                    raise PlacementConflict(
+                        f"area {target.uuid} is committing its move to {txn.destination.value};"
+                        " ask again in a moment"
+                    )
+            await self.state.record_desired(service=service, area=area, location=wanted)
+            opened = await self._open_for(targets)
+        self._wake.set()
+        involved = {t.uuid for t in targets}
+        return opened + [
+            t.transaction_id
+            for t in self.state.transactions.values()
+            if t.area in involved and t.transaction_id not in opened
+        ]
+
+    async def retry(self, service: str) -> list[str]:
+        """The operator's retry: leave PARKED with fresh generations; clear back-offs."""
+        async with self.intake_lock:
+            self._failures[service] = 0
+            for area in self.state.areas_of(service):
+                self._not_before.pop(area.uuid, None)
+            resumed = []
+            for txn in list(self.state.transactions.values()):
+                if txn.service != service or txn.phase is not Phase.PARKED:
+                    continue
+                committed = self.state.committed[txn.area]
+                generation = await self.store.issue_generation(
+                    txn.area, floor=max(committed.generation, txn.generation)
+                )
+                await self._advance(txn, Outcome.RETRY_REQUESTED, new_generation=generation)
+                resumed.append(txn.transaction_id)
+            self.last_errors.pop(service, None)
+        self._wake.set()
+        return resumed
+
+    # -- opening transactions -----------------------------------------------------------
+
+    async def _open_due(self) -> None:
+        if self.state.corrupt is not None:
+            return
+        async with self.intake_lock:
+            await self._open_for(list(self.state.committed.values()))
+
+    async def _open_for(self, areas: list[Area]) -> list[str]:
+        parked = self.state.parked_services()
+        now = self._clock()
+        opened = []
+        for area in areas:
+            if area.service in parked or area.service not in self._slots:
+                continue
+            if area.uuid in self.state.transactions:
+                continue
+            wanted = self.state.desired_location(area)
+            if wanted is area.location or self._not_before.get(area.uuid, 0.0) > now:
+                continue
+            opened.append(await self._open(area, destination=wanted))
+        return opened
+
+    async def _open(self, area: Area, *, destination: Side) -> str:
+        generation = await self.store.issue_generation(area.uuid, floor=area.generation)
+        at = self._wall()
+        txn = Transaction(
+            transaction_id=uuid.uuid4().hex,
+            service=area.service,
+            area=area.uuid,
+            source=area.location,
+            destination=destination,
+            generation=generation,
+            source_generation=area.generation,
+            started_at=at,
+            updated_at=at,
+        )
+        await self.state.save(txn)
+        await self._event("transaction_started", txn)
+        await crash_points.reached(txn.phase.value, direction=txn.direction.value,
+                                   area=txn.area)
+        return txn.transaction_id
+
+    # -- runners --------------------------------------------------------------------------
+
+    def _start_runners(self) -> None:
+        for area, txn in list(self.state.transactions.items()):
+            if txn.phase is Phase.PARKED or self._stopping:
+                continue
+            task = self._runners.get(area)
+            if task is None or task.done():
+                task = asyncio.create_task(
+                    self._drive(area), name=f"migration:{txn.service}:{area[:8]}"
+                )
+                task.add_done_callback(self._runner_done)
+                self._runners[area] = task
+
+    def _runner_done(self, task: asyncio.Task[None]) -> None:
+        # A runner that died of a bug is logged loudly; the next tick starts it again from
+        # the stored record (every step is idempotent).
+        if not task.cancelled() and task.exception() is not None:
+            log.error("migration_runner_crashed", task=task.get_name(),
+                      exc_info=task.exception())
+
+    async def _drive(self, area: str) -> None:
+        txn = self.state.transactions.get(area)
+        if txn is None:
+            return
+        async with self._slots[txn.service]:
+            pause = STEP_RETRY_BASE_S
+            while not self._stopping:
+                txn = self.state.transactions.get(area)
+                if txn is None or txn.phase is Phase.PARKED:
+                    return
+                try:
+                    progressed, failed = await self._step(txn)
+                except phases.IllegalTransition as e:
+                    # The table refused what we observed (e.g. a lease deadline moved while
+                    # we waited): nothing was written; decide again from the stored record.
+                    log.warning("step_refused", transaction_id=txn.transaction_id,
+                                service=txn.service, area=txn.area, phase=txn.phase.value,
+                                detail=e.detail)
+                    progressed, failed = True, True
+                if not progressed:
+                    return  # Finish or Park
+                if failed:
+                    await self._pause(pause)
+                    pause = min(STEP_RETRY_CAP_S, pause * 2)
+                else:
+                    pause = STEP_RETRY_BASE_S
+
+    async def _step(self, txn: Transaction) -> tuple[bool, bool]:
+        """One step of one record: (something happened, it failed and looped back)."""
+        committed = self.state.committed.get(txn.area)
+        if committed is not None:
+            reversal = rules.reversal(txn, desired=self.state.desired_location(committed))
+            if reversal.outcome is not None:
+                await self._advance(txn, reversal.outcome)
+                return True, False
+        actions = phases.next_actions(txn, self._ctx(txn))
+        outcome, error = await self._perform(txn, actions)
+        if outcome is None:
+            return False, False
+        lease = None
+        if outcome is Outcome.LEASE_EXPIRED:
+            # Judge the deadline by the grant waited out, or a later one learnt meanwhile.
+            waited = next(a.lease for a in actions if isinstance(a, phases.WaitLeaseExpiry))
+            known = self._ctx(txn).lease
+            later = known is not None and known.acknowledged_at > waited.acknowledged_at
+            lease = known if later else waited
+        new = await self._advance(txn, outcome, error=error, lease=lease)
+        return True, error is not None and new.phase is txn.phase and txn.phase in SELF_LOOPING
+
+    async def _pause(self, seconds: float) -> None:
+        # Bounded; stop() cancels a runner that is still pausing after its grace period.
+        await asyncio.sleep(seconds)
+
+    async def _perform(
+        self, txn: Transaction, actions: tuple[phases.Action, ...]
+    ) -> tuple[Outcome | None, MonitordError | None]:
+        outcome: Outcome | None = None
+        for action in actions:
+            if isinstance(action, phases.Finish | phases.Park):
+                return None, None
+            try:
+                outcome = await self._perform_with_retries(txn, action)
+            except MonitordError as e:
+                self._record_error(txn, e)
+                return self._outcome_for_error(txn, e), e
+        return outcome, None
+
+    async def _perform_with_retries(self, txn: Transaction, action: phases.Action) -> Outcome:
+        delay = STEP_RETRY_BASE_S
+        for attempt in range(1, STEP_ATTEMPTS + 1):
+            try:
+                return await self.actions.perform(txn, action)
+            except TransientError as e:
+                if e.code in UNREACHABLE_CODES or attempt == STEP_ATTEMPTS or self._stopping:
+                    raise
+                log.info("step_retry", transaction_id=txn.transaction_id, service=txn.service,
+                         area=txn.area, phase=txn.phase.value, error_code=e.code,
+                         attempt=attempt)
+                await asyncio.sleep(delay)
+                delay *= 2
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _outcome_for_error(self, txn: Transaction, error: MonitordError) -> Outcome:
+        if txn.phase is Phase.PREFLIGHT:
+            # Every failed preflight counts towards parking, an unreachable VPS included.
+            outcome = rules.failure_outcome(
+                consecutive_failures=self._failures[txn.service] + 1,
+                park_after_failures=self.park_after_failures,
+            )
+            if outcome is Outcome.PARK:
+                return outcome
+        allowed = phases.allowed(txn)
+        if error.code in UNREACHABLE_CODES and Outcome.UNREACHABLE in allowed:
+            return Outcome.UNREACHABLE
+        return Outcome.FAILED
+
+    # -- advancing ------------------------------------------------------------------------
+
+    def _ctx(
+        self,
+        txn: Transaction,
+        *,
+        error: MonitordError | None = None,
+        new_generation: int | None = None,
+        lease: AreaLease | None = None,
+    ) -> phases.StepContext:
+        if lease is None and txn.destination is Side.REMOTE and self.renewer is not None:
+            lease = self.renewer.lease_for(txn.area, txn.generation)
+        return phases.StepContext(
+            at=self._wall(),
+            now=self._clock(),
+            policy=self.policy,
+            lease=lease,
+            error_code=str(error.code) if error else None,
+            error_detail=error.detail if error else None,
+            new_generation=new_generation,
+        )
+
+    async def _advance(
+        self,
+        txn: Transaction,
+        outcome: Outcome,
+        *,
+        error: MonitordError | None = None,
+        new_generation: int | None = None,
+        lease: AreaLease | None = None,
+    ) -> Transaction:
+        if txn.phase is Phase.ROLLBACK and outcome is Outcome.OK and txn.last_error_code:
+            outcome = rules.rollback_completion_outcome(
+                consecutive_failures=self._failures[txn.service] + 1,
+                park_after_failures=self.park_after_failures,
+            )
+        ctx = self._ctx(txn, error=error, new_generation=new_generation, lease=lease)
+        new = phases.advance(txn, outcome, ctx)
+        ended = not new.is_active or new.phase is Phase.PARKED
+        if ended:
+            self._count_end(new)  # before saving: the projection written on save shows it
+        await self.state.save(new)
+        await self._event("transaction_phase", new, outcome=outcome.value,
+                          previous=txn.phase.value)
+        if new.phase is not txn.phase:
+            await crash_points.reached(new.phase.value, direction=new.direction.value,
+                                       area=new.area)
+        if ended:
+            self._finished(new)
+        return new
+
+    def _count_end(self, txn: Transaction) -> None:
+        """Consecutive failures per service, and the back-off before this area tries again."""
+        if txn.phase is Phase.DONE:
+            self._failures[txn.service] = 0
+            self.last_errors.pop(txn.service, None)
+        elif txn.last_error_code is not None:
+            self._failures[txn.service] += 1
+            count = self._failures[txn.service]
+            delay = min(self.retry_backoff_cap_s, self.retry_backoff_base_s * 2 ** (count - 1))
+            self._not_before[txn.area] = self._clock() + delay
+
+    def _finished(self, txn: Transaction) -> None:
+        if txn.phase is Phase.ROLLED_BACK or (
+            txn.phase is Phase.PARKED and txn.rollback_from is not None
+        ):
+            self.metrics.rollbacks.labels(service=txn.service).inc()
+        self.metrics.migration_duration.labels(
+            service=txn.service,
+            destination=txn.destination.value,
+            outcome=txn.phase.value.lower(),
+        ).observe(max(0.0, txn.updated_at - txn.started_at))
+        self.on_finished(txn)
+
+    def _record_error(self, txn: Transaction, error: MonitordError) -> None:
+        try:
+            action = errors.lookup(str(error.code)).action
+        except errors.UnknownErrorCode:  # an unknown code is still shown, without advice
+            action = ""
+        self.last_errors[txn.service] = {
+            "code": str(error.code),
+            "detail": error.detail,
+            "phase": txn.phase.value,
+            "area": txn.area,
+            "at": self._wall(),
+            "action": action,
+        }
+        log.warning("phase_failed", transaction_id=txn.transaction_id, service=txn.service,
+                    area=txn.area, phase=txn.phase.value, source=txn.source.value,
+                    destination=txn.destination.value, generation=txn.generation,
+                    error_code=str(error.code), detail=error.detail)
+
+    async def _event(self, event: str, txn: Transaction, **extra: Any) -> None:
+        fields = {
+            "transaction_id": txn.transaction_id,
+            "service": txn.service,
+            "area": txn.area,
+            "phase": txn.phase.value,
+            "source": txn.source.value,
+            "destination": txn.destination.value,
+            "generation": txn.generation,
+            "error_code": txn.last_error_code,
+            **extra,
+        }
+        log.info(event, **fields)
+        await self.store.record_event(event, fields)

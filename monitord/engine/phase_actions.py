@@ -1,0 +1,430 @@
+"""The I/O behind each action of the phase table (orchestrator/phases.py).
+
+`PhaseActions.perform(txn, action)` does what one action says, verifies it, and returns the
+`Outcome` to feed back into `phases.step()`; a failure is raised as a `MonitordError` with
+a stable code and turned into FAILED or UNREACHABLE by the engine. Every action here is
+idempotent and generation-checked, because after a crash the engine simply performs the
+stored record's next action again.
+
+Who does what:
+- the local side is the supervisor (`LocalSupervisor`); what may run locally is always
+  `PlacementState.runs(LOCAL)`, fed to it by the runtime whenever the state changes, so
+  "suppressing" the source is just the persisted phase plus a verified stop;
+- the remote side is the agent, through `RemoteLink` (tunnel + manager API + SFTP);
+- the commit is the atomic custom_config.json write in `PlacementState.commit()`.
+Called by monitord.engine.migration_engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import structlog
+
+from monitord.base.config import Config, ServiceSection
+from monitord.engine import crash_points
+from monitord.engine.lease_renewer import LeaseRenewer
+from monitord.engine.placement_state import PlacementState
+from monitord.local.supervisor import AreaRun, LocalSupervisor, area_run, expand
+from monitord.remote import area_copy
+from monitord.remote import preflight as preflight_checks
+from monitord.remote.remote_link import RemoteLink
+from monitord.store.state_db import Store
+from orchestrator import phases
+from orchestrator.errors import ErrorCode, MonitordError, error_for
+from orchestrator.models import Side, Transaction
+from orchestrator.phases import Outcome
+
+log = structlog.get_logger("monitord.engine.phase_actions")
+
+POLL_S = 0.1
+# Why a tunnel is not up, as the preflight reports it (anything else: SSH_UNREACHABLE).
+TUNNEL_STATE_CODES = {
+    "auth_failed": ErrorCode.PREFLIGHT_AUTH,
+    "host_key_mismatch": ErrorCode.HOST_KEY_MISMATCH,
+    "lease_conflict": ErrorCode.PREFLIGHT_TUNNEL_OWNER,
+    "port_occupied": ErrorCode.PREFLIGHT_FORWARDS,
+}
+STOP_GRACE_S = 10.0
+
+
+def remote_paths(
+    config: Config, *, service: str, area: str, generation: int
+) -> tuple[str, tuple[str, ...]]:
+    """(data dir, argv) of an area on the VPS, templates expanded."""
+    assert config.remote is not None
+    section = config.services[service]
+    bin_dir = config.remote.remote_bin_dir
+    data_dir = expand(
+        section.remote_data_dir, area=area, data_dir="", generation=generation, side="remote",
+        remote_bin_dir=bin_dir,
+    )
+    template = section.remote_command or section.command
+    command = tuple(
+        expand(part, area=area, data_dir=data_dir, generation=generation, side="remote",
+               remote_bin_dir=bin_dir)
+        for part in template
+    )
+    return data_dir, command
+
+
+def local_data_dir(section: ServiceSection, *, area: str, generation: int) -> Path:
+    return Path(expand(section.local_data_dir, area=area, data_dir="", generation=generation,
+                       side="local"))
+
+
+class PhaseActions:
+    def __init__(
+        self,
+        *,
+        config: Config,
+        state: PlacementState,
+        supervisor: LocalSupervisor,
+        remote: RemoteLink | None,
+        renewer: LeaseRenewer | None,
+        store: Store,
+        owner_id: str,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.state = state
+        self.supervisor = supervisor
+        self.remote = remote
+        self.renewer = renewer
+        self.store = store
+        self.owner_id = owner_id
+        self._clock = clock
+        self.archive_dir = config.monitord.work_dir / "archive"
+
+    def _link(self) -> RemoteLink:
+        if self.remote is None:
+            raise error_for(ErrorCode.PREFLIGHT_REMOTE_CONFIG, "no [remote] section configured")
+        return self.remote
+
+    def _section(self, txn: Transaction) -> ServiceSection:
+        return self.config.services[txn.service]
+
+    # -- dispatch ----------------------------------------------------------------------
+
+    async def perform(self, txn: Transaction, action: phases.Action) -> Outcome:
+        match action:
+            case phases.RunPreflight():
+                return await self.preflight(txn)
+            case phases.SuppressSource(side=side, generation=generation):
+                await self.stop_side(txn, side=side, generation=generation, keep_entry=True)
+                return Outcome.OK
+            case phases.CopyData(source=source):
+                await self.copy(txn, source=source)
+                return Outcome.OK
+            case phases.CreateDestination(side=side, generation=generation):
+                await self.create(txn, side=side, generation=generation)
+                return Outcome.OK
+            case phases.CheckHealth(side=side, generation=generation):
+                await self.check_health(txn, side=side, generation=generation)
+                return Outcome.OK
+            case phases.CommitLocation(location=location, generation=generation):
+                await self.state.commit(area=txn.area, location=location, generation=generation)
+                await crash_points.reached("COMMIT_WRITTEN", direction=txn.direction.value,
+                                           area=txn.area)
+                return Outcome.OK
+            case phases.CleanupSource(side=side, generation=generation):
+                await self.cleanup_source(txn, side=side, generation=generation)
+                return Outcome.OK
+            case phases.FenceDestination(side=side, generation=generation):
+                await self.stop_side(txn, side=side, generation=generation, keep_entry=False)
+                return Outcome.FENCED
+            case phases.EnqueueCleanup(item=item):
+                await self.store.enqueue_cleanup(
+                    service=item.service, area=item.area, side=item.side.value,
+                    generation=item.generation, action=item.action.value,
+                    now=item.created_at, item_id=item.id,
+                )
+                return Outcome.OK
+            case phases.WaitLeaseExpiry(until=until):
+                return await self.wait_lease_or_absence(txn, until=until)
+            case phases.RestartSource(side=side, generation=generation):
+                await self.restart_source(txn, side=side, generation=generation)
+                return Outcome.OK
+        raise AssertionError(f"no performer for {type(action).__name__}")
+
+    # -- PREFLIGHT -----------------------------------------------------------------------
+
+    async def preflight(self, txn: Transaction) -> Outcome:
+        """SPEC §6.5 for a move to the VPS; reachability + local space for a move back."""
+        link = self._link()
+        await self._wait_for_tunnel(link)
+        if txn.destination is Side.LOCAL:
+            target = local_data_dir(self._section(txn), area=txn.area, generation=txn.generation)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            free = shutil.disk_usage(target.parent).free
+            if free < 64 * 1024 * 1024:
+                raise error_for(ErrorCode.PREFLIGHT_DISK_SPACE, f"only {free} bytes free locally")
+            return Outcome.OK
+        data = local_data_dir(self._section(txn), area=txn.area, generation=txn.source_generation)
+        size = await asyncio.to_thread(_tree_size, data)
+        ours, owner_id, owner_label = link.tunnel_owner()
+        async with link.session() as conn:
+            report = await self._run_preflight(link, conn, txn, size, ours, owner_id, owner_label)
+        failure = report.first_failure()
+        if failure is None and not report.ok and link.connected():
+            # Only "startable" failed: the agent is not running but can be; start it.
+            await link.ensure_agent()
+        if failure is None:
+            return Outcome.OK
+        raise error_for(failure.code, f"{failure.detail} — {failure.hint}".rstrip(" —"))
+
+    async def _wait_for_tunnel(self, link: RemoteLink) -> None:
+        """A (re)connecting tunnel gets a moment; a VPS that stays away fails the preflight."""
+        if link.connected():
+            return
+        try:
+            await link.keeper.wait_connected(timeout_s=link.remote.preflight_tunnel_wait_s)
+        except TimeoutError as e:
+            status = link.keeper.status()
+            last = status.last_error
+            why = f"{last.code}: {last.detail}" if last else "not connected yet"
+            code = TUNNEL_STATE_CODES.get(status.state.value, ErrorCode.SSH_UNREACHABLE)
+            raise error_for(code, f"the tunnel to the VPS is {status.state.value} ({why})") from e
+
+    async def _run_preflight(
+        self,
+        link: RemoteLink,
+        conn: object,
+        txn: Transaction,
+        size: int,
+        ours: bool,
+        owner_id: str,
+        owner_label: str,
+    ) -> preflight_checks.PreflightReport:
+        last = link.keeper.status().last_error
+        return await preflight_checks.run_preflight(
+            conn,  # type: ignore[arg-type]
+            config=self.config,
+            service=txn.service,
+            artifacts=link.artifacts,
+            area_data_bytes=size,
+            tunnel_owner=preflight_checks.TunnelOwnerView(
+                ours=ours, owner_id=owner_id, owner_label=owner_label
+            ),
+            forwards_ready=link.forwards_ready(),
+            agent_secret=link.secret,
+            auth_error=f"{last.code}: {last.detail}" if last else "",
+            agent_url=link.agent.base_url,
+        )
+
+    # -- stopping (SUPPRESS_SOURCE, FenceDestination) -----------------------------------
+
+    async def stop_side(
+        self, txn: Transaction, *, side: Side, generation: int, keep_entry: bool
+    ) -> None:
+        """Stop the area on `side` at `generation` and verify it gone.
+
+        Locally the persisted phase already removed the area from what may run; this stops
+        the process and waits for proof. Remotely the agent stops (keep_entry) or deletes
+        the entry, at that generation only.
+        """
+        if side is Side.LOCAL:
+            self.supervisor.set_desired(self._local_runs())
+            if not await self.supervisor.stop_area(txn.area, grace_s=STOP_GRACE_S):
+                raise error_for(ErrorCode.DAEMON_STOP_FAILED, f"{txn.area} would not stop")
+            if not keep_entry:
+                section = self._section(txn)
+                target = local_data_dir(section, area=txn.area, generation=generation)
+                await asyncio.to_thread(_remove_staging, target)
+            return
+        agent = self._link().agent
+        if keep_entry:
+            await agent.stop(area=txn.area, generation=generation)
+        else:
+            await agent.delete(area=txn.area, generation=generation)
+        await self._verify_remote_gone(txn.area, generation=generation, entry_gone=not keep_entry)
+
+    async def _verify_remote_gone(self, area: str, *, generation: int, entry_gone: bool) -> None:
+        inventory = await self._link().agent.inventory()
+        running = [p for p in inventory.processes if p.area == area and p.generation <= generation]
+        entries = [e for e in inventory.entries if e.area == area and e.generation == generation]
+        if running or (entry_gone and entries):
+            raise error_for(
+                ErrorCode.DAEMON_STOP_FAILED,
+                f"{area} still present on the VPS at generation {generation}",
+            )
+
+    async def wait_lease_or_absence(self, txn: Transaction, *, until: float) -> Outcome:
+        """Wait out the destination's lease — unless the VPS comes back first and shows the
+        destination gone at its generation (no process, no entry): that is FENCED.
+
+        Verified absence is the same proof the cleanup worker completes items on; it ends a
+        rollback early when the link returns, instead of after the (possibly long) bound.
+        """
+        while (remaining := until - self._clock()) > 0:
+            if self.remote is not None and self.remote.connected():
+                try:
+                    await self._verify_remote_gone(
+                        txn.area, generation=txn.generation, entry_gone=True
+                    )
+                except MonitordError:
+                    pass  # still there, or not observable now: keep waiting
+                else:
+                    return Outcome.FENCED
+            await asyncio.sleep(min(remaining, 1.0))
+        return Outcome.LEASE_EXPIRED
+
+    # -- COPY -----------------------------------------------------------------------------
+
+    async def copy(self, txn: Transaction, *, source: Side) -> None:
+        link = self._link()
+        section = self._section(txn)
+        local = local_data_dir(section, area=txn.area, generation=txn.generation)
+        remote_dir, _ = remote_paths(
+            self.config, service=txn.service, area=txn.area, generation=txn.generation
+        )
+        async with link.session() as conn:
+            if source is Side.LOCAL:
+                report = await area_copy.upload(conn, local_dir=local, remote_dir=remote_dir)
+            else:
+                report = await area_copy.download(conn, remote_dir=remote_dir, local_dir=local)
+        log.info("area_copied", transaction_id=txn.transaction_id, service=txn.service,
+                 area=txn.area, source=source.value, files=report.files, bytes=report.bytes)
+
+    # -- CREATE_DESTINATION / RestartSource -----------------------------------------------
+
+    async def create(self, txn: Transaction, *, side: Side, generation: int) -> None:
+        if side is Side.LOCAL:
+            run = area_run(service=txn.service, section=self._section(txn), area=txn.area,
+                           generation=generation)
+            self.supervisor.set_desired(self._local_runs())
+            view = await self.supervisor.start_area(run)
+            if view.generation != generation:
+                raise error_for(ErrorCode.DAEMON_START_FAILED, f"{txn.area} did not start")
+            return
+        await self.restart_remote(service=txn.service, area=txn.area, generation=generation)
+
+    async def restart_remote(self, *, service: str, area: str, generation: int) -> None:
+        """Create (or confirm) the agent's entry at `generation` with a fresh lease; start it."""
+        link = self._link()
+        data_dir, command = remote_paths(self.config, service=service, area=area,
+                                         generation=generation)
+        section = self.config.services[service]
+        epoch = self.renewer.epoch() if self.renewer is not None else 0
+        try:
+            await link.agent.create(
+                area=area, service=service, generation=generation, owner_id=self.owner_id,
+                lease_ttl_s=link.remote.area_lease_ttl_s, command=command, data_dir=data_dir,
+                env=section.env,
+            )
+        except MonitordError as e:
+            if self.renewer is not None:
+                self.renewer.grant_failed(area, generation, epoch=epoch, error=e)
+            raise
+        if self.renewer is not None:
+            self.renewer.acknowledge(area, generation)
+
+    async def restart_source(self, txn: Transaction, *, side: Side, generation: int) -> None:
+        """Let the source run again: locally the supervisor feed does it; remotely, a grant."""
+        if side is Side.LOCAL:
+            self.supervisor.set_desired(self._local_runs())
+            return
+        await self.restart_remote(service=txn.service, area=txn.area, generation=generation)
+
+    # -- HEALTHCHECK_DESTINATION ----------------------------------------------------------
+
+    async def check_health(self, txn: Transaction, *, side: Side, generation: int) -> None:
+        """The destination runs at `generation` for min_uptime_s (and its probe passes)."""
+        section = self._section(txn)
+        deadline = self._clock() + section.min_uptime_s + section.healthcheck_timeout_s
+        while True:
+            uptime = await self._uptime(txn.area, side=side, generation=generation)
+            if uptime is not None and uptime >= section.min_uptime_s:
+                if await self._probe(section, txn, side=side):
+                    return
+            if self._clock() >= deadline:
+                raise error_for(
+                    ErrorCode.HEALTHCHECK_TIMEOUT,
+                    f"{txn.area} did not stay up {section.min_uptime_s:g} s on {side.value}"
+                    f" within {section.min_uptime_s + section.healthcheck_timeout_s:g} s",
+                )
+            await asyncio.sleep(POLL_S if side is Side.LOCAL else 0.5)
+
+    async def _uptime(self, area: str, *, side: Side, generation: int) -> float | None:
+        if side is Side.LOCAL:
+            for view in self.supervisor.inventory():
+                if view.area == area and view.generation == generation and view.pid:
+                    return view.uptime_s
+            return None
+        raw = await self._link().agent.inventory_raw()
+        for proc in raw.get("processes", []):
+            if proc.get("area") == area and proc.get("generation") == generation:
+                if proc.get("alive", True) and proc.get("pid"):
+                    return float(proc.get("uptime_s") or 0.0)
+        return None
+
+    async def _probe(self, section: ServiceSection, txn: Transaction, *, side: Side) -> bool:
+        if not section.probe or side is not Side.LOCAL:
+            return True
+        argv = [part.format(area=txn.area) for part in section.probe]
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
+        )
+        try:
+            async with asyncio.timeout(section.healthcheck_timeout_s):
+                return await proc.wait() == 0
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            return False
+
+    # -- CLEANUP_SOURCE -------------------------------------------------------------------
+
+    async def cleanup_source(self, txn: Transaction, *, side: Side, generation: int) -> None:
+        """Remove the migrated-away source at its generation (local data is archived)."""
+        if side is Side.LOCAL:
+            if not await self.supervisor.stop_area(txn.area, grace_s=STOP_GRACE_S):
+                raise error_for(ErrorCode.DAEMON_STOP_FAILED, f"{txn.area} would not stop")
+            section = self._section(txn)
+            source_dir = local_data_dir(section, area=txn.area, generation=generation)
+            target = self.archive_dir / txn.service / f"{txn.area}-g{generation}"
+            await asyncio.to_thread(_archive, source_dir, target)
+            return
+        await self._link().agent.delete(area=txn.area, generation=generation)
+        await self._verify_remote_gone(txn.area, generation=generation, entry_gone=True)
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _local_runs(self) -> dict[str, AreaRun]:
+        return local_runs(self.config, self.state)
+
+
+def local_runs(config: Config, state: PlacementState) -> dict[str, AreaRun]:
+    """The supervisor's wanted set: every area that may run locally, as AreaRuns."""
+    runs: dict[str, AreaRun] = {}
+    for area, generation in state.runs(Side.LOCAL).items():
+        committed = state.committed.get(area)
+        txn = state.transactions.get(area)
+        service = txn.service if txn else committed.service if committed else None
+        if service is None or service not in config.services:
+            continue
+        runs[area] = area_run(service=service, section=config.services[service], area=area,
+                              generation=generation)
+    return runs
+
+
+def _tree_size(root: Path) -> int:
+    if not root.is_dir():
+        return 0
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def _remove_staging(target: Path) -> None:
+    shutil.rmtree(target.with_name(target.name + area_copy.STAGING_SUFFIX), ignore_errors=True)
+
+
+def _archive(source: Path, target: Path) -> None:
+    if not source.exists():
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(target, ignore_errors=True)
+    source.rename(target)

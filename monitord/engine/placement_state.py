@@ -1,0 +1,176 @@
+"""The daemon's in-memory view of placement: committed areas, active transactions, wishes.
+
+One `PlacementState` per daemon, owned by the runtime and shared by the migration engine,
+the lease renewer, the reconciler, the supervisor feed and the status API. It is a cache of
+durable facts, never the other way round:
+
+- committed areas come from `custom_config.json` (the authority; monitord is its only
+  writer while running, and the commit write goes through `commit()` here);
+- transactions are written to the store *before* the cache changes (`save()`);
+- desired placements are the operator's wishes, recorded in the store by the intake.
+
+Whoever changes it calls `notify()`: listeners (the supervisor feed, the renewer, the
+status projection) recompute from `runs(side)`, which is `orchestrator.rules.desired_runs`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+
+from monitord.store import spool_files
+from monitord.store.state_db import Store
+from orchestrator import rules
+from orchestrator.errors import ErrorCode, error_for
+from orchestrator.models import Area, Phase, Side, Transaction
+
+Listener = Callable[[], None]
+
+
+class PlacementState:
+    def __init__(self, *, store: Store, custom_config_path: Path) -> None:
+        self.store = store
+        self.custom_config_path = custom_config_path
+        self.committed: dict[str, Area] = {}
+        self.corrupt: spool_files.ConfigCorrupt | None = None
+        self.transactions: dict[str, Transaction] = {}  # active ones, by area
+        self.desired_service: dict[str, Side] = {}
+        self.desired_area: dict[str, Side] = {}
+        self.last_finished: dict[str, Transaction] = {}  # newest final record per area
+        self._listeners: list[Listener] = []
+        self.changed = asyncio.Event()
+        # custom_config.json is read-changed-written by commits and re-read by the
+        # reconciler, each in a worker thread: one at a time, or a commit can be lost on
+        # disk or undone in memory (and the supervisor would start a migrated area again).
+        self._file_lock = asyncio.Lock()
+
+    # -- loading ---------------------------------------------------------------------------
+
+    async def load(self) -> None:
+        """Read custom_config.json, active transactions and wishes (at start-up)."""
+        await self.reload_committed()
+        for record in await self.store.list_transactions(active_only=True, limit=1_000_000):
+            txn = Transaction.from_storage(record)
+            self.transactions[txn.area] = txn
+        # In the order they were made: a later service-wide wish overrides per-area ones.
+        rows = sorted(await self.store.desired_placements(), key=lambda r: r["updated_at"])
+        for row in rows:
+            self._apply_desired(row["service"], row.get("area"), Side(row["location"]))
+
+    async def reload_committed(self) -> bool:
+        """Re-read custom_config.json; False (and `corrupt` set) when it cannot be parsed.
+
+        A corrupt file changes nothing in memory: what runs keeps running, and placement
+        changes are refused until the file is fixed (CONFIG_CORRUPT).
+        """
+        async with self._file_lock:
+            try:
+                document = await asyncio.to_thread(
+                    spool_files.read_custom_config, self.custom_config_path
+                )
+            except spool_files.ConfigCorrupt as e:
+                self.corrupt = e
+                return False
+            self._apply_committed(document)
+        return True
+
+    def _apply_committed(self, document: spool_files.CustomConfig) -> None:
+        self.corrupt = None
+        committed = {
+            e.uuid: Area(uuid=e.uuid, service=e.service, location=Side(e.location),
+                         generation=e.generation)
+            for e in document.entries
+        }
+        if committed != self.committed:
+            self.committed = committed
+            self.notify()
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def areas_of(self, service: str) -> list[Area]:
+        return [a for a in self.committed.values() if a.service == service]
+
+    def desired_location(self, area: Area) -> Side:
+        """The operator's wish for one area: per-area, else per-service, else where it is."""
+        return self.desired_area.get(
+            area.uuid, self.desired_service.get(area.service, area.location)
+        )
+
+    def service_desired(self, service: str) -> Side | None:
+        return self.desired_service.get(service)
+
+    def runs(self, side: Side) -> Mapping[str, int]:
+        """area -> generation of everything that may run on `side` right now (rules §5.3)."""
+        return rules.desired_runs(
+            side=side,
+            authoritative=self.committed.values(),
+            transactions=self.transactions.values(),
+        )
+
+    def parked_services(self) -> set[str]:
+        return {t.service for t in self.transactions.values() if t.phase is Phase.PARKED}
+
+    def active(self) -> Iterable[Transaction]:
+        return self.transactions.values()
+
+    # -- changing --------------------------------------------------------------------------
+
+    async def save(self, txn: Transaction) -> None:
+        """Persist a transaction record, then update the cache and tell the listeners."""
+        await self.store.put_transaction(txn.to_storage())
+        if txn.is_active:
+            self.transactions[txn.area] = txn
+        else:
+            self.transactions.pop(txn.area, None)
+            self.last_finished[txn.area] = txn
+        self.notify()
+
+    async def commit(self, *, area: str, location: Side, generation: int) -> None:
+        """The commit point of a migration: custom_config.json, atomically (SPEC §5.3)."""
+        async with self._file_lock:
+            try:
+                document = await asyncio.to_thread(
+                    spool_files.update_area_placement,
+                    self.custom_config_path,
+                    uuid=area,
+                    location=location.value,
+                    generation=generation,
+                )
+            except spool_files.ConfigCorrupt as e:
+                self.corrupt = e
+                raise error_for(ErrorCode.CONFIG_CORRUPT, str(e)) from e
+            except KeyError as e:
+                raise error_for(
+                    ErrorCode.UNKNOWN_AREA, f"area {area} is no longer in custom_config.json"
+                ) from e
+            self._apply_committed(document)
+
+    async def record_desired(self, *, service: str, area: str | None, location: Side) -> None:
+        await self.store.set_desired_placement(
+            service=service, area=area, location=location.value, now=time.time()
+        )
+        self._apply_desired(service, area, location)
+        self.notify()
+
+    def _apply_desired(self, service: str, area: str | None, location: Side) -> None:
+        if area is None:
+            self.desired_service[service] = location
+            # A service-wide wish replaces earlier per-area ones of that service.
+            for uuid in [u for u in self.desired_area if self._service_of(u) == service]:
+                del self.desired_area[uuid]
+        else:
+            self.desired_area[area] = location
+
+    def _service_of(self, uuid: str) -> str | None:
+        area = self.committed.get(uuid)
+        return area.service if area else None
+
+    def add_listener(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    def notify(self) -> None:
+        self.changed.set()
+        for listener in self._listeners:
+            listener()

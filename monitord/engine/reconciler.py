@@ -1,0 +1,200 @@
+"""The reconcile loop: make both sides match the authoritative placement (SPEC §7.2).
+
+A root task ("reconciler"). A pass runs on every tunnel (re)connect, every
+`monitord.reconcile_interval_s`, and after each finished transaction. It observes the local
+supervisor and (when the tunnel is up) the agent, asks `orchestrator.planner.plan()` and
+performs the actions: remove orphan remote entries and stop orphan processes at their
+generation, create missing remote entries for areas committed remote. Drift before and
+after is kept for the status, the metrics and the event log.
+
+A pass holds the migration engine's intake lock, so no transaction opens between the
+observation and the actions; areas in an active transaction are never touched (the planner
+leaves them to the engine).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import structlog
+
+from monitord.base.metrics import Metrics
+from monitord.engine.phase_actions import PhaseActions
+from monitord.engine.placement_state import PlacementState
+from monitord.local.supervisor import LocalSupervisor
+from monitord.remote.agent_client import to_remote_inventory
+from monitord.remote.remote_link import RemoteLink
+from monitord.store.state_db import Store
+from orchestrator import planner
+from orchestrator.errors import ErrorCode, MonitordError
+from orchestrator.models import CleanupItem, LocalInventory, ProcessInfo, RemoteInventory, Side
+
+log = structlog.get_logger("monitord.engine.reconciler")
+
+TASK_NAME = "reconciler"
+
+
+@dataclass(frozen=True)
+class DriftReport:
+    at: float
+    before: dict[str, int]
+    after: dict[str, int]
+    actions: int
+    remote_observed: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "at": self.at,
+            "before": sum(self.before.values()),
+            "after": sum(self.after.values()),
+            "before_by_kind": self.before,
+            "after_by_kind": self.after,
+            "actions": self.actions,
+            "remote_observed": self.remote_observed,
+        }
+
+
+class Reconciler:
+    def __init__(
+        self,
+        *,
+        state: PlacementState,
+        store: Store,
+        supervisor: LocalSupervisor,
+        remote: RemoteLink | None,
+        actions: PhaseActions,
+        metrics: Metrics,
+        intake_lock: asyncio.Lock,
+        interval_s: float,
+        legacy_grace_s: float,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.state = state
+        self.store = store
+        self.supervisor = supervisor
+        self.remote = remote
+        self.actions = actions
+        self.metrics = metrics
+        self.intake_lock = intake_lock
+        self.interval_s = interval_s
+        self.legacy_grace_s = legacy_grace_s
+        self._wall = wall
+        self._wake = asyncio.Event()
+        self._first_seen: dict[tuple[str, int], float] = {}
+        self.last: DriftReport | None = None
+        self.remote_inventory: dict[str, Any] | None = None
+        self.orphans_by_service: dict[str, int] = {}
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def run(self) -> None:
+        while True:
+            self._wake.clear()
+            try:
+                await self.run_once()
+            except MonitordError as e:
+                log.warning("reconcile_failed", error_code=e.code, detail=e.detail)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.interval_s):
+                    await self._wake.wait()
+
+    async def run_once(self) -> DriftReport:
+        await self.state.reload_committed()
+        async with self.intake_lock:
+            remote = await self._observe_remote()
+            local = self._observe_local()
+            items = [
+                CleanupItem.from_storage(r) for r in await self.store.list_cleanup(limit=100_000)
+            ]
+            plan = planner.plan(
+                authoritative=self.state.committed.values(),
+                transactions=self.state.transactions.values(),
+                cleanup_items=items,
+                local_inventory=local,
+                remote_inventory=remote,
+                now=self._wall(),
+                legacy_grace_s=self.legacy_grace_s,
+            )
+            for action in plan.actions:
+                await self._perform(action)
+        report = DriftReport(
+            at=self._wall(),
+            before=asdict(plan.drift_before),
+            after=asdict(plan.drift_after_expected),
+            actions=len(plan.actions),
+            remote_observed=remote is not None,
+        )
+        self.last = report
+        orphans: dict[str, int] = {}
+        for action in plan.actions:
+            if not isinstance(action, planner.CreateRemoteEntry):
+                orphans[action.service] = orphans.get(action.service, 0) + 1
+        self.orphans_by_service = orphans
+        self.metrics.drift.set(plan.drift_after_expected.total)
+        if plan.actions or plan.drift_before.total:
+            log.info("reconciled", drift_before=plan.drift_before.total,
+                     drift_after=plan.drift_after_expected.total, actions=len(plan.actions),
+                     remote_observed=remote is not None)
+            await self.store.record_event("reconciled", report.to_dict())
+        return report
+
+    async def _observe_remote(self) -> RemoteInventory | None:
+        if self.remote is None or not self.remote.connected():
+            return None
+        try:
+            raw = await self.remote.agent.inventory_raw()
+        except MonitordError as e:
+            log.warning("reconcile_inventory_failed", error_code=e.code, detail=e.detail)
+            if e.code == ErrorCode.AGENT_UNREACHABLE and self.remote.connected():
+                # The tunnel is up but the agent is not answering: it may have died.
+                await self.remote.ensure_agent()
+            return None
+        self.remote_inventory = raw
+        now = self._wall()
+        # Legacy grace counts from the first time this owner saw the entry, unless the agent
+        # says when it appeared: an agent restart must not restart the clock.
+        for entry in raw.get("entries", []):
+            key = (entry["area"], int(entry.get("generation", 0)))
+            first = self._first_seen.setdefault(key, now)
+            entry.setdefault("created_at", first)
+        return to_remote_inventory(raw, now=now)
+
+    def _observe_local(self) -> LocalInventory:
+        return LocalInventory(
+            processes=tuple(
+                ProcessInfo(area=v.area, service=v.service, generation=v.generation, pid=v.pid,
+                            started_at=v.started_at or self._wall())
+                for v in self.supervisor.inventory()
+                if v.pid
+            )
+        )
+
+    async def _perform(self, action: planner.PlanAction) -> None:
+        if action.area in self.state.transactions:
+            return  # a transaction opened meanwhile owns it now
+        fields = {"service": action.service, "area": action.area, "side": action.side.value,
+                  "generation": action.generation, "action": type(action).__name__}
+        try:
+            match action:
+                case planner.RemoveRemoteEntry():
+                    assert self.remote is not None
+                    await self.remote.agent.delete(area=action.area, generation=action.generation)
+                case planner.StopProcess(side=Side.REMOTE):
+                    assert self.remote is not None
+                    await self.remote.agent.stop(area=action.area, generation=action.generation)
+                case planner.StopProcess(side=Side.LOCAL):
+                    await self.supervisor.stop_area_at(action.area, action.generation)
+                case planner.CreateRemoteEntry():
+                    await self.actions.restart_remote(
+                        service=action.service, area=action.area, generation=action.generation
+                    )
+        except MonitordError as e:
+            log.warning("reconcile_action_failed", error_code=e.code, detail=e.detail, **fields)
+            return
+        log.info("reconcile_action", **fields)

@@ -1,0 +1,459 @@
+"""The local supervisor: runs exactly the local areas it is told to, one process per area.
+
+A root task of `monitord run` ("local supervisor"); the migration engine and the reconciler
+drive it through `set_desired()`, `start_area()` and `stop_area()` and read `inventory()`.
+
+- Each daemon runs in a session of its own (its PID is its process group), with its output
+  appended to `{state_dir}/logs/{area}.log` and two markers in its environment:
+  MONITORD_SUPERVISOR={state_dir} and MONITORD_AREA={area}.
+- A per-area record `{state_dir}/records/{area}.json` (written atomically right after the
+  spawn) names the process by pid + start time + argv, and its generation.
+- A daemon that exits is restarted after a capped exponential backoff that never gives up
+  (reset once a run lasted `min_uptime_s`); the next retry time is in the inventory.
+- Stop = SIGTERM to the process group, a grace period, SIGKILL, then verified gone.
+- `adopt_or_stop_survivors()` runs before anything starts: every process a previous
+  instance left — found by its record, and also by the environment marker, which catches
+  one spawned just before a crash and not yet recorded — is adopted when its identity
+  matches and it is wanted at that generation, and stopped otherwise. Never a duplicate.
+- `close()` stops supervising but leaves the daemons running: the next instance adopts them.
+See docs/supervisor.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from monitord.base import atomic_file, proc_identity
+from monitord.base.config import ServiceSection
+from monitord.base.proc_identity import ProcessIdentity
+
+SUPERVISOR_ENV = "MONITORD_SUPERVISOR"
+AREA_ENV = "MONITORD_AREA"
+GENERATION_ENV = "MONITORD_GENERATION"
+TASK_NAME = "local supervisor"
+_PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
+
+log = structlog.get_logger("monitord.local.supervisor")
+
+
+@dataclass(frozen=True)
+class AreaRun:
+    """One area to run locally: what to start and at which generation."""
+
+    service: str
+    area: str
+    generation: int
+    command: tuple[str, ...]
+    data_dir: str
+    env: Mapping[str, str] = field(default_factory=dict)
+    min_uptime_s: float = 3.0
+
+
+def expand(template: str, *, area: str, data_dir: str, generation: int, side: str,
+           remote_bin_dir: str = "") -> str:
+    """Expand {area}, {data_dir}, {generation}, {side} and {remote_bin_dir} in a template;
+    any other {name} is left as written (a daemon argument may contain braces)."""
+    known = {"area": area, "data_dir": data_dir, "generation": str(generation), "side": side,
+             "remote_bin_dir": remote_bin_dir}
+    return _PLACEHOLDER.sub(lambda m: known.get(m.group(1), m.group(0)), template)
+
+
+def area_run(*, service: str, section: ServiceSection, area: str, generation: int) -> AreaRun:
+    """The local AreaRun of a configured service (command and data dir templates expanded)."""
+    data_dir = expand(section.local_data_dir, area=area, data_dir="", generation=generation,
+                      side="local")
+    command = tuple(
+        expand(part, area=area, data_dir=data_dir, generation=generation, side="local")
+        for part in section.command
+    )
+    return AreaRun(service=service, area=area, generation=generation, command=command,
+                   data_dir=data_dir, env=dict(section.env), min_uptime_s=section.min_uptime_s)
+
+
+@dataclass(frozen=True)
+class ProcessView:
+    """One area as the supervisor sees it (the inventory row)."""
+
+    area: str
+    service: str
+    generation: int
+    state: str  # running | backoff | stopped
+    pid: int | None
+    started_at: float | None  # wall clock, from the kernel's start time
+    uptime_s: float
+    restarts: int
+    next_retry_at: float | None  # wall clock
+    last_exit_status: int | None
+    adopted: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class SurvivorReport:
+    """What `adopt_or_stop_survivors` found: areas adopted, processes stopped."""
+
+    adopted: tuple[str, ...]
+    stopped: tuple[str, ...]
+    stuck: tuple[str, ...]  # could not be verified gone
+
+
+@dataclass
+class _Slot:
+    """Mutable per-area runtime state; only touched under that area's lock."""
+
+    run: AreaRun
+    identity: ProcessIdentity | None = None
+    popen: subprocess.Popen[bytes] | None = None
+    started_mono: float = 0.0
+    failures: int = 0
+    restarts: int = 0
+    next_start: float = 0.0
+    last_exit_status: int | None = None
+    adopted: bool = False
+
+    def running(self) -> bool:
+        return self.identity is not None
+
+    def exited(self) -> bool:
+        if self.identity is None:
+            return False
+        if self.popen is not None:
+            return proc_identity.child_has_exited(self.popen)
+        return not proc_identity.is_same_process(self.identity)
+
+
+class LocalSupervisor:
+    """Runs the desired local areas; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        state_dir: Path,
+        stop_grace_s: float = 10.0,
+        backoff_base_s: float = 1.0,
+        backoff_cap_s: float = 60.0,
+        tick_s: float = 0.1,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.state_dir = state_dir.resolve()
+        self.records_dir = self.state_dir / "records"
+        self.logs_dir = self.state_dir / "logs"
+        for directory in (self.records_dir, self.logs_dir):
+            directory.mkdir(parents=True, exist_ok=True)
+        self.stop_grace_s = stop_grace_s
+        self.backoff_base_s = backoff_base_s
+        self.backoff_cap_s = backoff_cap_s
+        self._tick_s = tick_s
+        self._clock = clock
+        self._desired: dict[str, AreaRun] = {}
+        self._slots: dict[str, _Slot] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._survivors_handled = False
+        self._wake = asyncio.Event()
+
+    # -- the engine's API ------------------------------------------------------------
+
+    def set_desired(self, areas: Mapping[str, AreaRun]) -> None:
+        """Run exactly these areas (by area id); others are stopped by the loop."""
+        self._desired = dict(areas)
+        self._wake.set()
+
+    def desired(self) -> dict[str, AreaRun]:
+        return dict(self._desired)
+
+    async def start_area(self, run: AreaRun) -> ProcessView:
+        """Add `run` to the desired set and start it now unless it already runs (at that
+        generation). A different generation running is stopped (verified) first."""
+        self._desired[run.area] = run
+        async with self._lock(run.area):
+            await self._converge(run.area)
+        return self._view(run.area)
+
+    async def stop_area(self, area: str, *, grace_s: float | None = None) -> bool:
+        """Remove `area` from the desired set and stop its process: SIGTERM to its group,
+        `grace_s` (default: stop_grace_s), SIGKILL. True once verified gone."""
+        self._desired.pop(area, None)
+        async with self._lock(area):
+            return await self._stop_slot(area, grace_s=grace_s)
+
+    async def stop_area_at(
+        self, area: str, generation: int, *, grace_s: float | None = None
+    ) -> bool:
+        """Stop `area` only if its process runs at exactly `generation` — a newer generation
+        is never touched. True once nothing runs there at that generation."""
+        async with self._lock(area):
+            slot = self._slots.get(area)
+            if slot is None or slot.identity is None or slot.run.generation != generation:
+                return True
+            wanted = self._desired.get(area)
+            if wanted is not None and wanted.generation == generation:
+                del self._desired[area]
+            return await self._stop_slot(area, grace_s=grace_s)
+
+    async def stop_all(self, *, grace_s: float | None = None) -> bool:
+        """Stop every area (operator shutdown of the local side). True if all verified gone."""
+        self._desired.clear()
+        results = await asyncio.gather(
+            *(self.stop_area(area, grace_s=grace_s) for area in list(self._slots))
+        )
+        return all(results)
+
+    def inventory(self) -> list[ProcessView]:
+        areas = sorted(set(self._desired) | set(self._slots))
+        return [self._view(area) for area in areas]
+
+    async def adopt_or_stop_survivors(
+        self, wanted: Mapping[str, AreaRun] | None = None
+    ) -> SurvivorReport:
+        """Before anything starts: adopt what a previous instance left if it is wanted at
+        that generation and its identity matches its record; stop everything else."""
+        if wanted is not None:
+            self.set_desired(wanted)
+        adopted: list[str] = []
+        stopped: list[str] = []
+        stuck: list[str] = []
+        recorded: dict[int, tuple[str, int, ProcessIdentity]] = {}
+        for path in sorted(self.records_dir.glob("*.json")):
+            try:
+                record = json.loads(path.read_text())
+                identity = ProcessIdentity.from_json(record["identity"])
+                recorded[identity.pid] = (str(record["area"]), int(record["generation"]),
+                                          identity)
+            except (OSError, ValueError, KeyError, TypeError):
+                log.warning("supervisor_record_unreadable", path=str(path))
+                path.unlink(missing_ok=True)
+        marked = proc_identity.find_by_environ(SUPERVISOR_ENV, str(self.state_dir))
+        for identity, env in marked:
+            try:
+                leads_group = os.getpgid(identity.pid) == identity.pid
+            except ProcessLookupError:
+                continue
+            if identity.pid == os.getpid() or not leads_group:
+                continue  # ourselves, or a child inside a daemon's group (stopped with it)
+            area = env.get(AREA_ENV, "")
+            generation = int(env.get(GENERATION_ENV, "-1") or -1)
+            record = recorded.pop(identity.pid, None)
+            want = self._desired.get(area)
+            if (
+                record is not None
+                and record[2] == identity
+                and record[0] == area
+                and want is not None
+                and want.generation == record[1] == generation
+                and want.command == identity.cmdline
+                and area not in self._slots
+            ):
+                self._slots[area] = _Slot(run=want, identity=identity, adopted=True,
+                                          started_mono=self._clock())
+                adopted.append(area)
+                log.info("survivor_adopted", area=area, generation=generation,
+                         pid=identity.pid)
+                continue
+            gone = await proc_identity.terminate_group(identity.pid, grace_s=self.stop_grace_s)
+            (stopped if gone else stuck).append(area)
+            log.warning("survivor_stopped", area=area, generation=generation,
+                        pid=identity.pid, verified_gone=gone, recorded=record is not None)
+            if gone and area not in self._slots:
+                (self.records_dir / f"{area}.json").unlink(missing_ok=True)
+        for _area, _generation, identity in recorded.values():
+            # a record whose process is gone (or was never ours): drop it
+            if not proc_identity.is_same_process(identity):
+                (self.records_dir / f"{_area}.json").unlink(missing_ok=True)
+        self._survivors_handled = True
+        return SurvivorReport(tuple(adopted), tuple(stopped), tuple(stuck))
+
+    async def start(self) -> None:
+        """Handle survivors (if not done yet), then start the supervising task."""
+        if not self._survivors_handled:
+            await self.adopt_or_stop_survivors()
+        self._task = asyncio.create_task(self._supervise(), name=TASK_NAME)
+
+    async def close(self) -> None:
+        """Stop supervising; the daemons keep running for the next instance to adopt."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+
+    # -- internals -------------------------------------------------------------------
+
+    def _lock(self, area: str) -> asyncio.Lock:
+        lock = self._locks.get(area)
+        if lock is None:
+            lock = self._locks[area] = asyncio.Lock()
+        return lock
+
+    def _record_path(self, area: str) -> Path:
+        return self.records_dir / f"{area}.json"
+
+    async def _supervise(self) -> None:
+        while True:
+            self._wake.clear()
+            for area in sorted(set(self._desired) | set(self._slots)):
+                lock = self._lock(area)
+                if lock.locked():
+                    continue
+                async with lock:
+                    await self._converge(area)
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=self._tick_s)
+            except TimeoutError:
+                pass
+
+    async def _converge(self, area: str) -> None:
+        """One step towards the desired state of `area`. Caller holds the area's lock."""
+        want = self._desired.get(area)
+        slot = self._slots.get(area)
+        now = self._clock()
+        if slot is not None and slot.exited():
+            self._on_exit(area, slot, now=now)
+        if slot is not None and slot.running() and (
+            want is None or want.generation != slot.run.generation or want != slot.run
+        ):
+            await self._stop_slot(area, grace_s=None)
+            slot = self._slots.get(area)
+        if want is None:
+            if slot is not None and not slot.running():
+                del self._slots[area]
+            return
+        if slot is None or slot.run.generation != want.generation:
+            slot = self._slots[area] = _Slot(run=want)
+        slot.run = want
+        if not slot.running() and now >= slot.next_start:
+            self._spawn(area, slot)
+
+    def _on_exit(self, area: str, slot: _Slot, *, now: float) -> None:
+        status = None
+        if slot.popen is not None:
+            # not reaped yet, so its group id is still ours: kill what the daemon left behind
+            proc_identity.signal_group(slot.popen.pid, signal.SIGKILL)
+            status = slot.popen.wait()
+        ran_s = now - slot.started_mono
+        if ran_s >= slot.run.min_uptime_s:
+            slot.failures = 0
+        delay = self._schedule_retry(slot, now=now)
+        slot.identity, slot.popen, slot.adopted = None, None, False
+        slot.last_exit_status = status
+        self._record_path(area).unlink(missing_ok=True)
+        log.warning("daemon_exited", area=area, service=slot.run.service,
+                    generation=slot.run.generation, status=status, ran_s=round(ran_s, 3),
+                    restart_in_s=round(delay, 3), failures=slot.failures)
+
+    def _schedule_retry(self, slot: _Slot, *, now: float) -> float:
+        """Count a failure and set the next start: base x 2^(failures-1), capped. Never
+        gives up; returns the delay."""
+        slot.failures += 1
+        delay = float(min(self.backoff_cap_s, self.backoff_base_s * 2 ** (slot.failures - 1)))
+        slot.next_start = now + delay
+        return delay
+
+    def _spawn(self, area: str, slot: _Slot) -> None:
+        run = slot.run
+        Path(run.data_dir).mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **run.env, SUPERVISOR_ENV: str(self.state_dir), AREA_ENV: area,
+               GENERATION_ENV: str(run.generation)}
+        try:
+            with open(self.logs_dir / f"{area}.log", "ab") as out:
+                popen = subprocess.Popen(
+                    list(run.command), cwd=run.data_dir, env=env, stdin=subprocess.DEVNULL,
+                    stdout=out, stderr=out, start_new_session=True, close_fds=True,
+                )
+        except OSError as e:
+            self._schedule_retry(slot, now=self._clock())
+            log.error("daemon_spawn_failed", area=area, service=run.service,
+                      generation=run.generation, detail=str(e))
+            return
+        identity = proc_identity.read(popen.pid) or ProcessIdentity(
+            pid=popen.pid, start_ticks=-1, cmdline=run.command
+        )
+        record = {"area": area, "service": run.service, "generation": run.generation,
+                  "identity": identity.to_json()}
+        try:
+            atomic_file.atomic_write_bytes(self._record_path(area), json.dumps(record).encode())
+        except OSError as e:
+            # An unrecorded daemon could not be adopted by name after a crash: do not keep it.
+            proc_identity.signal_group(popen.pid, signal.SIGKILL)
+            popen.wait()
+            self._schedule_retry(slot, now=self._clock())
+            log.error("daemon_record_failed", area=area, error_code="STORE_WRITE_FAILED",
+                      detail=f"{e.strerror or e}: {e.filename}")
+            return
+        if slot.started_mono:
+            slot.restarts += 1
+        slot.identity, slot.popen, slot.adopted = identity, popen, False
+        slot.started_mono = self._clock()
+        log.info("daemon_started", area=area, service=run.service, generation=run.generation,
+                 pid=popen.pid, restarts=slot.restarts)
+
+    async def _stop_slot(self, area: str, *, grace_s: float | None) -> bool:
+        slot = self._slots.get(area)
+        if slot is None or slot.identity is None:
+            if slot is not None:
+                del self._slots[area]
+            return True
+        pid = slot.identity.pid
+        gone = await proc_identity.terminate_group(
+            pid, grace_s=self.stop_grace_s if grace_s is None else grace_s
+        )
+        if slot.popen is not None:
+            slot.popen.poll()  # reap our child
+        if not gone:
+            log.error("daemon_stop_failed", area=area, pid=pid, error_code="CLEANUP_STUCK")
+            return False
+        if slot.popen is not None:
+            await _reap(slot.popen)
+        del self._slots[area]
+        self._record_path(area).unlink(missing_ok=True)
+        log.info("daemon_stopped", area=area, generation=slot.run.generation, pid=pid)
+        return True
+
+    def _view(self, area: str) -> ProcessView:
+        slot = self._slots.get(area)
+        run = slot.run if slot is not None else self._desired[area]
+        identity = slot.identity if slot is not None else None
+        now = self._clock()
+        next_retry_at = None
+        if slot is not None and identity is None and area in self._desired:
+            next_retry_at = time.time() + max(0.0, slot.next_start - now)
+        state = "running" if identity is not None else (
+            "backoff" if area in self._desired else "stopped"
+        )
+        return ProcessView(
+            area=area,
+            service=run.service,
+            generation=run.generation,
+            state=state,
+            pid=identity.pid if identity else None,
+            started_at=proc_identity.started_at(identity) if identity else None,
+            uptime_s=round(proc_identity.uptime_s(identity), 3) if identity else 0.0,
+            restarts=slot.restarts if slot else 0,
+            next_retry_at=next_retry_at,
+            last_exit_status=slot.last_exit_status if slot else None,
+            adopted=slot.adopted if slot else False,
+        )
+
+
+async def _reap(popen: subprocess.Popen[bytes], *, timeout_s: float = 2.0) -> None:
+    """Collect the exit status of a child known to be dead (or dying)."""
+    try:
+        await asyncio.to_thread(popen.wait, timeout_s)
+    except subprocess.TimeoutExpired:
+        log.error("daemon_not_reaped", pid=popen.pid)

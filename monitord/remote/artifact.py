@@ -1,0 +1,121 @@
+"""The agent artifact: `monitord.pyz`, one file that runs every monitord verb on the VPS.
+
+A zipapp of this project's `monitord` and `orchestrator` packages with a `__main__` that
+calls `monitord.surface.cli.main`. Third-party dependencies (asyncssh, pydantic, aiohttp, …) are
+NOT inside: they come from the VPS's Python (see docs/provisioning.md for why, and the
+trade-offs against shipping a wheel or a venv).
+
+The bytes are deterministic: files in sorted order, fixed timestamps and permissions, no
+`__pycache__`, so the same source always gives the same SHA-256 — that hash is the
+artifact's version, compared by provisioning and preflight.
+
+`remote_command(remote)` expands `remote.remote_monitord` into the argv prefix that runs a
+monitord verb on the VPS. Called by provisioning, preflight, the tunnel's lease helper and
+the demo.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import monitord
+import orchestrator
+from monitord.base.config import RemoteSection
+
+PYZ_NAME = "monitord.pyz"
+SHEBANG = b"#!/usr/bin/env python3\n"
+_PACKAGES = (monitord, orchestrator)
+_EPOCH = (1980, 1, 1, 0, 0, 0)  # the earliest time a zip entry can carry
+_SKIP_DIRS = {"__pycache__"}
+_SKIP_SUFFIXES = (".pyc", ".pyo")
+_MAIN = b'''"""Entry point of monitord.pyz: the same as the `monitord` console script."""
+
+import sys
+
+from monitord.surface.cli import main
+
+sys.exit(main())
+'''
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ArtifactInfo:
+    """A built artifact: where it is, its SHA-256 (hex) and its size in bytes."""
+
+    path: Path
+    sha256: str
+    size: int
+
+
+def sha256_file(path: Path) -> str:
+    """Hex SHA-256 of a file, read in chunks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def source_files() -> list[tuple[str, Path]]:
+    """(name inside the archive, file on disk) for every file that goes in, sorted by name."""
+    files: list[tuple[str, Path]] = []
+    for package in _PACKAGES:
+        root = Path(package.__file__ or "").parent
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS)
+            for filename in filenames:
+                if filename.endswith(_SKIP_SUFFIXES):
+                    continue
+                path = Path(dirpath) / filename
+                arcname = f"{package.__name__}/{path.relative_to(root).as_posix()}"
+                files.append((arcname, path))
+    return sorted(files)
+
+
+def build_bytes() -> bytes:
+    """The artifact's exact bytes: shebang line + a zip archive with fixed metadata."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        _add(archive, "__main__.py", _MAIN)
+        for arcname, path in source_files():
+            _add(archive, arcname, path.read_bytes())
+    return SHEBANG + buffer.getvalue()
+
+
+def build(dest: Path) -> ArtifactInfo:
+    """Write `dest/monitord.pyz` atomically (temp file, fsync, rename) and describe it."""
+    dest.mkdir(parents=True, exist_ok=True)
+    data = build_bytes()
+    target = dest / PYZ_NAME
+    fd, tmp_name = tempfile.mkstemp(dir=dest, prefix=f".{PYZ_NAME}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp_name, 0o755)
+        os.replace(tmp_name, target)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+    return ArtifactInfo(path=target, sha256=hashlib.sha256(data).hexdigest(), size=len(data))
+
+
+def remote_command(remote: RemoteSection) -> tuple[str, ...]:
+    """`remote.remote_monitord` with {remote_python} and {remote_bin_dir} filled in."""
+    values = {"remote_python": remote.remote_python, "remote_bin_dir": remote.remote_bin_dir}
+    return tuple(part.format_map(values) for part in remote.remote_monitord)
+
+
+def _add(archive: zipfile.ZipFile, arcname: str, data: bytes) -> None:
+    info = zipfile.ZipInfo(arcname, date_time=_EPOCH)
+    info.compress_type = zipfile.ZIP_DEFLATED
+    info.create_system = 3  # unix, so the mode below is meaningful
+    info.external_attr = (0o100644 & 0xFFFF) << 16
+    archive.writestr(info, data, compresslevel=9)

@@ -1,0 +1,428 @@
+"""Preflight (SPEC §6.5): the checks run before a service's areas leave the PBX.
+
+`run_preflight(conn, *, config, service, …)` returns a `PreflightReport` with one
+`CheckResult` per check, in a fixed order, each failing with its own stable code and a
+fix hint from the error catalogue:
+
+- auth (PREFLIGHT_AUTH): the caller's connection, made with the tunnel's key and options,
+  exists and runs commands;
+- arch (PREFLIGHT_ARCH): `uname -m` is x86_64;
+- bin_dir (PREFLIGHT_BIN_DIR): remote_bin_dir is a directory of the login user with the
+  owner's rwx and no group/other write;
+- disk_space (PREFLIGHT_DISK_SPACE): free space there >= artifact sizes + the area data
+  size passed in;
+- write_test (PREFLIGHT_WRITE_TEST): a test file can be created and removed there;
+- agent (PREFLIGHT_AGENT): GET /livez answers through the manager forward, or else the
+  pushed monitord runs on the VPS (`agent --help`), so agent-launch can start it;
+- artifacts (PREFLIGHT_ARTIFACTS): each artifact's SHA-256 on the VPS equals the local one;
+- tunnel_owner (PREFLIGHT_TUNNEL_OWNER): input, the keeper's view of the tunnel lease;
+- forwards (PREFLIGHT_FORWARDS): input, the keeper's readiness of each configured forward;
+- remote_config (PREFLIGHT_REMOTE_CONFIG): the service is configured and the agent answers
+  GET /v1/inventory with our secret.
+
+The VPS-side facts come from ONE exec of a fixed shell script (plus one more only when
+the agent does not answer, to see whether it is startable). Preflight has no side effect
+on anything local: it reads inputs, talks to the VPS and the agent, and never touches a
+local daemon or monitord's state — a failed preflight never takes a local service down.
+On the VPS it only creates and removes its own test file.
+
+Called by the migration engine in the PREFLIGHT phase and by `monitord demo`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+import aiohttp
+import asyncssh
+
+from monitord.base import logs
+from monitord.base.config import Config, RemoteSection
+from monitord.remote import artifact, remote_exec
+from monitord.remote.provisioning import LocalArtifact
+from orchestrator.errors import ErrorCode, MonitordError, lookup
+
+log = logs.get_logger(__name__)
+
+WANTED_ARCH = "x86_64"
+WRITE_TEST_NAME = ".preflight-write-test"
+
+
+class CheckStatus(StrEnum):
+    OK = "ok"
+    FAILED = "failed"
+    SKIPPED = "skipped"  # could not be evaluated because an earlier check failed
+
+
+# check name -> the code it fails with, in the order the report lists them.
+CHECK_CODES: Mapping[str, ErrorCode] = {
+    "auth": ErrorCode.PREFLIGHT_AUTH,
+    "arch": ErrorCode.PREFLIGHT_ARCH,
+    "bin_dir": ErrorCode.PREFLIGHT_BIN_DIR,
+    "disk_space": ErrorCode.PREFLIGHT_DISK_SPACE,
+    "write_test": ErrorCode.PREFLIGHT_WRITE_TEST,
+    "agent": ErrorCode.PREFLIGHT_AGENT,
+    "artifacts": ErrorCode.PREFLIGHT_ARTIFACTS,
+    "tunnel_owner": ErrorCode.PREFLIGHT_TUNNEL_OWNER,
+    "forwards": ErrorCode.PREFLIGHT_FORWARDS,
+    "remote_config": ErrorCode.PREFLIGHT_REMOTE_CONFIG,
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckResult:
+    """One check: its name, the code it fails with, what was found and how to fix it."""
+
+    check: str
+    code: ErrorCode
+    status: CheckStatus
+    detail: str
+    hint: str  # the catalogue's recommended action; "" when the check passed
+
+    @property
+    def ok(self) -> bool:
+        return self.status is CheckStatus.OK
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PreflightReport:
+    service: str
+    results: tuple[CheckResult, ...]
+
+    @property
+    def ok(self) -> bool:
+        return all(result.ok for result in self.results)
+
+    @property
+    def failures(self) -> tuple[CheckResult, ...]:
+        return tuple(r for r in self.results if r.status is CheckStatus.FAILED)
+
+    def result(self, check: str) -> CheckResult:
+        return next(r for r in self.results if r.check == check)
+
+    def first_failure(self) -> CheckResult | None:
+        """The failure to report as the phase's error (checks are ordered by cause).
+
+        None means preflight does not block the move. Every skipped check comes with a
+        failed one, except one case: the agent is not running but startable, so
+        remote_config could not be asked yet (`ok` is then False, this is None).
+        """
+        return self.failures[0] if self.failures else None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TunnelOwnerView:
+    """The tunnel keeper's view of the tunnel lease, as preflight needs it."""
+
+    ours: bool
+    owner_id: str = ""
+    owner_label: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _RemoteFacts:
+    arch: str
+    user: str
+    bin_dir_state: str  # "dir", "missing" or "notdir"
+    bin_dir_mode: int
+    bin_dir_owner: str
+    write: str  # "ok", "failed" or "skipped"
+    avail_bytes: int | None
+    hashes: Mapping[str, str]  # artifact name -> remote SHA-256 ("-" when missing)
+
+
+# "$1" = bin dir, then artifact names. One "key value…" line per fact.
+_PROBE_SCRIPT = r"""
+d=$1; shift
+echo "arch $(uname -m)"
+echo "user $(id -un)"
+if [ -d "$d" ]; then
+  echo "bin_dir dir $(stat -c '%a %U' -- "$d")"
+  t="$d/.preflight-write-test"
+  if (: > "$t") 2>/dev/null && rm -f -- "$t" 2>/dev/null; then
+    echo "write ok"
+  else
+    echo "write failed"
+  fi
+  where=$d
+else
+  if [ -e "$d" ]; then echo "bin_dir notdir 0 -"; else echo "bin_dir missing 0 -"; fi
+  echo "write skipped"
+  where=$d
+  while [ ! -d "$where" ]; do where=$(dirname -- "$where"); done
+fi
+echo "avail_kb $(df -Pk -- "$where" | awk 'NR == 2 { print $4 }')"
+for name in "$@"; do
+  if [ -f "$d/$name" ]; then
+    h=$(sha256sum < "$d/$name")
+    echo "sha ${h%% *} $name"
+  else
+    echo "sha - $name"
+  fi
+done
+"""
+
+
+async def run_preflight(
+    conn: asyncssh.SSHClientConnection | None,
+    *,
+    config: Config,
+    service: str,
+    artifacts: Sequence[LocalArtifact],
+    area_data_bytes: int,
+    tunnel_owner: TunnelOwnerView,
+    forwards_ready: Mapping[str, bool],
+    agent_secret: bytes | None,
+    auth_error: str = "",
+    agent_url: str | None = None,
+    timeout_s: float = 10.0,
+) -> PreflightReport:
+    """Run every check once (see the module doc); never raises for a failed check."""
+    remote = config.remote
+    if remote is None:
+        raise ValueError("preflight needs a [remote] section")
+    results: dict[str, CheckResult] = {}
+
+    facts: _RemoteFacts | None = None
+    if conn is None:
+        results["auth"] = _failed("auth", auth_error or "no SSH connection to the VPS")
+    else:
+        try:
+            facts = await _probe(conn, remote=remote, artifacts=artifacts, timeout_s=timeout_s)
+        except MonitordError as e:
+            results["auth"] = _failed("auth", f"the SSH session cannot run commands: {e}")
+        else:
+            results["auth"] = _ok("auth", f"{facts.user}@{remote.host}:{remote.port}")
+
+    if facts is None:
+        for check in ("arch", "bin_dir", "disk_space", "write_test", "artifacts"):
+            results[check] = _skipped(check, "needs a working SSH session")
+    else:
+        results.update(_judge_facts(facts, remote=remote, artifacts=artifacts,
+                                    area_data_bytes=area_data_bytes))
+
+    url = agent_url or _manager_url(remote)
+    alive_detail = await _agent_alive(url, timeout_s=timeout_s)
+    if alive_detail is None:
+        results["agent"] = _ok("agent", f"answers GET {url}/livez")
+        results["remote_config"] = await _remote_config(
+            config, service=service, url=url, secret=agent_secret, timeout_s=timeout_s
+        )
+    else:
+        results["agent"] = await _agent_startable(
+            conn, remote=remote, unreachable=alive_detail, timeout_s=timeout_s
+        )
+        results["remote_config"] = _skipped(
+            "remote_config", f"the agent does not answer ({alive_detail})"
+        )
+
+    if tunnel_owner.ours:
+        results["tunnel_owner"] = _ok("tunnel_owner", "this node holds the tunnel lease")
+    else:
+        other = tunnel_owner.owner_label or tunnel_owner.owner_id or "unknown owner"
+        results["tunnel_owner"] = _failed(
+            "tunnel_owner", f"the tunnel lease is held by {other} ({tunnel_owner.owner_id})"
+        )
+
+    wanted = [f.name for f in (*remote.reverse_forwards, *remote.local_forwards)]
+    not_ready = [name for name in wanted if not forwards_ready.get(name, False)]
+    if not_ready:
+        results["forwards"] = _failed("forwards", f"not ready: {', '.join(not_ready)}")
+    else:
+        results["forwards"] = _ok("forwards", f"ready: {', '.join(wanted)}")
+
+    report = PreflightReport(
+        service=service, results=tuple(results[check] for check in CHECK_CODES)
+    )
+    log.info(
+        "preflight",
+        service=service,
+        ok=report.ok,
+        failed=[str(r.code) for r in report.failures],
+        skipped=[r.check for r in report.results if r.status is CheckStatus.SKIPPED],
+    )
+    return report
+
+
+async def _probe(
+    conn: asyncssh.SSHClientConnection,
+    *,
+    remote: RemoteSection,
+    artifacts: Sequence[LocalArtifact],
+    timeout_s: float,
+) -> _RemoteFacts:
+    result = await remote_exec.run_script(
+        conn, _PROBE_SCRIPT, args=[remote.remote_bin_dir, *(a.name for a in artifacts)],
+        timeout_s=timeout_s,
+    )
+    fields: dict[str, list[str]] = {}
+    hashes: dict[str, str] = {}
+    for line in result.text.splitlines():
+        key, *values = line.split()
+        if key == "sha" and len(values) == 2:
+            hashes[values[1]] = values[0]
+        else:
+            fields[key] = values
+    bin_dir = fields.get("bin_dir", ["missing", "0", "-"]) + ["0", "-"]
+    avail = fields.get("avail_kb", [])
+    return _RemoteFacts(
+        arch=" ".join(fields.get("arch", [])),
+        user=" ".join(fields.get("user", [])),
+        bin_dir_state=bin_dir[0],
+        bin_dir_mode=int(bin_dir[1], 8) if bin_dir[1].isdigit() else 0,
+        bin_dir_owner=bin_dir[2],
+        write=(fields.get("write") or ["failed"])[0],
+        avail_bytes=int(avail[0]) * 1024 if avail and avail[0].isdigit() else None,
+        hashes=hashes,
+    )
+
+
+def _judge_facts(
+    facts: _RemoteFacts,
+    *,
+    remote: RemoteSection,
+    artifacts: Sequence[LocalArtifact],
+    area_data_bytes: int,
+) -> dict[str, CheckResult]:
+    out: dict[str, CheckResult] = {}
+    d = remote.remote_bin_dir
+
+    if facts.arch == WANTED_ARCH:
+        out["arch"] = _ok("arch", facts.arch)
+    else:
+        out["arch"] = _failed("arch", f"the VPS is {facts.arch or 'unknown'}, not {WANTED_ARCH}")
+
+    if facts.bin_dir_state != "dir":
+        state = "is missing" if facts.bin_dir_state == "missing" else "is not a directory"
+        out["bin_dir"] = _failed("bin_dir", f"{d} {state}")
+    elif facts.bin_dir_owner != facts.user:
+        out["bin_dir"] = _failed(
+            "bin_dir", f"{d} belongs to {facts.bin_dir_owner}, not the login user {facts.user}"
+        )
+    elif facts.bin_dir_mode & 0o022 or facts.bin_dir_mode & 0o700 != 0o700:
+        out["bin_dir"] = _failed(
+            "bin_dir", f"{d} has mode {facts.bin_dir_mode:04o}; want 0700 (no group/other write)"
+        )
+    else:
+        out["bin_dir"] = _ok("bin_dir", f"{d} mode {facts.bin_dir_mode:04o} owner {facts.user}")
+
+    needed = area_data_bytes + sum(a.size for a in artifacts)
+    if facts.avail_bytes is None:
+        out["disk_space"] = _failed("disk_space", f"could not read free space under {d}")
+    elif facts.avail_bytes < needed:
+        out["disk_space"] = _failed(
+            "disk_space", f"VPS: {facts.avail_bytes} bytes free under {d}, {needed} needed"
+        )
+    else:
+        out["disk_space"] = _ok("disk_space", f"{facts.avail_bytes} bytes free, {needed} needed")
+
+    if facts.write == "ok":
+        out["write_test"] = _ok("write_test", f"created and removed {d}/{WRITE_TEST_NAME}")
+    elif facts.write == "skipped":
+        out["write_test"] = _skipped("write_test", f"{d} is not a directory")
+    else:
+        out["write_test"] = _failed(
+            "write_test", f"could not create and remove {d}/{WRITE_TEST_NAME}"
+        )
+
+    wrong = [
+        f"{a.name} (VPS {facts.hashes.get(a.name, '-')[:12]}, local {a.sha256[:12]})"
+        for a in artifacts
+        if facts.hashes.get(a.name) != a.sha256
+    ]
+    if wrong:
+        out["artifacts"] = _failed("artifacts", "missing or different: " + "; ".join(wrong))
+    else:
+        out["artifacts"] = _ok("artifacts", f"{len(artifacts)} artifact(s) match by SHA-256")
+    return out
+
+
+def _manager_url(remote: RemoteSection) -> str:
+    forward = remote.manager_forward()
+    listen = forward.listen if forward else remote.agent_listen
+    return f"http://{listen}"
+
+
+async def _agent_alive(url: str, *, timeout_s: float) -> str | None:
+    """None when GET /livez answers 200, else why not."""
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session,
+            session.get(f"{url}/livez") as response,
+        ):
+            if response.status == 200:
+                return None
+            return f"GET /livez answered {response.status}"
+    except TimeoutError:
+        return f"GET /livez timed out after {timeout_s:g} s"
+    except aiohttp.ClientError as e:
+        return f"GET /livez failed: {type(e).__name__}"
+
+
+async def _agent_startable(
+    conn: asyncssh.SSHClientConnection | None,
+    *,
+    remote: RemoteSection,
+    unreachable: str,
+    timeout_s: float,
+) -> CheckResult:
+    """The agent does not answer: is the pushed monitord at least runnable on the VPS?"""
+    if conn is None:
+        return _failed("agent", f"{unreachable}; cannot check it is startable without SSH")
+    argv = [*artifact.remote_command(remote), "agent", "--help"]
+    try:
+        result = await remote_exec.run(conn, argv, timeout_s=timeout_s)
+    except MonitordError as e:
+        return _failed("agent", f"{unreachable}; checking it is startable failed: {e}")
+    if result.ok:
+        return _ok("agent", f"not running ({unreachable}) but startable by agent-launch")
+    return _failed(
+        "agent",
+        f"{unreachable}; `{' '.join(argv)}` exited {result.exit_status}: {result.stderr_tail()}",
+    )
+
+
+async def _remote_config(
+    config: Config, *, service: str, url: str, secret: bytes | None, timeout_s: float
+) -> CheckResult:
+    if service not in config.services:
+        return _failed("remote_config", f"service {service!r} is not configured")
+    if not secret:
+        return _failed("remote_config", "no agent secret to ask the agent with")
+    headers = {"Authorization": "Bearer " + secret.decode("ascii", "replace").strip()}
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session,
+            session.get(f"{url}/v1/inventory", headers=headers) as response,
+        ):
+            if response.status in (401, 403):
+                return _failed("remote_config", "the agent rejected our secret")
+            if response.status != 200:
+                return _failed("remote_config", f"GET /v1/inventory answered {response.status}")
+            body = await response.json()
+    except (TimeoutError, aiohttp.ClientError, ValueError) as e:
+        return _failed("remote_config", f"GET /v1/inventory failed: {type(e).__name__}")
+    if not isinstance(body, dict) or not isinstance(body.get("entries"), list):
+        return _failed("remote_config", "GET /v1/inventory answered without an entries list")
+    mine = sum(1 for e in body["entries"] if isinstance(e, dict) and e.get("service") == service)
+    return _ok("remote_config", f"the agent answers inventory ({mine} {service} entries)")
+
+
+def _ok(check: str, detail: str) -> CheckResult:
+    return CheckResult(check=check, code=CHECK_CODES[check], status=CheckStatus.OK,
+                       detail=detail, hint="")
+
+
+def _failed(check: str, detail: str) -> CheckResult:
+    code = CHECK_CODES[check]
+    return CheckResult(check=check, code=code, status=CheckStatus.FAILED, detail=detail,
+                       hint=lookup(code).action)
+
+
+def _skipped(check: str, detail: str) -> CheckResult:
+    code = CHECK_CODES[check]
+    return CheckResult(check=check, code=code, status=CheckStatus.SKIPPED, detail=detail,
+                       hint=lookup(code).action)
+

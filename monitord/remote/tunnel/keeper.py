@@ -1,0 +1,511 @@
+"""The tunnel keeper: the root task that owns monitord's one SSH connection to the VPS.
+
+Lifecycle of one attempt: connect (host key checked against known_hosts, keepalive on)
+-> acquire the tunnel lease on the VPS -> `before_forwards(conn)` (provisioning; on first
+contact, when monitord is not on the VPS yet, it runs before the lease instead, since the
+lease verb needs it) -> request every forward (a denial is diagnosed and
+may fence our own stale session) -> prove every forward end to end -> `connected`; then
+renew the lease every TTL/3 until the connection drops or the lease is lost. Between
+attempts: exponential backoff with full jitter, capped, and at most
+`reconnect_max_per_minute` attempts per minute whatever the cause.
+
+asyncssh and OS exceptions are translated HERE, once, into typed errors with stable codes
+(`translate_connect_error`). The state is published as a frozen `TunnelStatus`
+(`keeper.status()`, `await keeper.wait_for(...)`, listeners) that the HTTP status serialises
+as SPEC §8 `tunnel {state, connected, last_error, attempts, lease}`. Other parts use the
+live connection only through `async with keeper.session() as conn:` and register
+`add_reconnect_hook()` callbacks (cleanup worker, reconciler) run after every (re)connect.
+Started by `monitord run` as the root task "tunnel keeper".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Any
+
+import asyncssh
+import structlog
+
+from monitord.base.config import RemoteSection
+from monitord.remote.tunnel.backoff import ReconnectBackoff
+from monitord.remote.tunnel.forwards import ForwardSet, ForwardStatus
+from monitord.remote.tunnel.lease_client import (
+    LeaseAnswer,
+    LeaseClient,
+    LeaseSession,
+    command_prefix,
+)
+from orchestrator.errors import ErrorCode, MonitordError, TransientError, error_for
+from orchestrator.tunnel_lease import LeaseRecord
+
+RELEASE_TIMEOUT_S = 3.0
+ReconnectHook = Callable[[asyncssh.SSHClientConnection], Awaitable[None]]
+BeforeForwards = Callable[[asyncssh.SSHClientConnection], Awaitable[None]]
+StatusListener = Callable[["TunnelStatus"], None]
+
+
+class TunnelState(StrEnum):
+    STOPPED = "stopped"
+    CONNECTING = "connecting"
+    CONNECTED = "connected"
+    BACKOFF = "backoff"
+    AUTH_FAILED = "auth_failed"
+    HOST_KEY_MISMATCH = "host_key_mismatch"
+    LEASE_CONFLICT = "lease_conflict"
+    PORT_OCCUPIED = "port_occupied"
+
+
+# The state shown while waiting after an error with this code (others: BACKOFF).
+STATE_FOR_ERROR: dict[str, TunnelState] = {
+    ErrorCode.AUTH_FAILED: TunnelState.AUTH_FAILED,
+    ErrorCode.HOST_KEY_MISMATCH: TunnelState.HOST_KEY_MISMATCH,
+    ErrorCode.TUNNEL_LEASE_CONFLICT: TunnelState.LEASE_CONFLICT,
+    ErrorCode.PORT_OCCUPIED: TunnelState.PORT_OCCUPIED,
+}
+
+
+@dataclass(frozen=True)
+class TunnelError:
+    """The last error, as the status shows it."""
+
+    code: str
+    detail: str
+    at: float  # wall clock
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "detail": self.detail, "at": self.at}
+
+
+@dataclass(frozen=True)
+class TunnelStatus:
+    """A snapshot of the keeper; `lease` is ours while held, `lease_holder` the record that
+    blocks us in lease_conflict."""
+
+    state: TunnelState = TunnelState.STOPPED
+    attempts: int = 0  # connection attempts since start
+    reconnects: int = 0  # times the tunnel became connected (first connect included)
+    last_error: TunnelError | None = None
+    next_retry_at: float | None = None  # wall clock
+    lease: LeaseRecord | None = None
+    lease_holder: LeaseRecord | None = None
+    forwards: tuple[ForwardStatus, ...] = ()
+    fenced_sessions: int = 0
+
+    @property
+    def connected(self) -> bool:
+        return self.state is TunnelState.CONNECTED
+
+    def to_dict(self) -> dict[str, Any]:
+        """SPEC §8 `tunnel {state, connected, last_error, attempts, lease}` plus extras."""
+        return {
+            "state": self.state.value,
+            "connected": self.connected,
+            "last_error": self.last_error.to_dict() if self.last_error else None,
+            "attempts": self.attempts,
+            "reconnects": self.reconnects,
+            "next_retry_at": self.next_retry_at,
+            "lease": self.lease.to_dict() if self.lease else None,
+            "lease_holder": self.lease_holder.to_dict() if self.lease_holder else None,
+            "forwards": [f.to_dict() for f in self.forwards],
+            "fenced_sessions": self.fenced_sessions,
+        }
+
+
+def translate_connect_error(e: BaseException, *, where: str) -> MonitordError:
+    """Map an asyncssh/OS exception from connecting into our typed error (the one place)."""
+    if isinstance(e, asyncssh.PermissionDenied):
+        return error_for(ErrorCode.AUTH_FAILED, f"{where}: the server refused our key")
+    if isinstance(e, asyncssh.HostKeyNotVerifiable):
+        return error_for(
+            ErrorCode.HOST_KEY_MISMATCH, f"{where}: host key does not match known_hosts"
+        )
+    if isinstance(e, asyncssh.KeyImportError | asyncssh.KeyEncryptionError):
+        return error_for(ErrorCode.AUTH_FAILED, f"{where}: the key file cannot be used")
+    if isinstance(e, TimeoutError):
+        return error_for(ErrorCode.SSH_TIMEOUT, f"{where}: no answer in time")
+    if isinstance(e, asyncssh.Error):
+        return error_for(ErrorCode.SSH_UNREACHABLE, f"{where}: {type(e).__name__}: {e.reason}")
+    if isinstance(e, FileNotFoundError | PermissionError | IsADirectoryError):
+        return error_for(ErrorCode.AUTH_FAILED, f"{where}: cannot read {e.filename}")
+    if isinstance(e, OSError):
+        return error_for(ErrorCode.SSH_UNREACHABLE, f"{where}: {e.strerror or type(e).__name__}")
+    return error_for(ErrorCode.SSH_UNREACHABLE, f"{where}: {type(e).__name__}")
+
+
+@dataclass
+class _Hooks:
+    hooks: dict[str, ReconnectHook] = field(default_factory=dict)
+    running: set[asyncio.Task[None]] = field(default_factory=set)
+
+
+class TunnelKeeper:
+    """Keeps the tunnel up; see the module docstring."""
+
+    def __init__(
+        self,
+        config: RemoteSection,
+        *,
+        owner_id: str,
+        owner_label: str,
+        reconnect_window_s: float = 60.0,
+        probe_timeout_s: float = 10.0,
+        before_forwards: BeforeForwards | None = None,
+    ) -> None:
+        self._config = config
+        self._before_forwards = before_forwards
+        self.owner_id = owner_id
+        self.owner_label = owner_label
+        self._lease_client = LeaseClient(
+            prefix=command_prefix(
+                remote_monitord=config.remote_monitord,
+                remote_python=config.remote_python,
+                remote_bin_dir=config.remote_bin_dir,
+            ),
+            remote_dir=config.remote_bin_dir,
+            owner_id=owner_id,
+            owner_label=owner_label,
+            ttl_s=config.tunnel_lease_ttl_s,
+            timeout_s=max(probe_timeout_s, config.connect_timeout_s),
+        )
+        self._backoff = ReconnectBackoff(
+            base_s=config.reconnect_backoff_base_s,
+            cap_s=config.reconnect_backoff_cap_s,
+            max_attempts_per_window=config.reconnect_max_per_minute,
+            window_s=reconnect_window_s,
+        )
+        self._probe_timeout_s = probe_timeout_s
+        self._status = TunnelStatus()
+        self._changed = asyncio.Condition()
+        self._listeners: list[StatusListener] = []
+        self._conn: asyncssh.SSHClientConnection | None = None
+        self._helper: LeaseSession | None = None
+        self._closing = asyncio.Event()
+        self._attempt_task: asyncio.Task[None] | None = None
+        self._hooks = _Hooks()
+        self._log = structlog.get_logger("monitord.remote.tunnel").bind(owner_label=owner_label)
+        self._last_logged: tuple[str, str, float, int] | None = None
+        detect_s = config.keepalive_interval_s * config.keepalive_count_max
+        if detect_s >= config.tunnel_lease_ttl_s:
+            # Safety relies on noticing a dead connection before our lease can expire.
+            self._log.warning(
+                "tunnel_keepalive_exceeds_lease_ttl", dead_peer_detection_s=detect_s,
+                tunnel_lease_ttl_s=config.tunnel_lease_ttl_s,
+            )
+        # Monotonic start time of recent attempts (diagnostics and tests), bounded.
+        self.attempt_times: deque[float] = deque(maxlen=1000)
+
+    # -- public surface ------------------------------------------------------------------
+    def status(self) -> TunnelStatus:
+        return self._status
+
+    def add_listener(self, listener: StatusListener) -> None:
+        """Call `listener(status)` synchronously after every status change."""
+        self._listeners.append(listener)
+
+    def add_reconnect_hook(self, name: str, hook: ReconnectHook) -> None:
+        """Run `await hook(conn)` (as task "tunnel-hook:NAME") after every (re)connect."""
+        self._hooks.hooks[name] = hook
+
+    async def wait_for(
+        self, predicate: Callable[[TunnelStatus], bool], *, timeout_s: float
+    ) -> TunnelStatus:
+        """Wait until predicate(status) holds; raises TimeoutError after timeout_s."""
+        async with asyncio.timeout(timeout_s), self._changed:
+            await self._changed.wait_for(lambda: predicate(self._status))
+            return self._status
+
+    async def wait_connected(self, *, timeout_s: float) -> TunnelStatus:
+        return await self.wait_for(lambda s: s.connected, timeout_s=timeout_s)
+
+    @contextlib.asynccontextmanager
+    async def session(self) -> AsyncIterator[asyncssh.SSHClientConnection]:
+        """The live connection while the tunnel is connected; SSH_UNREACHABLE otherwise."""
+        conn = self._conn
+        if conn is None or not self._status.connected:
+            last = self._status.last_error
+            why = f" (last error {last.code}: {last.detail})" if last else ""
+            raise TransientError(ErrorCode.SSH_UNREACHABLE, f"the tunnel is down{why}")
+        yield conn
+
+    async def run(self) -> None:
+        """The root task body: keep the tunnel up until close()."""
+        try:
+            while not self._closing.is_set():
+                await self._wait_before_attempt()
+                if self._closing.is_set():
+                    break
+                # Each attempt is its own task so that close() can abort a connect in flight.
+                attempt = asyncio.create_task(self._attempt(), name="tunnel keeper: attempt")
+                self._attempt_task = attempt
+                try:
+                    await attempt
+                except asyncio.CancelledError:
+                    current = asyncio.current_task()
+                    if current is not None and current.cancelling():
+                        raise  # run() itself is being cancelled
+        finally:
+            await self._cancel_hooks()
+            await self._publish(state=TunnelState.STOPPED, next_retry_at=None, forwards=())
+
+    async def close(self) -> None:
+        """Release the lease if held, drop the connection; run() then returns."""
+        self._closing.set()
+        conn, helper = self._conn, self._helper
+        if conn is not None:
+            if self._status.connected and helper is not None:
+                with contextlib.suppress(MonitordError, TimeoutError):
+                    async with asyncio.timeout(RELEASE_TIMEOUT_S):
+                        await helper.release()
+            conn.close()
+        attempt = self._attempt_task
+        if attempt is not None and not attempt.done():
+            attempt.cancel()
+            await asyncio.gather(attempt, return_exceptions=True)
+
+    # -- one attempt -----------------------------------------------------------------------
+    async def _wait_before_attempt(self) -> None:
+        delay = self._backoff.delay(time.monotonic())
+        if delay <= 0:
+            return
+        error = self._status.last_error
+        state = STATE_FOR_ERROR.get(error.code, TunnelState.BACKOFF) if error else (
+            TunnelState.BACKOFF
+        )
+        await self._publish(state=state, next_retry_at=time.time() + delay)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(delay):
+                await self._closing.wait()
+
+    async def _attempt(self) -> None:
+        now = time.monotonic()
+        self._backoff.record_attempt(now)
+        self.attempt_times.append(now)
+        await self._publish(state=TunnelState.CONNECTING, attempts=self._status.attempts + 1,
+                            next_retry_at=None)
+        try:
+            conn = await self._connect()
+        except MonitordError as e:
+            await self._failed(e)
+            return
+        self._conn = conn
+        forwards: ForwardSet | None = None
+        try:
+            helper, prepared = await self._open_helper_bootstrapping(conn)
+            self._helper = helper
+            answer = await self._acquire_lease(helper)
+            if not prepared:
+                await self._prepare_vps(conn)
+            forwards = self._forward_set(conn, helper=helper, answer=answer)
+            await forwards.open()
+            statuses = await forwards.prove()
+            await self._connected(
+                conn, answer=answer, statuses=statuses, fenced=len(forwards.fenced)
+            )
+            await self._hold(conn, helper)
+        except MonitordError as e:
+            await self._failed(e)
+        finally:
+            if forwards is not None:
+                forwards.close()
+            if self._helper is not None:
+                self._helper.close()
+            self._conn = self._helper = None
+            conn.close()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(conn.wait_closed(), 2.0)
+
+    async def _connect(self) -> asyncssh.SSHClientConnection:
+        c = self._config
+        where = f"{c.user}@{c.host}:{c.port}"
+        try:
+            async with asyncio.timeout(c.connect_timeout_s):
+                return await asyncssh.connect(
+                    c.host,
+                    c.port,
+                    username=c.user,
+                    client_keys=[str(c.key_file)],
+                    known_hosts=None if c.accept_any_host_key else str(c.known_hosts),
+                    agent_path=None,
+                    config=[],
+                    preferred_auth="publickey",
+                    keepalive_interval=c.keepalive_interval_s,
+                    keepalive_count_max=c.keepalive_count_max,
+                    login_timeout=c.connect_timeout_s,
+                )
+        except (asyncssh.Error, OSError, TimeoutError, ValueError) as e:
+            raise translate_connect_error(e, where=where) from e
+
+    async def _open_helper_bootstrapping(
+        self, conn: asyncssh.SSHClientConnection
+    ) -> tuple[LeaseSession, bool]:
+        """Start the VPS helper; if monitord is not on the VPS yet (first contact), run the
+        before_forwards step (provisioning) once first. Returns the helper and whether
+        before_forwards already ran in this attempt."""
+        try:
+            return await self._lease_client.open_session(conn), False
+        except MonitordError as e:
+            if e.code is not ErrorCode.PROVISION_FAILED or self._before_forwards is None:
+                raise
+            self._log.info("tunnel_bootstrap", detail=e.detail)
+        await self._prepare_vps(conn)
+        return await self._lease_client.open_session(conn), True
+
+    async def _prepare_vps(self, conn: asyncssh.SSHClientConnection) -> None:
+        """The before_forwards step (provisioning), with foreign errors translated."""
+        if self._before_forwards is None:
+            return
+        try:
+            await self._before_forwards(conn)
+        except (asyncssh.Error, OSError) as e:
+            raise translate_connect_error(e, where="preparing the VPS") from e
+
+    async def _acquire_lease(self, helper: LeaseSession) -> LeaseAnswer:
+        answer = await helper.acquire()
+        if answer.ok:
+            return answer
+        holder = answer.holder
+        await self._publish(lease=None, lease_holder=holder)
+        who = f"{holder.owner_label} ({holder.owner_id})" if holder else "another owner"
+        raise error_for(
+            answer.code or ErrorCode.TUNNEL_LEASE_CONFLICT,
+            f"the tunnel lease is held by {who}: {answer.reason}",
+            delay=self._conflict_retry_s(),
+        )
+
+    def _forward_set(
+        self, conn: asyncssh.SSHClientConnection, *, helper: LeaseSession, answer: LeaseAnswer
+    ) -> ForwardSet:
+        c = self._config
+        return ForwardSet(
+            conn,
+            reverse=c.reverse_forwards,
+            local=c.local_forwards,
+            helper=helper,
+            our_sshd_pid=answer.session.sshd_pid if answer.session else None,
+            lease_context=answer.holder or answer.lease,
+            vps_now=answer.now,
+            keepalive_interval_s=c.keepalive_interval_s,
+            stale_after_s=c.keepalive_interval_s * c.keepalive_count_max,
+            conflict_retry_s=self._conflict_retry_s(),
+            timeout_s=self._probe_timeout_s,
+            log=self._log,
+        )
+
+    def _conflict_retry_s(self) -> float:
+        """How slowly to come back after a conflict: a lease period, at least the backoff cap
+        (a live holder renews every TTL/3, so asking more often cannot change the answer)."""
+        c = self._config
+        return max(c.reconnect_backoff_cap_s, c.tunnel_lease_ttl_s)
+
+    async def _connected(
+        self,
+        conn: asyncssh.SSHClientConnection,
+        *,
+        answer: LeaseAnswer,
+        statuses: tuple[ForwardStatus, ...],
+        fenced: int,
+    ) -> None:
+        self._backoff.record_success()
+        self._last_logged = None
+        await self._publish(
+            state=TunnelState.CONNECTED, reconnects=self._status.reconnects + 1,
+            lease=answer.lease, lease_holder=None, forwards=statuses,
+            fenced_sessions=self._status.fenced_sessions + fenced, next_retry_at=None,
+        )
+        self._log.info("tunnel_connected", reconnects=self._status.reconnects,
+                       attempts=self._status.attempts, fenced=fenced,
+                       forwards=[f.name for f in statuses])
+        for name, hook in self._hooks.hooks.items():
+            task = asyncio.create_task(
+                self._run_hook(name=name, hook=hook, conn=conn), name=f"tunnel-hook:{name}"
+            )
+            self._hooks.running.add(task)
+            task.add_done_callback(self._hooks.running.discard)
+
+    async def _run_hook(
+        self, *, name: str, hook: ReconnectHook, conn: asyncssh.SSHClientConnection
+    ) -> None:
+        try:
+            await hook(conn)
+        except MonitordError as e:
+            self._log.warning("tunnel_hook_failed", hook=name, error_code=e.code, detail=e.detail)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # A hook bug must not take the tunnel down; it is logged with its traceback.
+            self._log.exception("tunnel_hook_crashed", hook=name)
+
+    async def _cancel_hooks(self) -> None:
+        tasks = list(self._hooks.running)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _hold(self, conn: asyncssh.SSHClientConnection, helper: LeaseSession) -> None:
+        """Renew the lease every TTL/3 until the connection ends or the lease is lost."""
+        ttl = self._config.tunnel_lease_ttl_s
+        last_ok = time.monotonic()
+        closed = asyncio.ensure_future(conn.wait_closed())
+        try:
+            while not self._closing.is_set():
+                done, _ = await asyncio.wait({closed}, timeout=ttl / 3)
+                if done or self._closing.is_set():
+                    break
+                try:
+                    answer = await helper.renew()
+                except MonitordError as e:
+                    if time.monotonic() - last_ok > ttl * 2 / 3:
+                        raise error_for(ErrorCode.LEASE_EXPIRED,
+                                        f"could not renew the tunnel lease: {e.detail}") from e
+                    continue
+                if not answer.ok:
+                    raise error_for(ErrorCode.LEASE_EXPIRED,
+                                    f"the tunnel lease was lost: {answer.reason}")
+                last_ok = time.monotonic()
+                await self._publish(lease=answer.lease)
+        finally:
+            closed.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await closed
+        if not self._closing.is_set():
+            raise error_for(ErrorCode.SSH_UNREACHABLE, "the SSH connection was lost")
+
+    async def _failed(self, e: MonitordError) -> None:
+        delay = e.delay if isinstance(e, TransientError) and e.delay else 0.0
+        if not e.retryable:
+            delay = max(delay, self._config.reconnect_backoff_cap_s)
+        self._backoff.record_failure(at_least_s=delay, now=time.monotonic())
+        error = TunnelError(code=str(e.code), detail=e.detail, at=time.time())
+        lease_holder = self._status.lease_holder if e.code is ErrorCode.TUNNEL_LEASE_CONFLICT \
+            else None
+        await self._publish(
+            state=STATE_FOR_ERROR.get(error.code, TunnelState.BACKOFF), last_error=error,
+            lease=None, lease_holder=lease_holder, forwards=(),
+        )
+        self._log_error(error)
+
+    def _log_error(self, error: TunnelError) -> None:
+        """Log an error once, then a repeat of the same code at most once a minute with a
+        count, so a long outage never floods the log."""
+        now = time.monotonic()
+        last = self._last_logged
+        if last is not None and last[0] == error.code and now - last[2] < 60.0:
+            self._last_logged = (last[0], last[1], last[2], last[3] + 1)
+            return
+        repeats = last[3] if last is not None and last[0] == error.code else 0
+        self._last_logged = (error.code, error.detail, now, 0)
+        self._log.warning("tunnel_error", error_code=error.code, detail=error.detail,
+                          repeats=repeats, attempts=self._status.attempts)
+
+    async def _publish(self, **changes: Any) -> None:
+        self._status = replace(self._status, **changes)
+        async with self._changed:
+            self._changed.notify_all()
+        for listener in self._listeners:
+            listener(self._status)

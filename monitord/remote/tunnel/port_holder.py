@@ -1,0 +1,124 @@
+"""Who holds a TCP port on the VPS, observed with `ss` over the keeper's own connection.
+
+One exec runs a fixed /bin/sh script (the port travels as "$1", never as script text):
+1. `ss -Htlnp 'sport = :PORT'` — the listener and its process (`users:(("sshd",pid=P,…))`);
+2. for that PID: its start time (field 22 of /proc/P/stat) so a fence can never hit a
+   reused PID;
+3. `ss -HtnpiO state established '( sport = :SSHD_PORT )'` — the sshd's client sockets with
+   `lastrcv:` (ms since the client last sent anything), SSHD_PORT taken from our own
+   $SSH_CONNECTION.
+The text is parsed here into an orchestrator `PortHolder`; forwards.py asks
+orchestrator/forward_diagnosis.py what it means. Fencing itself goes through
+`monitord tunnel-lease fence` (lease_client.py), which re-checks the identity on the VPS.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import asyncssh
+
+from monitord.remote import remote_exec
+from orchestrator.errors import ErrorCode, TransientError
+from orchestrator.forward_diagnosis import HolderKind, PortHolder
+
+PROBE_SCRIPT = r"""
+port="$1"
+ss -Htlnp "sport = :$port" 2>&1
+echo '@@stat'
+pid=$(ss -Htlnp "sport = :$port" | sed -n 's/.*pid=\([0-9][0-9]*\),.*/\1/p' | head -n 1)
+[ -n "$pid" ] && cat "/proc/$pid/stat" 2>/dev/null
+echo '@@estab'
+sshd_port="${SSH_CONNECTION##* }"
+ss -HtnpiO state established "( sport = :$sshd_port )" 2>&1
+echo '@@self'
+echo "$SSH_CONNECTION"
+"""
+
+_USERS = re.compile(r'users:\(\("(?P<name>[^"]*)",pid=(?P<pid>\d+),')
+_LASTRCV = re.compile(r"\blastrcv:(\d+)")
+
+
+@dataclass(frozen=True)
+class HolderObservation:
+    """A parsed probe: the holder, its start ticks (for fencing) and our own connection."""
+
+    holder: PortHolder
+    start_ticks: int | None
+    our_ssh_connection: str
+
+
+async def observe(
+    conn: asyncssh.SSHClientConnection, port: int, *, timeout_s: float
+) -> HolderObservation:
+    """Run the probe script on the VPS and parse it."""
+    result = await remote_exec.run_script(conn, PROBE_SCRIPT, args=[str(port)],
+                                          timeout_s=timeout_s)
+    if not result.ok:
+        raise TransientError(
+            ErrorCode.FORWARD_DENIED,
+            f"could not inspect port {port} on the VPS: {result.stderr_tail()}",
+        )
+    return parse_probe(result.text, port=port)
+
+
+def _sections(text: str) -> dict[str, list[str]]:
+    sections: dict[str, list[str]] = {"listen": []}
+    current = "listen"
+    for line in text.splitlines():
+        if line.startswith("@@"):
+            current = line[2:].strip()
+            sections[current] = []
+        elif line.strip():
+            sections[current].append(line.strip())
+    return sections
+
+
+def parse_probe(text: str, *, port: int) -> HolderObservation:
+    """Turn the probe script's output into a HolderObservation (pure; unit-testable)."""
+    sections = _sections(text)
+    ours = (sections.get("self") or [""])[0]
+    listener = next((line for line in sections["listen"] if _USERS.search(line)), None)
+    if listener is None:
+        # Either nobody listens any more, or ss could not name the process.
+        kind = HolderKind.OTHER if sections["listen"] else HolderKind.NONE
+        return HolderObservation(
+            holder=PortHolder(port=port, kind=kind, command="unknown (ss showed no process)"),
+            start_ticks=None,
+            our_ssh_connection=ours,
+        )
+    users = _USERS.search(listener)
+    assert users is not None
+    pid = int(users["pid"])
+    name = users["name"]
+    start_ticks = _start_ticks(sections.get("stat", []))
+    if name != "sshd":
+        holder = PortHolder(port=port, kind=HolderKind.OTHER, pid=pid, command=name)
+        return HolderObservation(holder=holder, start_ticks=start_ticks, our_ssh_connection=ours)
+    lastrcv_s: float | None = None
+    client = ""
+    for line in sections.get("estab", []):
+        if f"pid={pid}," not in line:
+            continue
+        match = _LASTRCV.search(line)
+        cols = line.split()
+        client = cols[3] if len(cols) > 3 else ""
+        # No lastrcv field means nothing was ever received: count it as silent since start.
+        lastrcv_s = int(match.group(1)) / 1000.0 if match else float("inf")
+        break
+    holder = PortHolder(
+        port=port, kind=HolderKind.SSHD, pid=pid, command=name, lastrcv_s=lastrcv_s,
+        client=client,
+    )
+    return HolderObservation(holder=holder, start_ticks=start_ticks, our_ssh_connection=ours)
+
+
+def _start_ticks(lines: list[str]) -> int | None:
+    if not lines:
+        return None
+    raw = lines[0]
+    try:
+        return int(raw[raw.rindex(")") + 2 :].split()[19])
+    except (ValueError, IndexError):
+        return None

@@ -1,0 +1,256 @@
+"""Crash-safe files in the spool (SPEC §4.2, §4.3): `custom_config.json` and `remote_state.json`.
+
+Every write goes through `monitord.base.atomic_file.atomic_write_bytes`.
+
+`custom_config.json` is the authoritative placement. It is read into a `CustomConfig`: typed
+`AreaEntry` values (uuid, service, location, generation) plus the raw entry dicts, so that a
+write keeps unknown fields and entry order exactly as found. A malformed or truncated file
+raises `ConfigCorrupt` (code CONFIG_CORRUPT, with the parse position) and is never overwritten:
+every update re-reads and re-validates the file first.
+
+`remote_state.json` is the per-service compatibility projection the PHP UI reads; it is never a
+source of truth, so reading it is lenient about missing keys but not about broken JSON.
+
+Callers: monitord.base.singleton (PID file), the migration engine (COMMIT_LOCATION), the HTTP API
+(area lookup), the remote_state projection, the legacy-state import.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, cast
+
+from monitord.base.atomic_file import atomic_write_bytes
+
+CUSTOM_CONFIG_NAME = "custom_config.json"
+REMOTE_STATE_NAME = "remote_state.json"
+LOCATIONS = ("local", "remote")
+
+Location = Literal["local", "remote"]
+
+
+class ConfigCorrupt(Exception):
+    """A spool file that cannot be trusted; monitord refuses to act on it and never rewrites it."""
+
+    error_code = "CONFIG_CORRUPT"
+
+    def __init__(self, *, path: Path, detail: str) -> None:
+        super().__init__(f"{path}: {detail}")
+        self.path = path
+        self.detail = detail
+
+
+def _dump_json(document: Any) -> bytes:
+    return (json.dumps(document, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def _load_json(path: Path) -> Any | None:
+    """Parsed JSON of `path`, None if it does not exist; ConfigCorrupt with the parse position."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise ConfigCorrupt(path=path, detail=f"cannot read: {e.strerror or e}") from e
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ConfigCorrupt(path=path, detail=f"not UTF-8 at byte {e.start}") from e
+    except json.JSONDecodeError as e:
+        raise ConfigCorrupt(
+            path=path, detail=f"invalid JSON at line {e.lineno} column {e.colno}: {e.msg}"
+        ) from e
+
+
+# --- custom_config.json ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AreaEntry:
+    """One area's committed placement as the typed view of a `custom_daemons` entry."""
+
+    uuid: str
+    service: str
+    location: Location = "local"
+    generation: int = 0
+
+
+@dataclass(frozen=True)
+class CustomConfig:
+    """The whole `custom_config.json`: typed entries plus the raw document for round-trips."""
+
+    entries: tuple[AreaEntry, ...] = ()
+    document: Mapping[str, Any] = field(default_factory=lambda: {"custom_daemons": []})
+
+    def entry(self, uuid: str) -> AreaEntry | None:
+        for entry in self.entries:
+            if entry.uuid == uuid:
+                return entry
+        return None
+
+    def raw_entries(self) -> list[dict[str, Any]]:
+        """Deep copies of the raw entry dicts, unknown fields included, in file order."""
+        return copy.deepcopy(list(self.document.get("custom_daemons", [])))
+
+
+def _entry_from_raw(raw: Any, *, where: str) -> AreaEntry:
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: expected an object, got {type(raw).__name__}")
+    for key in ("uuid", "service"):
+        if not isinstance(raw.get(key), str) or not raw[key]:
+            raise ValueError(f"{where}.{key}: expected a non-empty string")
+    location = raw.get("location", "local")
+    if location not in LOCATIONS:
+        raise ValueError(f"{where}.location: expected 'local' or 'remote', got {location!r}")
+    generation = raw.get("generation", 0)
+    if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
+        raise ValueError(f"{where}.generation: expected a non-negative integer, got {generation!r}")
+    return AreaEntry(
+        uuid=raw["uuid"],
+        service=raw["service"],
+        location=cast(Location, location),
+        generation=generation,
+    )
+
+
+def parse_custom_config(document: Any, *, path: Path) -> CustomConfig:
+    """Validate a parsed `custom_config.json` document; ConfigCorrupt naming the bad entry."""
+    try:
+        if not isinstance(document, dict):
+            raise ValueError(f"top level: expected an object, got {type(document).__name__}")
+        daemons = document.get("custom_daemons", [])
+        if not isinstance(daemons, list):
+            raise ValueError("custom_daemons: expected a list")
+        entries = tuple(
+            _entry_from_raw(raw, where=f"custom_daemons[{i}]") for i, raw in enumerate(daemons)
+        )
+        seen: set[str] = set()
+        for i, entry in enumerate(entries):
+            if entry.uuid in seen:
+                raise ValueError(f"custom_daemons[{i}].uuid: duplicate area {entry.uuid}")
+            seen.add(entry.uuid)
+    except ValueError as e:
+        raise ConfigCorrupt(path=path, detail=str(e)) from e
+    return CustomConfig(entries=entries, document=copy.deepcopy(document))
+
+
+def read_custom_config(path: Path) -> CustomConfig:
+    """Read `custom_config.json`; a missing file is an empty placement (no areas)."""
+    document = _load_json(path)
+    if document is None:
+        return CustomConfig()
+    return parse_custom_config(document, path=path)
+
+
+def write_custom_config(path: Path, config: CustomConfig) -> None:
+    """Write the document back atomically (the typed view is derived from it, not written)."""
+    atomic_write_bytes(path, _dump_json(config.document))
+
+
+def with_area_placement(
+    config: CustomConfig, *, uuid: str, location: Location, generation: int
+) -> CustomConfig:
+    """A copy with one area's location and generation changed; other fields and order kept."""
+    if location not in LOCATIONS:
+        raise ValueError(f"location must be 'local' or 'remote', got {location!r}")
+    if generation < 0:
+        raise ValueError(f"generation must be >= 0, got {generation}")
+    document = copy.deepcopy(dict(config.document))
+    daemons = document.setdefault("custom_daemons", [])
+    for raw in daemons:
+        if raw["uuid"] == uuid:
+            raw["location"] = location
+            raw["generation"] = generation
+            break
+    else:
+        raise KeyError(f"area {uuid} is not in custom_config.json")
+    entries = tuple(
+        AreaEntry(uuid=e.uuid, service=e.service, location=location, generation=generation)
+        if e.uuid == uuid
+        else e
+        for e in config.entries
+    )
+    return CustomConfig(entries=entries, document=document)
+
+
+def update_area_placement(
+    path: Path, *, uuid: str, location: Location, generation: int
+) -> CustomConfig:
+    """Re-read, change one area, write atomically: the commit point of a migration (§5.3).
+
+    Raises ConfigCorrupt (file untouched) if the current file is malformed, KeyError if the
+    area is not in it.
+    """
+    updated = with_area_placement(
+        read_custom_config(path), uuid=uuid, location=location, generation=generation
+    )
+    write_custom_config(path, updated)
+    return updated
+
+
+# --- remote_state.json -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ServiceCompatState:
+    """One service's row of the legacy `remote_state.json` projection (SPEC §4.3)."""
+
+    migrating: bool = False
+    resuming: bool = False
+    parked: bool = False
+    fail_count: int = 0
+    last_error: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "migrating": self.migrating,
+            "resuming": self.resuming,
+            "parked": self.parked,
+            "fail_count": self.fail_count,
+            "last_error": self.last_error,
+        }
+
+
+def _compat_from_raw(raw: Any, *, where: str) -> ServiceCompatState:
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: expected an object, got {type(raw).__name__}")
+    fail_count = raw.get("fail_count", 0)
+    last_error = raw.get("last_error", "")
+    return ServiceCompatState(
+        migrating=bool(raw.get("migrating", False)),
+        resuming=bool(raw.get("resuming", False)),
+        parked=bool(raw.get("parked", False)),
+        fail_count=fail_count if isinstance(fail_count, int) and fail_count >= 0 else 0,
+        last_error=last_error if isinstance(last_error, str) else str(last_error),
+    )
+
+
+def read_remote_state(path: Path) -> dict[str, ServiceCompatState]:
+    """Read `remote_state.json` (missing file: no services). Lenient about legacy fields."""
+    document = _load_json(path)
+    if document is None:
+        return {}
+    try:
+        if not isinstance(document, dict):
+            raise ValueError(f"top level: expected an object, got {type(document).__name__}")
+        return {
+            str(service): _compat_from_raw(raw, where=str(service))
+            for service, raw in document.items()
+        }
+    except ValueError as e:
+        raise ConfigCorrupt(path=path, detail=str(e)) from e
+
+
+def write_remote_state(path: Path, states: Mapping[str, ServiceCompatState]) -> None:
+    """Write the projection atomically, services in the order given."""
+    atomic_write_bytes(path, _dump_json({name: s.to_json() for name, s in states.items()}))
+
+
+def spool_paths(spool_dir: Path) -> tuple[Path, Path]:
+    """(custom_config.json, remote_state.json) inside `spool_dir`."""
+    return spool_dir / CUSTOM_CONFIG_NAME, spool_dir / REMOTE_STATE_NAME
+

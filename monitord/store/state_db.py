@@ -1,0 +1,581 @@
+"""monitord's own durable state (SPEC §4.5): one SQLite database `state.db` in work_dir.
+
+Holds migration transactions (§5.1), the highest generation issued per area (§5.3 rule 3),
+the cleanup queue (§7.1), a capped ring of recent events and the operator's desired placement.
+
+Durability: WAL journal with `synchronous=FULL`, so a write whose coroutine has returned is on
+disk and survives `kill -9` or power loss. Every statement runs on ONE dedicated thread that
+owns the connection (a single-worker executor): the event loop never blocks on SQLite and there
+is exactly one writer, so no write ever waits on another connection's lock.
+
+Records cross this boundary as plain dicts keyed by the SPEC field names; the orchestrator's
+models convert with `to_storage()` / `from_storage()`. Fields of a transaction beyond the SPEC
+columns are kept in a JSON column and returned as they were given.
+
+Cost: taking due cleanup items walks the `next_attempt_at` index and finishing one is a primary
+key delete, both O(log n); enqueue is idempotent through a unique index on
+(service, area, side, generation, action). Schema changes are forward migrations numbered in
+`MIGRATIONS`, applied once at open and recorded in `schema_version`.
+
+Callers: monitord.surface.daemon (opens/closes it), the HTTP API, the migration engine, the cleanup
+worker, the status and bundle code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+DB_NAME = "state.db"
+DEFAULT_EVENTS_CAP = 1000
+DEFAULT_CLAIM_S = 60.0
+FINAL_PHASES = ("DONE", "ROLLED_BACK")
+_OPTIONAL_TX = ("last_error_code", "last_error_detail", "cleanup_required")
+
+T = TypeVar("T")
+
+TRANSACTION_COLUMNS = (
+    "transaction_id",
+    "service",
+    "area",
+    "source",
+    "destination",
+    "phase",
+    "attempt",
+    "generation",
+    "started_at",
+    "updated_at",
+    "last_error_code",
+    "last_error_detail",
+    "cleanup_required",
+)
+CLEANUP_COLUMNS = (
+    "id",
+    "service",
+    "area",
+    "side",
+    "generation",
+    "action",
+    "attempts",
+    "next_attempt_at",
+    "last_error",
+    "created_at",
+)
+
+# Forward-only schema migrations: entry i (a tuple of statements, applied in one transaction)
+# brings the schema from version i to i + 1. Never edit a released entry; append a new one.
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (
+        """
+        CREATE TABLE transactions (
+            transaction_id TEXT PRIMARY KEY,
+            service TEXT NOT NULL,
+            area TEXT NOT NULL,
+            source TEXT NOT NULL,
+            destination TEXT NOT NULL,
+            phase TEXT NOT NULL,
+            attempt INTEGER NOT NULL,
+            generation INTEGER NOT NULL,
+            started_at REAL NOT NULL,
+            updated_at REAL NOT NULL,
+            last_error_code TEXT,
+            last_error_detail TEXT,
+            cleanup_required INTEGER NOT NULL DEFAULT 0,
+            extra TEXT NOT NULL DEFAULT '{}'
+        )
+        """,
+        "CREATE INDEX transactions_by_area ON transactions (area)",
+        "CREATE INDEX transactions_by_service ON transactions (service)",
+        """
+        CREATE TABLE generations (
+            area TEXT PRIMARY KEY,
+            highest_issued INTEGER NOT NULL
+        )
+        """,
+        """
+        CREATE TABLE cleanup_items (
+            id TEXT PRIMARY KEY,
+            service TEXT NOT NULL,
+            area TEXT NOT NULL,
+            side TEXT NOT NULL,
+            generation INTEGER NOT NULL,
+            action TEXT NOT NULL,
+            attempts INTEGER NOT NULL DEFAULT 0,
+            next_attempt_at REAL NOT NULL,
+            last_error TEXT,
+            created_at REAL NOT NULL,
+            UNIQUE (service, area, side, generation, action)
+        )
+        """,
+        "CREATE INDEX cleanup_items_due ON cleanup_items (next_attempt_at)",
+        """
+        CREATE TABLE events (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            at REAL NOT NULL,
+            event TEXT NOT NULL,
+            fields TEXT NOT NULL
+        )
+        """,
+        """
+        CREATE TABLE desired_placement (
+            service TEXT NOT NULL,
+            area TEXT,
+            location TEXT NOT NULL,
+            updated_at REAL NOT NULL
+        )
+        """,
+        "CREATE UNIQUE INDEX desired_placement_key "
+        "ON desired_placement (service, IFNULL(area, ''))",
+    ),
+    # v2: the cleanup backlog as a counter kept by triggers, so reading it is O(1).
+    (
+        "CREATE TABLE counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL)",
+        "INSERT INTO counters (name, value) SELECT 'cleanup_items', COUNT(*) FROM cleanup_items",
+        """
+        CREATE TRIGGER cleanup_items_counted_in AFTER INSERT ON cleanup_items BEGIN
+            UPDATE counters SET value = value + 1 WHERE name = 'cleanup_items';
+        END
+        """,
+        """
+        CREATE TRIGGER cleanup_items_counted_out AFTER DELETE ON cleanup_items BEGIN
+            UPDATE counters SET value = value - 1 WHERE name = 'cleanup_items';
+        END
+        """,
+    ),
+)
+
+
+class StoreError(Exception):
+    """A store operation failed; the write did not happen (code STORE_WRITE_FAILED)."""
+
+    error_code = "STORE_WRITE_FAILED"
+
+
+class StoreClosed(StoreError):
+    """The store was used after `close()`."""
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=True)
+    conn.row_factory = sqlite3.Row
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("PRAGMA foreign_keys=ON")
+    conn.execute("PRAGMA busy_timeout=5000")
+    # Keep the hot B-tree pages of a large cleanup queue in memory (16 MiB; default is 2 MiB).
+    conn.execute("PRAGMA cache_size=-16384")
+    return conn
+
+
+def _migrate(conn: sqlite3.Connection, *, target: int = len(MIGRATIONS)) -> int:
+    conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+    row = conn.execute("SELECT version FROM schema_version").fetchone()
+    current = row[0] if row else 0
+    if current > len(MIGRATIONS):
+        raise StoreError(
+            f"state.db schema version {current} is newer than this monitord "
+            f"({len(MIGRATIONS)}); refusing to downgrade"
+        )
+    for version in range(current, target):
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for statement in MIGRATIONS[version]:
+                conn.execute(statement)
+            conn.execute("DELETE FROM schema_version")
+            conn.execute("INSERT INTO schema_version (version) VALUES (?)", (version + 1,))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+    return max(current, target)
+
+
+class _Tx:
+    """`with _Tx(conn):` one IMMEDIATE transaction, committed on success, rolled back on error."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def __enter__(self) -> sqlite3.Connection:
+        self._conn.execute("BEGIN IMMEDIATE")
+        return self._conn
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self._conn.execute("COMMIT")
+        else:
+            self._conn.execute("ROLLBACK")
+
+
+def _transaction_row(record: Mapping[str, Any]) -> dict[str, Any]:
+    missing = [c for c in TRANSACTION_COLUMNS if c not in record and c not in _OPTIONAL_TX]
+    if missing:
+        raise ValueError(f"transaction record lacks {', '.join(missing)}")
+    row = {c: record.get(c) for c in TRANSACTION_COLUMNS}
+    row["cleanup_required"] = int(bool(row["cleanup_required"]))
+    row["extra"] = json.dumps({k: v for k, v in record.items() if k not in TRANSACTION_COLUMNS})
+    return row
+
+
+def _transaction_from_row(row: sqlite3.Row) -> dict[str, Any]:
+    record = {c: row[c] for c in TRANSACTION_COLUMNS}
+    record["cleanup_required"] = bool(record["cleanup_required"])
+    record.update(json.loads(row["extra"]))
+    return record
+
+
+def _cleanup_from_row(row: sqlite3.Row) -> dict[str, Any]:
+    return {c: row[c] for c in CLEANUP_COLUMNS}
+
+
+class Store:
+    """The async face of `state.db`; open with `await Store.open(work_dir)`."""
+
+    def __init__(self, *, path: Path, executor: ThreadPoolExecutor, events_cap: int) -> None:
+        self.path = path
+        self._executor: ThreadPoolExecutor | None = executor
+        self._events_cap = events_cap
+        self._conn: sqlite3.Connection | None = None  # touched only on the executor thread
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    @classmethod
+    async def open(cls, work_dir: Path, *, events_cap: int = DEFAULT_EVENTS_CAP) -> Store:
+        """Open (creating and migrating if needed) `{work_dir}/state.db`."""
+        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="monitord-store")
+        store = cls(path=work_dir / DB_NAME, executor=executor, events_cap=events_cap)
+        try:
+            await store._run(store._open_on_thread)
+        except BaseException:
+            executor.shutdown(wait=True)
+            raise
+        return store
+
+    def _open_on_thread(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        conn = _connect(self.path)
+        try:
+            _migrate(conn)
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+
+    async def close(self) -> None:
+        """Close the connection and stop the writer thread (waits for queued work)."""
+        executor, self._executor = self._executor, None
+        if executor is None:
+            return
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(executor, self._close_on_thread)
+        finally:
+            executor.shutdown(wait=True)
+
+    def _close_on_thread(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+    async def __aenter__(self) -> Store:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def _run(self, fn: Callable[[], T]) -> T:
+        """Run `fn` on the writer thread; sqlite errors become StoreError."""
+        executor = self._executor
+        if executor is None:
+            raise StoreClosed(f"{self.path}: store is closed")
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(executor, fn)
+        except sqlite3.Error as e:
+            raise StoreError(f"{self.path}: {e}") from e
+
+    def _db(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise StoreClosed(f"{self.path}: store is closed")
+        return self._conn
+
+    async def schema_version(self) -> int:
+        def read() -> int:
+            return int(self._db().execute("SELECT version FROM schema_version").fetchone()[0])
+
+        return await self._run(read)
+
+    # --- transactions (§5.1) --------------------------------------------------------------
+
+    async def put_transaction(self, record: Mapping[str, Any]) -> None:
+        """Insert or replace a transaction record (keyed by transaction_id)."""
+        row = _transaction_row(record)
+
+        def write() -> None:
+            columns = ", ".join(row)
+            marks = ", ".join(f":{c}" for c in row)
+            with _Tx(self._db()) as db:
+                db.execute(f"INSERT OR REPLACE INTO transactions ({columns}) VALUES ({marks})", row)
+
+        await self._run(write)
+
+    async def get_transaction(self, transaction_id: str) -> dict[str, Any] | None:
+        def read() -> dict[str, Any] | None:
+            row = (
+                self._db()
+                .execute("SELECT * FROM transactions WHERE transaction_id = ?", (transaction_id,))
+                .fetchone()
+            )
+            return _transaction_from_row(row) if row else None
+
+        return await self._run(read)
+
+    async def list_transactions(
+        self, *, active_only: bool = False, service: str | None = None, limit: int = 1000
+    ) -> list[dict[str, Any]]:
+        """Newest first; `active_only` leaves out DONE and ROLLED_BACK."""
+        clauses: list[str] = []
+        params: list[Any] = []
+        if active_only:
+            clauses.append(f"phase NOT IN ({', '.join('?' * len(FINAL_PHASES))})")
+            params.extend(FINAL_PHASES)
+        if service is not None:
+            clauses.append("service = ?")
+            params.append(service)
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+
+        def read() -> list[dict[str, Any]]:
+            rows = self._db().execute(
+                f"SELECT * FROM transactions {where} ORDER BY updated_at DESC LIMIT ?",
+                (*params, limit),
+            )
+            return [_transaction_from_row(r) for r in rows]
+
+        return await self._run(read)
+
+    # --- generations (§5.3 rule 3) --------------------------------------------------------
+
+    async def issue_generation(self, area: str, *, floor: int = 0) -> int:
+        """Durably issue max(highest issued, floor) + 1 for `area`; never returns a value twice."""
+
+        def write() -> int:
+            with _Tx(self._db()) as db:
+                row = db.execute(
+                    "SELECT highest_issued FROM generations WHERE area = ?", (area,)
+                ).fetchone()
+                issued = max(row[0] if row else 0, floor) + 1
+                db.execute(
+                    "INSERT INTO generations (area, highest_issued) VALUES (?, ?) "
+                    "ON CONFLICT (area) DO UPDATE SET highest_issued = excluded.highest_issued",
+                    (area, issued),
+                )
+            return issued
+
+        return await self._run(write)
+
+    async def highest_generation(self, area: str) -> int:
+        """The highest generation ever issued for `area` (0 if none)."""
+
+        def read() -> int:
+            row = (
+                self._db()
+                .execute("SELECT highest_issued FROM generations WHERE area = ?", (area,))
+                .fetchone()
+            )
+            return int(row[0]) if row else 0
+
+        return await self._run(read)
+
+    # --- cleanup queue (§7.1) -------------------------------------------------------------
+
+    async def enqueue_cleanup(
+        self,
+        *,
+        service: str,
+        area: str,
+        side: str,
+        generation: int,
+        action: str,
+        now: float,
+        item_id: str | None = None,
+    ) -> dict[str, Any]:
+        """Add an item due at `now`; an identical obligation already queued is returned as is."""
+        new_id = item_id or uuid.uuid4().hex
+        key = (service, area, side, generation, action)
+
+        def write() -> dict[str, Any]:
+            with _Tx(self._db()) as db:
+                db.execute(
+                    "INSERT INTO cleanup_items (id, service, area, side, generation, action, "
+                    "attempts, next_attempt_at, last_error, created_at) "
+                    "VALUES (?, ?, ?, ?, ?, ?, 0, ?, NULL, ?) "
+                    "ON CONFLICT (service, area, side, generation, action) DO NOTHING",
+                    (new_id, *key, now, now),
+                )
+                row = db.execute(
+                    "SELECT * FROM cleanup_items WHERE service = ? AND area = ? AND side = ? "
+                    "AND generation = ? AND action = ?",
+                    key,
+                ).fetchone()
+            return _cleanup_from_row(row)
+
+        return await self._run(write)
+
+    async def take_due(
+        self, now: float, limit: int, *, claim_for_s: float = DEFAULT_CLAIM_S
+    ) -> list[dict[str, Any]]:
+        """Claim up to `limit` items due at `now`, oldest due first.
+
+        Claiming counts an attempt and moves `next_attempt_at` to `now + claim_for_s`, so a second
+        call does not hand out the same item again; if the worker dies, the claim lapses and the
+        item comes back. Finish with `complete()` or `reschedule()`.
+        """
+
+        def write() -> list[dict[str, Any]]:
+            with _Tx(self._db()) as db:
+                rows = db.execute(
+                    "SELECT * FROM cleanup_items WHERE next_attempt_at <= ? "
+                    "ORDER BY next_attempt_at LIMIT ?",
+                    (now, limit),
+                ).fetchall()
+                items = []
+                for row in rows:
+                    item = _cleanup_from_row(row)
+                    item["attempts"] += 1
+                    item["next_attempt_at"] = now + claim_for_s
+                    db.execute(
+                        "UPDATE cleanup_items SET attempts = ?, next_attempt_at = ? WHERE id = ?",
+                        (item["attempts"], item["next_attempt_at"], item["id"]),
+                    )
+                    items.append(item)
+            return items
+
+        return await self._run(write)
+
+    async def complete(self, item_id: str) -> bool:
+        """Remove a finished item; False if it was not there (already completed)."""
+
+        def write() -> bool:
+            with _Tx(self._db()) as db:
+                return db.execute("DELETE FROM cleanup_items WHERE id = ?", (item_id,)).rowcount > 0
+
+        return await self._run(write)
+
+    async def reschedule(self, item_id: str, *, next_attempt_at: float, last_error: str) -> bool:
+        """Record a failed attempt and when to try again; False if the item is gone."""
+
+        def write() -> bool:
+            with _Tx(self._db()) as db:
+                cursor = db.execute(
+                    "UPDATE cleanup_items SET next_attempt_at = ?, last_error = ? WHERE id = ?",
+                    (next_attempt_at, last_error, item_id),
+                )
+                return cursor.rowcount > 0
+
+        return await self._run(write)
+
+    async def list_cleanup(self, *, limit: int = 1000) -> list[dict[str, Any]]:
+        """Queued items, soonest due first (for the API and the bundle)."""
+
+        def read() -> list[dict[str, Any]]:
+            rows = self._db().execute(
+                "SELECT * FROM cleanup_items ORDER BY next_attempt_at LIMIT ?", (limit,)
+            )
+            return [_cleanup_from_row(r) for r in rows]
+
+        return await self._run(read)
+
+    async def cleanup_backlog(self) -> int:
+        """How many items are queued (a trigger-kept counter: O(1), not a scan)."""
+
+        def read() -> int:
+            row = (
+                self._db()
+                .execute("SELECT value FROM counters WHERE name = 'cleanup_items'")
+                .fetchone()
+            )
+            return int(row[0])
+
+        return await self._run(read)
+
+    # --- events ---------------------------------------------------------------------------
+
+    async def record_event(
+        self, event: str, fields: Mapping[str, Any] | None = None, *, at: float | None = None
+    ) -> None:
+        """Append to the recent-events ring; the oldest beyond the cap are dropped."""
+        when = time.time() if at is None else at
+        payload = json.dumps(dict(fields or {}), default=str)
+
+        def write() -> None:
+            with _Tx(self._db()) as db:
+                seq = db.execute(
+                    "INSERT INTO events (at, event, fields) VALUES (?, ?, ?)",
+                    (when, event, payload),
+                ).lastrowid or 0
+                db.execute("DELETE FROM events WHERE seq <= ?", (seq - self._events_cap,))
+
+        await self._run(write)
+
+    async def recent_events(self, *, limit: int = 100) -> list[dict[str, Any]]:
+        """Newest last, as `{"at", "event", **fields}`."""
+
+        def read() -> list[dict[str, Any]]:
+            rows = self._db().execute(
+                "SELECT at, event, fields FROM events ORDER BY seq DESC LIMIT ?", (limit,)
+            )
+            return [{"at": r["at"], "event": r["event"], **json.loads(r["fields"])} for r in rows]
+
+        return list(reversed(await self._run(read)))
+
+    # --- desired placement ----------------------------------------------------------------
+
+    async def set_desired_placement(
+        self, *, service: str, area: str | None, location: str, now: float
+    ) -> None:
+        """Record what the operator asked for (per service, or per area when `area` is set)."""
+
+        def write() -> None:
+            with _Tx(self._db()) as db:
+                db.execute(
+                    "DELETE FROM desired_placement WHERE service = ? AND IFNULL(area, '') = ?",
+                    (service, area or ""),
+                )
+                db.execute(
+                    "INSERT INTO desired_placement (service, area, location, updated_at) "
+                    "VALUES (?, ?, ?, ?)",
+                    (service, area, location, now),
+                )
+
+        await self._run(write)
+
+    async def desired_placements(self) -> list[dict[str, Any]]:
+        """Every recorded wish: service-wide rows (area None) and per-area overrides."""
+
+        def read() -> list[dict[str, Any]]:
+            rows = self._db().execute(
+                "SELECT service, area, location, updated_at FROM desired_placement "
+                "ORDER BY service, IFNULL(area, '')"
+            )
+            return [dict(r) for r in rows]
+
+        return await self._run(read)
+

@@ -1,0 +1,69 @@
+"""The `monitord` command line (SPEC §9): parses arguments and hands each verb to its module.
+
+Each verb lives in its own module exposing `add_arguments(parser)` and `main(args) -> int`;
+modules keep heavy imports inside `main` so that `--help` and bad usage stay fast.
+Exit codes: 0 ok, 2 bad usage or config, 3 duplicate instance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_DUPLICATE = 3
+
+# verb -> (module, one-line help). Internal verbs (run on the VPS by the local owner)
+# are listed too; they are not for operators and say so in their help.
+VERBS: dict[str, tuple[str, str]] = {
+    "run": ("monitord.surface.daemon", "run the daemon in the foreground (systemd runs this)"),
+    "launch": ("monitord.surface.launcher", "start the daemon detached unless it already runs"),
+    "status": ("monitord.surface.client_commands", "show tunnel, services, areas and transactions"),
+    "place": ("monitord.surface.client_commands", "move a service to local or remote"),
+    "retry": ("monitord.surface.client_commands", "let a parked service try again"),
+    "bundle": ("monitord.surface.client_commands", "write a diagnostic bundle (.tar.gz)"),
+    "demo": ("monitord.surface.demo", "run the self-contained demonstration (no root, no VPS)"),
+    "agent": ("monitord.vps.cli", "run the remote agent on the VPS"),
+    "agent-launch": ("monitord.vps.cli", "start the agent detached unless it already runs"),
+    "tunnel-lease": ("monitord.vps.tunnel_lease", "internal: tunnel lease ops on the VPS"),
+}
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser; with `only`, just that verb's module is imported (the others keep their
+    name and help): a verb run over SSH on the VPS should not pay for every other verb."""
+    parser = argparse.ArgumentParser(prog="monitord", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+    for verb, (module_name, help_text) in VERBS.items():
+        verb_parser = sub.add_parser(verb, help=help_text, description=help_text)
+        if only is not None and verb != only:
+            continue
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as e:
+            if not (e.name and module_name.startswith(e.name)):
+                raise
+            verb_parser.set_defaults(_missing=module_name)
+            continue
+        add = getattr(module, f"add_{verb.replace('-', '_')}_arguments", None)
+        add = add or module.add_arguments
+        add(verb_parser)
+        entry = getattr(module, f"main_{verb.replace('-', '_')}", None) or module.main
+        verb_parser.set_defaults(_entry=entry)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    words = list(sys.argv[1:] if argv is None else argv)
+    verb = next((w for w in words if not w.startswith("-")), None)
+    parser = build_parser(only=verb if verb in VERBS else None)
+    args = parser.parse_args(words)
+    if getattr(args, "_missing", None):
+        print(f"monitord: '{args.verb}' is not available in this build", file=sys.stderr)
+        return EXIT_USAGE
+    result: int = args._entry(args)
+    return result

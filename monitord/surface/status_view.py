@@ -1,0 +1,161 @@
+"""Human rendering of the status document (SPEC §8) for `monitord status` and `place --wait`.
+
+Called by `monitord.surface.client_commands` and the demo. Pure formatting over the JSON document
+the daemon serves, so what an operator reads in a terminal is what the API says.
+"""
+
+from __future__ import annotations
+
+import time
+from types import TracebackType
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+
+def _when(at: Any) -> str:
+    if isinstance(at, int | float):
+        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at))
+    return str(at or "")
+
+
+def _phases(status: dict[str, Any], service: str) -> str:
+    phases = {
+        str(tx.get("phase", ""))
+        for tx in status.get("transactions", [])
+        if tx.get("service") == service
+    }
+    return ", ".join(sorted(phases))
+
+
+def services_table(status: dict[str, Any]) -> Table:
+    """One row per service; the error column holds the stable code (details follow the table)."""
+    table = Table(title="services", expand=False)
+    columns = ("service", "desired", "state", "phase", "local", "remote", "migrating", "orphan",
+               "error")
+    for column in columns:
+        table.add_column(column, no_wrap=True,
+                         justify="right" if column in ("local", "remote", "migrating", "orphan")
+                         else "left")
+    for name, svc in sorted(status.get("services", {}).items()):
+        counts = svc.get("counts", {})
+        error = svc.get("last_error") or {}
+        table.add_row(
+            name,
+            str(svc.get("desired", "")),
+            str(svc.get("state", "")),
+            _phases(status, name),
+            str(counts.get("local", 0)),
+            str(counts.get("remote", 0)),
+            str(counts.get("migrating", 0)),
+            str(counts.get("orphan", 0)),
+            str(error.get("code", "")) if isinstance(error, dict) else str(error),
+        )
+    return table
+
+
+def error_lines(status: dict[str, Any]) -> list[str]:
+    """Each service's last error in full: code, phase, area, time, detail, recommended action."""
+    lines = []
+    for name, svc in sorted(status.get("services", {}).items()):
+        err = svc.get("last_error")
+        if not err:
+            continue
+        if not isinstance(err, dict):
+            lines.append(f"{name}: {err}")
+            continue
+        where = "".join(
+            (
+                f" in phase {err['phase']}" if err.get("phase") else "",
+                f" (area {err['area']})" if err.get("area") else "",
+                f" at {_when(err['at'])}" if err.get("at") else "",
+            )
+        )
+        lines.append(f"{name}: {err.get('code', '')}{where}: {err.get('detail', '')}")
+        if err.get("action"):
+            lines.append(f"  recommended: {err['action']}")
+    return lines
+
+
+def summary_lines(status: dict[str, Any]) -> list[str]:
+    tunnel = status.get("tunnel") or {}
+    counts = status.get("counts", {})
+    cleanup = status.get("cleanup", {})
+    drift = status.get("drift", {})
+    lines = [
+        f"tunnel: {tunnel.get('state', 'not configured')}"
+        # A past error is history once the tunnel is up again; show it only while down.
+        + (
+            f" ({tunnel['last_error']})"
+            if tunnel.get("last_error") and not tunnel.get("connected")
+            else ""
+        )
+        + f", attempts {tunnel.get('attempts', 0)}",
+        "areas: "
+        + ", ".join(f"{k} {counts.get(k, 0)}" for k in ("local", "remote", "migrating", "orphan")),
+        f"cleanup backlog: {cleanup.get('backlog', 0)} (stuck {cleanup.get('stuck', 0)})"
+        f", drift: {drift.get('after', drift.get('current', 0))}",
+    ]
+    if status.get("config_error"):
+        lines.append(f"CONFIG_CORRUPT: {status['config_error']}")
+    for tx in status.get("transactions", []):
+        lines.append(
+            f"  tx {tx.get('transaction_id', '')[:8]} {tx.get('service')}/{tx.get('area', '')[:8]}"
+            f" {tx.get('source')}->{tx.get('destination')} {tx.get('phase')}"
+            f" attempt {tx.get('attempt')}"
+        )
+    return lines
+
+
+def print_status(status: dict[str, Any], *, console: Console | None = None) -> None:
+    console = console or Console()
+    for line in summary_lines(status):
+        console.print(line, highlight=False, soft_wrap=True)
+    console.print(services_table(status))
+    for line in error_lines(status):
+        console.print(line, highlight=False, soft_wrap=True)
+
+
+class Progress:
+    """A one-line live progress display for `monitord place --wait`."""
+
+    def __init__(self, *, service: str, target: str, console: Console | None = None) -> None:
+        self.service, self.target = service, target
+        self.console = console or Console(stderr=True)
+        self._last = ""
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        return None
+
+    def update(self, status: dict[str, Any]) -> None:
+        svc = status.get("services", {}).get(self.service, {})
+        areas = svc.get("areas", [])
+        there = sum(1 for a in areas if a.get("location") == self.target)
+        phases = sorted(
+            {
+                tx.get("phase", "")
+                for tx in status.get("transactions", [])
+                if tx.get("service") == self.service
+            }
+        )
+        line = (
+            f"{self.service} -> {self.target}: {there}/{len(areas)} areas there,"
+            f" state {svc.get('state', '?')}" + (f", phases {', '.join(phases)}" if phases else "")
+        )
+        if line != self._last:
+            self.console.print(line, highlight=False, soft_wrap=True)
+            self._last = line
+
+    def finish(self, outcome: str) -> None:
+        self.console.print(
+            f"{self.service} -> {self.target}: {outcome}", highlight=False, soft_wrap=True
+        )

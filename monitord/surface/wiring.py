@@ -1,0 +1,279 @@
+"""The orchestration component of `monitord run`: builds and wires the working parts.
+
+`build(ctx)` is listed in `monitord.surface.daemon.COMPONENT_FACTORIES`. The component owns:
+
+    placement state    committed areas (custom_config.json), transactions, wishes
+    local supervisor   runs exactly `state.runs(LOCAL)` (fed on every state change)
+    tunnel keeper      the one SSH connection; provisions the VPS before forwards are proven
+    lease renewer      grants `state.runs(REMOTE)` to the agent every TTL/3
+    migration engine   transactions, phase by phase (it is also the placement intake)
+    cleanup worker     the durable cleanup queue
+    reconciler         planner passes on connect, periodically and after transactions
+
+Start order: state -> (legacy remote_state.json normalised) -> survivors adopted or stopped
+-> supervisor -> keeper -> renewer -> engine (recovers first) -> cleanup -> reconciler.
+Stop: the engine finishes its current steps; the keeper releases the tunnel lease; the
+supervisor stops supervising but leaves local daemons running for the next instance to
+adopt (a restart must not take areas down).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from pathlib import Path
+from typing import Any
+
+import asyncssh
+import structlog
+from aiohttp import web
+
+from monitord.base import atomic_file
+from monitord.base.config import Config
+from monitord.base.hostport import split_hostport
+from monitord.base.metrics import Metrics
+from monitord.engine.cleanup_worker import CleanupWorker
+from monitord.engine.lease_renewer import LeaseRenewer
+from monitord.engine.migration_engine import MigrationEngine
+from monitord.engine.phase_actions import PhaseActions, local_runs
+from monitord.engine.placement_state import PlacementState
+from monitord.engine.reconciler import Reconciler
+from monitord.local.supervisor import LocalSupervisor
+from monitord.remote import artifact, provisioning
+from monitord.remote.agent_client import AgentClient
+from monitord.remote.remote_link import RemoteLink
+from monitord.remote.tunnel.keeper import TunnelKeeper, TunnelState, TunnelStatus
+from monitord.store import owner_id, spool_files
+from monitord.surface import status_api
+from monitord.surface.daemon import RuntimeContext
+from orchestrator import status as status_rules
+from orchestrator.area_leases import LeasePolicy
+from orchestrator.models import Transaction
+
+log = structlog.get_logger("monitord.surface.wiring")
+
+SECRET_FILE = "agent.secret"
+
+
+def build(ctx: RuntimeContext) -> Orchestration:
+    return Orchestration(ctx)
+
+
+def load_or_create_secret(work_dir: Path) -> bytes:
+    """The agent's bearer secret, created once (0600) in work_dir; never logged."""
+    path = work_dir / SECRET_FILE
+    try:
+        secret = path.read_bytes().strip()
+    except FileNotFoundError:
+        secret = b""
+    if not secret:
+        secret = secrets.token_hex(32).encode()
+        atomic_file.atomic_write_bytes(path, secret + b"\n", mode=0o600)
+    return secret
+
+
+class Orchestration:
+    name = "orchestration"
+
+    def __init__(self, ctx: RuntimeContext) -> None:
+        config: Config = ctx.config
+        self.ctx = ctx
+        self.config = config
+        work_dir = config.monitord.work_dir
+        self.metrics = Metrics(work_dir=work_dir)
+        self.owner_id = owner_id.load_or_create(work_dir)
+        self.state = PlacementState(store=ctx.store, custom_config_path=ctx.custom_config_path)
+        self.supervisor = LocalSupervisor(state_dir=work_dir / "supervisor")
+        remote = config.remote
+        ttl = remote.area_lease_ttl_s if remote else 30.0
+        self.policy = LeasePolicy(
+            ttl_s=ttl,
+            clock_margin=remote.lease_clock_margin if remote else 0.1,
+            safety_margin_s=remote.lease_safety_margin_s if remote else 2.0,
+        )
+        self.link: RemoteLink | None = None
+        self.renewer: LeaseRenewer | None = None
+        if remote is not None:
+            secret = load_or_create_secret(work_dir)
+            pyz = artifact.build(work_dir / "artifacts")
+            artifacts = provisioning.local_artifacts(remote, agent=pyz)
+            keeper = TunnelKeeper(
+                remote,
+                owner_id=self.owner_id,
+                owner_label=config.monitord.owner_label,
+                before_forwards=self._provision,
+            )
+            manager = remote.manager_forward()
+            host, port = split_hostport(manager.listen if manager else remote.agent_listen)
+            agent = AgentClient(base_url=f"http://{host}:{port}", secret=secret)
+            self.link = RemoteLink(
+                config=config, keeper=keeper, agent=agent, artifacts=artifacts, secret=secret
+            )
+            self.renewer = LeaseRenewer(
+                state=self.state,
+                agent=lambda: self.link.agent if self.link and self.link.connected() else None,
+                owner_id=self.owner_id,
+                policy=self.policy,
+                tunnel_connected=lambda: bool(self.link and self.link.connected()),
+                connection_epoch=lambda: keeper.status().reconnects,
+                recycle=self._recycle_tunnel,
+            )
+            keeper.add_listener(self._tunnel_changed)
+        self.actions = PhaseActions(
+            config=config,
+            state=self.state,
+            supervisor=self.supervisor,
+            remote=self.link,
+            renewer=self.renewer,
+            store=ctx.store,
+            owner_id=self.owner_id,
+        )
+        self.engine = MigrationEngine(
+            state=self.state,
+            actions=self.actions,
+            store=ctx.store,
+            metrics=self.metrics,
+            policy=self.policy,
+            renewer=self.renewer,
+            parallelism={name: s.parallelism for name, s in config.services.items()},
+            park_after_failures=config.monitord.park_after_failures,
+            retry_backoff_base_s=config.monitord.retry_backoff_base_s,
+            retry_backoff_cap_s=config.monitord.retry_backoff_cap_s,
+            on_finished=self._transaction_finished,
+        )
+        self.cleanup = CleanupWorker(
+            store=ctx.store,
+            supervisor=self.supervisor,
+            remote=self.link,
+            metrics=self.metrics,
+            interval_s=config.monitord.cleanup_interval_s,
+        )
+        self.reconciler = Reconciler(
+            state=self.state,
+            store=ctx.store,
+            supervisor=self.supervisor,
+            remote=self.link,
+            actions=self.actions,
+            metrics=self.metrics,
+            intake_lock=self.engine.intake_lock,
+            interval_s=config.monitord.reconcile_interval_s,
+            legacy_grace_s=config.monitord.legacy_grace_s,
+        )
+        self.placement_intake = self.engine
+        self._projection: dict[str, Any] | None = None
+        self._was_connected = False
+        self._last_state: TunnelState | None = None
+        ctx.extras["orchestration"] = self
+
+    def routes(self) -> list[web.RouteDef]:
+        return status_api.routes(self)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self, ctx: RuntimeContext) -> None:
+        self.config.monitord.spool_dir.mkdir(parents=True, exist_ok=True)
+        await self.state.load()
+        if self.state.corrupt is not None:
+            log.error("config_corrupt", error_code="CONFIG_CORRUPT", detail=str(self.state.corrupt))
+        await self._normalise_legacy_remote_state()
+        report = await self.supervisor.adopt_or_stop_survivors(local_runs(self.config, self.state))
+        log.info("survivors_handled", adopted=list(report.adopted), stopped=list(report.stopped),
+                 stuck=list(report.stuck))
+        self.state.add_listener(self._state_changed)
+        await self.supervisor.start()
+        tasks = ctx.tasks
+        if self.link is not None:
+            self.link.keeper.add_reconnect_hook("cleanup worker", self._after_connect)
+            tasks.spawn("tunnel keeper", self.link.keeper.run())
+        if self.renewer is not None:
+            tasks.spawn("lease renewer", self.renewer.run())
+        tasks.spawn("migration engine", self.engine.run())
+        tasks.spawn("cleanup worker", self.cleanup.run())
+        tasks.spawn("reconciler", self.reconciler.run())
+        self._state_changed()
+
+    async def stop(self) -> None:
+        await self.engine.stop()
+        if self.link is not None:
+            await self.link.keeper.close()
+            await self.link.agent.close()
+        await self.supervisor.close()
+        self._write_projection()
+
+    # -- wiring ------------------------------------------------------------------------------
+
+    async def _provision(self, conn: asyncssh.SSHClientConnection) -> None:
+        """Keeper hook, after the lease and before forwards: the VPS has what we need."""
+        assert self.link is not None
+        await provisioning.provision(
+            conn,
+            remote=self.link.remote,
+            artifacts=self.link.artifacts,
+            secret=self.link.secret,
+        )
+
+    async def _recycle_tunnel(self) -> None:
+        if self.link is not None:
+            await self.link.recycle()
+
+    async def _after_connect(self, conn: asyncssh.SSHClientConnection) -> None:
+        self.metrics.tunnel_reconnects.inc()
+        self.cleanup.wake()
+        self.reconciler.wake()
+        self.engine.wake()
+        if self.renewer is not None:
+            self.renewer.wake()
+
+    def _tunnel_changed(self, status: TunnelStatus) -> None:
+        self.metrics.tunnel_up.set(1 if status.connected else 0)
+        if self._was_connected and not status.connected and self.renewer is not None:
+            self.renewer.tunnel_down()
+        # Count each conflict once, when the keeper enters the state (it publishes often).
+        if status.state is TunnelState.LEASE_CONFLICT and self._last_state is not status.state:
+            self.metrics.tunnel_lease_conflicts.inc()
+        self._was_connected = status.connected
+        self._last_state = status.state
+
+    def _state_changed(self) -> None:
+        self.supervisor.set_desired(local_runs(self.config, self.state))
+        self.engine.wake()
+        counts = status_api.side_counts(self.state)
+        for side in ("local", "remote"):
+            self.metrics.areas.labels(side=side).set(counts[side])
+        self._write_projection()
+
+    def _transaction_finished(self, txn: Transaction) -> None:
+        self.reconciler.wake()
+        self.cleanup.wake()
+
+    # -- remote_state.json ---------------------------------------------------------------------
+
+    def _write_projection(self) -> None:
+        """Keep the legacy remote_state.json in step with the transactions (SPEC §4.3)."""
+        projection = status_api.remote_state_projection(self)
+        if projection == self._projection:
+            return
+        try:
+            spool_files.write_remote_state(self.ctx.remote_state_path, projection)
+        except OSError as e:
+            log.warning("remote_state_write_failed", detail=str(e))
+            return
+        self._projection = projection
+
+    async def _normalise_legacy_remote_state(self) -> None:
+        path = self.ctx.remote_state_path
+        if not path.exists():
+            return
+        try:
+            legacy = await asyncio.to_thread(spool_files.read_remote_state, path)
+        except spool_files.ConfigCorrupt as e:
+            log.warning("legacy_remote_state_unreadable", detail=str(e))
+            return
+        normalised = status_rules.normalise_legacy(
+            {name: state.to_json() for name, state in legacy.items()},
+            services=set(self.config.services),
+            transactions=list(self.state.active()),
+        )
+        if normalised.notes:
+            log.info("legacy_remote_state_normalised", notes=list(normalised.notes))
+        self._write_projection()

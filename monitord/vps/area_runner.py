@@ -1,0 +1,229 @@
+"""Starting, stopping and adopting the lease guards that run the agent's daemons.
+
+Layout under the agent's dir: `leases/{area}.json` (the lease file each guard watches),
+`run/{area}.json` (the guard's identity: pid + start time + argv, the generation and owner,
+so that a restarted agent can adopt or stop it — never by PID alone) and
+`logs/{area}.log` (guard and daemon output, appended).
+
+Each guard runs in a session of its own (`start_new_session`), detached from the agent's
+stdio, so neither the agent's death nor a signal to the agent's group reaches it. It is
+started with `sys.executable` and a PYTHONPATH naming the directory (or .pyz) that holds
+the `monitord` package, so it works from the zipapp as well as from a checkout.
+Called by agent.runtime only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import monitord
+from monitord.base import atomic_file, proc_identity
+from monitord.base.proc_identity import ProcessIdentity
+from monitord.vps import lease_file
+from monitord.vps.lease_table import AreaSpec
+
+_POLL_S = 0.02
+
+
+def package_root() -> str:
+    """The sys.path entry that holds `monitord`: a directory, or the .pyz file itself."""
+    return str(Path(next(iter(monitord.__path__))).parent)
+
+
+@dataclass
+class GuardHandle:
+    """A running (or just exited) guard: our child when we started it, adopted otherwise."""
+
+    spec: AreaSpec
+    identity: ProcessIdentity
+    popen: subprocess.Popen[bytes] | None
+    adopted: bool
+    daemon: ProcessIdentity | None = None  # learnt once the guard has started it
+
+    @property
+    def pid(self) -> int:
+        return self.identity.pid
+
+    def exited(self) -> bool:
+        if self.popen is not None:
+            return self.popen.poll() is not None
+        return not proc_identity.is_same_process(self.identity)
+
+    def exit_status(self) -> int | None:
+        return self.popen.returncode if self.popen is not None else None
+
+
+class AreaRunner:
+    """Owns the on-disk layout and the guard processes of one agent dir."""
+
+    def __init__(self, *, base_dir: Path, stop_grace_s: float, fence_grace_s: float) -> None:
+        self.base_dir = base_dir
+        self.stop_grace_s = stop_grace_s
+        self.fence_grace_s = fence_grace_s
+        self.leases_dir = base_dir / "leases"
+        self.run_dir = base_dir / "run"
+        self.logs_dir = base_dir / "logs"
+        for directory in (self.leases_dir, self.run_dir, self.logs_dir):
+            directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+    def lease_path(self, area: str) -> Path:
+        return self.leases_dir / f"{area}.json"
+
+    def _record_path(self, area: str) -> Path:
+        return self.run_dir / f"{area}.json"
+
+    def grant(self, spec: AreaSpec, *, ttl_s: float) -> None:
+        lease_file.write(
+            self.lease_path(spec.area),
+            area=spec.area,
+            generation=spec.generation,
+            owner_id=spec.owner_id,
+            ttl_s=ttl_s,
+        )
+
+    def revoke(self, area: str) -> None:
+        lease_file.revoke(self.lease_path(area))
+
+    def spawn(self, spec: AreaSpec) -> GuardHandle:
+        """Start the guard (which starts the daemon) and record its identity durably."""
+        data_dir = Path(spec.data_dir)
+        data_dir.mkdir(parents=True, exist_ok=True)
+        argv = [
+            sys.executable,
+            "-m",
+            "monitord.vps.lease_guard",
+            "--lease-file",
+            str(self.lease_path(spec.area)),
+            "--stop-grace",
+            str(self.stop_grace_s),
+            "--fence-grace",
+            str(self.fence_grace_s),
+            "--",
+            *spec.command,
+        ]
+        env = {**os.environ, **spec.env}
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (package_root(), env.get("PYTHONPATH", "")) if p
+        )
+        with open(self.logs_dir / f"{spec.area}.log", "ab") as log:
+            popen = subprocess.Popen(
+                argv,
+                cwd=data_dir,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+                close_fds=True,
+            )
+        identity = proc_identity.read(popen.pid) or ProcessIdentity(
+            pid=popen.pid, start_ticks=-1, cmdline=tuple(argv)
+        )
+        record = {
+            "area": spec.area,
+            "generation": spec.generation,
+            "owner_id": spec.owner_id,
+            "guard": identity.to_json(),
+        }
+        atomic_file.atomic_write_bytes(self._record_path(spec.area), json.dumps(record).encode())
+        return GuardHandle(spec=spec, identity=identity, popen=popen, adopted=False)
+
+    def daemon_pids(self, handles: list[GuardHandle]) -> dict[int, int | None]:
+        """guard pid -> its daemon's pid (None when the daemon is not running)."""
+        found = proc_identity.children_of({h.pid for h in handles})
+        return {guard: (kids[0] if kids else None) for guard, kids in found.items()}
+
+    def learn_daemons(self, handles: list[GuardHandle]) -> None:
+        """Remember each guard's daemon identity, so that it can still be found (and
+        verified gone) after its guard died and it was re-parented."""
+        waiting = [h for h in handles if h.daemon is None and not h.exited()]
+        if not waiting:
+            return
+        found = self.daemon_pids(waiting)  # one scan of /proc for all of them
+        for handle in waiting:
+            pid = found.get(handle.pid)
+            if pid is not None:
+                handle.daemon = proc_identity.read(pid)
+
+    async def reap_orphaned_daemon(self, handle: GuardHandle) -> bool:
+        """After a guard exited: make sure its daemon is gone too (it dies by PDEATHSIG;
+        this verifies it, and kills its group if it somehow lives). True once gone."""
+        daemon = handle.daemon
+        if daemon is None or not proc_identity.is_same_process(daemon):
+            return True
+        return await proc_identity.terminate_group(daemon.pid, grace_s=0.0)
+
+    async def stop(self, handle: GuardHandle, *, fence: bool) -> bool:
+        """Stop a guard and its daemon; True once both are verified gone.
+
+        fence=False: SIGTERM to the guard, which stops the daemon with the stop grace.
+        fence=True (lease lapsed): the lease file is revoked, which makes the guard fence
+        with the short fence grace. Either way the guard gets until its grace + 1 s, then
+        the agent SIGKILLs the guard's and the daemon's groups itself."""
+        daemon_pid = self.daemon_pids([handle]).get(handle.pid)
+        if daemon_pid is None and handle.daemon is not None:
+            if proc_identity.is_same_process(handle.daemon):
+                daemon_pid = handle.daemon.pid
+        if fence:
+            self.revoke(handle.spec.area)
+            grace = self.fence_grace_s
+        else:
+            if not handle.exited():
+                proc_identity.signal_group(handle.pid, signal.SIGTERM)
+            grace = self.stop_grace_s
+        gone = await self._wait_exited(handle, timeout_s=grace + 1.0)
+        if not gone:
+            for pgid in (daemon_pid, handle.pid):
+                if pgid is not None:
+                    proc_identity.signal_group(pgid, signal.SIGKILL)
+            gone = await self._wait_exited(handle, timeout_s=2.0)
+        if daemon_pid is not None:
+            gone = gone and not proc_identity.group_members(daemon_pid)
+        if gone:
+            self._record_path(handle.spec.area).unlink(missing_ok=True)
+        return gone
+
+    async def _wait_exited(self, handle: GuardHandle, *, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while not handle.exited():
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(_POLL_S)
+        return True
+
+    def forget(self, area: str) -> None:
+        """Drop the record of a guard that exited by itself."""
+        self._record_path(area).unlink(missing_ok=True)
+
+    def survivors(self) -> list[tuple[dict[str, Any], ProcessIdentity | None]]:
+        """Records left by a previous agent: (record, the guard's identity if it still lives)."""
+        found: list[tuple[dict[str, Any], ProcessIdentity | None]] = []
+        for path in sorted(self.run_dir.glob("*.json")):
+            try:
+                record = json.loads(path.read_text())
+                identity = ProcessIdentity.from_json(record["guard"])
+            except (OSError, ValueError, KeyError, TypeError):
+                path.unlink(missing_ok=True)
+                continue
+            alive = proc_identity.is_same_process(identity)
+            found.append((record, identity if alive else None))
+        return found
+
+    def adopt(self, spec: AreaSpec, identity: ProcessIdentity) -> GuardHandle:
+        return GuardHandle(spec=spec, identity=identity, popen=None, adopted=True)
+
+    async def stop_survivor(self, identity: ProcessIdentity, area: str) -> bool:
+        """Stop an unwanted guard left by a previous agent (fence grace: it has no grant)."""
+        spec = AreaSpec(
+            area=area, service="", generation=-1, owner_id="", command=(), data_dir=""
+        )
+        return await self.stop(self.adopt(spec, identity), fence=True)

@@ -1,0 +1,242 @@
+"""The verbs `monitord agent` (run the agent in the foreground) and `monitord agent-launch`
+(its idempotent launcher: start it detached unless it already runs, wait until it is ready).
+
+`agent` takes the agent's singleton lock on its dir first (exit 3 with a `duplicate_instance`
+event when another agent holds it), adopts or stops what a previous agent left, then serves
+the manager API. Once listening it writes the bound address to `{dir}/agent.address`, so a
+`--listen` with port 0 is usable by tests. SIGTERM/SIGINT stop it; its daemons stay under
+their lease guards. Called through monitord.surface.cli; provisioning runs `agent-launch` over SSH.
+
+Upgrades: a running agent records which code it runs in `{dir}/agent.version` (the SHA-256
+of the monitord.pyz it was started from). `agent-launch` from a different artifact (a new
+version was pushed) stops the old agent with SIGTERM — its daemons stay under their lease
+guards — and starts the new one, which adopts them; from the same artifact it does nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_DUPLICATE = 3
+ADDRESS_NAME = "agent.address"
+VERSION_NAME = "agent.version"
+LOCK_NAME = "agent"
+STOP_OLD_AGENT_S = 15.0
+
+
+def code_version() -> str:
+    """Which code this process runs: `sha256:<hex>` of its monitord.pyz, or `dev:<dir>` when
+    it runs from an installed tree (then every launcher of that tree counts as the same)."""
+    import hashlib
+
+    from monitord.vps.area_runner import package_root
+
+    root = Path(package_root())
+    if not root.is_file():
+        return f"dev:{root}"
+    return "sha256:" + hashlib.sha256(root.read_bytes()).hexdigest()
+
+
+def _common_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dir", type=Path, required=True, help="remote bin dir (agent home)")
+    parser.add_argument("--listen", default="127.0.0.1:8225", help="HOST:PORT (port 0: any)")
+    parser.add_argument("--stop-grace", type=float, default=5.0,
+                        help="seconds between SIGTERM and SIGKILL on a requested stop")
+    parser.add_argument("--fence-grace", type=float, default=0.5,
+                        help="seconds between SIGTERM and SIGKILL when a lease lapses")
+    parser.add_argument("--log-format", default="auto", choices=("auto", "json", "console"))
+
+
+def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
+    _common_arguments(parser)
+    # Set by agent-launch: the version it compares against is the one the agent records.
+    parser.add_argument("--code-version", default=None, help=argparse.SUPPRESS)
+
+
+def add_agent_launch_arguments(parser: argparse.ArgumentParser) -> None:
+    _common_arguments(parser)
+    parser.add_argument("--wait", type=float, default=15.0, help="seconds to wait for ready")
+
+
+def main_agent(args: argparse.Namespace) -> int:
+    import asyncio
+
+    import structlog
+
+    from monitord.base import logs, singleton
+
+    logs.configure(args.log_format)
+    log = structlog.get_logger("monitord.vps")
+    base_dir: Path = args.dir.resolve()
+    base_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        lock = singleton.acquire(base_dir, name=LOCK_NAME)
+    except singleton.AlreadyRunning as e:
+        log.error("duplicate_instance", error_code="DUPLICATE_INSTANCE",
+                  holder_pid=e.holder_pid, dir=str(base_dir))
+        return EXIT_DUPLICATE
+    with lock:
+        from monitord.base import atomic_file
+
+        version = args.code_version or code_version()
+        atomic_file.atomic_write_bytes(base_dir / VERSION_NAME, (version + "\n").encode())
+        try:
+            return asyncio.run(_serve(args, base_dir=base_dir))
+        except OSError as e:
+            log.error("agent_start_failed", error_code="DAEMON_START_FAILED", detail=str(e))
+            return EXIT_FAILURE
+
+
+async def _serve(args: argparse.Namespace, *, base_dir: Path) -> int:
+    import asyncio
+    import signal
+
+    from aiohttp import web
+
+    from monitord.base import atomic_file
+    from monitord.base.hostport import split_hostport
+    from monitord.vps import server
+    from monitord.vps.runtime import AgentRuntime
+
+    host, port = split_hostport(args.listen)
+    address_path = base_dir / ADDRESS_NAME
+    address_path.unlink(missing_ok=True)
+    stop = asyncio.Event()
+    failures: list[BaseException] = []
+
+    def _fatal(error: BaseException) -> None:
+        failures.append(error)
+        stop.set()
+
+    runtime = AgentRuntime(
+        base_dir=base_dir,
+        stop_grace_s=args.stop_grace,
+        fence_grace_s=args.fence_grace,
+        on_fatal=_fatal,
+    )
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await runtime.start()
+    app = server.build_app(runtime, secret_path=base_dir / server.SECRET_NAME)
+    runner = web.AppRunner(app, handle_signals=False, access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port, reuse_address=True)
+        await site.start()
+        bound_host, bound_port = runner.addresses[0][:2]
+        atomic_file.atomic_write_bytes(address_path, f"{bound_host}:{bound_port}\n".encode())
+        await stop.wait()
+    finally:
+        address_path.unlink(missing_ok=True)
+        await runner.cleanup()
+        await runtime.close()
+    return EXIT_FAILURE if failures else EXIT_OK
+
+
+def _ready(base_dir: Path) -> bool:
+    """The agent holds its lock, has written its address and answers /readyz."""
+    import urllib.error
+    import urllib.request
+
+    from monitord.base import singleton
+    from monitord.vps import server
+
+    if not singleton.is_held(base_dir, name=LOCK_NAME):
+        return False
+    try:
+        address = (base_dir / ADDRESS_NAME).read_text().strip()
+        secret = (base_dir / server.SECRET_NAME).read_text().strip()
+    except OSError:
+        return False
+    request = urllib.request.Request(
+        f"http://{address}/readyz", headers={"Authorization": f"Bearer {secret}"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=1.0) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _running_version(base_dir: Path) -> str:
+    try:
+        return (base_dir / VERSION_NAME).read_text().strip()
+    except OSError:
+        return "unknown"
+
+
+def _stop_old_agent(base_dir: Path) -> bool:
+    """SIGTERM the agent holding `base_dir` (verified by its command line), wait for the lock."""
+    import signal
+
+    from monitord.base import singleton
+
+    pid = singleton.read_holder_pid(base_dir / f"{LOCK_NAME}.pid")
+    if pid is not None:
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            cmdline = []
+        # Only a process that is an agent of this very dir; a reused PID is left alone.
+        if b"agent" in cmdline and str(base_dir).encode() in cmdline:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + STOP_OLD_AGENT_S
+    while singleton.is_held(base_dir, name=LOCK_NAME):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)  # poll interval of a bounded wait for another process's lock
+    return True
+
+
+def main_agent_launch(args: argparse.Namespace) -> int:
+    import structlog
+
+    from monitord.base import logs, singleton
+    from monitord.vps.area_runner import package_root
+
+    logs.configure(args.log_format)
+    log = structlog.get_logger("monitord.vps")
+    base_dir: Path = args.dir.resolve()
+    base_dir.mkdir(parents=True, exist_ok=True)
+    wanted = code_version()
+    if singleton.is_held(base_dir, name=LOCK_NAME):
+        running = _running_version(base_dir)
+        if running == wanted:
+            return EXIT_OK
+        log.info("agent_upgrading", dir=str(base_dir), running=running, new=wanted)
+        if not _stop_old_agent(base_dir):
+            log.error("agent_upgrade_failed", error_code="DAEMON_STOP_FAILED", dir=str(base_dir),
+                      detail="the running agent did not release its lock")
+            return EXIT_FAILURE
+    (base_dir / "logs").mkdir(exist_ok=True)
+    env = {**os.environ}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root(), env.get("PYTHONPATH")) if p)
+    argv = [sys.executable, "-m", "monitord", "agent", "--dir", str(base_dir),
+            "--listen", args.listen, "--stop-grace", str(args.stop_grace),
+            "--fence-grace", str(args.fence_grace), "--log-format", "json",
+            "--code-version", wanted]
+    with open(base_dir / "logs" / "agent.log", "ab") as out:
+        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                 env=env, start_new_session=True, close_fds=True)
+    deadline = time.monotonic() + args.wait
+    while time.monotonic() < deadline:
+        if _ready(base_dir):
+            log.info("agent_launched", pid=child.pid, dir=str(base_dir))
+            return EXIT_OK
+        if child.poll() is not None and not singleton.is_held(base_dir, name=LOCK_NAME):
+            break  # it died and nobody else holds the lock
+        time.sleep(0.05)
+    log.error("agent_launch_failed", error_code="DAEMON_START_FAILED", dir=str(base_dir),
+              exit_status=child.poll())
+    return EXIT_FAILURE

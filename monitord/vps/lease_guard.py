@@ -1,0 +1,187 @@
+"""The lease guard: `python -m monitord.vps.lease_guard --lease-file F [options] -- ARGV…`.
+
+The agent starts one guard per remote daemon, in a session of its own (so it neither shares
+the agent's fate nor its signals). The guard starts the daemon as its child, in its own
+process group, with PR_SET_PDEATHSIG=SIGKILL so the daemon dies if the guard dies. Then it
+watches two things every 50 ms: the daemon, and the lease file. When the lease lapses (or
+the file disappears, or the guard gets SIGTERM) it fences: SIGTERM to the daemon's process
+group, a grace period (`--fence-grace` on a lapse, `--stop-grace` on SIGTERM), then
+SIGKILL, and exits. When the daemon exits on its own, the
+guard exits with the same status. The guard never starts a daemon on a lapsed lease.
+
+Why the guard survives the agent instead of dying with it: see docs/agent.md. In short, the
+lease file, not the agent's life, is the permission; a guard that kept running after an
+agent crash still stops the daemon at lease expiry, and a restarted agent re-adopts it.
+
+Kept to the standard library plus our own small modules so that it starts fast from the
+zipapp (`sys.executable` with the .pyz on PYTHONPATH).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+from monitord.base import proc_identity
+from monitord.vps import lease_file
+
+POLL_S = 0.05
+EXIT_LEASE_LAPSED = 75  # EX_TEMPFAIL: the lease was not (or no longer) current
+_PR_SET_PDEATHSIG = 1
+
+
+def _say(event: str, **fields: object) -> None:
+    """One JSON line on stderr (the area's log file)."""
+    line = {"event": event, "logger": "lease_guard", "pid": os.getpid(), "ts": time.time()}
+    print(json.dumps({**line, **fields}), file=sys.stderr, flush=True)
+
+
+class _LeaseWatch:
+    """Re-reads the lease file only when it was replaced (inode or mtime changed)."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._key: tuple[int, int] | None = None
+        self._record: lease_file.LeaseRecord | None = None
+
+    def current(self) -> bool:
+        try:
+            st = self._path.stat()
+        except OSError:
+            return False
+        key = (st.st_ino, st.st_mtime_ns)
+        if key != self._key:
+            self._key, self._record = key, lease_file.read(self._path)
+        record = self._record
+        return record is not None and record.is_current(
+            wall=time.time(), boot=lease_file.boottime()
+        )
+
+
+def _die_with_parent(libc: ctypes.CDLL, parent_pid: int) -> None:
+    """Runs in the daemon between fork and exec: die by SIGKILL when the guard dies.
+    (libc is loaded before the fork: nothing but the two syscalls happens in the child.)"""
+    if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+        os._exit(126)
+    if os.getppid() != parent_pid:  # the guard died before prctl took effect
+        os._exit(126)
+
+
+def _kill_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _fence(
+    child: subprocess.Popen[bytes],
+    *,
+    grace_s: float,
+    fence_grace_s: float,
+    watch: _LeaseWatch,
+    reason: str,
+) -> int:
+    """SIGTERM the daemon's group, wait `grace_s` (cut to `fence_grace_s` if the lease lapses
+    meanwhile), SIGKILL it; returns the daemon's status."""
+    _say("fence_start", reason=reason, child_pid=child.pid, grace_s=grace_s)
+    _kill_group(child.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    lapse_deadline: float | None = None
+    while not proc_identity.child_has_exited(child) and time.monotonic() < deadline:
+        if lapse_deadline is None and not watch.current():
+            lapse_deadline = time.monotonic() + fence_grace_s
+            deadline = min(deadline, lapse_deadline)
+        time.sleep(0.01)
+    escalated = not proc_identity.child_has_exited(child)
+    _kill_group(child.pid, signal.SIGKILL)  # also mops up anything the daemon left behind
+    status = child.wait()
+    _say("fence_done", reason=reason, child_pid=child.pid, status=status, escalated=escalated)
+    return status
+
+
+def run(
+    *, lease_path: Path, stop_grace_s: float, fence_grace_s: float, argv: Sequence[str]
+) -> int:
+    stop_requested = False
+
+    def _request_stop(signum: int, frame: FrameType | None) -> None:
+        nonlocal stop_requested
+        stop_requested = True
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, _request_stop)
+
+    watch = _LeaseWatch(lease_path)
+    if not watch.current():
+        _say("not_started", reason="lease_not_current", lease_file=str(lease_path))
+        return EXIT_LEASE_LAPSED
+    guard_pid = os.getpid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    try:
+        child = subprocess.Popen(
+            list(argv),
+            preexec_fn=lambda: _die_with_parent(libc, guard_pid),
+            process_group=0,
+            close_fds=True,
+        )
+    except OSError as e:
+        _say("spawn_failed", error=str(e), argv=list(argv))
+        return 127
+    _say("started", child_pid=child.pid, argv=list(argv))
+    while True:
+        if proc_identity.child_has_exited(child):
+            _kill_group(child.pid, signal.SIGKILL)  # leftovers of a daemon that exited
+            status = child.wait()
+            _say("daemon_exited", child_pid=child.pid, status=status)
+            return status if status >= 0 else 128 - status
+        if stop_requested:
+            _fence(
+                child,
+                grace_s=stop_grace_s,
+                fence_grace_s=fence_grace_s,
+                watch=watch,
+                reason="stop_requested",
+            )
+            return 0
+        if not watch.current():
+            _fence(
+                child,
+                grace_s=fence_grace_s,
+                fence_grace_s=fence_grace_s,
+                watch=watch,
+                reason="lease_lapsed",
+            )
+            return EXIT_LEASE_LAPSED
+        time.sleep(POLL_S)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="lease_guard", description=__doc__.splitlines()[0])
+    parser.add_argument("--lease-file", type=Path, required=True)
+    parser.add_argument("--stop-grace", type=float, default=5.0, help="on SIGTERM: seconds")
+    parser.add_argument("--fence-grace", type=float, default=0.5, help="on lapse: seconds")
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("a daemon command is required after --")
+    return run(
+        lease_path=args.lease_file,
+        stop_grace_s=args.stop_grace,
+        fence_grace_s=args.fence_grace,
+        argv=command,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

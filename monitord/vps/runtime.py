@@ -1,0 +1,446 @@
+"""The agent's core: the lease table in memory, its cache on disk, and the guards it runs.
+
+`AgentRuntime` is what the HTTP handlers (agent.server) call. Every change to one area
+happens under that area's asyncio lock, so one area never gets two processes and a stop
+never races a start. A background task, "agent lease loop", ticks every 100 ms: it fences
+daemons whose lease lapsed (within the tick plus the fence grace), restarts crashed daemons
+with capped backoff while their lease is current, and reaps guards that exited.
+
+Start-up (`start()`), before the API answers: load the cache (entries come back without a
+lease), then look at the guards a previous agent left: adopt a guard whose identity, entry
+and still-current lease file all match; stop every other one. Lease files of entries that
+were not adopted are revoked: a grant given to a previous agent starts nothing now.
+
+Shutdown (`close()`) stops the loop but leaves the daemons to their guards: an agent upgrade
+or restart does not interrupt areas, and a daemon still stops when its lease lapses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import shutil
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from monitord.base import proc_identity
+from monitord.vps import lease_file, lease_table, spool_cache
+from monitord.vps.area_runner import AreaRunner, GuardHandle
+from monitord.vps.lease_table import AreaEntry, AreaSpec, CreateVerdict, GenerationCheck
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_RESET_BACKOFF_AFTER_S = 10.0
+
+log = structlog.get_logger("monitord.vps")
+
+
+class AgentError(Exception):
+    """A request the agent refuses; `code` is a stable error code, `status` the HTTP status."""
+
+    def __init__(self, *, code: str, detail: str, status: int) -> None:
+        super().__init__(f"{code}: {detail}")
+        self.code = code
+        self.detail = detail
+        self.status = status
+
+
+def bad_request(detail: str) -> AgentError:
+    return AgentError(code="BAD_REQUEST", detail=detail, status=400)
+
+
+def check_name(kind: str, value: str) -> str:
+    if not _NAME.match(value):
+        raise bad_request(f"{kind} must match {_NAME.pattern}, got {value!r}")
+    return value
+
+
+class AgentRuntime:
+    """The lease table, the guards and the cache of one agent dir."""
+
+    def __init__(
+        self,
+        *,
+        base_dir: Path,
+        stop_grace_s: float = 5.0,
+        fence_grace_s: float = 0.5,
+        tick_s: float = 0.1,
+        clock: Callable[[], float] = time.monotonic,
+        on_fatal: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        self.base_dir = base_dir.resolve()
+        self._on_fatal = on_fatal
+        self.cache_path = self.base_dir / "spool" / spool_cache.CACHE_NAME
+        self.cache_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.runner = AreaRunner(
+            base_dir=self.base_dir, stop_grace_s=stop_grace_s, fence_grace_s=fence_grace_s
+        )
+        self._tick_s = tick_s
+        self._clock = clock
+        self._entries: dict[str, AreaEntry] = {}
+        self._handles: dict[str, GuardHandle] = {}
+        self._started_mono: dict[str, float] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._loop_task: asyncio.Task[None] | None = None
+        self.ready = False
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Load the cache, adopt or stop survivors, then start the lease loop."""
+        try:
+            self._entries = spool_cache.load(self.cache_path)
+        except spool_cache.CacheUnreadable as e:
+            log.error("agent_cache_unreadable", error_code=e.error_code, detail=str(e))
+            self._entries = {}
+        now = self._clock()
+        for record, identity in self.runner.survivors():
+            area = str(record.get("area", ""))
+            entry = self._entries.get(area)
+            lease = lease_file.read(self.runner.lease_path(area))
+            if identity is None:
+                self.runner.forget(area)
+                continue
+            if (
+                entry is not None
+                and lease is not None
+                and entry.generation == record.get("generation") == lease.generation
+                and entry.owner_id == record.get("owner_id") == lease.owner_id
+                and entry.run_wanted
+            ):
+                remaining = min(
+                    lease.expires_at_wall - time.time(),
+                    lease.expires_at_boottime - lease_file.boottime(),
+                )
+                if remaining > 0:
+                    self._entries[area] = replace(entry, lease_expires=now + remaining)
+                    self._handles[area] = self.runner.adopt(entry.spec, identity)
+                    self._started_mono[area] = now
+                    log.info("guard_adopted", area=area, generation=entry.generation,
+                             pid=identity.pid, lease_remaining_s=round(remaining, 3))
+                    continue
+            gone = await self.runner.stop_survivor(identity, area)
+            log.warning("survivor_stopped", area=area, pid=identity.pid, verified_gone=gone)
+        for path in self.runner.leases_dir.glob("*.json"):
+            if path.stem not in self._handles:
+                path.unlink(missing_ok=True)
+        self._loop_task = asyncio.create_task(self._lease_loop(), name="agent lease loop")
+        self._loop_task.add_done_callback(self._loop_ended)
+        self.ready = True
+        log.info("agent_started", dir=str(self.base_dir), entries=len(self._entries),
+                 adopted=len(self._handles))
+
+    def _loop_ended(self, task: asyncio.Task[None]) -> None:
+        """The lease loop must never end on its own: escalate (the agent exits, its guards
+        keep fencing, and the launcher or systemd starts a fresh agent)."""
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is not None:
+            self.ready = False
+            log.critical("lease_loop_failed", error=repr(error), exc_info=error)
+            if self._on_fatal is not None:
+                self._on_fatal(error)
+
+    async def close(self) -> None:
+        """Stop the lease loop; daemons stay under their guards (see module docstring)."""
+        self.ready = False
+        task, self._loop_task = self._loop_task, None
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+        log.info("agent_stopped", running=len(self._handles))
+
+    # -- requests --------------------------------------------------------------------
+
+    def _lock(self, area: str) -> asyncio.Lock:
+        lock = self._locks.get(area)
+        if lock is None:
+            lock = self._locks[area] = asyncio.Lock()
+        return lock
+
+    def validate_data_dir(self, data_dir: str) -> str:
+        path = Path(data_dir)
+        if not path.is_absolute():
+            path = self.base_dir / path
+        resolved = path.resolve()
+        if resolved == self.base_dir or not resolved.is_relative_to(self.base_dir):
+            raise bad_request(f"data_dir must be inside the agent dir {self.base_dir}")
+        return str(resolved)
+
+    async def create(self, spec: AreaSpec, *, ttl_s: float) -> tuple[str, dict[str, Any]]:
+        """PUT /v1/areas/{area}: create (or confirm) an entry, grant its lease, start it."""
+        async with self._lock(spec.area):
+            now = self._clock()
+            existing = self._entries.get(spec.area)
+            handle = self._handles.get(spec.area)
+            decision = lease_table.decide_create(
+                existing, spec, now=now, process_alive=handle is not None and not handle.exited()
+            )
+            if decision.verdict is CreateVerdict.CONFLICT:
+                raise AgentError(code="DESTINATION_CONFLICT", detail=decision.detail, status=409)
+            if decision.verdict in (
+                CreateVerdict.SUPERSEDE, CreateVerdict.TAKE_OVER, CreateVerdict.UPDATE
+            ):
+                assert existing is not None
+                await self._stop_process(spec.area, fence=False)
+                log.warning("entry_replaced", area=spec.area, old_generation=existing.generation,
+                            old_owner=existing.owner_id, generation=spec.generation,
+                            reason=decision.detail)
+            if existing is not None and decision.verdict in (
+                CreateVerdict.SAME, CreateVerdict.UPDATE
+            ):
+                entry = replace(existing, spec=spec)
+            else:
+                entry = AreaEntry(spec=spec, created_at=time.time())
+            entry = replace(entry, run_wanted=True, next_start=0.0).granted(now=now, ttl_s=ttl_s)
+            self.runner.grant(spec, ttl_s=ttl_s)
+            self._entries[spec.area] = entry
+            spool_cache.save(self.cache_path, self._entries.values())
+            self._start_if_due(spec.area)
+            result = {CreateVerdict.SAME: "unchanged", CreateVerdict.UPDATE: "updated"}.get(
+                decision.verdict, "created"
+            )
+            log.info("area_" + result, area=spec.area, service=spec.service,
+                     generation=spec.generation, owner_id=spec.owner_id)
+            return result, self._entry_view(spec.area, now=self._clock())
+
+    async def stop(self, area: str, *, generation: int) -> dict[str, Any]:
+        """POST /v1/areas/{area}/stop: stop the process at that generation, keep the entry."""
+        async with self._lock(area):
+            entry = self._generation_checked(area, generation)
+            if entry is None:
+                return {"area": area, "result": "absent"}
+            self._entries[area] = replace(entry, run_wanted=False)
+            spool_cache.save(self.cache_path, self._entries.values())
+            await self._stop_process(area, fence=False)
+            log.info("area_stopped", area=area, generation=generation)
+            return {"area": area, "result": "stopped", "generation": generation}
+
+    async def delete(self, area: str, *, generation: int) -> dict[str, Any]:
+        """DELETE /v1/areas/{area}: stop, then remove the data, the lease and the entry.
+        If the data cannot be removed the entry stays (stopped) and the caller retries."""
+        async with self._lock(area):
+            entry = self._generation_checked(area, generation)
+            if entry is None:
+                return {"area": area, "result": "absent"}
+            self._entries[area] = replace(entry, run_wanted=False)
+            spool_cache.save(self.cache_path, self._entries.values())
+            await self._stop_process(area, fence=False)
+            data_dir = Path(entry.spec.data_dir)
+            if data_dir.is_relative_to(self.base_dir) and data_dir != self.base_dir:
+                try:
+                    shutil.rmtree(data_dir)
+                except FileNotFoundError:
+                    pass
+                except OSError as e:
+                    raise AgentError(
+                        code="CLEANUP_STUCK",
+                        detail=f"area {area}: cannot remove {data_dir}: {e.strerror or e}",
+                        status=500,
+                    ) from e
+            self.runner.revoke(area)
+            del self._entries[area]
+            spool_cache.save(self.cache_path, self._entries.values())
+            log.info("area_deleted", area=area, generation=generation)
+            return {"area": area, "result": "deleted", "generation": generation}
+
+    async def renew(
+        self, *, owner_id: str, ttl_s: float, areas: Mapping[str, int]
+    ) -> dict[str, Any]:
+        """POST /v1/leases/renew: the grant. Renews exact (area, generation, owner) matches
+        and starts any granted entry that should run and has no process.
+
+        Deliberately without the area locks: the body per area has no await, so it is atomic
+        on the event loop, and a slow stop of one area must never delay (and so lapse) the
+        renewal of the others. It cannot start a second process: an area being stopped or
+        replaced still has its handle until the old process is verified gone."""
+        results: dict[str, Any] = {}
+        for area, generation in areas.items():
+            existing = self._entries.get(area)
+            outcome = lease_table.decide_renew(existing, owner_id=owner_id, generation=generation)
+            view: dict[str, Any] = {"result": outcome.value}
+            if existing is not None and outcome is lease_table.RenewOutcome.RENEWED:
+                now = self._clock()
+                self.runner.grant(existing.spec, ttl_s=ttl_s)
+                self._entries[area] = existing.granted(now=now, ttl_s=ttl_s)
+                self._start_if_due(area)
+                view.update(self._lease_view(self._entries[area], now=now))
+            elif existing is not None:
+                view.update(generation=existing.generation, owner_id=existing.owner_id)
+            results[area] = view
+        return {"owner_id": owner_id, "ttl_s": ttl_s, "areas": results}
+
+    def _generation_checked(self, area: str, generation: int) -> AreaEntry | None:
+        entry = self._entries.get(area)
+        check = lease_table.check_generation(entry, generation)
+        if check is GenerationCheck.MISMATCH:
+            assert entry is not None
+            raise AgentError(
+                code="DESTINATION_CONFLICT",
+                detail=f"area {area} is at generation {entry.generation}, not {generation}",
+                status=409,
+            )
+        return entry
+
+    # -- processes -------------------------------------------------------------------
+
+    def _start_if_due(self, area: str) -> None:
+        """Spawn the guard if the entry should run and has no process. Caller holds the lock."""
+        entry = self._entries.get(area)
+        if entry is None or area in self._handles or not entry.should_run(self._clock()):
+            return
+        try:
+            self._handles[area] = self.runner.spawn(entry.spec)
+        except OSError as e:
+            restarts = entry.restarts + 1
+            delay = lease_table.restart_delay_s(restarts)
+            next_start = self._clock() + delay
+            self._entries[area] = replace(entry, restarts=restarts, next_start=next_start)
+            log.error("daemon_spawn_failed", area=area, generation=entry.generation,
+                      detail=f"{e.strerror or e}: {e.filename}", restart_in_s=delay)
+            return
+        self._started_mono[area] = self._clock()
+        log.info("daemon_started", area=area, generation=entry.generation,
+                 guard_pid=self._handles[area].pid, restarts=entry.restarts)
+
+    async def _stop_process(self, area: str, *, fence: bool) -> None:
+        """Stop the area's guard and daemon, verified. Caller holds the lock."""
+        handle = self._handles.get(area)
+        if handle is None:
+            return
+        if not await self.runner.stop(handle, fence=fence):
+            raise AgentError(
+                code="CLEANUP_STUCK",
+                detail=f"area {area}: guard {handle.pid} or its daemon did not go away",
+                status=500,
+            )
+        del self._handles[area]
+
+    async def _lease_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._tick_s)
+            now = self._clock()
+            self.runner.learn_daemons(list(self._handles.values()))
+            due = [area for area in list(self._entries) if self._needs_care(area, now)]
+            if due:
+                await asyncio.gather(*(self._tend(area) for area in due))
+
+    def _needs_care(self, area: str, now: float) -> bool:
+        if self._lock(area).locked():
+            return False
+        entry = self._entries[area]
+        handle = self._handles.get(area)
+        if handle is not None:
+            return handle.exited() or not entry.lease_current(now)
+        return entry.should_run(now) or (
+            entry.lease_expires is not None and not entry.lease_current(now)
+        )
+
+    async def _tend(self, area: str) -> None:
+        async with self._lock(area):
+            entry = self._entries.get(area)
+            if entry is None:
+                return
+            now = self._clock()
+            handle = self._handles.get(area)
+            if handle is not None and handle.exited():
+                if not await self.runner.reap_orphaned_daemon(handle):
+                    log.error("orphaned_daemon_stuck", area=area, error_code="CLEANUP_STUCK",
+                              pid=handle.daemon.pid if handle.daemon else None)
+                    return  # keep the handle: never start a second process beside it
+                del self._handles[area]
+                self.runner.forget(area)
+                ran_s = now - self._started_mono.pop(area, now)
+                restarts = 1 if ran_s >= _RESET_BACKOFF_AFTER_S else entry.restarts + 1
+                delay = lease_table.restart_delay_s(restarts)
+                self._entries[area] = entry = replace(
+                    entry, restarts=restarts, next_start=now + delay
+                )
+                log.warning("daemon_exited", area=area, generation=entry.generation,
+                            status=handle.exit_status(), ran_s=round(ran_s, 3),
+                            restart_in_s=delay)
+            elif handle is not None and not entry.lease_current(now):
+                log.warning("lease_lapsed", area=area, generation=entry.generation,
+                            owner_id=entry.owner_id, error_code="LEASE_EXPIRED")
+                try:
+                    await self._stop_process(area, fence=True)
+                except AgentError as e:
+                    log.error("fence_failed", area=area, error_code=e.code, detail=e.detail)
+                    return
+            if not entry.lease_current(now) and entry.lease_expires is not None:
+                self._entries[area] = entry.lapsed()
+                self.runner.revoke(area)
+                return
+            self._start_if_due(area)
+
+    # -- views -----------------------------------------------------------------------
+
+    def _lease_view(self, entry: AreaEntry, *, now: float) -> dict[str, Any]:
+        if entry.lease_expires is None:
+            return {"lease_expires_in_s": None, "lease_expires_at": None}
+        remaining = max(0.0, entry.lease_expires - now)
+        return {
+            "generation": entry.generation,
+            "lease_expires_in_s": round(remaining, 3),
+            "lease_expires_at": time.time() + remaining,
+        }
+
+    def _entry_view(self, area: str, *, now: float) -> dict[str, Any]:
+        entry = self._entries[area]
+        handle = self._handles.get(area)
+        running = handle is not None and not handle.exited()
+        return {
+            "area": area,
+            "service": entry.spec.service,
+            "generation": entry.generation,
+            "owner_id": entry.owner_id,
+            "created_at": entry.created_at,
+            "state": entry.state(now=now, process_running=running).value,
+            "run_wanted": entry.run_wanted,
+            "data_dir": entry.spec.data_dir,
+            "restarts": entry.restarts,
+            "next_start_in_s": round(max(0.0, entry.next_start - now), 3),
+            **self._lease_view(entry, now=now),
+        }
+
+    def inventory(self) -> dict[str, Any]:
+        """GET /v1/inventory: entries with their lease, and the processes actually running."""
+        now = self._clock()
+        handles = [h for h in self._handles.values() if not h.exited()]
+        daemons = self.runner.daemon_pids(handles)
+        processes: list[dict[str, Any]] = []
+        for handle in handles:
+            daemon_pid = daemons.get(handle.pid)
+            identity = proc_identity.read(daemon_pid) if daemon_pid is not None else None
+            processes.append(
+                {
+                    "area": handle.spec.area,
+                    "service": handle.spec.service,
+                    "generation": handle.spec.generation,
+                    "guard_pid": handle.pid,
+                    # the daemon; the guard while the daemon is not (yet, or no longer) up
+                    "pid": identity.pid if identity else handle.pid,
+                    "started_at": proc_identity.started_at(identity) if identity else None,
+                    "uptime_s": round(proc_identity.uptime_s(identity), 3) if identity else 0.0,
+                    "alive": identity is not None,
+                    "adopted": handle.adopted,
+                }
+            )
+        return {
+            "agent": {"dir": str(self.base_dir), "now": time.time(), "ready": self.ready},
+            "entries": [self._entry_view(area, now=now) for area in sorted(self._entries)],
+            "processes": processes,
+        }
+
+    def entry(self, area: str) -> dict[str, Any] | None:
+        if area not in self._entries:
+            return None
+        return self._entry_view(area, now=self._clock())
