@@ -80,6 +80,7 @@ REQUEST_REFUSALS: Mapping[str, ErrorCode] = MappingProxyType({
 # What went wrong with monitord's own files and process.
 LOCAL_FAULTS: Mapping[str, ErrorCode] = MappingProxyType({
     "custom_config_unparsable": ErrorCode.CONFIG_CORRUPT,
+    "monitord_toml_invalid": ErrorCode.CONFIG_INVALID,
     "store_write": ErrorCode.STORE_WRITE_FAILED,
     "instance_lock_held": ErrorCode.DUPLICATE_INSTANCE,
     "provision_push": ErrorCode.PROVISION_FAILED,

@@ -63,6 +63,7 @@ class ErrorCode(StrEnum):
     DESTINATION_CONFLICT = "DESTINATION_CONFLICT"
     LEASE_EXPIRED = "LEASE_EXPIRED"
     CONFIG_CORRUPT = "CONFIG_CORRUPT"
+    CONFIG_INVALID = "CONFIG_INVALID"
     CLEANUP_STUCK = "CLEANUP_STUCK"
     DUPLICATE_INSTANCE = "DUPLICATE_INSTANCE"
     STORE_WRITE_FAILED = "STORE_WRITE_FAILED"
@@ -174,6 +175,9 @@ _ROWS: tuple[tuple[ErrorCode, Severity, bool, str, str], ...] = (
     (_E.CONFIG_CORRUPT, _S.CRITICAL, False,
            "custom_config.json cannot be parsed; monitord will not act on it.",
            "Restore a valid custom_config.json (see the parse position in the detail)."),
+    (_E.CONFIG_INVALID, _S.CRITICAL, False,
+           "monitord.toml is not a valid configuration; monitord does not start.",
+           "Fix the key named in the message; `monitord run` prints the file and key."),
     (_E.CLEANUP_STUCK, _S.ERROR, False,
            "A cleanup item keeps failing and needs a manual check.",
            "Check the side and generation named in the detail; monitord keeps retrying."),

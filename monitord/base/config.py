@@ -22,12 +22,21 @@ from pydantic import (
     model_validator,
 )
 
+from orchestrator.errors import ErrorCode, PermanentError
+
 DEFAULT_CONFIG_PATH = Path("/etc/monitord/monitord.toml")
 CONFIG_ENV = "MONITORD_CONFIG"
 
 
-class ConfigError(Exception):
-    """An unusable configuration file; `str()` is the one line shown to the operator."""
+class ConfigError(PermanentError):
+    """An unusable configuration file (CONFIG_INVALID); `detail` is the one line shown to the
+    operator."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(ErrorCode.CONFIG_INVALID, detail)
+
+    def __str__(self) -> str:
+        return self.detail
 
 
 def _check_hostport(value: str) -> str:

@@ -25,20 +25,19 @@ from typing import IO
 import portalocker
 
 from monitord.base import atomic_file
+from orchestrator.errors import ErrorCode, PermanentError
 
 DEFAULT_NAME = "monitord"
 HOLDER_PID_POLL_S = 0.02
 _EXCLUSIVE_NOW = portalocker.LockFlags.EXCLUSIVE | portalocker.LockFlags.NON_BLOCKING
 
 
-class AlreadyRunning(Exception):
+class AlreadyRunning(PermanentError):
     """Another live process holds the lock; `holder_pid` comes from the PID file (diagnostic)."""
-
-    error_code = "DUPLICATE_INSTANCE"
 
     def __init__(self, *, lock_path: Path, holder_pid: int | None) -> None:
         holder = f"pid {holder_pid}" if holder_pid is not None else "an unknown pid"
-        super().__init__(f"{lock_path} is held by {holder}")
+        super().__init__(ErrorCode.DUPLICATE_INSTANCE, f"{lock_path} is held by {holder}")
         self.lock_path = lock_path
         self.holder_pid = holder_pid
 

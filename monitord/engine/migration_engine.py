@@ -39,10 +39,9 @@ from monitord.engine.lease_renewer import LeaseRenewer
 from monitord.engine.phase_actions import PhaseActions
 from monitord.engine.placement_state import PlacementState
 from monitord.store.state_db import Store
-from monitord.surface.http_api import PlacementConflict
 from orchestrator import errors, phases, rules
 from orchestrator.area_leases import LeasePolicy
-from orchestrator.errors import ErrorCode, MonitordError, TransientError
+from orchestrator.errors import ErrorCode, MonitordError, PermanentError, TransientError
 from orchestrator.models import Area, AreaLease, Phase, Side, Transaction
 from orchestrator.phases import Outcome
 
@@ -172,16 +171,18 @@ class MigrationEngine:
         """Durably record a wish and open its transactions; returns their ids (for 202)."""
         wanted = Side(location)
         if self.state.corrupt is not None:
-            conflict = PlacementConflict(f"custom_config.json is unreadable: {self.state.corrupt}")
-            conflict.error_code = ErrorCode.CONFIG_CORRUPT
-            raise conflict
+            raise PermanentError(
+                ErrorCode.CONFIG_CORRUPT,
+                f"custom_config.json is unreadable: {self.state.corrupt.detail}",
+            )
         async with self.intake_lock:
             targets = [self.state.committed[area]] if area else self.state.areas_of(service)
             for target in targets:
                 txn = self.state.transactions.get(target.uuid)
                 if txn is not None and txn.phase is Phase.COMMIT_LOCATION \
                         and txn.destination is not wanted:
-                    raise PlacementConflict(
+                    raise PermanentError(
+                        ErrorCode.TRANSACTION_CONFLICT,
                         f"area {target.uuid} is committing its move to {txn.destination.value};"
                         " ask again in a moment"
                     )

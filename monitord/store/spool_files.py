@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 from monitord.base.atomic_file import atomic_write_bytes
+from orchestrator.errors import ErrorCode, PermanentError
 
 CUSTOM_CONFIG_NAME = "custom_config.json"
 REMOTE_STATE_NAME = "remote_state.json"
@@ -33,15 +34,15 @@ LOCATIONS = ("local", "remote")
 Location = Literal["local", "remote"]
 
 
-class ConfigCorrupt(Exception):
-    """A spool file that cannot be trusted; monitord refuses to act on it and never rewrites it."""
+class ConfigCorrupt(PermanentError):
+    """A spool file that cannot be trusted; monitord refuses to act on it and never rewrites it.
 
-    error_code = "CONFIG_CORRUPT"
+    `detail` names the file and the parse position; `reason` is the position alone."""
 
     def __init__(self, *, path: Path, detail: str) -> None:
-        super().__init__(f"{path}: {detail}")
+        super().__init__(ErrorCode.CONFIG_CORRUPT, f"{path}: {detail}")
         self.path = path
-        self.detail = detail
+        self.reason = detail
 
 
 def _dump_json(document: Any) -> bytes:

@@ -34,6 +34,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
+from orchestrator.errors import ErrorCode, TransientError
+
 DB_NAME = "state.db"
 DEFAULT_EVENTS_CAP = 1000
 DEFAULT_CLAIM_S = 60.0
@@ -153,10 +155,11 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
 )
 
 
-class StoreError(Exception):
+class StoreError(TransientError):
     """A store operation failed; the write did not happen (code STORE_WRITE_FAILED)."""
 
-    error_code = "STORE_WRITE_FAILED"
+    def __init__(self, detail: str) -> None:
+        super().__init__(ErrorCode.STORE_WRITE_FAILED, detail)
 
 
 class StoreClosed(StoreError):

@@ -15,13 +15,11 @@ Shape (after uvicorn): `main()` loads the config (a bad one: one line on stderr,
 Signal handlers only set flags: the first SIGTERM/SIGINT asks for a graceful stop, a second
 SIGINT forces it (no drain waits). The previous handlers are restored on the way out.
 
-Plug-in points for the other parts of monitord:
-- `COMPONENT_FACTORIES`: "module:function" entries; each function takes the `RuntimeContext`
-  and returns a `Component` (or None when not configured, e.g. no [remote]). A component may
-  also offer `routes()` (extra HTTP routes) and a `placement_intake` attribute that replaces the
-  default intake of desired placements.
-- `RuntimeContext.tasks`: the root-task registry. Every long-running task is spawned there by
-  name; if one ends unexpectedly it is logged and the daemon stops the rest (exit 1).
+What runs inside comes from one `assemble(ctx) -> Assembly` function (by default
+`monitord.surface.wiring.assemble`): the components, started in order and stopped in reverse,
+and the operator facade the HTTP API serves (None: only health and the placement intake). Every
+long-running task is spawned by name in `RuntimeContext.tasks` (monitord.surface.components);
+if one ends unexpectedly it is logged and the daemon stops the rest (exit 1).
 
 Exit codes: 0 clean stop, 1 start-up failure / died / forced stop, 2 bad config, 3 duplicate.
 """
@@ -30,17 +28,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import signal
 import sys
 import time
-from collections.abc import Callable, Coroutine, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Coroutine
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
 from monitord.surface.cli import EXIT_DUPLICATE, EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from monitord.surface.components import Assemble, Component, RootTasks, RuntimeContext
+from orchestrator.errors import ErrorCode, MonitordError, PermanentError
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -48,13 +46,7 @@ if TYPE_CHECKING:
     from monitord.base.config import Config
     from monitord.base.singleton import InstanceLock
     from monitord.store.state_db import Store
-    from monitord.surface.admission import Admission
-    from monitord.surface.http_api import Liveness, PlacementIntake
     from monitord.surface.sdnotify import Notifier
-
-# "module:function" factories of the runtime's components, started in this order and stopped
-# in reverse. A missing module is skipped (a build without that part), any other error is not.
-COMPONENT_FACTORIES: list[str] = ["monitord.surface.wiring:build"]
 
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 HTTP_CLOSE_GRACE_S = 2.0  # after the admission drain: in-flight reads get this long
@@ -62,130 +54,11 @@ COMPONENT_STOP_TIMEOUT_S = 10.0
 ROOT_TASK_GRACE_S = 5.0
 
 
-class StartupError(Exception):
+class StartupError(PermanentError):
     """Start-up could not complete (code DAEMON_START_FAILED); the daemon exits 1."""
 
-    error_code = "DAEMON_START_FAILED"
-
-
-@runtime_checkable
-class Component(Protocol):
-    """A long-lived part of the daemon (tunnel keeper, migration engine, reconciler, ...)."""
-
-    name: str
-
-    async def start(self, ctx: RuntimeContext) -> None:
-        """Bring the part up; spawn its loops with `ctx.tasks.spawn()`. Raise to abort start-up."""
-
-    async def stop(self) -> None:
-        """Stop at a step boundary; called once, in reverse start order, with a timeout."""
-
-
-class RootTasks:
-    """The named, owned, guarded long-running tasks of the daemon.
-
-    A task ending while the daemon is not stopping (an exception, or a plain return) is a fault:
-    it is logged as `root_task_died` and `on_fault` asks the daemon to stop everything.
-    """
-
-    def __init__(self, *, log: Any, on_fault: Callable[[str], None]) -> None:
-        self._log = log
-        self._on_fault = on_fault
-        self._tasks: dict[str, asyncio.Task[Any]] = {}
-        self._stopping = False
-
-    def spawn(self, name: str, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
-        if name in self._tasks and not self._tasks[name].done():
-            coro.close()
-            raise ValueError(f"root task {name!r} is already running")
-        if self._stopping:
-            coro.close()
-            raise RuntimeError(f"cannot start root task {name!r}: the daemon is stopping")
-        task = asyncio.get_running_loop().create_task(coro, name=name)
-        self._tasks[name] = task
-        task.add_done_callback(self._finished)
-        return task
-
-    def expect_exits(self) -> None:
-        """The daemon is shutting down: tasks that end from now on are not faults."""
-        self._stopping = True
-
-    @property
-    def names(self) -> list[str]:
-        return [name for name, task in self._tasks.items() if not task.done()]
-
-    def _finished(self, task: asyncio.Task[Any]) -> None:
-        if task.cancelled():
-            if not self._stopping:
-                self._log.error("root_task_died", task=task.get_name(), reason="cancelled")
-                self._on_fault(f"root task {task.get_name()} was cancelled")
-            return
-        error = task.exception()
-        if self._stopping and error is None:
-            return
-        self._log.error(
-            "root_task_died",
-            task=task.get_name(),
-            reason="exception" if error else "returned",
-            exc_info=error,
-        )
-        if not self._stopping:
-            self._on_fault(f"root task {task.get_name()} ended unexpectedly")
-
-    async def stop(self, *, grace_s: float) -> None:
-        """Cancel what is still running and await it; log tasks that ignore cancellation."""
-        self._stopping = True
-        running = [task for task in self._tasks.values() if not task.done()]
-        for task in running:
-            task.cancel()
-        if not running:
-            return
-        _, stuck = await asyncio.wait(running, timeout=grace_s)
-        for task in stuck:
-            self._log.error("root_task_stuck", task=task.get_name(), error_code="CLEANUP_STUCK")
-
-
-@dataclass(frozen=True)
-class RuntimeContext:
-    """What components receive at start: the config and the shared runtime objects."""
-
-    config: Config
-    store: Store
-    admission: Admission
-    liveness: Liveness
-    tasks: RootTasks
-    request_stop: Callable[[str], None]
-    extras: dict[str, Any] = field(default_factory=dict)  # shared with the HTTP routes
-
-    @property
-    def work_dir(self) -> Path:
-        return self.config.monitord.work_dir
-
-    @property
-    def spool_dir(self) -> Path:
-        return self.config.monitord.spool_dir
-
-    @property
-    def custom_config_path(self) -> Path:
-        return self.config.monitord.spool_dir / "custom_config.json"
-
-    @property
-    def remote_state_path(self) -> Path:
-        return self.config.monitord.spool_dir / "remote_state.json"
-
-
-def _load_factories(names: Iterable[str]) -> list[Callable[[RuntimeContext], Component | None]]:
-    factories = []
-    for spec in names:
-        module_name, _, attr = spec.partition(":")
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as e:
-            if e.name and module_name.startswith(e.name):
-                continue
-            raise
-        factories.append(getattr(module, attr))
-    return factories
+    def __init__(self, detail: str) -> None:
+        super().__init__(ErrorCode.DAEMON_START_FAILED, detail)
 
 
 class Daemon:
@@ -195,7 +68,7 @@ class Daemon:
         self,
         config: Config,
         *,
-        component_factories: Iterable[str] | None = None,
+        assemble: Assemble | None = None,
         notifier: Notifier | None = None,
     ) -> None:
         from monitord.base import logs
@@ -208,9 +81,7 @@ class Daemon:
         self.admission = Admission()
         self.liveness = Liveness()
         self.notifier = notifier or Notifier.from_environ()
-        self._factories = list(
-            COMPONENT_FACTORIES if component_factories is None else component_factories
-        )
+        self._assemble = assemble
         self.should_exit = False
         self.force_exit = False
         self.stop_reason = ""
@@ -293,7 +164,7 @@ class Daemon:
         except singleton.AlreadyRunning as e:
             self.log.error(
                 "duplicate_instance",
-                error_code=e.error_code,
+                error_code=e.code,
                 holder_pid=e.holder_pid,
                 work_dir=str(work_dir),
                 lock_file=str(e.lock_path),
@@ -303,7 +174,7 @@ class Daemon:
         except OSError as e:
             self.log.error(
                 "daemon_start_failed",
-                error_code=StartupError.error_code,
+                error_code=ErrorCode.DAEMON_START_FAILED,
                 detail=f"cannot lock {work_dir}: {e}",
             )
             return EXIT_FAILURE
@@ -313,9 +184,10 @@ class Daemon:
             await self._start_everything()
         except Exception as e:  # one report for any start-up failure, then an orderly unwind
             self.failed = True
+            code = e.code if isinstance(e, MonitordError) else ErrorCode.DAEMON_START_FAILED
             self.log.error(
                 "daemon_start_failed",
-                error_code=getattr(e, "error_code", StartupError.error_code),
+                error_code=code,
                 detail=f"{type(e).__name__}: {e}",
             )
             return EXIT_FAILURE
@@ -337,7 +209,7 @@ class Daemon:
 
         from monitord.base.hostport import split_hostport
         from monitord.store.state_db import Store
-        from monitord.surface import http_api
+        from monitord.surface import http_api, status_api, wiring
 
         self._store = await Store.open(self.config.monitord.work_dir)
         self._tasks = RootTasks(log=self.log, on_fault=self._on_fault)
@@ -349,24 +221,18 @@ class Daemon:
             tasks=self._tasks,
             request_stop=self.request_stop,
         )
-        for factory in _load_factories(self._factories):
-            component = factory(ctx)
-            if component is not None:
-                self._components.append(component)
-
-        intake: PlacementIntake = http_api.StorePlacementIntake(self._store)
-        routes: list[web.AbstractRouteDef] = []
-        for component in self._components:
-            intake = getattr(component, "placement_intake", None) or intake
-            routes.extend(getattr(component, "routes", lambda: ())())
+        assembly = (self._assemble or wiring.assemble)(ctx)
+        self._components.extend(assembly.components)
+        operator = assembly.operator
         api_ctx = http_api.ApiContext(
             config=self.config,
             admission=self.admission,
-            placement=intake,
+            placement=assembly.intake or http_api.StorePlacementIntake(self._store),
             custom_config_path=ctx.custom_config_path,
             liveness=self.liveness,
-            extras=ctx.extras,
+            operator=operator,
         )
+        routes = status_api.routes() if operator is not None else []
         app = http_api.build_app(api_ctx, extra_routes=routes)
         self._runner = web.AppRunner(
             app, handle_signals=False, shutdown_timeout=HTTP_CLOSE_GRACE_S, access_log=None
@@ -438,8 +304,8 @@ class Daemon:
         try:
             await self._store.record_event(event, fields)
         except StoreError as e:
-            self.log.error("event_not_recorded", recorded_event=event, error_code=e.error_code,
-                           detail=str(e))
+            self.log.error("event_not_recorded", recorded_event=event, error_code=e.code,
+                           detail=e.detail)
 
     async def _unless_forced(self, waiting: Coroutine[Any, Any, bool]) -> bool:
         """Await `waiting` unless a forced exit comes first (then False, `waiting` cancelled)."""

@@ -24,31 +24,35 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from aiohttp import web
 
 from monitord.base.config import Config
 from monitord.store import spool_files
-from monitord.store.state_db import StoreError
 from monitord.surface.admission import Admission
+from orchestrator.errors import ErrorCode, MonitordError
+
+if TYPE_CHECKING:
+    from monitord.engine.operator_facade import OperatorFacade
 
 LOCATIONS = ("local", "remote")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-class PlacementConflict(Exception):
-    """The requested placement would break an active transaction (409 TRANSACTION_CONFLICT)."""
-
-    error_code = "TRANSACTION_CONFLICT"
+# The status an intake's refusal is answered with; any other MonitordError is a 500.
+_REFUSAL_STATUS = {
+    ErrorCode.TRANSACTION_CONFLICT: 409,
+    ErrorCode.CONFIG_CORRUPT: 409,
+}
 
 
 class PlacementIntake(Protocol):
     """Durably records an operator's placement request; returns the transaction ids it created.
 
-    Must return only after the request is on disk. Raises PlacementConflict for a 409 and
-    StoreError (or any error) when the write failed.
+    Must return only after the request is on disk. Raises a MonitordError: TRANSACTION_CONFLICT
+    or CONFIG_CORRUPT for a 409, STORE_WRITE_FAILED (or any other code) when the write failed.
     """
 
     async def record_placement(
@@ -112,7 +116,7 @@ class ApiContext:
     placement: PlacementIntake
     custom_config_path: Path
     liveness: Liveness = field(default_factory=Liveness)
-    extras: dict[str, Any] = field(default_factory=dict)  # shared objects other routes need
+    operator: OperatorFacade | None = None  # the engine's facade; None: no engine behind us
 
 
 CONTEXT = web.AppKey("monitord_api_context", ApiContext)
@@ -166,10 +170,10 @@ async def _record(
         transaction_ids = await ctx.placement.record_placement(
             service=service, area=area, location=location
         )
-    except PlacementConflict as e:
-        return error_response(409, code=e.error_code, detail=str(e))
-    except StoreError as e:
-        return error_response(500, code=e.error_code, detail=f"not recorded: {e}")
+    except MonitordError as e:
+        status = _REFUSAL_STATUS.get(e.code, 500)
+        detail = e.detail if status != 500 else f"not recorded: {e.detail}"
+        return error_response(status, code=e.code, detail=detail)
     accepted = {"service": service, "area": area, "location": location}
     return web.json_response({**accepted, "transaction_ids": transaction_ids}, status=202)
 
@@ -200,7 +204,7 @@ async def put_area_placement(request: web.Request) -> web.StreamResponse:
     try:
         placement = await asyncio.to_thread(spool_files.read_custom_config, ctx.custom_config_path)
     except spool_files.ConfigCorrupt as e:
-        return error_response(500, code=e.error_code, detail=str(e))
+        return error_response(500, code=e.code, detail=e.detail)
     entry = placement.entry(uuid)
     if entry is None:
         return error_response(

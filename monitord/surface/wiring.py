@@ -1,6 +1,8 @@
 """The orchestration component of `monitord run`: builds and wires the working parts.
 
-`build(ctx)` is listed in `monitord.surface.daemon.COMPONENT_FACTORIES`. The component owns:
+`assemble(ctx)` is what `monitord.surface.daemon` runs by default: one `Orchestration`
+component and the operator facade (monitord.engine.operator_facade) that the HTTP API serves.
+The component owns:
 
     placement state    committed areas (custom_config.json), transactions, wishes
     local supervisor   runs exactly `state.runs(LOCAL)` (fed on every state change)
@@ -22,11 +24,9 @@ from __future__ import annotations
 import asyncio
 import secrets
 from pathlib import Path
-from typing import Any
 
 import asyncssh
 import structlog
-from aiohttp import web
 
 from monitord.base import atomic_file
 from monitord.base.config import Config
@@ -35,6 +35,7 @@ from monitord.base.metrics import Metrics
 from monitord.engine.cleanup_worker import CleanupWorker
 from monitord.engine.lease_renewer import LeaseRenewer
 from monitord.engine.migration_engine import MigrationEngine
+from monitord.engine.operator_facade import OperatorFacade
 from monitord.engine.phase_actions import PhaseActions, local_runs
 from monitord.engine.placement_state import PlacementState
 from monitord.engine.reconciler import Reconciler
@@ -43,9 +44,9 @@ from monitord.remote import artifact, provisioning
 from monitord.remote.agent_client import AgentClient
 from monitord.remote.remote_link import RemoteLink
 from monitord.remote.tunnel.keeper import TunnelKeeper, TunnelState, TunnelStatus
-from monitord.store import owner_id, spool_files
-from monitord.surface import status_api
-from monitord.surface.daemon import RuntimeContext
+from monitord.store import owner_id
+from monitord.store.remote_state import RemoteStateFile
+from monitord.surface.components import Assembly, RuntimeContext
 from orchestrator import status as status_rules
 from orchestrator.area_leases import LeasePolicy
 from orchestrator.models import Transaction
@@ -55,8 +56,10 @@ log = structlog.get_logger("monitord.surface.wiring")
 SECRET_FILE = "agent.secret"
 
 
-def build(ctx: RuntimeContext) -> Orchestration:
-    return Orchestration(ctx)
+def assemble(ctx: RuntimeContext) -> Assembly:
+    orchestration = Orchestration(ctx)
+    operator = orchestration.operator
+    return Assembly(components=[orchestration], operator=operator, intake=operator)
 
 
 def load_or_create_secret(work_dir: Path) -> bytes:
@@ -159,14 +162,24 @@ class Orchestration:
             interval_s=config.monitord.reconcile_interval_s,
             legacy_grace_s=config.monitord.legacy_grace_s,
         )
-        self.placement_intake = self.engine
-        self._projection: dict[str, Any] | None = None
+        self.operator = OperatorFacade(
+            config=config,
+            owner_id=self.owner_id,
+            state=self.state,
+            engine=self.engine,
+            reconciler=self.reconciler,
+            cleanup_worker=self.cleanup,
+            supervisor=self.supervisor,
+            link=self.link,
+            metrics=self.metrics,
+            store=ctx.store,
+            accepting=lambda: ctx.admission.accepting,
+            custom_config_path=ctx.custom_config_path,
+            remote_state_path=ctx.remote_state_path,
+        )
+        self.remote_state = RemoteStateFile(ctx.remote_state_path)
         self._was_connected = False
         self._last_state: TunnelState | None = None
-        ctx.extras["orchestration"] = self
-
-    def routes(self) -> list[web.RouteDef]:
-        return status_api.routes(self)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -198,7 +211,7 @@ class Orchestration:
             await self.link.keeper.close()
             await self.link.agent.close()
         await self.supervisor.close()
-        self._write_projection()
+        self.remote_state.publish(self.operator.remote_state_rows())
 
     # -- wiring ------------------------------------------------------------------------------
 
@@ -237,10 +250,10 @@ class Orchestration:
     def _state_changed(self) -> None:
         self.supervisor.set_desired(local_runs(self.config, self.state))
         self.engine.wake()
-        counts = status_api.side_counts(self.state)
+        counts = self.operator.side_counts()
         for side in ("local", "remote"):
             self.metrics.areas.labels(side=side).set(counts[side])
-        self._write_projection()
+        self.remote_state.publish(self.operator.remote_state_rows())
 
     def _transaction_finished(self, txn: Transaction) -> None:
         self.reconciler.wake()
@@ -248,26 +261,9 @@ class Orchestration:
 
     # -- remote_state.json ---------------------------------------------------------------------
 
-    def _write_projection(self) -> None:
-        """Keep the legacy remote_state.json in step with the transactions (SPEC §4.3)."""
-        projection = status_api.remote_state_projection(self)
-        if projection == self._projection:
-            return
-        try:
-            spool_files.write_remote_state(self.ctx.remote_state_path, projection)
-        except OSError as e:
-            log.warning("remote_state_write_failed", detail=str(e))
-            return
-        self._projection = projection
-
     async def _normalise_legacy_remote_state(self) -> None:
-        path = self.ctx.remote_state_path
-        if not path.exists():
-            return
-        try:
-            legacy = await asyncio.to_thread(spool_files.read_remote_state, path)
-        except spool_files.ConfigCorrupt as e:
-            log.warning("legacy_remote_state_unreadable", detail=str(e))
+        legacy = await asyncio.to_thread(self.remote_state.read_legacy)
+        if legacy is None:
             return
         normalised = status_rules.normalise_legacy(
             {name: state.to_json() for name, state in legacy.items()},
@@ -276,4 +272,4 @@ class Orchestration:
         )
         if normalised.notes:
             log.info("legacy_remote_state_normalised", notes=list(normalised.notes))
-        self._write_projection()
+        self.remote_state.publish(self.operator.remote_state_rows())

@@ -32,6 +32,7 @@ from monitord.base import proc_identity
 from monitord.vps import lease_file, lease_table, spool_cache
 from monitord.vps.area_runner import AreaRunner, GuardHandle
 from monitord.vps.lease_table import AreaEntry, AreaSpec, CreateVerdict, GenerationCheck
+from orchestrator.errors import PermanentError
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _RESET_BACKOFF_AFTER_S = 10.0
@@ -39,13 +40,11 @@ _RESET_BACKOFF_AFTER_S = 10.0
 log = structlog.get_logger("monitord.vps")
 
 
-class AgentError(Exception):
-    """A request the agent refuses; `code` is a stable error code, `status` the HTTP status."""
+class AgentError(PermanentError):
+    """A request the agent refuses: a catalogue code and the HTTP status it is answered with."""
 
     def __init__(self, *, code: str, detail: str, status: int) -> None:
-        super().__init__(f"{code}: {detail}")
-        self.code = code
-        self.detail = detail
+        super().__init__(code, detail)
         self.status = status
 
 
@@ -95,7 +94,7 @@ class AgentRuntime:
         try:
             self._entries = spool_cache.load(self.cache_path)
         except spool_cache.CacheUnreadable as e:
-            log.error("agent_cache_unreadable", error_code=e.error_code, detail=str(e))
+            log.error("agent_cache_unreadable", error_code=e.code, detail=str(e))
             self._entries = {}
         now = self._clock()
         for record, identity in self.runner.survivors():

@@ -18,19 +18,17 @@ from typing import Any
 
 from monitord.base import atomic_file
 from monitord.vps.lease_table import AreaEntry, AreaSpec
+from orchestrator.errors import ErrorCode, PermanentError
 
 CACHE_NAME = "custom_config.json"
 
 
-class CacheUnreadable(Exception):
+class CacheUnreadable(PermanentError):
     """The cache file exists but is not a valid cache; it was moved to `moved_to`."""
 
-    error_code = "CONFIG_CORRUPT"
-
     def __init__(self, *, moved_to: Path, detail: str) -> None:
-        super().__init__(f"agent cache moved to {moved_to}: {detail}")
+        super().__init__(ErrorCode.CONFIG_CORRUPT, f"agent cache moved to {moved_to}: {detail}")
         self.moved_to = moved_to
-        self.detail = detail
 
 
 def _entry_to_json(entry: AreaEntry) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from orchestrator.errors import PermanentError
 from orchestrator.tunnel_lease import PROBE_PREFIX, PROBE_REPLY
 
 LEASE_FILE = "tunnel_lease.json"
@@ -41,13 +42,8 @@ EXIT_DECIDED = 0
 EXIT_USAGE = 2
 
 
-class LeaseCommandError(Exception):
+class LeaseCommandError(PermanentError):
     """An environment problem the caller must see (bad dir, lock timeout, corrupt record)."""
-
-    def __init__(self, code: str, detail: str) -> None:
-        super().__init__(detail)
-        self.code = code
-        self.detail = detail
 
 
 def add_tunnel_lease_arguments(parser: argparse.ArgumentParser) -> None:

@@ -27,7 +27,8 @@ from structlog.testing import capture_logs
 
 from monitord.base import config as config_module
 from monitord.base import logs, singleton
-from monitord.surface.daemon import Daemon, RuntimeContext
+from monitord.surface.components import Assembly, RuntimeContext
+from monitord.surface.daemon import Daemon
 from monitord.surface.sdnotify import Notifier
 from tests.support import daemon_process
 
@@ -74,24 +75,10 @@ class RecordingComponent:
 COMPONENTS: dict[str, RecordingComponent] = {}
 
 
-def first_component(ctx: RuntimeContext) -> RecordingComponent:
-    return COMPONENTS["first"]
-
-
-def second_component(ctx: RuntimeContext) -> RecordingComponent:
-    return COMPONENTS["second"]
-
-
-def absent_component(ctx: RuntimeContext) -> None:
-    return None
-
-
-FACTORIES = [
-    f"{__name__}:first_component",
-    f"{__name__}:second_component",
-    f"{__name__}:absent_component",
-    "monitord.not_in_this_build:factory",
-]
+def assemble(ctx: RuntimeContext) -> Assembly:
+    """The test components in start order; the second one's gated intake takes placements."""
+    second = COMPONENTS["second"]
+    return Assembly(components=[COMPONENTS["first"], second], intake=second.placement_intake)
 
 
 @asynccontextmanager
@@ -101,7 +88,7 @@ async def serving_in_process(
     """Daemon.serve() as a task of this loop; yields once /readyz is 200."""
     config_path = daemon_process.write_config(tmp_path)
     config = config_module.load(config_path)
-    daemon = Daemon(config, component_factories=FACTORIES, notifier=notifier or Notifier(None))
+    daemon = Daemon(config, assemble=assemble, notifier=notifier or Notifier(None))
     serving = asyncio.create_task(daemon.serve(), name="daemon-under-test")
     client = daemon_process.ApiClient(f"http://{config.http.listen}")
     try:
@@ -207,7 +194,7 @@ class TestRootTaskGuard:
     ) -> None:
         COMPONENTS["second"] = RecordingComponent("second", journal, die=True)
         config = config_module.load(daemon_process.write_config(tmp_path))
-        daemon = Daemon(config, component_factories=FACTORIES, notifier=Notifier(None))
+        daemon = Daemon(config, assemble=assemble, notifier=Notifier(None))
         with capture_logs() as captured:
             assert await asyncio.wait_for(daemon.serve(), timeout=20) == 1
         [died] = [e for e in captured if e["event"] == "root_task_died"]

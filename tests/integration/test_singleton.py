@@ -59,7 +59,7 @@ class TestOneHolderPerDirectory:
         with singleton.acquire(tmp_path), pytest.raises(singleton.AlreadyRunning) as caught:
             singleton.acquire(tmp_path)
         assert caught.value.holder_pid == os.getpid()
-        assert caught.value.error_code == "DUPLICATE_INSTANCE"
+        assert caught.value.code == "DUPLICATE_INSTANCE"
 
     def test_lock_held_by_another_process_blocks(self, tmp_path: Path) -> None:
         with lock_held_by_other_process(tmp_path) as holder:

@@ -188,7 +188,7 @@ class TestMalformedCustomConfig:
         path.write_bytes(text.encode("utf-8", "surrogateescape"))
         with pytest.raises(ConfigCorrupt) as caught:
             spool_files.read_custom_config(path)
-        assert caught.value.error_code == "CONFIG_CORRUPT"
+        assert caught.value.code == "CONFIG_CORRUPT"
         assert where in caught.value.detail
 
     @pytest.mark.parametrize("name", sorted(MALFORMED))

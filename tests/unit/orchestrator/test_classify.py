@@ -53,6 +53,7 @@ REALISTIC: dict[ErrorCode, Observation] = {
     ErrorCode.DESTINATION_CONFLICT: AgentReply(status=409),
     ErrorCode.LEASE_EXPIRED: AgentReply(status=410),
     ErrorCode.CONFIG_CORRUPT: LocalFault("custom_config_unparsable"),
+    ErrorCode.CONFIG_INVALID: LocalFault("monitord_toml_invalid"),
     ErrorCode.CLEANUP_STUCK: CleanupOverdue(attempts=40),
     ErrorCode.DUPLICATE_INSTANCE: LocalFault("instance_lock_held"),
     ErrorCode.STORE_WRITE_FAILED: LocalFault("store_write"),

@@ -1,0 +1,196 @@
+"""The operator facade: everything the surface (HTTP API, status page, CLI) may ask of the engine.
+
+One typed object between `monitord.surface` and the running parts, built by
+`monitord.surface.wiring`. The surface never reaches into the engine, the reconciler or the
+tunnel directly; it calls these methods:
+
+    record_placement(service, area, location)   durable wish + transactions (the 202 intake)
+    retry(service)                              leave PARKED with fresh generations
+    snapshot()                                  the status document (GET /v1/status)
+    transactions(limit) / cleanup(limit)        history and the cleanup queue
+    metrics_text()                              the Prometheus exposition
+    bundle_sections()                           what a diagnostic bundle holds
+    remote_state_rows()                         the remote_state.json projection's rows
+
+Per-service states, counts and projections come from the pure `orchestrator.status`, so the
+page, the CLI, the PHP UI and the metrics agree.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from monitord.base.config import Config
+from monitord.base.metrics import Metrics
+from monitord.engine.cleanup_worker import CleanupWorker
+from monitord.engine.migration_engine import MigrationEngine
+from monitord.engine.placement_state import PlacementState
+from monitord.engine.reconciler import Reconciler
+from monitord.local.supervisor import LocalSupervisor
+from monitord.remote.remote_link import RemoteLink
+from monitord.store import spool_files
+from monitord.store.state_db import Store
+from orchestrator import status as status_rules
+
+_CONFLICT_STATES = frozenset({"lease_conflict", "port_occupied"})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OperatorFacade:
+    """The surface's one handle on the running engine (see the module docstring)."""
+
+    config: Config
+    owner_id: str
+    state: PlacementState
+    engine: MigrationEngine
+    reconciler: Reconciler
+    cleanup_worker: CleanupWorker
+    supervisor: LocalSupervisor
+    link: RemoteLink | None
+    metrics: Metrics
+    store: Store
+    accepting: Callable[[], bool]
+    custom_config_path: Path
+    remote_state_path: Path
+
+    # -- changes ---------------------------------------------------------------------------
+
+    async def record_placement(
+        self, *, service: str, area: str | None, location: str
+    ) -> list[str]:
+        """Durably record a wish and open its transactions; their ids (for the 202)."""
+        return await self.engine.record_placement(service=service, area=area, location=location)
+
+    async def retry(self, service: str) -> list[str]:
+        """Let a parked service try again; the ids of the transactions resumed."""
+        return await self.engine.retry(service)
+
+    def knows_service(self, service: str) -> bool:
+        return service in self.config.services
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """The status document of GET /v1/status (fields: docs/design.md, "HTTP API")."""
+        services = {name: self._service_view(name) for name in sorted(self.config.services)}
+        counts = {"local": 0, "remote": 0, "migrating": 0, "orphan": 0}
+        for view in services.values():
+            for key in counts:
+                counts[key] += view["counts"].get(key, 0)
+        corrupt = self.state.corrupt
+        last = self.reconciler.last
+        return {
+            "owner_id": self.owner_id,
+            "owner_label": self.config.monitord.owner_label,
+            "at": time.time(),
+            "accepting": self.accepting(),
+            "config_error": corrupt.detail if corrupt else None,
+            "tunnel": self._tunnel_view(),
+            "counts": counts,
+            "services": services,
+            "transactions": [t.to_storage() for t in self.state.active()],
+            "cleanup": {"backlog": self.cleanup_worker.backlog, "stuck": self.cleanup_worker.stuck},
+            "drift": last.to_dict() if last else {"before": 0, "after": 0},
+        }
+
+    async def transactions(self, *, limit: int) -> list[dict[str, Any]]:
+        return await self.store.list_transactions(limit=limit)
+
+    async def cleanup(self, *, limit: int) -> dict[str, Any]:
+        items = await self.store.list_cleanup(limit=limit)
+        return {"items": items, "backlog": await self.store.cleanup_backlog()}
+
+    def metrics_text(self) -> bytes:
+        return self.metrics.render()
+
+    async def bundle_sections(self) -> dict[str, Any]:
+        """Every section of a diagnostic bundle, by file name (spool files as raw bytes)."""
+        sections: dict[str, Any] = {
+            "status.json": self.snapshot(),
+            "transactions.json": await self.store.list_transactions(limit=5000),
+            "cleanup.json": await self.store.list_cleanup(limit=100_000),
+            "events.json": await self.store.recent_events(limit=1000),
+            "local_inventory.json": [v.to_json() for v in self.supervisor.inventory()],
+            "remote_inventory.json": self.reconciler.remote_inventory,
+            "tunnel.json": self.link.keeper.status().to_dict() if self.link else None,
+            "config.json": self.config.model_dump(mode="json"),
+        }
+        for name, path in (
+            ("custom_config.json", self.custom_config_path),
+            ("remote_state.json", self.remote_state_path),
+        ):
+            try:
+                sections[name] = path.read_bytes()
+            except OSError as e:
+                sections[name] = f"unreadable: {e}\n"
+        return sections
+
+    def side_counts(self) -> dict[str, int]:
+        """Committed areas per side (the monitord_areas gauge)."""
+        counts = {"local": 0, "remote": 0}
+        for area in self.state.committed.values():
+            counts[area.location.value] += 1
+        return counts
+
+    def remote_state_rows(self) -> dict[str, spool_files.ServiceCompatState]:
+        """remote_state.json rows, one per configured service (never a source of truth)."""
+        rows = {}
+        for name in sorted(self.config.services):
+            error = self.engine.last_errors.get(name)
+            row = status_rules.remote_state_row(
+                transactions=[t for t in self.state.active() if t.service == name],
+                fail_count=self.engine.failures(name),
+                last_error=f"{error['code']}: {error['detail']}" if error else "",
+            )
+            rows[name] = spool_files.ServiceCompatState(**row)
+        return rows
+
+    # -- views -----------------------------------------------------------------------------
+
+    def _tunnel_view(self) -> dict[str, Any]:
+        if self.link is None:
+            return {"state": "not_configured", "connected": False, "last_error": "",
+                    "attempts": 0, "lease": None}
+        tunnel = self.link.keeper.status().to_dict()
+        err = tunnel.get("last_error")
+        # The PHP UI reads `last_error` as one string; the code is kept beside it.
+        tunnel["last_error_code"] = err["code"] if err else ""
+        tunnel["last_error"] = f"{err['code']}: {err['detail']}" if err else ""
+        return tunnel
+
+    def _service_view(self, service: str) -> dict[str, Any]:
+        state = self.state
+        areas = state.areas_of(service)
+        txns = [t for t in state.active() if t.service == service]
+        tunnel = self.link.keeper.status() if self.link else None
+        view = status_rules.service_view(
+            service=service,
+            areas=areas,
+            transactions=txns,
+            desired=state.service_desired(service),
+            area_desired={a.uuid: state.desired_location(a) for a in areas},
+            orphans=self.reconciler.orphans_by_service.get(service, 0),
+            tunnel_conflict=bool(tunnel and tunnel.state.value in _CONFLICT_STATES),
+            cleanup_pending=self.cleanup_worker.backlog_by_service.get(service, 0) > 0,
+        )
+        by_area = {t.area: t for t in txns}
+        return {
+            "desired": view.desired,
+            "state": str(view.state),
+            "counts": dict(view.counts),
+            "areas": [
+                {
+                    "uuid": a.uuid,
+                    "location": a.location.value,
+                    "generation": a.generation,
+                    "desired": state.desired_location(a).value,
+                    "phase": by_area[a.uuid].phase.value if a.uuid in by_area else None,
+                }
+                for a in areas
+            ],
+            "last_error": self.engine.last_errors.get(service) or view.last_error,
+        }
