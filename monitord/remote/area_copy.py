@@ -17,12 +17,13 @@ import hashlib
 import os
 import shutil
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 import asyncssh
 
-from monitord.remote import remote_exec
+from monitord.remote import remote_exec, ssh_errors
 from orchestrator.errors import ErrorCode, TransientError
 
 STAGING_SUFFIX = ".staging"
@@ -85,6 +86,16 @@ def _incomplete(detail: str) -> TransientError:
     return TransientError(ErrorCode.COPY_INCOMPLETE, detail)
 
 
+def _sftp_translated(during: str, *, timeout_s: float) -> AbstractContextManager[None]:
+    """SFTP failures of one transfer: running out of time is COPY_INCOMPLETE (the source keeps
+    its data, the engine retries), a lost link or a refused SFTP request SSH_UNREACHABLE
+    (the table in ssh_errors.py)."""
+    return ssh_errors.translated(
+        code=ErrorCode.SSH_UNREACHABLE, during=during,
+        timeout_code=ErrorCode.COPY_INCOMPLETE, timeout_s=timeout_s,
+    )
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -125,7 +136,7 @@ async def upload(
     staging = remote_dir.rstrip("/") + STAGING_SUFFIX
     await _script(conn, _PREPARE, staging)
     done = 0
-    try:
+    with _sftp_translated(f"upload to {remote_dir}", timeout_s=timeout_s):
         async with asyncio.timeout(timeout_s), conn.start_sftp_client() as sftp:
             made: set[str] = {staging}
             for entry in manifest:
@@ -140,10 +151,6 @@ async def upload(
                     progress(done, total)
             async with sftp.open(staging + ".manifest", "wb") as f:
                 await f.write(_sha256sum_text(manifest))
-    except TimeoutError as e:
-        raise _incomplete(f"upload to {remote_dir} did not finish in {timeout_s:g} s") from e
-    except (asyncssh.Error, OSError) as e:
-        raise TransientError(ErrorCode.SSH_UNREACHABLE, f"upload to {remote_dir}: {e}") from e
     verify = await _script(conn, _VERIFY, staging, staging + ".manifest", str(len(manifest)))
     if not verify.ok:
         raise _incomplete(f"the VPS found {remote_dir} incomplete: {verify.stderr_tail()}")
@@ -167,7 +174,7 @@ async def download(
     staging = local_dir.with_name(local_dir.name + STAGING_SUFFIX)
     await asyncio.to_thread(_reset_dir, staging)
     done = 0
-    try:
+    with _sftp_translated(f"download of {remote_dir}", timeout_s=timeout_s):
         async with asyncio.timeout(timeout_s), conn.start_sftp_client() as sftp:
             for rel in sorted(expected):
                 target = staging / rel
@@ -176,10 +183,6 @@ async def download(
                 done += target.stat().st_size
                 if progress:
                     progress(done, done)
-    except TimeoutError as e:
-        raise _incomplete(f"download of {remote_dir} did not finish in {timeout_s:g} s") from e
-    except (asyncssh.Error, OSError) as e:
-        raise TransientError(ErrorCode.SSH_UNREACHABLE, f"download of {remote_dir}: {e}") from e
     got = {e.path: e.sha256 for e in await asyncio.to_thread(local_manifest, staging)}
     if got != expected:
         bad = sorted(set(got) ^ set(expected) | {p for p in got if got[p] != expected.get(p)})

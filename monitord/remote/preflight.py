@@ -1,4 +1,5 @@
-"""Preflight (SPEC §6.5): the checks run before a service's areas leave the PBX.
+"""Preflight (docs/design.md, "Transactions: phases and outcomes"): the checks run before a
+service's areas leave the PBX.
 
 `run_preflight(conn, *, config, service, …)` returns a `PreflightReport` with one
 `CheckResult` per check, in a fixed order, each failing with its own stable code and a

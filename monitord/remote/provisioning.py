@@ -1,5 +1,5 @@
-"""Provisioning (SPEC §6.6): put the agent artifact, the service binaries and agent.secret on
-the VPS, verified by SHA-256 there, then start the agent through its idempotent launcher.
+"""Provisioning: put the agent artifact, the service binaries and agent.secret on the VPS,
+verified by SHA-256 there, then start the agent through its idempotent launcher.
 
 Called by the migration engine before the first remote placement and by the demo; takes a
 plain `asyncssh.SSHClientConnection`, so it works on any connection (the tunnel's or a
@@ -16,7 +16,8 @@ fresh one). The steps, each idempotent:
 4. `<remote_monitord> agent-launch --dir <remote_bin_dir> --listen <agent_listen>`.
 
 Running it twice changes nothing the second time (`ProvisionReport.changed` is False).
-Errors: TransientError SSH_UNREACHABLE / SSH_TIMEOUT (from remote_exec), PROVISION_FAILED,
+Errors: TransientError SSH_UNREACHABLE / SSH_TIMEOUT (from remote_exec and, for SFTP steps,
+ssh_errors.py, which makes a refused SFTP request PROVISION_FAILED), PROVISION_FAILED,
 ARTIFACT_HASH_MISMATCH. The secret never appears in logs, progress events, reports or errors.
 """
 
@@ -27,8 +28,8 @@ import contextlib
 import hmac
 import re
 import secrets
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -37,8 +38,8 @@ import asyncssh
 
 from monitord.base import logs
 from monitord.base.config import RemoteSection
-from monitord.remote import artifact, remote_exec
-from orchestrator.errors import ErrorCode, TransientError, error_for
+from monitord.remote import artifact, remote_exec, ssh_errors
+from orchestrator.errors import ErrorCode, TransientError
 
 log = logs.get_logger(__name__)
 
@@ -353,10 +354,10 @@ async def _ensure_secret(
                     await _fsync(remote_file)
                 await sftp.chmod(temp, SECRET_MODE)
                 await sftp.posix_rename(temp, final)
-            except asyncssh.SFTPError:
+            except ssh_errors.SFTP_ERRORS:
                 # Do not leave a copy of the secret behind; the next run's prepare step
                 # removes it too should this removal fail.
-                with contextlib.suppress(asyncssh.SFTPError):
+                with contextlib.suppress(*ssh_errors.SFTP_ERRORS):
                     await sftp.remove(temp)
                 raise
     log.info("agent_secret_written", path=final)
@@ -366,7 +367,7 @@ async def _ensure_secret(
 async def _read_if_exists(sftp: asyncssh.SFTPClient, path: str) -> bytes | None:
     try:
         remote_file = await sftp.open(path, "rb")
-    except asyncssh.SFTPNoSuchFile:
+    except ssh_errors.SFTP_NO_SUCH_FILE:
         return None
     async with remote_file:
         data = await remote_file.read()
@@ -376,7 +377,7 @@ async def _read_if_exists(sftp: asyncssh.SFTPClient, path: str) -> bytes | None:
 async def _fsync(remote_file: asyncssh.SFTPClientFile) -> None:
     try:
         await remote_file.fsync()
-    except asyncssh.SFTPOpUnsupported:
+    except ssh_errors.SFTP_OP_UNSUPPORTED:
         log.warning("sftp_fsync_unsupported")  # the rename still keeps readers safe
 
 
@@ -425,18 +426,7 @@ async def _sftp_step(step: Awaitable[object], *, what: str, timeout_s: float) ->
             await step
 
 
-@contextmanager
-def _sftp_errors(what: str) -> Iterator[None]:
-    """Translate SFTP/connection failures of one step into our typed errors."""
-    try:
-        yield
-    except TimeoutError as e:
-        raise TransientError(ErrorCode.SSH_TIMEOUT, f"{what}: timed out") from e
-    except (asyncssh.SFTPConnectionLost, asyncssh.SFTPNoConnection) as e:
-        raise TransientError(ErrorCode.SSH_UNREACHABLE, f"{what}: {e.reason}") from e
-    except asyncssh.SFTPError as e:
-        raise error_for(ErrorCode.PROVISION_FAILED, f"{what}: {e.reason}") from e
-    except (asyncssh.Error, OSError) as e:
-        raise TransientError(
-            ErrorCode.SSH_UNREACHABLE, f"{what}: {type(e).__name__}: {e}"
-        ) from e
+def _sftp_errors(what: str) -> AbstractContextManager[None]:
+    """SFTP failures of one step as typed errors (the table in ssh_errors.py): a refused
+    request is PROVISION_FAILED, a lost link SSH_UNREACHABLE, no answer SSH_TIMEOUT."""
+    return ssh_errors.translated(code=ErrorCode.PROVISION_FAILED, during=what)

@@ -3,7 +3,8 @@
 The adapter between monitord and `SSHClientConnection.create_process`: callers pass an argv
 (an absolute program path where possible), this module quotes it with `shlex.join` so no
 argument is ever re-split or expanded by the remote shell, bounds the whole exchange by a
-timeout, and translates asyncssh/OS failures once into `TransientError`s with a stable code:
+timeout, and has ssh_errors.py translate asyncssh/OS failures into `TransientError`s with a
+stable code:
 
 - the command did not finish in time            -> SSH_TIMEOUT (the channel is closed)
 - the connection/channel failed or was refused  -> SSH_UNREACHABLE
@@ -28,7 +29,8 @@ from dataclasses import dataclass
 
 import asyncssh
 
-from orchestrator.errors import ErrorCode, TransientError, error_for
+from monitord.remote import ssh_errors
+from orchestrator.errors import ErrorCode, error_for
 
 _STDERR_TAIL = 400
 
@@ -83,18 +85,14 @@ async def run(
     line = command_line(argv)
     process: asyncssh.SSHClientProcess[bytes] | None = None
     try:
-        async with asyncio.timeout(timeout_s):
-            process = await conn.create_process(line, encoding=None)
-            stdout, stderr = await process.communicate(input)
-            completed = await process.wait(check=False)
-    except TimeoutError as e:
-        raise TransientError(
-            ErrorCode.SSH_TIMEOUT, f"{argv[0]} did not finish within {timeout_s:g} s"
-        ) from e
-    except (asyncssh.Error, OSError) as e:
-        raise TransientError(
-            ErrorCode.SSH_UNREACHABLE, f"running {argv[0]} on the VPS failed: {_describe(e)}"
-        ) from e
+        with ssh_errors.translated(
+            code=ErrorCode.SSH_UNREACHABLE, during=f"running {argv[0]} on the VPS",
+            timeout_s=timeout_s,
+        ):
+            async with asyncio.timeout(timeout_s):
+                process = await conn.create_process(line, encoding=None)
+                stdout, stderr = await process.communicate(input)
+                completed = await process.wait(check=False)
     finally:
         if process is not None and process.exit_status is None:
             process.close()
@@ -121,12 +119,6 @@ async def run_script(
     return await run(
         conn, ["/bin/sh", "-c", script, "monitord", *args], timeout_s=timeout_s, input=input
     )
-
-
-def _describe(e: BaseException) -> str:
-    if isinstance(e, asyncssh.Error):
-        return f"{type(e).__name__}: {e.reason}"
-    return f"{type(e).__name__}: {e}"
 
 
 def _signal_number(exit_signal: tuple[str, bool, str, str] | None) -> int:

@@ -2,8 +2,8 @@
 
 Called by the keeper once per connection, after the tunnel lease is held:
 - `open()` requests every reverse forward (VPS listen -> PBX target) and every local forward
-  (PBX listen -> VPS target). A denied reverse forward (asyncssh's bare ChannelListenError)
-  is never retried blindly: port_holder.py finds the holder on the VPS and
+  (PBX listen -> VPS target). A denied reverse forward (`ssh_errors.is_forward_denied`) is
+  never retried blindly: port_holder.py finds the holder on the VPS and
   orchestrator/forward_diagnosis.py decides — fence our own stale session and retry at once,
   wait for a session going silent, or raise TUNNEL_LEASE_CONFLICT / PORT_OCCUPIED.
 - `prove()` shows each forward works end to end. For a reverse forward the VPS helper
@@ -20,7 +20,6 @@ Called by the keeper once per connection, after the tunnel lease is held:
 from __future__ import annotations
 
 import asyncio
-import errno
 import secrets
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +28,7 @@ import asyncssh
 
 from monitord.base.config import ForwardSpec
 from monitord.base.hostport import split_hostport
+from monitord.remote import ssh_errors
 from monitord.remote.tunnel import port_holder
 from monitord.remote.tunnel.lease_client import LeaseSession
 from orchestrator import forward_diagnosis
@@ -164,17 +164,14 @@ class ForwardSet:
             try:
                 async with asyncio.timeout(self._timeout_s):
                     listener = await self._conn.create_server(session_factory, host, port)
-            except asyncssh.ChannelListenError:
+            except ssh_errors.SSH_ERRORS as e:
+                if not ssh_errors.is_forward_denied(e):
+                    raise ssh_errors.translate(
+                        e, code=ErrorCode.SSH_UNREACHABLE,
+                        during=f"forward {spec.name}: tcpip-forward",
+                    ) from e
                 await self._diagnose_denial(spec, port)
                 continue
-            except TimeoutError as e:
-                raise TransientError(
-                    ErrorCode.SSH_TIMEOUT, f"forward {spec.name}: no answer to tcpip-forward"
-                ) from e
-            except (asyncssh.Error, OSError) as e:
-                raise TransientError(
-                    ErrorCode.SSH_UNREACHABLE, f"forward {spec.name}: {type(e).__name__}"
-                ) from e
             self._listeners.append(listener)
             return
         raise TransientError(
@@ -227,15 +224,10 @@ class ForwardSet:
         target_host, target_port = split_hostport(spec.target)
         try:
             listener = await self._conn.forward_local_port(host, port, target_host, target_port)
-        except OSError as e:
-            if e.errno == errno.EADDRINUSE:
-                raise TransientError(
-                    ErrorCode.PORT_OCCUPIED,
-                    f"local forward {spec.name}: {spec.listen} is in use on this machine",
-                    delay=self._conflict_retry_s,
-                ) from e
-            raise TransientError(
-                ErrorCode.FORWARD_DENIED, f"local forward {spec.name}: {e.strerror or e}"
+        except OSError as e:  # binding spec.listen on this machine
+            raise ssh_errors.translate_local_listen(
+                e, during=f"local forward {spec.name} ({spec.listen})",
+                delay=self._conflict_retry_s,
             ) from e
         self._listeners.append(listener)
 
@@ -282,20 +274,18 @@ class ForwardSet:
             async with asyncio.timeout(self._timeout_s):
                 _, writer = await self._conn.open_connection(target_host, target_port)
             writer.close()
-        except asyncssh.ChannelOpenError as e:
+        except ssh_errors.SSH_ERRORS as e:
+            refusal = ssh_errors.channel_refusal(e)
+            if refusal is None:
+                raise ssh_errors.translate(
+                    e, code=ErrorCode.SSH_UNREACHABLE,
+                    during=f"local forward {spec.name}: channel open",
+                ) from e
             self._status[spec.name] = ForwardStatus(
                 spec.name, "local", spec.listen, spec.target, "target_down",
-                f"nothing accepts {spec.target} on the VPS: {e.reason}",
+                f"nothing accepts {spec.target} on the VPS: {refusal}",
             )
             return
-        except TimeoutError as e:
-            raise TransientError(
-                ErrorCode.SSH_TIMEOUT, f"local forward {spec.name}: channel open timed out"
-            ) from e
-        except (asyncssh.Error, OSError) as e:
-            raise TransientError(
-                ErrorCode.SSH_UNREACHABLE, f"local forward {spec.name}: {type(e).__name__}"
-            ) from e
         self._status[spec.name] = ForwardStatus(
             spec.name, "local", spec.listen, spec.target, "proven", "target accepts"
         )

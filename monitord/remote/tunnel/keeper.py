@@ -9,11 +9,12 @@ renew the lease every TTL/3 until the connection drops or the lease is lost. Bet
 attempts: exponential backoff with full jitter, capped, and at most
 `reconnect_max_per_minute` attempts per minute whatever the cause.
 
-asyncssh and OS exceptions are translated HERE, once, into typed errors with stable codes
-(`translate_connect_error`). The state is published as a frozen `TunnelStatus`
-(`keeper.status()`, `await keeper.wait_for(...)`, listeners) that the HTTP status serialises
-as SPEC §8 `tunnel {state, connected, last_error, attempts, lease}`. Other parts use the
-live connection only through `async with keeper.session() as conn:` and register
+asyncssh and OS exceptions become typed errors with stable codes through
+monitord/remote/ssh_errors.py (`translate_connect` for connecting and preparing the VPS).
+The state is published as a frozen `TunnelStatus` (`keeper.status()`,
+`await keeper.wait_for(...)`, listeners) that the status document (GET /v1/status) shows
+as `tunnel {state, connected, last_error, attempts, lease}`. Other parts use the live
+connection only through `async with keeper.session() as conn:` and register
 `add_reconnect_hook()` callbacks (cleanup worker, reconciler) run after every (re)connect.
 Started by `monitord run` as the root task "tunnel keeper".
 """
@@ -30,9 +31,10 @@ from enum import StrEnum
 from typing import Any
 
 import asyncssh
-import structlog
 
+from monitord.base import logs
 from monitord.base.config import RemoteSection
+from monitord.remote import ssh_errors
 from monitord.remote.tunnel.backoff import ReconnectBackoff
 from monitord.remote.tunnel.forwards import ForwardSet, ForwardStatus
 from monitord.remote.tunnel.lease_client import (
@@ -102,7 +104,7 @@ class TunnelStatus:
         return self.state is TunnelState.CONNECTED
 
     def to_dict(self) -> dict[str, Any]:
-        """SPEC §8 `tunnel {state, connected, last_error, attempts, lease}` plus extras."""
+        """`tunnel {state, connected, last_error, attempts, lease}` plus extras."""
         return {
             "state": self.state.value,
             "connected": self.connected,
@@ -115,27 +117,6 @@ class TunnelStatus:
             "forwards": [f.to_dict() for f in self.forwards],
             "fenced_sessions": self.fenced_sessions,
         }
-
-
-def translate_connect_error(e: BaseException, *, where: str) -> MonitordError:
-    """Map an asyncssh/OS exception from connecting into our typed error (the one place)."""
-    if isinstance(e, asyncssh.PermissionDenied):
-        return error_for(ErrorCode.AUTH_FAILED, f"{where}: the server refused our key")
-    if isinstance(e, asyncssh.HostKeyNotVerifiable):
-        return error_for(
-            ErrorCode.HOST_KEY_MISMATCH, f"{where}: host key does not match known_hosts"
-        )
-    if isinstance(e, asyncssh.KeyImportError | asyncssh.KeyEncryptionError):
-        return error_for(ErrorCode.AUTH_FAILED, f"{where}: the key file cannot be used")
-    if isinstance(e, TimeoutError):
-        return error_for(ErrorCode.SSH_TIMEOUT, f"{where}: no answer in time")
-    if isinstance(e, asyncssh.Error):
-        return error_for(ErrorCode.SSH_UNREACHABLE, f"{where}: {type(e).__name__}: {e.reason}")
-    if isinstance(e, FileNotFoundError | PermissionError | IsADirectoryError):
-        return error_for(ErrorCode.AUTH_FAILED, f"{where}: cannot read {e.filename}")
-    if isinstance(e, OSError):
-        return error_for(ErrorCode.SSH_UNREACHABLE, f"{where}: {e.strerror or type(e).__name__}")
-    return error_for(ErrorCode.SSH_UNREACHABLE, f"{where}: {type(e).__name__}")
 
 
 @dataclass
@@ -188,7 +169,7 @@ class TunnelKeeper:
         self._closing = asyncio.Event()
         self._attempt_task: asyncio.Task[None] | None = None
         self._hooks = _Hooks()
-        self._log = structlog.get_logger("monitord.remote.tunnel").bind(owner_label=owner_label)
+        self._log = logs.get_logger(__name__).bind(owner_label=owner_label)
         self._last_logged: tuple[str, str, float, int] | None = None
         detect_s = config.keepalive_interval_s * config.keepalive_count_max
         if detect_s >= config.tunnel_lease_ttl_s:
@@ -338,8 +319,8 @@ class TunnelKeeper:
                     keepalive_count_max=c.keepalive_count_max,
                     login_timeout=c.connect_timeout_s,
                 )
-        except (asyncssh.Error, OSError, TimeoutError, ValueError) as e:
-            raise translate_connect_error(e, where=where) from e
+        except ssh_errors.CONNECT_ERRORS as e:
+            raise ssh_errors.translate_connect(e, during=where) from e
 
     async def _open_helper_bootstrapping(
         self, conn: asyncssh.SSHClientConnection
@@ -362,8 +343,8 @@ class TunnelKeeper:
             return
         try:
             await self._before_forwards(conn)
-        except (asyncssh.Error, OSError) as e:
-            raise translate_connect_error(e, where="preparing the VPS") from e
+        except ssh_errors.SSH_ERRORS as e:
+            raise ssh_errors.translate_connect(e, during="preparing the VPS") from e
 
     async def _acquire_lease(self, helper: LeaseSession) -> LeaseAnswer:
         answer = await helper.acquire()

@@ -9,6 +9,7 @@ comes from `config.remote.remote_monitord` with {remote_python} and {remote_bin_
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from typing import Any
 
 import asyncssh
 
-from monitord.remote import remote_exec
+from monitord.remote import remote_exec, ssh_errors
 from orchestrator.errors import (
     ErrorCode,
     MonitordError,
@@ -106,16 +107,11 @@ class LeaseClient:
     async def open_session(self, conn: asyncssh.SSHClientConnection) -> LeaseSession:
         """Start the per-connection helper (`tunnel-lease serve`) and wait until it is ready."""
         argv = self._argv("serve", *self._owner_args())
-        try:
+        with ssh_errors.translated(code=ErrorCode.SSH_UNREACHABLE,
+                                   during="starting tunnel-lease serve"):
             async with asyncio.timeout(self._timeout_s):
                 process = await conn.create_process(remote_exec.command_line(argv),
                                                     encoding=None)
-        except TimeoutError as e:
-            raise TransientError(ErrorCode.SSH_TIMEOUT, "starting tunnel-lease serve") from e
-        except (asyncssh.Error, OSError) as e:
-            raise TransientError(
-                ErrorCode.SSH_UNREACHABLE, f"starting tunnel-lease serve: {type(e).__name__}"
-            ) from e
         session = LeaseSession(process, owner_id=self.owner_id, timeout_s=self._timeout_s)
         try:
             await session.read_reply("ready")
@@ -203,15 +199,9 @@ class LeaseSession:
 
     async def read_reply(self, op: str, *, timeout_s: float | None = None) -> dict[str, Any]:
         """The next reply line; EOF means the helper is gone (maybe not installed)."""
-        try:
+        with ssh_errors.translated(code=ErrorCode.SSH_UNREACHABLE, during=f"tunnel-lease {op}"):
             async with asyncio.timeout(timeout_s or self._timeout_s):
                 line = await self._process.stdout.readline()
-        except TimeoutError as e:
-            raise TransientError(ErrorCode.SSH_TIMEOUT, f"tunnel-lease {op}: no answer") from e
-        except (asyncssh.Error, OSError) as e:
-            raise TransientError(
-                ErrorCode.SSH_UNREACHABLE, f"tunnel-lease {op}: {type(e).__name__}"
-            ) from e
         if not line:
             raise await self._gone(op)
         return parse_answer_document(line.decode("utf-8", "replace"))
@@ -219,12 +209,10 @@ class LeaseSession:
     async def _gone(self, op: str) -> MonitordError:
         stderr = b""
         status: int | None = None
-        try:
+        with contextlib.suppress(*ssh_errors.SSH_ERRORS):  # best effort: we are failing anyway
             async with asyncio.timeout(2.0):
                 stderr = await self._process.stderr.read()
                 status = (await self._process.wait(check=False)).exit_status
-        except (TimeoutError, asyncssh.Error, OSError):
-            pass
         tail = stderr.decode("utf-8", "replace").strip()[-300:]
         if status in (EXIT_NOT_FOUND, EXIT_NOT_EXECUTABLE) or "No such file" in tail:
             return TransientError(
@@ -237,12 +225,9 @@ class LeaseSession:
     async def request(self, op: str, *, timeout_s: float | None = None,
                       **fields: Any) -> dict[str, Any]:
         async with self._lock:
-            try:
+            with ssh_errors.translated(code=ErrorCode.SSH_UNREACHABLE,
+                                       during=f"tunnel-lease {op}"):
                 self._process.stdin.write(json.dumps({"op": op, **fields}).encode() + b"\n")
-            except (asyncssh.Error, OSError) as e:
-                raise TransientError(
-                    ErrorCode.SSH_UNREACHABLE, f"tunnel-lease {op}: {type(e).__name__}"
-                ) from e
             return await self.read_reply(op, timeout_s=timeout_s)
 
     async def acquire(self) -> LeaseAnswer:
