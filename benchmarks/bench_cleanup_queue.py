@@ -1,4 +1,4 @@
-"""Cleanup queue figures (SPEC §7.1, §12): operations per second of the real `Store` at a
+"""Cleanup queue figures: operations per second of the real `Store` at a
 backlog of 1 k and of 100 k queued items; the 100 k rate is given as a ratio against the
 1 k rate measured in the same run (flat cost means a ratio near 1).
 

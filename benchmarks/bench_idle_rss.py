@@ -1,4 +1,4 @@
-"""Idle RSS figure (SPEC §12): resident memory of a real `monitord run` with 1 k areas in
+"""Idle RSS figure: resident memory of a real `monitord run` with 1 k areas in
 custom_config.json, against the same installation with 0 areas, measured in the same run.
 
 Which 1 k areas: all committed REMOTE, with a `[remote]` section whose VPS refuses every

@@ -1,4 +1,4 @@
-"""Migration wall time figures (SPEC §12): moving 1, 10 and 100 areas local -> remote on a
+"""Migration wall time figures: moving 1, 10 and 100 areas local -> remote on a
 whole installation (`monitord.testing.stack.Stack`: real `monitord run`, the in-process SSH
 VPS, the real agent, fake daemons), against the FLOOR measured in the same run on the same
 stack.

@@ -1,4 +1,4 @@
-"""Reconcile pass figures (SPEC §7.2, §12): time of one `orchestrator.planner.plan()` pass
+"""Reconcile pass figures: time of one `orchestrator.planner.plan()` pass
 over generated inventories of 1 k, 10 k and 100 k areas, given per area. Linear growth means
 flat per-area time: each size's per-area time is reported as a ratio against the 1 k one
 measured in the same run.

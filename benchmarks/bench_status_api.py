@@ -1,4 +1,4 @@
-"""Status API latency figures (SPEC §12): `GET /v1/status` latency under concurrent load while
+"""Status API latency figures: `GET /v1/status` latency under concurrent load while
 areas migrate, against the same load on the same daemon while it is idle (same run).
 
 On a whole installation (`monitord.testing.stack.Stack`, `AREAS` areas of one service):

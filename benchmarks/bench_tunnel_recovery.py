@@ -1,4 +1,4 @@
-"""Tunnel recovery figures (SPEC §12), against a real OpenSSH sshd on loopback (needs root).
+"""Tunnel recovery figures, against a real OpenSSH sshd on loopback (needs root).
 
 - `tunnel_recovery_after_session_kill`: from killing our per-connection sshd on the VPS
   until a round trip through the reverse forward succeeds again (the keeper reconnects,
