@@ -19,7 +19,7 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 
 test: lint
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest --durations=10 $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(BIN)/monitord demo

@@ -1,4 +1,4 @@
-"""Area-lease arithmetic on the local monotonic clock (SPEC §6.4).
+"""Area-lease arithmetic on the local monotonic clock.
 
 The VPS runs an area only while the local owner keeps renewing its lease. The local side
 may treat a remote daemon as gone without being able to reach the VPS only once

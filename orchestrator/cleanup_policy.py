@@ -1,4 +1,4 @@
-"""What to do with one cleanup item (SPEC §7.1): act, finish, back off, or call for help.
+"""What to do with one cleanup item: act, finish, back off, or call for help.
 
 A cleanup item names one thing to remove on one side at one generation. The cleanup worker
 in `monitord/` observes that side for the item's area and asks `decide()`:

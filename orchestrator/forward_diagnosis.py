@@ -1,4 +1,4 @@
-"""What a denied reverse forward means (SPEC §6.3), pure: given what holds the port on the
+"""What a denied reverse forward means, pure: given what holds the port on the
 VPS, decide between fencing our own stale session, waiting for a session that is going
 silent, a lease conflict with a live owner, or a port held by some other program.
 

@@ -1,4 +1,4 @@
-"""The reconcile planner (SPEC §7.2): compare what should run with what does, return actions.
+"""The reconcile planner: compare what should run with what does, return actions.
 
 `plan()` is one pass over the authoritative placement (custom_config.json), the active
 transactions, the cleanup queue and both sides' inventories. It indexes everything in

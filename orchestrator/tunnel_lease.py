@@ -1,4 +1,4 @@
-"""The tunnel lease decisions (SPEC §6.3), pure: may this node take, renew or release the
+"""The tunnel lease decisions, pure: may this node take, renew or release the
 lease that names the one owner of the SSH tunnel on the VPS?
 
 Called by `monitord tunnel-lease` on the VPS, under the lease file's flock, with the record

@@ -1,11 +1,14 @@
 """Suite-wide rules: under CI=true a skipped test is a failure (CI runs as root with every
-tool installed, so nothing may silently fall out of the run)."""
+tool installed, so nothing may silently fall out of the run); an async test that leaves an
+asyncio task running fails; garbage is collected after every test."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import inspect
 import os
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
@@ -28,3 +31,29 @@ def _collect_garbage_after_each_test() -> Iterator[None]:
     reported (ResourceWarning, an error here) against that test and not a random later one."""
     yield
     gc.collect()
+
+
+LEAK_GRACE_S = 0.05  # tasks that are finishing on their own get this long before they count
+
+
+@pytest.fixture(autouse=True)
+async def _fail_on_leaked_tasks(request: pytest.FixtureRequest) -> AsyncIterator[None]:
+    """An async test (with its fixtures) must own every task it starts: one still running
+    after its teardown fails the test, named, and is cancelled so it cannot hit the next one."""
+    if not inspect.iscoroutinefunction(getattr(request.node, "obj", None)):
+        yield
+        return
+    before = asyncio.all_tasks()
+    yield
+    current = asyncio.current_task()
+    leaked = {t for t in asyncio.all_tasks() - before if t is not current and not t.done()}
+    if leaked:
+        await asyncio.wait(leaked, timeout=LEAK_GRACE_S)
+        leaked = {t for t in leaked if not t.done()}
+    if not leaked:
+        return
+    for task in leaked:
+        task.cancel()
+    await asyncio.gather(*leaked, return_exceptions=True)
+    names = ", ".join(sorted(f"{t.get_name()} ({t.get_coro()!r:.80})" for t in leaked))
+    pytest.fail(f"the test left {len(leaked)} asyncio task(s) running: {names}", pytrace=False)

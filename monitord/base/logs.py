@@ -1,8 +1,12 @@
-"""structlog set-up, done once at start-up by the CLI (SPEC §9 "Events").
+"""structlog set-up, done once at start-up by the CLI (docs/design.md, "Observability").
 
 JSON lines when stderr is not a terminal (systemd, pipes), a console renderer on a TTY.
 Event fields used across the project: event, transaction_id, service, area, phase,
 source, destination, generation, error_code.
+
+The one convention: every module takes `log = logs.get_logger(__name__)` (its lines carry
+`logger_name`), and a unit of work binds its identity once (`log.bind(...)`, for a transaction
+`monitord.engine.txn_log.bound(txn)`) instead of retyping it at every call.
 
 `RepeatLimiter` keeps a repeating error to one line per interval: the first occurrence is logged
 at once, repeats inside the interval are only counted, and the next line carries

@@ -1,4 +1,4 @@
-"""Prometheus metrics of one monitord process (SPEC §9 "Metrics"), served at `GET /metrics`.
+"""Prometheus metrics of one monitord process, served at `GET /metrics`.
 
 One `Metrics` object per daemon, with its own registry so that tests and several daemons in
 one process never share counters. Components receive it and update it; nothing reads it back.

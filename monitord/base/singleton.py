@@ -1,4 +1,4 @@
-"""The one-instance-per-directory lock (SPEC §6.1), taken by `monitord run` before anything else.
+"""The one-instance-per-directory lock, taken by `monitord run` before anything else.
 
 `acquire()` holds an exclusive, non-blocking flock (through portalocker) on `{dir}/{name}.lock`
 for the life of the process and then writes a diagnostic PID file `{dir}/{name}.pid`. The lock

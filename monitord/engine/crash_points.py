@@ -22,14 +22,14 @@ import os
 import signal
 import time
 
-import structlog
+from monitord.base import logs
 
 CRASH_ENV = "MONITORD_CRASH_AT"
 HOLD_ENV = "MONITORD_HOLD_AT"
 RELEASE_ENV = "MONITORD_HOLD_RELEASE"
 HOLD_LIMIT_S = 300.0
 
-log = structlog.get_logger("monitord.engine.crash_points")
+log = logs.get_logger(__name__)
 
 
 def _matches(wanted: str | None, point: str, direction: str) -> bool:

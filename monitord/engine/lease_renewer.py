@@ -1,4 +1,4 @@
-"""Area-lease renewal: the local owner's grants that let the VPS run areas (SPEC §6.4).
+"""Area-lease renewal: the local owner's grants that let the VPS run areas.
 
 A root task ("lease renewer"). Every TTL/3, and at once when the placement changes, it sends
 the agent ONE batch renewal naming every area that may run remote right now
@@ -29,8 +29,7 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable
 
-import structlog
-
+from monitord.base import logs
 from monitord.engine.placement_state import PlacementState
 from monitord.remote.agent_client import AgentClient, maybe_delivered
 from orchestrator import area_leases
@@ -38,7 +37,7 @@ from orchestrator.area_leases import LeasePolicy
 from orchestrator.errors import MonitordError
 from orchestrator.models import AreaLease, Side
 
-log = structlog.get_logger("monitord.engine.lease_renewer")
+log = logs.get_logger(__name__)
 
 TASK_NAME = "lease renewer"
 Key = tuple[str, int]

@@ -75,7 +75,10 @@ class OperatorFacade:
     # -- reads -----------------------------------------------------------------------------
 
     def snapshot(self) -> dict[str, Any]:
-        """The status document of GET /v1/status (fields: docs/design.md, "HTTP API")."""
+        """The status document of GET /v1/status.
+
+        Fields: docs/design.md, "HTTP API and service states".
+        """
         services = {name: self._service_view(name) for name in sorted(self.config.services)}
         counts = {"local": 0, "remote": 0, "migrating": 0, "orphan": 0}
         for view in services.values():

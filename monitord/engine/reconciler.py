@@ -1,4 +1,4 @@
-"""The reconcile loop: make both sides match the authoritative placement (SPEC §7.2).
+"""The reconcile loop: make both sides match the authoritative placement.
 
 A root task ("reconciler"). A pass runs on every tunnel (re)connect, every
 `monitord.reconcile_interval_s`, and after each finished transaction. It observes the local
@@ -21,8 +21,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import structlog
-
+from monitord.base import logs
 from monitord.base.metrics import Metrics
 from monitord.engine.phase_actions import PhaseActions
 from monitord.engine.placement_state import PlacementState
@@ -34,7 +33,7 @@ from orchestrator import planner
 from orchestrator.errors import ErrorCode, MonitordError
 from orchestrator.models import CleanupItem, LocalInventory, ProcessInfo, RemoteInventory, Side
 
-log = structlog.get_logger("monitord.engine.reconciler")
+log = logs.get_logger(__name__)
 
 TASK_NAME = "reconciler"
 

@@ -33,9 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import structlog
-
-from monitord.base import atomic_file, proc_identity
+from monitord.base import atomic_file, logs, proc_identity
 from monitord.base.config import ServiceSection
 from monitord.base.proc_identity import ProcessIdentity
 
@@ -45,7 +43,7 @@ GENERATION_ENV = "MONITORD_GENERATION"
 TASK_NAME = "local supervisor"
 _PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
 
-log = structlog.get_logger("monitord.local.supervisor")
+log = logs.get_logger(__name__)
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-import structlog
-
+from monitord.base import logs
 from monitord.store import spool_files
 
-log = structlog.get_logger("monitord.store.remote_state")
+log = logs.get_logger(__name__)
 
 
 class RemoteStateFile:

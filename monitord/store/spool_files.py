@@ -1,4 +1,4 @@
-"""Crash-safe files in the spool (SPEC §4.2, §4.3): `custom_config.json` and `remote_state.json`.
+"""Crash-safe files in the spool: `custom_config.json` and `remote_state.json`.
 
 Every write goes through `monitord.base.atomic_file.atomic_write_bytes`.
 
@@ -11,8 +11,9 @@ every update re-reads and re-validates the file first.
 `remote_state.json` is the per-service compatibility projection the PHP UI reads; it is never a
 source of truth, so reading it is lenient about missing keys but not about broken JSON.
 
-Callers: monitord.base.singleton (PID file), the migration engine (COMMIT_LOCATION), the HTTP API
-(area lookup), the remote_state projection, the legacy-state import.
+Callers: monitord.engine.placement_state (load, and the COMMIT_LOCATION write),
+monitord.surface.http_api (area lookup), monitord.store.remote_state (the projection and the
+legacy-state import), monitord.engine.operator_facade (the projection's rows).
 """
 
 from __future__ import annotations
@@ -181,7 +182,7 @@ def with_area_placement(
 def update_area_placement(
     path: Path, *, uuid: str, location: Location, generation: int
 ) -> CustomConfig:
-    """Re-read, change one area, write atomically: the commit point of a migration (§5.3).
+    """Re-read, change one area, write atomically: the commit point of a migration.
 
     Raises ConfigCorrupt (file untouched) if the current file is malformed, KeyError if the
     area is not in it.
@@ -198,7 +199,7 @@ def update_area_placement(
 
 @dataclass(frozen=True)
 class ServiceCompatState:
-    """One service's row of the legacy `remote_state.json` projection (SPEC §4.3)."""
+    """One service's row of the legacy `remote_state.json` projection."""
 
     migrating: bool = False
     resuming: bool = False

@@ -1,4 +1,4 @@
-"""The one decision point that admits new work to monitord's HTTP API (SPEC §8, reference 003).
+"""The one decision point that admits new work to monitord's HTTP API.
 
 Every mutating handler calls `Admission.enter()` first; shutdown calls `stop_intake()`. Both go
 through the same short critical section under one lock, so their order is total: a request that

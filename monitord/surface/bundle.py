@@ -1,4 +1,4 @@
-"""The diagnostic bundle (SPEC §9): one .tar.gz a support engineer can read without access.
+"""The diagnostic bundle: one .tar.gz a support engineer can read without access.
 
 Called by the HTTP handler `GET /v1/diagnostics/bundle`. The caller collects the sections
 (remote_state.json, inventories, tunnel lease, transactions, cleanup queue, recent events,

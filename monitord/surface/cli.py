@@ -1,4 +1,4 @@
-"""The `monitord` command line (SPEC §9): parses arguments and hands each verb to its module.
+"""The `monitord` command line: parses arguments and hands each verb to its module.
 
 Each verb lives in its own module exposing `add_arguments(parser)` and `main(args) -> int`;
 modules keep heavy imports inside `main` so that `--help` and bad usage stay fast.

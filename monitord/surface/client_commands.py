@@ -22,7 +22,7 @@ from monitord.base.hostport import split_hostport
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 REQUEST_TIMEOUT_S = 10.0
-# Service states in which a placement change is still being worked on (SPEC §8).
+# Service states in which a placement change is still being worked on (ServiceState).
 BUSY_STATES = frozenset(
     {
         "preflight",

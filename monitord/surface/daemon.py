@@ -1,4 +1,4 @@
-"""`monitord run -c FILE`: the daemon's life from the singleton lock to a clean exit (SPEC §6.1).
+"""`monitord run -c FILE`: the daemon's life from the singleton lock to a clean exit.
 
 Shape (after uvicorn): `main()` loads the config (a bad one: one line on stderr, exit 2) and runs
 `Daemon.serve()`, which installs signal handlers, then
@@ -77,7 +77,7 @@ class Daemon:
         from monitord.surface.sdnotify import Notifier
 
         self.config = config
-        self.log = logs.get_logger("monitord.surface.daemon")
+        self.log = logs.get_logger(__name__)
         self.admission = Admission()
         self.liveness = Liveness()
         self.notifier = notifier or Notifier.from_environ()

@@ -1,4 +1,4 @@
-"""monitord's HTTP API application (SPEC §8): health, readiness and the placement intake.
+"""monitord's HTTP API application: health, readiness and the placement intake.
 
 `build_app(ctx, extra_routes=...)` returns the aiohttp application; other modules add their
 routes (status, transactions, cleanup, metrics, bundle, the status page) through
@@ -7,10 +7,10 @@ that changes state wraps itself with `@http_api.mutating`, which passes the requ
 one admission point (monitord.surface.admission) first: after stop-intake it answers 503 DRAINING
 before reading the body or touching any state.
 
-Placement requests follow the order of reference 003: admit -> parse (400 changes nothing)
--> validate (404) -> durable write through the `PlacementIntake` -> 202. A failing write is a
-500, never a 202. Errors are `{"error": {"code": ..., "detail": ...}}` with the stable codes of
-orchestrator/errors.py.
+Placement requests follow the order of docs/design.md, "Daemon lifecycle" (Admission): admit
+-> parse (400 changes nothing) -> validate (404) -> durable write through the `PlacementIntake`
+-> 202. A failing write is a 500, never a 202. Errors are
+`{"error": {"code": ..., "detail": ...}}` with the stable codes of orchestrator/errors.py.
 
 Callers: monitord.surface.daemon builds and serves the app; tests build it around test doubles.
 """

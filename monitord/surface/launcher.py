@@ -1,4 +1,4 @@
-"""`monitord launch -c FILE`: the one idempotent way to start the daemon (SPEC §6.1).
+"""`monitord launch -c FILE`: the one idempotent way to start the daemon.
 
 If the instance lock of work_dir is held, monitord already runs: exit 0 without a word. Else
 start `monitord run -c FILE` detached (its own session, stdin from /dev/null, output appended

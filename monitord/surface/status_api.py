@@ -1,4 +1,4 @@
-"""Read-side HTTP routes of the daemon and the documents behind them (SPEC §8, §9).
+"""Read-side HTTP routes of the daemon and the documents behind them.
 
 `GET /v1/status`, `GET /v1/transactions`, `GET /v1/cleanup`, `POST /v1/services/{s}/retry`
 (admitted like every mutating request), `GET /metrics`, `GET /v1/diagnostics/bundle` and the

@@ -1,4 +1,4 @@
-"""Human rendering of the status document (SPEC §8) for `monitord status` and `place --wait`.
+"""Human rendering of the status document for `monitord status` and `place --wait`.
 
 Called by `monitord.surface.client_commands` and the demo. Pure formatting over the JSON document
 the daemon serves, so what an operator reads in a terminal is what the API says.

@@ -1,4 +1,4 @@
-"""The remote agent that runs on the VPS (`monitord agent`, SPEC §4.4 and §6.4).
+"""The remote agent that runs on the VPS (`monitord agent`).
 
 It serves the manager API the local owner calls through the tunnel, keeps the area lease
 table, runs each remote daemon under a lease guard that fences it when its lease lapses,

@@ -9,7 +9,7 @@ Each guard runs in a session of its own (`start_new_session`), detached from the
 stdio, so neither the agent's death nor a signal to the agent's group reaches it. It is
 started with `sys.executable` and a PYTHONPATH naming the directory (or .pyz) that holds
 the `monitord` package, so it works from the zipapp as well as from a checkout.
-Called by agent.runtime only.
+Called by monitord.vps.runtime only.
 """
 
 from __future__ import annotations

@@ -68,12 +68,10 @@ def add_agent_launch_arguments(parser: argparse.ArgumentParser) -> None:
 def main_agent(args: argparse.Namespace) -> int:
     import asyncio
 
-    import structlog
-
     from monitord.base import logs, singleton
 
     logs.configure(args.log_format)
-    log = structlog.get_logger("monitord.vps")
+    log = logs.get_logger(__name__)
     base_dir: Path = args.dir.resolve()
     base_dir.mkdir(parents=True, exist_ok=True)
     try:
@@ -200,13 +198,12 @@ def _stop_old_agent(base_dir: Path) -> bool:
 
 
 def main_agent_launch(args: argparse.Namespace) -> int:
-    import structlog
 
     from monitord.base import logs, singleton
     from monitord.vps.area_runner import package_root
 
     logs.configure(args.log_format)
-    log = structlog.get_logger("monitord.vps")
+    log = logs.get_logger(__name__)
     base_dir: Path = args.dir.resolve()
     base_dir.mkdir(parents=True, exist_ok=True)
     wanted = code_version()

@@ -2,7 +2,7 @@
 
 No I/O and no clock reads here: every function takes `now` (the agent's monotonic clock)
 and returns a verdict or a new entry; `monitord.vps.runtime` performs the effects. This
-is where the rules of SPEC §6.4 live:
+is where the agent's rules (docs/design.md, "The agent (VPS side)") live:
 
 - an area is created only if nobody else holds it: another owner's entry blocks while its
   lease is current or its process may still run; a newer generation always blocks;

@@ -1,6 +1,6 @@
 """The agent's core: the lease table in memory, its cache on disk, and the guards it runs.
 
-`AgentRuntime` is what the HTTP handlers (agent.server) call. Every change to one area
+`AgentRuntime` is what the HTTP handlers (monitord.vps.server) call. Every change to one area
 happens under that area's asyncio lock, so one area never gets two processes and a stop
 never races a start. A background task, "agent lease loop", ticks every 100 ms: it fences
 daemons whose lease lapsed (within the tick plus the fence grace), restarts crashed daemons
@@ -26,9 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import structlog
-
-from monitord.base import proc_identity
+from monitord.base import logs, proc_identity
 from monitord.vps import lease_file, lease_table, spool_cache
 from monitord.vps.area_runner import AreaRunner, GuardHandle
 from monitord.vps.lease_table import AreaEntry, AreaSpec, CreateVerdict, GenerationCheck
@@ -37,7 +35,7 @@ from orchestrator.errors import PermanentError
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _RESET_BACKOFF_AFTER_S = 10.0
 
-log = structlog.get_logger("monitord.vps")
+log = logs.get_logger(__name__)
 
 
 class AgentError(PermanentError):

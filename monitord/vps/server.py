@@ -5,7 +5,7 @@ content of `{dir}/agent.secret` (re-read on each request, so re-provisioning tak
 once; compared in constant time). Errors are JSON: `{"error": {"code", "detail"}}` with the
 project's stable codes. Request bodies are validated here, at the edge, into frozen values
 and handed to `AgentRuntime`. The routes are documented in docs/agent.md.
-Called by agent.cli (`monitord agent`).
+Called by monitord.vps.cli (`monitord agent`).
 """
 
 from __future__ import annotations

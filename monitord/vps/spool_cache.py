@@ -5,7 +5,7 @@ Read once at agent start to know which areas exist (so inventory, stop and delet
 after a restart); every loaded entry starts in `awaiting_grant` and runs nothing until the
 owner grants it again. Leases are deliberately not cached. A cache that cannot be parsed is
 moved aside (`custom_config.json.corrupt-<time>`) and the agent starts with an empty table:
-losing a cache can only make the agent run less, never more. Called by agent.runtime.
+losing a cache can only make the agent run less, never more. Called by monitord.vps.runtime.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The original incident, replayed against a real OpenSSH VPS in a network namespace (SPEC §11).
+"""The original incident, replayed against a real OpenSSH VPS in a network namespace.
 
 Several Telegram areas start migrating to the VPS; once some remote entries exist, SSH is
 black-holed (no reset: only keepalives notice); monitord is started a second time next to

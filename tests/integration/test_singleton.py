@@ -1,4 +1,4 @@
-"""The instance lock of SPEC §6.1: one live holder per directory, decided by the lock alone."""
+"""The instance lock: one live holder per directory, decided by the lock alone."""
 
 from __future__ import annotations
 

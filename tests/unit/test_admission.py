@@ -1,4 +1,4 @@
-"""Admission to the HTTP API (SPEC §8, reference 003): one decision point, 202 after the write.
+"""Admission to the HTTP API: one decision point, 202 after the write.
 
 Ordering between an admitted request and stop-intake cannot be forced from outside, so the
 drain tests use a test double of the placement store *interface* whose write waits on an

@@ -1,6 +1,6 @@
 """Smoke runs of the benchmark suite (benchmarks/bench_*.py) at their smallest sizes, so the
 benchmark code cannot rot unnoticed. Only that figures come out is checked: benchmarks are
-never pass/fail on their values (SPEC §12)."""
+never pass/fail on their values (docs/benchmarks.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Spool files (SPEC §4.2/§4.3): atomic replacement, faithful round-trips, corrupt files kept."""
+"""Spool files: atomic replacement, faithful round-trips, corrupt files kept."""
 
 from __future__ import annotations
 

@@ -98,7 +98,7 @@ class TestSchema:
 
 
 class TestTransactions:
-    """Transaction records round-trip with SPEC field names and any extra fields."""
+    """Transaction records round-trip with the contract field names and any extra fields."""
 
     async def test_put_then_get_round_trips_extra_fields(self, store: Store) -> None:
         record = {**TX, "rollback_from": None, "source_generation": 2, "destination_fenced": True}

@@ -1,4 +1,4 @@
-"""Upgrading the agent replaces the process, never the areas it runs (SPEC §10.9)."""
+"""Upgrading the agent replaces the process, never the areas it runs."""
 
 from __future__ import annotations
 

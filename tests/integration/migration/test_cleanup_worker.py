@@ -1,4 +1,4 @@
-"""The cleanup worker drains the durable queue completely, again and again (SPEC §7.1)."""
+"""The cleanup worker drains the durable queue completely, again and again."""
 
 from __future__ import annotations
 

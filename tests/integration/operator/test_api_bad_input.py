@@ -1,4 +1,4 @@
-"""Bad input on every endpoint of the HTTP API (SPEC §8): a 4xx in the one error shape with a
+"""Bad input on every endpoint of the HTTP API: a 4xx in the one error shape with a
 stable code, and no state change anywhere (status, transactions, the store's desired placement,
 custom_config.json, remote_state.json)."""
 

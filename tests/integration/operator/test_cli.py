@@ -1,4 +1,4 @@
-"""The operator's CLI verbs (SPEC §9) against a running installation: status, place --wait,
+"""The operator's CLI verbs against a running installation: status, place --wait,
 retry and bundle, and what each says when the daemon is not running."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`GET /metrics` after one migration: the SPEC §9 metric families, in Prometheus text format."""
+"""`GET /metrics` after one migration: every metric family, in Prometheus text format."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.operator.conftest import StackFactory
 
-# SPEC §9: duplicate instances, tunnel lease conflicts, migration duration (histogram),
-# rollbacks, cleanup backlog, drift, areas by side, tunnel state, reconnects.
+# The families of docs/design.md ("Observability"): duplicate instances, tunnel lease
+# conflicts, migration duration (histogram), rollbacks, cleanup backlog, drift, areas by
+# side, tunnel state, reconnects.
 FAMILIES = {
     "monitord_duplicate_instances": "counter",
     "monitord_tunnel_lease_conflicts": "counter",
@@ -23,7 +24,7 @@ FAMILIES = {
 
 
 class TestMetrics:
-    """The metrics endpoint exposes every SPEC §9 family and counts what happened."""
+    """The metrics endpoint exposes every documented family and counts what happened."""
 
     async def test_metrics_after_one_migration(self, stack_factory: StackFactory) -> None:
         stack = await stack_factory(services={"tg": 1, "chats": 1})
