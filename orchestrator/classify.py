@@ -53,7 +53,7 @@ TUNNEL_LEASE_RESULTS: Mapping[str, ErrorCode] = MappingProxyType({
     "lost": ErrorCode.TUNNEL_LEASE_CONFLICT,
 })
 
-# Preflight check names (SPEC §6.5) -> their codes.
+# Preflight check names (monitord/remote/preflight.py) -> their codes.
 PREFLIGHT_CHECKS: Mapping[str, ErrorCode] = MappingProxyType({
     "auth": ErrorCode.PREFLIGHT_AUTH,
     "arch": ErrorCode.PREFLIGHT_ARCH,
@@ -81,6 +81,8 @@ REQUEST_REFUSALS: Mapping[str, ErrorCode] = MappingProxyType({
 LOCAL_FAULTS: Mapping[str, ErrorCode] = MappingProxyType({
     "custom_config_unparsable": ErrorCode.CONFIG_CORRUPT,
     "monitord_toml_invalid": ErrorCode.CONFIG_INVALID,
+    "start_on_stale_data": ErrorCode.DATA_NOT_NEWEST,
+    "rollback_data_unreachable": ErrorCode.ROLLBACK_DATA_UNREACHABLE,
     "store_write": ErrorCode.STORE_WRITE_FAILED,
     "instance_lock_held": ErrorCode.DUPLICATE_INSTANCE,
     "provision_push": ErrorCode.PROVISION_FAILED,

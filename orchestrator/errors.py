@@ -64,6 +64,8 @@ class ErrorCode(StrEnum):
     LEASE_EXPIRED = "LEASE_EXPIRED"
     CONFIG_CORRUPT = "CONFIG_CORRUPT"
     CONFIG_INVALID = "CONFIG_INVALID"
+    DATA_NOT_NEWEST = "DATA_NOT_NEWEST"
+    ROLLBACK_DATA_UNREACHABLE = "ROLLBACK_DATA_UNREACHABLE"
     CLEANUP_STUCK = "CLEANUP_STUCK"
     DUPLICATE_INSTANCE = "DUPLICATE_INSTANCE"
     STORE_WRITE_FAILED = "STORE_WRITE_FAILED"
@@ -178,6 +180,14 @@ _ROWS: tuple[tuple[ErrorCode, Severity, bool, str, str], ...] = (
     (_E.CONFIG_INVALID, _S.CRITICAL, False,
            "monitord.toml is not a valid configuration; monitord does not start.",
            "Fix the key named in the message; `monitord run` prints the file and key."),
+    (_E.DATA_NOT_NEWEST, _S.ERROR, False,
+           "An area was not started on a side that does not hold its newest data.",
+           "Nothing to do: monitord copies the newest data there first; see the events."),
+    (_E.ROLLBACK_DATA_UNREACHABLE, _S.CRITICAL, True,
+           "A rolled-back area stays stopped: the data it wrote on the destination cannot be"
+           " reached to bring it back.",
+           "Restore the VPS link and monitord copies the data back and restarts the area; or"
+           " accept losing that data: `monitord rollback --discard-remote-data SERVICE`."),
     (_E.CLEANUP_STUCK, _S.ERROR, False,
            "A cleanup item keeps failing and needs a manual check.",
            "Check the side and generation named in the detail; monitord keeps retrying."),

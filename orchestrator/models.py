@@ -3,7 +3,7 @@ cleanup items, leases, inventories and desired placement.
 
 Every record is a frozen pydantic model changed only with `model_copy(update=...)`.
 Records that the durable store keeps (`Transaction`, `CleanupItem`, `DesiredPlacement`)
-convert to and from plain dicts keyed by the SPEC field names with `to_storage()` /
+convert to and from plain dicts keyed by the contract field names with `to_storage()` /
 `from_storage()`; enums become their string values, so the store never imports this
 module's types. Called by every other module of `orchestrator/` and by the runtime's
 adapters (store, agent client, status API).
@@ -37,7 +37,7 @@ Location = Side
 
 
 class Phase(StrEnum):
-    """Phases of one area's migration (SPEC §5.2, contract names)."""
+    """Phases of one area's migration (contract names; the table: docs/phases.md)."""
 
     PREFLIGHT = "PREFLIGHT"
     SUPPRESS_SOURCE = "SUPPRESS_SOURCE"
@@ -112,14 +112,15 @@ class Area(_Frozen):
 
 
 class Transaction(_Stored):
-    """The durable record of one area's migration (SPEC §5.1 fields, plus three more).
+    """The durable record of one area's migration (the contract fields, plus three more).
 
     Added fields, each needed to decide the next step after a crash from the record alone:
     `source_generation` (the source's stop and cleanup are generation-checked),
     `rollback_from` (the phase that failed: a destination can only run if the rollback
     started at CREATE_DESTINATION or later, which decides whether its lease must lapse),
-    `destination_fenced` (the destination is proven stopped or its lease provably lapsed,
-    so the source may run again).
+    `destination_fenced` (the destination is proven stopped or its lease provably lapsed),
+    `data_wait_since` (a rollback waits for the destination's newer data to come back:
+    since when, so that waiting is bounded by `rollback_data_wait_s`).
     """
 
     transaction_id: str = Field(min_length=1)
@@ -138,6 +139,7 @@ class Transaction(_Stored):
     source_generation: int = Field(default=0, ge=0)
     rollback_from: Phase | None = None
     destination_fenced: bool = False
+    data_wait_since: float | None = None  # wall time a copy-back first failed (rollback)
 
     @property
     def direction(self) -> Direction:
@@ -158,7 +160,7 @@ class CleanupAction(StrEnum):
 
 
 class CleanupItem(_Stored):
-    """A durable obligation to remove something on one side (SPEC §7.1 fields)."""
+    """A durable obligation to remove something on one side (contract fields)."""
 
     id: str = Field(min_length=1)
     service: str = Field(min_length=1)
@@ -173,7 +175,7 @@ class CleanupItem(_Stored):
 
 
 class TunnelLease(_Stored):
-    """The VPS record naming the one node that owns the SSH tunnel (SPEC §6.3)."""
+    """The VPS record naming the one node that owns the SSH tunnel (see tunnel_lease.py)."""
 
     owner_id: str = Field(min_length=1)
     owner_label: str
@@ -185,7 +187,7 @@ class TunnelLease(_Stored):
 
 
 class AreaLease(_Frozen):
-    """The local owner's view of one remote area lease (SPEC §6.4).
+    """The local owner's view of one remote area lease (see area_leases.py).
 
     `acknowledged_at` is the LOCAL MONOTONIC time at which the agent's acknowledgement of
     the latest grant arrived; it is volatile (lost on restart, see rules.lease_after_restart).

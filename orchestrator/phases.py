@@ -4,7 +4,7 @@ an outcome to a transaction and says what to do next.
 Theory of operation
 -------------------
 A transaction (models.Transaction) moves one area from its source side to its destination
-side through the phases of SPEC §5.2. The runtime (monitord's migration engine) never
+side through the phases of the table below. The runtime (monitord's migration engine) never
 decides where to go: it performs the actions `step()` hands it, observes what happened,
 names the result as an `Outcome` and calls `step()` again. The whole protocol is
 
@@ -36,9 +36,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
 
-from orchestrator import area_leases
+from orchestrator import area_leases, lineage
 from orchestrator.area_leases import LeasePolicy
 from orchestrator.errors import ErrorCode, PermanentError
+from orchestrator.lineage import Lineage
 from orchestrator.models import (
     AreaLease,
     CleanupAction,
@@ -65,6 +66,8 @@ class Outcome(StrEnum):
     REVERSE_REQUESTED = "reverse_requested"  # the operator asked for the source side again
     PARK = "park"  # failed too often: stop trying until an operator retries
     RETRY_REQUESTED = "retry_requested"  # the operator's retry of a parked service
+    DATA_RETURNED = "data_returned"  # rollback: the destination's data is back at the source
+    DATA_DISCARDED = "data_discarded"  # rollback: the destination's newer data was given up
 
 
 OUTCOME_MEANINGS: Mapping[Outcome, str] = MappingProxyType({
@@ -78,6 +81,9 @@ OUTCOME_MEANINGS: Mapping[Outcome, str] = MappingProxyType({
     Outcome.REVERSE_REQUESTED: "the operator asked for the source side again",
     Outcome.PARK: "failed too often: stop retrying until an operator asks",
     Outcome.RETRY_REQUESTED: "the operator's retry of a parked service (new generation)",
+    Outcome.DATA_RETURNED: "rollback: the data the destination wrote is copied back, verified",
+    Outcome.DATA_DISCARDED: "rollback: the destination's newer data was given up (by policy"
+                            " or the operator's override)",
 })
 
 
@@ -131,11 +137,16 @@ def _table(direction: Direction) -> Mapping[Phase, Mapping[Outcome, Phase]]:
         _P.DONE: {},
         _P.ROLLBACK: {
             _O.FENCED: _P.ROLLBACK,
+            _O.DATA_RETURNED: _P.ROLLBACK,
+            _O.DATA_DISCARDED: _P.ROLLBACK,
             _O.FAILED: _P.ROLLBACK,
             _O.RECOVERED_UNCOMMITTED: _P.ROLLBACK,
             _O.OK: _P.ROLLED_BACK,
             _O.PARK: _P.PARKED,
-            **({_O.UNREACHABLE: _P.ROLLBACK, _O.LEASE_EXPIRED: _P.ROLLBACK} if l2r else {}),
+            # Both directions may meet an unreachable VPS here: fencing a remote destination,
+            # or returning the data to a remote source.
+            _O.UNREACHABLE: _P.ROLLBACK,
+            **({_O.LEASE_EXPIRED: _P.ROLLBACK} if l2r else {}),
         },
         _P.ROLLED_BACK: {},
         _P.PARKED: {_O.RETRY_REQUESTED: _P.PREFLIGHT},
@@ -162,7 +173,7 @@ class Action:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunPreflight(Action):
-    """SPEC §6.5 checks for moving the area; no side effects on either side."""
+    """The preflight checks (monitord/remote/preflight.py); no side effects on either side."""
 
     source: Side
     destination: Side
@@ -190,7 +201,9 @@ class CreateDestination(Action):
     """Create the destination entry at `generation` and start it.
 
     A remote destination is created with an area lease of `lease_ttl_s` (None for local);
-    the runtime records the grant's time before sending it (see WaitLeaseExpiry).
+    the runtime records the grant's time when the agent's answer arrives, on its own
+    monotonic clock. With the answer lost, the grant is uncertain and counts as "now" for as
+    long as the connection that carried it lives (see WaitLeaseExpiry).
     """
 
     side: Side
@@ -224,10 +237,26 @@ class CleanupSource(Action):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FenceDestination(Action):
-    """Stop the destination and remove its entry and data, at ITS generation only."""
+    """Stop the destination at ITS generation only and verify it gone.
+
+    `keep_data`: the destination may have run and written newer data than the source's, so
+    its data (and remote entry) stay until that data is back at the source; otherwise the
+    entry and data are removed at once."""
 
     side: Side
     generation: int
+    keep_data: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReturnData(Action):
+    """Copy the fenced destination's data back to the source (same manifest and checks as
+    COPY), then report Outcome.DATA_RETURNED. The source starts only on the newest data."""
+
+    source: Side  # where the newest data is now: the transaction's destination
+    destination: Side  # the transaction's source
+    source_generation: int
+    destination_generation: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -286,6 +315,7 @@ class StepContext:
     error_code: str | None = None
     error_detail: str | None = None
     new_generation: int | None = None
+    lineage: Lineage | None = None  # the area's data lineage; None: the source holds it
 
 
 # ---------------------------------------------------------------------------- step
@@ -305,6 +335,8 @@ def _guard(txn: Transaction, outcome: Outcome, ctx: StepContext) -> None:
     if txn.phase is Phase.ROLLBACK and outcome in (Outcome.OK, Outcome.PARK):
         if not txn.destination_fenced:
             raise IllegalTransition(f"{where}: source may not run before the destination is fenced")
+    if txn.phase is Phase.ROLLBACK and outcome is Outcome.OK and awaits_data(txn, ctx.lineage):
+        raise IllegalTransition(f"{where}: source may not run before the newest data is back")
     if outcome is Outcome.LEASE_EXPIRED:
         if ctx.lease is None or not area_leases.provably_expired(
             ctx.lease, now=ctx.now, policy=ctx.policy
@@ -331,6 +363,12 @@ def _updates(
     elif txn.phase is Phase.ROLLBACK:
         if outcome in (Outcome.FENCED, Outcome.LEASE_EXPIRED):
             changes["destination_fenced"] = True
+        elif outcome in (Outcome.DATA_RETURNED, Outcome.DATA_DISCARDED):
+            changes["data_wait_since"] = None
+        elif txn.destination_fenced and awaits_data(txn, ctx.lineage):
+            # The copy-back failed: the source stays stopped; remember since when.
+            if txn.data_wait_since is None:
+                changes["data_wait_since"] = ctx.at
         elif outcome in (Outcome.UNREACHABLE, Outcome.FAILED) and txn.destination is Side.REMOTE:
             # The destination could not be fenced: a cleanup item takes over removing it,
             # and the source waits for its lease to lapse if it could ever have run.
@@ -346,6 +384,7 @@ def _updates(
             rollback_from=None,
             destination_fenced=False,
             cleanup_required=False,
+            data_wait_since=None,
             last_error_code=None,
             last_error_detail=None,
         )
@@ -425,13 +464,32 @@ def next_actions(txn: Transaction, ctx: StepContext) -> tuple[Action, ...]:
     raise AssertionError(f"unhandled phase {txn.phase}")  # pragma: no cover
 
 
+def awaits_data(txn: Transaction, current: Lineage | None) -> bool:
+    """A rollback whose source does not hold the newest data: the destination ran and wrote,
+    so the data must come back (or be given up) before the source may start."""
+    return current is not None and not lineage.may_claim(current, txn.source)
+
+
 def _rollback_actions(txn: Transaction, ctx: StepContext) -> tuple[Action, ...]:
     ids = {"transaction_id": txn.transaction_id, "service": txn.service, "area": txn.area}
     actions: list[Action] = []
-    if txn.cleanup_required:
+    kept_data = _destination_could_run(txn)
+    if txn.cleanup_required or (txn.destination_fenced and kept_data):
+        # The destination's leftovers (entry, data) go by the durable cleanup queue, which
+        # never deletes a side's data while that side holds the newest copy.
         item = cleanup_item_for(txn, side=txn.destination, generation=txn.generation, at=ctx.at)
         actions.append(EnqueueCleanup(**ids, item=item))
-    if txn.destination_fenced:
+    if txn.destination_fenced and awaits_data(txn, ctx.lineage):
+        actions.append(
+            ReturnData(
+                **ids,
+                source=txn.destination,
+                destination=txn.source,
+                source_generation=txn.generation,
+                destination_generation=txn.source_generation,
+            )
+        )
+    elif txn.destination_fenced:
         actions.append(RestartSource(**ids, side=txn.source, generation=txn.source_generation))
     elif txn.cleanup_required:
         lease = ctx.lease
@@ -446,7 +504,11 @@ def _rollback_actions(txn: Transaction, ctx: StepContext) -> tuple[Action, ...]:
         until = area_leases.expired_at(lease, policy=ctx.policy)
         actions.append(WaitLeaseExpiry(**ids, until=until, lease=lease))
     else:
-        actions.append(FenceDestination(**ids, side=txn.destination, generation=txn.generation))
+        actions.append(
+            FenceDestination(
+                **ids, side=txn.destination, generation=txn.generation, keep_data=kept_data
+            )
+        )
     return tuple(actions)
 
 

@@ -1,4 +1,4 @@
-"""The safety rules of SPEC §5.3 as pure functions over records.
+"""The safety rules (docs/design.md, "Transactions: phases and outcomes") as pure functions.
 
 1. Before COMMIT_LOCATION the source is authoritative. A failure rolls back: fence the
    destination at ITS generation, then let the source run. If the destination cannot be
@@ -12,12 +12,13 @@
 5. Preflight failure never stops the source (the table sends PREFLIGHT failures straight
    to ROLLED_BACK, whose only action is Finish); `failure_outcome` parks the service after
    `park_after_failures` consecutive failures until an operator retries.
-7. A reversal of the desired location before the commit becomes a rollback, after the
+6. A reversal of the desired location before the commit becomes a rollback, after the
    commit a new transaction (`reversal`).
 
 `desired_runs(side=...)` is the single answer to "which areas may run on this side, at which
 generation": the local supervisor's wanted set and the remote grants (lease renewals) are
-both computed from it, so no code path can start a source the rules have suppressed.
+both computed from it, so no code path can start a source the rules have suppressed, nor
+an area on a side that does not hold its newest data (orchestrator/lineage.py).
 
 Called by the migration engine, the lease renewer and the reconciler in `monitord/`.
 """
@@ -29,6 +30,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Self
 
+from orchestrator import lineage
+from orchestrator.lineage import Lineage
 from orchestrator.models import Area, Location, Phase, Side, Transaction, reached
 from orchestrator.phases import Outcome
 
@@ -80,16 +83,23 @@ def destination_may_run(txn: Transaction) -> bool:
 
 
 def desired_runs(
-    *, side: Side, authoritative: Iterable[Area], transactions: Iterable[Transaction]
+    *,
+    side: Side,
+    authoritative: Iterable[Area],
+    transactions: Iterable[Transaction],
+    lineages: Mapping[str, Lineage],
 ) -> Mapping[str, int]:
     """area -> generation of every area that may run on `side` right now.
 
     Areas in no active transaction run where they are committed, at the committed
     generation. An area in an active transaction runs on its source while the source may
     run and on its destination while the destination may run, never both (the phases where
-    both are false are exactly the handover window).
+    both are false are exactly the handover window). On top of that, nothing runs on a side
+    that does not alone hold the area's newest data (`lineage.may_run`); an area missing
+    from `lineages` holds it where it is committed.
     """
-    result = {area.uuid: area.generation for area in authoritative if area.location is side}
+    committed = {area.uuid: area for area in authoritative}
+    result = {uuid: area.generation for uuid, area in committed.items() if area.location is side}
     for txn in transactions:
         if not txn.is_active:
             continue
@@ -98,7 +108,23 @@ def desired_runs(
             result[txn.area] = txn.source_generation
         elif txn.destination is side and destination_may_run(txn):
             result[txn.area] = txn.generation
-    return result
+    return {
+        uuid: generation
+        for uuid, generation in result.items()
+        if lineage.may_run(lineage_of(uuid, lineages=lineages, committed=committed), side)
+    }
+
+
+def lineage_of(area: str, *, lineages: Mapping[str, Lineage], committed: Mapping[str, Area]
+               ) -> Lineage:
+    """The area's recorded lineage, or the default for one never recorded."""
+    recorded = lineages.get(area)
+    if recorded is not None:
+        return recorded
+    placed = committed.get(area)
+    if placed is None:  # not in custom_config.json: nothing may run it
+        return Lineage(area=area, holders=frozenset())
+    return lineage.default_for(placed)
 
 
 def recovery_outcome(txn: Transaction, *, committed: Area) -> Outcome | None:

@@ -1,13 +1,13 @@
 """What the operator sees per service, derived from records: state, area counts, the
 remote_state.json projection, and the normalisation of a legacy remote_state.json.
 
-* `service_state()` picks exactly one of the contract states (SPEC §8) for a service, by
+* `service_state()` picks exactly one of the contract states (ServiceState) for a service, by
   a fixed priority: what needs a human first, then the least advanced migration phase
   (the one holding the service back), then background cleanup, then idle.
 * `area_counts()` counts a service's areas as local / remote / migrating / orphan.
 * `service_view()` bundles state, counts, desired and `last_error_view()` for the API.
 * `remote_state()` / `remote_state_row()` is the compatibility projection the PHP UI
-  reads (SPEC §4.3); it is written from transactions, never read back as truth.
+  reads (docs/design.md, "Files"); it is written from transactions, never read back as truth.
 * `normalise_legacy()` cleans a remote_state.json found on first start: unknown services
   and areas dropped, `migrating`/`resuming` without a transaction cleared, `parked` with
   no parked transaction cleared, malformed values reset; each change is noted.
@@ -39,6 +39,7 @@ class ServiceState(StrEnum):
     AWAITING_HEALTHCHECK = "awaiting_healthcheck"
     COMMITTING = "committing"
     ROLLING_BACK = "rolling_back"
+    AWAITING_DATA = "awaiting_data"  # a rollback keeps an area stopped until its data is back
     CLEANING_ORPHANS = "cleaning_orphans"
     TUNNEL_CONFLICT = "tunnel_conflict"
     PARKED = "parked"
@@ -60,6 +61,7 @@ PHASE_STATES: Mapping[Phase, ServiceState] = MappingProxyType({
 PRIORITY: tuple[ServiceState, ...] = (
     ServiceState.PARKED,
     ServiceState.TUNNEL_CONFLICT,
+    ServiceState.AWAITING_DATA,
     ServiceState.ROLLING_BACK,
     ServiceState.PREFLIGHT,
     ServiceState.SUPPRESSING_SOURCE,
@@ -92,6 +94,8 @@ def service_state(
     """
     own = _own(service, transactions)
     present = {PHASE_STATES[t.phase] for t in own if t.phase in PHASE_STATES}
+    if any(t.phase is Phase.ROLLBACK and t.data_wait_since is not None for t in own):
+        present.add(ServiceState.AWAITING_DATA)
     uses_tunnel = bool(own) or any(
         a.service == service and a.location is Location.REMOTE for a in authoritative
     )
@@ -153,7 +157,7 @@ def _latest_error(own: list[Transaction]) -> str:
 def remote_state_row(
     *, transactions: Iterable[Transaction], fail_count: int, last_error: str
 ) -> dict[str, Any]:
-    """One service's remote_state.json entry from its transactions (SPEC §4.3 keys).
+    """One service's remote_state.json entry from its transactions (the contract keys).
 
     migrating: a migration is moving an area forward; resuming: a rollback is bringing an
     area's source back; parked: the service waits for an operator's retry.
@@ -174,7 +178,7 @@ def remote_state(
     transactions: Iterable[Transaction],
     fail_counts: Mapping[str, int],
 ) -> dict[str, dict[str, Any]]:
-    """The remote_state.json projection (SPEC §4.3), one entry per configured service."""
+    """The remote_state.json projection, one entry per configured service."""
     every = list(transactions)
     result: dict[str, dict[str, Any]] = {}
     for service in services:
@@ -188,7 +192,7 @@ def remote_state(
 
 
 def last_error_view(transactions: Iterable[Transaction]) -> dict[str, Any] | None:
-    """SPEC §8 `last_error{code, detail, phase, at, action}` of the latest failing transaction."""
+    """`last_error{code, detail, phase, area, at, action}` of the latest failing transaction."""
     failing = [t for t in transactions if t.last_error_code]
     if not failing:
         return None

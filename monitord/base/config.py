@@ -1,4 +1,4 @@
-"""The validated configuration of `monitord run` (SPEC §4.1), loaded from TOML.
+"""The validated configuration of `monitord run` (keys: config/monitord.toml), loaded from TOML.
 
 Called by the CLI before anything else starts. Every problem becomes one `ConfigError`
 line naming the file, the key and what is wrong; the CLI turns it into exit code 2.
@@ -64,6 +64,11 @@ class MonitordSection(_Section):
     retry_backoff_base_s: float = Field(default=5.0, gt=0)
     retry_backoff_cap_s: float = Field(default=300.0, gt=0)
     legacy_grace_s: float = Field(default=300.0, ge=0)
+    # A rollback after the destination ran brings the data it wrote back to the source. When
+    # that data cannot be reached: keep the area stopped and wait for it ("preserve"), or
+    # restart the source on its older data at once ("discard", recorded as an event).
+    rollback_data: str = Field(default="preserve", pattern="^(preserve|discard)$")
+    rollback_data_wait_s: float = Field(default=900.0, gt=0)
     watchdog_interval_s: float = Field(default=5.0, gt=0)
 
 

@@ -1,4 +1,4 @@
-"""The cleanup worker: works the durable cleanup queue down (SPEC §7.1).
+"""The cleanup worker: works the durable cleanup queue down.
 
 A root task ("cleanup worker"). It runs right after every tunnel (re)connect (a reconnect
 hook wakes it) and every `monitord.cleanup_interval_s`. For each due item it observes the
@@ -21,18 +21,18 @@ import random
 import time
 from collections.abc import Callable
 
-import structlog
-
+from monitord.base import logs
 from monitord.base.metrics import Metrics
 from monitord.local.supervisor import LocalSupervisor
 from monitord.remote.remote_link import RemoteLink
 from monitord.store.state_db import Store
-from orchestrator import cleanup_policy
+from orchestrator import cleanup_policy, lineage
 from orchestrator.cleanup_policy import CleanupPolicy, SideObservation
 from orchestrator.errors import ErrorCode, MonitordError, error_for
+from orchestrator.lineage import Lineage
 from orchestrator.models import CleanupAction, CleanupItem, RemoteInventory, Side
 
-log = structlog.get_logger("monitord.engine.cleanup_worker")
+log = logs.get_logger(__name__)
 
 TASK_NAME = "cleanup worker"
 BATCH = 200
@@ -47,6 +47,7 @@ class CleanupWorker:
         remote: RemoteLink | None,
         metrics: Metrics,
         interval_s: float,
+        lineage_of: Callable[[str], Lineage] | None = None,
         policy: CleanupPolicy | None = None,
         wall: Callable[[], float] = time.time,
         jitter: Callable[[], float] = random.random,
@@ -56,6 +57,9 @@ class CleanupWorker:
         self.remote = remote
         self.metrics = metrics
         self.interval_s = interval_s
+        # Which sides hold an area's newest data (PlacementState.lineage); None: an area's
+        # data is never the newest on a side being cleaned (tests of the queue alone).
+        self._lineage_of = lineage_of
         self.policy = policy or CleanupPolicy()
         self._wall = wall
         self._jitter = jitter
@@ -167,12 +171,24 @@ class CleanupWorker:
             return False
 
     async def _remove(self, item: CleanupItem) -> None:
-        """Remove exactly the item's generation on its side (never a newer one)."""
+        """Remove exactly the item's generation on its side (never a newer one), and its data
+        only when that side does not hold the area's newest data."""
         if item.side is Side.LOCAL:
             if not await self.supervisor.stop_area_at(item.area, item.generation):
                 raise error_for(ErrorCode.DAEMON_STOP_FAILED, f"{item.area} would not stop")
             return
         assert self.remote is not None
+        keep = self._lineage_of is not None and not lineage.may_discard_data(
+            self._lineage_of(item.area), item.side
+        )
+        if keep and item.action is not CleanupAction.STOP_PROCESS:
+            # The newest data is there (a rollback has not brought it back yet): fence the
+            # process, keep entry and data, and come back later.
+            await self.remote.agent.stop(area=item.area, generation=item.generation)
+            raise error_for(
+                ErrorCode.CLEANUP_STUCK,
+                f"{item.area}: its newest data is still on {item.side.value}; kept for now",
+            )
         if item.action is CleanupAction.STOP_PROCESS:
             await self.remote.agent.stop(area=item.area, generation=item.generation)
         else:

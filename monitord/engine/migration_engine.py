@@ -2,8 +2,8 @@
 
 A root task ("migration engine"). It never decides a move itself: `orchestrator.phases`
 says what to do next for a stored record, `PhaseActions` does it, and the engine feeds the
-observed outcome back, persisting each new record BEFORE the next step starts (SPEC §5.3
-rule 4). Concretely, per area:
+observed outcome back, persisting each new record BEFORE the next step starts (docs/design.md,
+"Transactions: phases and outcomes", rule 1). Concretely, per area:
 
     record --next_actions--> actions --perform--> outcome --step--> record' --store--> ...
 
@@ -31,10 +31,9 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-import structlog
-
+from monitord.base import logs
 from monitord.base.metrics import Metrics
-from monitord.engine import crash_points
+from monitord.engine import crash_points, txn_log
 from monitord.engine.lease_renewer import LeaseRenewer
 from monitord.engine.phase_actions import PhaseActions
 from monitord.engine.placement_state import PlacementState
@@ -45,7 +44,7 @@ from orchestrator.errors import ErrorCode, MonitordError, PermanentError, Transi
 from orchestrator.models import Area, AreaLease, Phase, Side, Transaction
 from orchestrator.phases import Outcome
 
-log = structlog.get_logger("monitord.engine.migration_engine")
+log = logs.get_logger(__name__)
 
 TASK_NAME = "migration engine"
 TICK_S = 1.0
@@ -54,7 +53,8 @@ STEP_RETRY_BASE_S = 0.5
 STEP_RETRY_CAP_S = 15.0
 STEP_ATTEMPTS = 3  # tries of one step on a transient (not "unreachable") error
 UNREACHABLE_CODES = frozenset(
-    {ErrorCode.SSH_UNREACHABLE, ErrorCode.SSH_TIMEOUT, ErrorCode.AGENT_UNREACHABLE}
+    {ErrorCode.SSH_UNREACHABLE, ErrorCode.SSH_TIMEOUT, ErrorCode.AGENT_UNREACHABLE,
+     ErrorCode.ROLLBACK_DATA_UNREACHABLE}
 )
 # Phases whose own failure sends the record back to itself (retry after a pause).
 SELF_LOOPING = frozenset({Phase.ROLLBACK})
@@ -74,6 +74,7 @@ class MigrationEngine:
         park_after_failures: int,
         retry_backoff_base_s: float,
         retry_backoff_cap_s: float,
+        rollback_data_wait_s: float = 900.0,
         on_finished: Callable[[Transaction], None] = lambda txn: None,
         wall: Callable[[], float] = time.time,
         clock: Callable[[], float] = time.monotonic,
@@ -87,6 +88,7 @@ class MigrationEngine:
         self.park_after_failures = park_after_failures
         self.retry_backoff_base_s = retry_backoff_base_s
         self.retry_backoff_cap_s = retry_backoff_cap_s
+        self.rollback_data_wait_s = rollback_data_wait_s
         self.on_finished = on_finished
         self._wall = wall
         self._clock = clock
@@ -97,12 +99,19 @@ class MigrationEngine:
         self._wake = asyncio.Event()
         self.intake_lock = asyncio.Lock()
         self._stopping = False
+        self._recovered = False
         self.last_errors: dict[str, dict[str, Any]] = {}  # service -> last error shown
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def recover(self) -> None:
-        """Resume or roll back what a previous run left unfinished (SPEC §5.3 rule 4)."""
+        """Resume or roll back what a previous run left unfinished.
+
+        docs/design.md, "Transactions: phases and outcomes", rule 3 (recovery).
+        """
+        if self._recovered:
+            return
+        self._recovered = True
         history = await self.store.list_transactions(limit=5000)
         self._count_failures(history)
         for record in history:
@@ -118,9 +127,9 @@ class MigrationEngine:
                 continue
             outcome = rules.recovery_outcome(txn, committed=committed)
             if outcome is not None:
-                log.info("transaction_recovering", transaction_id=txn.transaction_id,
-                         service=txn.service, area=txn.area, phase=txn.phase.value,
-                         outcome=outcome.value)
+                txn_log.bound(txn).info(
+                    "transaction_recovering", phase=txn.phase.value, outcome=outcome.value
+                )
                 await self._advance(txn, outcome)
 
     def _count_failures(self, history: list[dict[str, Any]]) -> None:
@@ -295,9 +304,9 @@ class MigrationEngine:
                 except phases.IllegalTransition as e:
                     # The table refused what we observed (e.g. a lease deadline moved while
                     # we waited): nothing was written; decide again from the stored record.
-                    log.warning("step_refused", transaction_id=txn.transaction_id,
-                                service=txn.service, area=txn.area, phase=txn.phase.value,
-                                detail=e.detail)
+                    txn_log.bound(txn).warning(
+                        "step_refused", phase=txn.phase.value, detail=e.detail
+                    )
                     progressed, failed = True, True
                 if not progressed:
                     return  # Finish or Park
@@ -355,9 +364,9 @@ class MigrationEngine:
             except TransientError as e:
                 if e.code in UNREACHABLE_CODES or attempt == STEP_ATTEMPTS or self._stopping:
                     raise
-                log.info("step_retry", transaction_id=txn.transaction_id, service=txn.service,
-                         area=txn.area, phase=txn.phase.value, error_code=e.code,
-                         attempt=attempt)
+                txn_log.bound(txn).info(
+                    "step_retry", phase=txn.phase.value, error_code=e.code, attempt=attempt
+                )
                 await asyncio.sleep(delay)
                 delay *= 2
         raise AssertionError("unreachable")  # pragma: no cover
@@ -371,6 +380,12 @@ class MigrationEngine:
             )
             if outcome is Outcome.PARK:
                 return outcome
+        waited = txn.data_wait_since
+        if txn.phase is Phase.ROLLBACK and waited is not None:
+            # The newest data is out of reach: the area stays stopped, bounded by
+            # rollback_data_wait_s; then the service parks and an operator chooses.
+            if self._wall() - waited >= self.rollback_data_wait_s:
+                return Outcome.PARK
         allowed = phases.allowed(txn)
         if error.code in UNREACHABLE_CODES and Outcome.UNREACHABLE in allowed:
             return Outcome.UNREACHABLE
@@ -396,6 +411,7 @@ class MigrationEngine:
             error_code=str(error.code) if error else None,
             error_detail=error.detail if error else None,
             new_generation=new_generation,
+            lineage=self.state.lineage(txn.area),
         )
 
     async def _advance(
@@ -463,20 +479,14 @@ class MigrationEngine:
             "at": self._wall(),
             "action": action,
         }
-        log.warning("phase_failed", transaction_id=txn.transaction_id, service=txn.service,
-                    area=txn.area, phase=txn.phase.value, source=txn.source.value,
-                    destination=txn.destination.value, generation=txn.generation,
-                    error_code=str(error.code), detail=error.detail)
+        txn_log.bound(txn).warning(
+            "phase_failed", phase=txn.phase.value, error_code=str(error.code), detail=error.detail
+        )
 
     async def _event(self, event: str, txn: Transaction, **extra: Any) -> None:
         fields = {
-            "transaction_id": txn.transaction_id,
-            "service": txn.service,
-            "area": txn.area,
+            **txn_log.identity(txn),
             "phase": txn.phase.value,
-            "source": txn.source.value,
-            "destination": txn.destination.value,
-            "generation": txn.generation,
             "error_code": txn.last_error_code,
             **extra,
         }

@@ -23,10 +23,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import structlog
-
+from monitord.base import logs
 from monitord.base.config import Config, ServiceSection
-from monitord.engine import crash_points
+from monitord.engine import crash_points, txn_log
 from monitord.engine.lease_renewer import LeaseRenewer
 from monitord.engine.placement_state import PlacementState
 from monitord.local.supervisor import AreaRun, LocalSupervisor, area_run, expand
@@ -34,12 +33,13 @@ from monitord.remote import area_copy
 from monitord.remote import preflight as preflight_checks
 from monitord.remote.remote_link import RemoteLink
 from monitord.store.state_db import Store
-from orchestrator import phases
+from orchestrator import lineage, phases
 from orchestrator.errors import ErrorCode, MonitordError, error_for
+from orchestrator.lineage import CopyPlan
 from orchestrator.models import Side, Transaction
 from orchestrator.phases import Outcome
 
-log = structlog.get_logger("monitord.engine.phase_actions")
+log = logs.get_logger(__name__)
 
 POLL_S = 0.1
 # Why a tunnel is not up, as the preflight reports it (anything else: SSH_UNREACHABLE).
@@ -117,8 +117,8 @@ class PhaseActions:
             case phases.SuppressSource(side=side, generation=generation):
                 await self.stop_side(txn, side=side, generation=generation, keep_entry=True)
                 return Outcome.OK
-            case phases.CopyData(source=source):
-                await self.copy(txn, source=source)
+            case phases.CopyData(source=source, destination=destination):
+                await self.copy_forward(txn, source=source, destination=destination)
                 return Outcome.OK
             case phases.CreateDestination(side=side, generation=generation):
                 await self.create(txn, side=side, generation=generation)
@@ -134,9 +134,13 @@ class PhaseActions:
             case phases.CleanupSource(side=side, generation=generation):
                 await self.cleanup_source(txn, side=side, generation=generation)
                 return Outcome.OK
-            case phases.FenceDestination(side=side, generation=generation):
-                await self.stop_side(txn, side=side, generation=generation, keep_entry=False)
+            case phases.FenceDestination(side=side, generation=generation, keep_data=keep):
+                # A destination that ran keeps its data (and remote entry) until the data is
+                # back at the source; the cleanup queue removes them after.
+                await self.stop_side(txn, side=side, generation=generation, keep_entry=keep)
                 return Outcome.FENCED
+            case phases.ReturnData():
+                return await self.return_data(txn, action)
             case phases.EnqueueCleanup(item=item):
                 await self.store.enqueue_cleanup(
                     service=item.service, area=item.area, side=item.side.value,
@@ -154,7 +158,7 @@ class PhaseActions:
     # -- PREFLIGHT -----------------------------------------------------------------------
 
     async def preflight(self, txn: Transaction) -> Outcome:
-        """SPEC §6.5 for a move to the VPS; reachability + local space for a move back."""
+        """Every preflight check for a move to the VPS; reachability + local space back."""
         link = self._link()
         await self._wait_for_tunnel(link)
         if txn.destination is Side.LOCAL:
@@ -275,24 +279,109 @@ class PhaseActions:
 
     # -- COPY -----------------------------------------------------------------------------
 
-    async def copy(self, txn: Transaction, *, source: Side) -> None:
+    async def copy_forward(self, txn: Transaction, *, source: Side, destination: Side) -> None:
+        """COPY: bring the newest data to the destination, as the lineage says it must."""
+        current = self.state.lineage(txn.area)
+        plan = lineage.copy_plan(current, source=source, destination=destination)
+        if plan is CopyPlan.SKIP:
+            # An earlier attempt left the destination holding the newest data: copying the
+            # source's (older) data over it would send the area back in time.
+            txn_log.bound(txn).info("area_copy_skipped", reason="destination holds the newest")
+            return
+        if plan is CopyPlan.REFUSE:
+            raise error_for(
+                ErrorCode.DATA_NOT_NEWEST,
+                f"{txn.area}: neither {source.value} nor {destination.value} holds the newest"
+                " data; nothing is copied",
+            )
+        await self.copy(
+            txn, source=source, source_generation=txn.source_generation,
+            destination_generation=txn.generation,
+        )
+        await self.state.record_lineage(
+            lineage.copied(current, source=source, destination=destination)
+        )
+
+    async def copy(
+        self,
+        txn: Transaction,
+        *,
+        source: Side,
+        source_generation: int,
+        destination_generation: int,
+    ) -> None:
+        """Copy the area's data dir from `source` to the other side (staging, manifest,
+        SHA-256 check, atomic rename: monitord.remote.area_copy)."""
         link = self._link()
         section = self._section(txn)
-        local = local_data_dir(section, area=txn.area, generation=txn.generation)
+        local_gen, remote_gen = (
+            (source_generation, destination_generation)
+            if source is Side.LOCAL
+            else (destination_generation, source_generation)
+        )
+        local = local_data_dir(section, area=txn.area, generation=local_gen)
         remote_dir, _ = remote_paths(
-            self.config, service=txn.service, area=txn.area, generation=txn.generation
+            self.config, service=txn.service, area=txn.area, generation=remote_gen
         )
         async with link.session() as conn:
             if source is Side.LOCAL:
                 report = await area_copy.upload(conn, local_dir=local, remote_dir=remote_dir)
             else:
                 report = await area_copy.download(conn, remote_dir=remote_dir, local_dir=local)
-        log.info("area_copied", transaction_id=txn.transaction_id, service=txn.service,
-                 area=txn.area, source=source.value, files=report.files, bytes=report.bytes)
+        txn_log.bound(txn).info(
+            "area_copied", from_side=source.value, files=report.files, bytes=report.bytes
+        )
+
+    # -- ROLLBACK: the destination's newer data back to the source --------------------------
+
+    async def return_data(self, txn: Transaction, action: phases.ReturnData) -> Outcome:
+        """Stop the destination again (copy only from a stopped process), copy its data back
+        to the source, record the lineage. When that data cannot be reached, the configured
+        `rollback_data` decides: wait for it (raise ROLLBACK_DATA_UNREACHABLE) or give it
+        up (DATA_DISCARDED, recorded as an event)."""
+        log = txn_log.bound(txn)
+        try:
+            await self.stop_side(
+                txn, side=action.source, generation=action.source_generation, keep_entry=True
+            )
+            await self.copy(
+                txn, source=action.source, source_generation=action.source_generation,
+                destination_generation=action.destination_generation,
+            )
+        except MonitordError as e:
+            if self.config.monitord.rollback_data == "discard":
+                await self.discard_data(txn, keep=action.destination, reason="policy")
+                return Outcome.DATA_DISCARDED
+            log.warning("rollback_data_unreachable", error_code=e.code, detail=e.detail)
+            raise error_for(
+                ErrorCode.ROLLBACK_DATA_UNREACHABLE,
+                f"{txn.area} stays stopped: the data it wrote on {action.source.value} cannot"
+                f" be copied back ({e.code}: {e.detail})",
+            ) from e
+        await self.state.record_lineage(
+            lineage.copied(
+                self.state.lineage(txn.area), source=action.source,
+                destination=action.destination,
+            )
+        )
+        log.info("rollback_data_returned", from_side=action.source.value)
+        return Outcome.DATA_RETURNED
+
+    async def discard_data(self, txn: Transaction, *, keep: Side, reason: str) -> None:
+        """Give up the other side's newer data: `keep` holds the newest from now on."""
+        current = self.state.lineage(txn.area)
+        await self.state.record_lineage(lineage.discarded(current, keep=keep))
+        fields = {**txn_log.identity(txn), "kept": keep.value, "reason": reason,
+                  "epoch": current.epoch + 1}
+        txn_log.bound(txn).warning("remote_data_discarded", kept=keep.value, reason=reason)
+        await self.store.record_event("remote_data_discarded", fields)
 
     # -- CREATE_DESTINATION / RestartSource -----------------------------------------------
 
     async def create(self, txn: Transaction, *, side: Side, generation: int) -> None:
+        # The destination takes the data over BEFORE anything starts there: from now on a
+        # rollback must bring its data back before the source may run again.
+        await self.state.claim_data(txn.area, side)
         if side is Side.LOCAL:
             run = area_run(service=txn.service, section=self._section(txn), area=txn.area,
                            generation=generation)
@@ -325,6 +414,7 @@ class PhaseActions:
 
     async def restart_source(self, txn: Transaction, *, side: Side, generation: int) -> None:
         """Let the source run again: locally the supervisor feed does it; remotely, a grant."""
+        await self.state.claim_data(txn.area, side)
         if side is Side.LOCAL:
             self.supervisor.set_desired(self._local_runs())
             return

@@ -22,8 +22,9 @@ from pathlib import Path
 
 from monitord.store import spool_files
 from monitord.store.state_db import Store
-from orchestrator import rules
+from orchestrator import lineage, rules
 from orchestrator.errors import ErrorCode, error_for
+from orchestrator.lineage import Lineage
 from orchestrator.models import Area, Phase, Side, Transaction
 
 Listener = Callable[[], None]
@@ -39,6 +40,7 @@ class PlacementState:
         self.desired_service: dict[str, Side] = {}
         self.desired_area: dict[str, Side] = {}
         self.last_finished: dict[str, Transaction] = {}  # newest final record per area
+        self.lineages: dict[str, Lineage] = {}  # recorded data lineage per area (durable)
         self._listeners: list[Listener] = []
         self.changed = asyncio.Event()
         # custom_config.json is read-changed-written by commits and re-read by the
@@ -54,6 +56,9 @@ class PlacementState:
         for record in await self.store.list_transactions(active_only=True, limit=1_000_000):
             txn = Transaction.from_storage(record)
             self.transactions[txn.area] = txn
+        for record in await self.store.lineages():
+            found = Lineage.from_storage(record)
+            self.lineages[found.area] = found
         # In the order they were made: a later service-wide wish overrides per-area ones.
         rows = sorted(await self.store.desired_placements(), key=lambda r: r["updated_at"])
         for row in rows:
@@ -102,12 +107,17 @@ class PlacementState:
         return self.desired_service.get(service)
 
     def runs(self, side: Side) -> Mapping[str, int]:
-        """area -> generation of everything that may run on `side` right now (rules §5.3)."""
+        """area -> generation of all that may run on `side` now (orchestrator.rules)."""
         return rules.desired_runs(
             side=side,
             authoritative=self.committed.values(),
             transactions=self.transactions.values(),
+            lineages=self.lineages,
         )
+
+    def lineage(self, area: str) -> Lineage:
+        """The area's data lineage (recorded, or the default for one never recorded)."""
+        return rules.lineage_of(area, lineages=self.lineages, committed=self.committed)
 
     def parked_services(self) -> set[str]:
         return {t.service for t in self.transactions.values() if t.phase is Phase.PARKED}
@@ -127,8 +137,29 @@ class PlacementState:
             self.last_finished[txn.area] = txn
         self.notify()
 
+    async def record_lineage(self, updated: Lineage) -> None:
+        """Persist a new lineage before anything acts on it, then tell the listeners."""
+        if self.lineages.get(updated.area) == updated:
+            return
+        await self.store.put_lineage(updated.to_storage(), now=time.time())
+        self.lineages[updated.area] = updated
+        self.notify()
+
+    async def claim_data(self, area: str, side: Side) -> None:
+        """`side` takes the area's data over: recorded durably BEFORE any process starts there.
+
+        Raises DATA_NOT_NEWEST when the side does not hold the newest data (copy first)."""
+        current = self.lineage(area)
+        if not lineage.may_claim(current, side):
+            raise error_for(
+                ErrorCode.DATA_NOT_NEWEST,
+                f"{area}: the newest data is on {', '.join(sorted(current.holders)) or 'no side'}"
+                f", not {side.value}; it must be copied there before the area starts",
+            )
+        await self.record_lineage(lineage.claimed(current, side))
+
     async def commit(self, *, area: str, location: Side, generation: int) -> None:
-        """The commit point of a migration: custom_config.json, atomically (SPEC §5.3)."""
+        """The commit point of a migration: custom_config.json, atomically."""
         async with self._file_lock:
             try:
                 document = await asyncio.to_thread(

@@ -1,16 +1,16 @@
-"""monitord's own durable state (SPEC §4.5): one SQLite database `state.db` in work_dir.
+"""monitord's own durable state: one SQLite database `state.db` in work_dir.
 
-Holds migration transactions (§5.1), the highest generation issued per area (§5.3 rule 3),
-the cleanup queue (§7.1), a capped ring of recent events and the operator's desired placement.
+Holds migration transactions, the highest generation issued per area (never reused), the
+cleanup queue, a capped ring of recent events and the operator's desired placement.
 
 Durability: WAL journal with `synchronous=FULL`, so a write whose coroutine has returned is on
 disk and survives `kill -9` or power loss. Every statement runs on ONE dedicated thread that
 owns the connection (a single-worker executor): the event loop never blocks on SQLite and there
 is exactly one writer, so no write ever waits on another connection's lock.
 
-Records cross this boundary as plain dicts keyed by the SPEC field names; the orchestrator's
-models convert with `to_storage()` / `from_storage()`. Fields of a transaction beyond the SPEC
-columns are kept in a JSON column and returned as they were given.
+Records cross this boundary as plain dicts keyed by the contract field names; the
+orchestrator's models convert with `to_storage()` / `from_storage()`. Fields of a transaction
+beyond the contract columns are kept in a JSON column and returned as they were given.
 
 Cost: taking due cleanup items walks the `next_attempt_at` index and finishing one is a primary
 key delete, both O(log n); enqueue is idempotent through a unique index on
@@ -150,6 +150,17 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         CREATE TRIGGER cleanup_items_counted_out AFTER DELETE ON cleanup_items BEGIN
             UPDATE counters SET value = value - 1 WHERE name = 'cleanup_items';
         END
+        """,
+    ),
+    # v3: data lineage per area (orchestrator/lineage.py): which sides hold the newest data.
+    (
+        """
+        CREATE TABLE lineage (
+            area TEXT PRIMARY KEY,
+            holders TEXT NOT NULL,
+            epoch INTEGER NOT NULL,
+            updated_at REAL NOT NULL
+        )
         """,
     ),
 )
@@ -326,7 +337,7 @@ class Store:
 
         return await self._run(read)
 
-    # --- transactions (§5.1) --------------------------------------------------------------
+    # --- transactions ---------------------------------------------------------------------
 
     async def put_transaction(self, record: Mapping[str, Any]) -> None:
         """Insert or replace a transaction record (keyed by transaction_id)."""
@@ -374,7 +385,7 @@ class Store:
 
         return await self._run(read)
 
-    # --- generations (§5.3 rule 3) --------------------------------------------------------
+    # --- generations ----------------------------------------------------------------------
 
     async def issue_generation(self, area: str, *, floor: int = 0) -> int:
         """Durably issue max(highest issued, floor) + 1 for `area`; never returns a value twice."""
@@ -407,7 +418,7 @@ class Store:
 
         return await self._run(read)
 
-    # --- cleanup queue (§7.1) -------------------------------------------------------------
+    # --- cleanup queue --------------------------------------------------------------------
 
     async def enqueue_cleanup(
         self,
@@ -548,6 +559,35 @@ class Store:
             return [{"at": r["at"], "event": r["event"], **json.loads(r["fields"])} for r in rows]
 
         return list(reversed(await self._run(read)))
+
+    # --- data lineage ---------------------------------------------------------------------
+
+    async def put_lineage(self, record: Mapping[str, Any], *, now: float) -> None:
+        """Durably record an area's lineage (`Lineage.to_storage()`); returns once on disk."""
+
+        def write() -> None:
+            with _Tx(self._db()) as db:
+                db.execute(
+                    "INSERT INTO lineage (area, holders, epoch, updated_at) VALUES (?, ?, ?, ?)"
+                    " ON CONFLICT (area) DO UPDATE SET holders = excluded.holders,"
+                    " epoch = excluded.epoch, updated_at = excluded.updated_at",
+                    (record["area"], json.dumps(list(record["holders"])), int(record["epoch"]),
+                     now),
+                )
+
+        await self._run(write)
+
+    async def lineages(self) -> list[dict[str, Any]]:
+        """Every recorded lineage, as `Lineage.from_storage()` takes it."""
+
+        def read() -> list[dict[str, Any]]:
+            rows = self._db().execute("SELECT area, holders, epoch FROM lineage ORDER BY area")
+            return [
+                {"area": r["area"], "holders": json.loads(r["holders"]), "epoch": r["epoch"]}
+                for r in rows
+            ]
+
+        return await self._run(read)
 
     # --- desired placement ----------------------------------------------------------------
 

@@ -123,13 +123,17 @@ class Demo:
         overlaps = stack.detector.overlaps()
         for overlap in overlaps:
             self.say(f"OVERLAP: {overlap.describe()}")
+        regressions = stack.detector.regressions()
+        for regression in regressions:
+            self.say(f"DATA REGRESSION: {regression.describe()}")
         counts = status["counts"]
         orphans = counts.get("orphan", 0) + status["drift"].get("after", 0)
         backlog = status["cleanup"]["backlog"]
-        ok = not overlaps and orphans == 0 and backlog == 0
+        ok = not overlaps and not regressions and orphans == 0 and backlog == 0
         self.console.print(
             f"VERDICT: {'PASS' if ok else 'FAIL'} — areas local {counts['local']},"
-            f" remote {counts['remote']}; overlaps seen {len(overlaps)}; orphans {orphans};"
+            f" remote {counts['remote']}; overlaps seen {len(overlaps)};"
+            f" data regressions {len(regressions)}; orphans {orphans};"
             f" cleanup backlog {backlog}; {time.monotonic() - self.started:.1f} s"
         )
         return 0 if ok else 1

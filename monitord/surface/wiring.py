@@ -12,8 +12,9 @@ The component owns:
     cleanup worker     the durable cleanup queue
     reconciler         planner passes on connect, periodically and after transactions
 
-Start order: state -> (legacy remote_state.json normalised) -> survivors adopted or stopped
--> supervisor -> keeper -> renewer -> engine (recovers first) -> cleanup -> reconciler.
+Start order: state -> (legacy remote_state.json normalised) -> engine recovery (every
+unfinished transaction's next step decided and stored) -> survivors adopted or stopped ->
+supervisor -> keeper -> renewer -> engine -> cleanup -> reconciler.
 Stop: the engine finishes its current steps; the keeper releases the tunnel lease; the
 supervisor stops supervising but leaves local daemons running for the next instance to
 adopt (a restart must not take areas down).
@@ -26,9 +27,8 @@ import secrets
 from pathlib import Path
 
 import asyncssh
-import structlog
 
-from monitord.base import atomic_file
+from monitord.base import atomic_file, logs
 from monitord.base.config import Config
 from monitord.base.hostport import split_hostport
 from monitord.base.metrics import Metrics
@@ -51,7 +51,7 @@ from orchestrator import status as status_rules
 from orchestrator.area_leases import LeasePolicy
 from orchestrator.models import Transaction
 
-log = structlog.get_logger("monitord.surface.wiring")
+log = logs.get_logger(__name__)
 
 SECRET_FILE = "agent.secret"
 
@@ -142,6 +142,7 @@ class Orchestration:
             park_after_failures=config.monitord.park_after_failures,
             retry_backoff_base_s=config.monitord.retry_backoff_base_s,
             retry_backoff_cap_s=config.monitord.retry_backoff_cap_s,
+            rollback_data_wait_s=config.monitord.rollback_data_wait_s,
             on_finished=self._transaction_finished,
         )
         self.cleanup = CleanupWorker(
@@ -150,6 +151,7 @@ class Orchestration:
             remote=self.link,
             metrics=self.metrics,
             interval_s=config.monitord.cleanup_interval_s,
+            lineage_of=self.state.lineage,
         )
         self.reconciler = Reconciler(
             state=self.state,
@@ -189,6 +191,10 @@ class Orchestration:
         if self.state.corrupt is not None:
             log.error("config_corrupt", error_code="CONFIG_CORRUPT", detail=str(self.state.corrupt))
         await self._normalise_legacy_remote_state()
+        # Recovery first: every unfinished transaction gets its next step decided (and
+        # stored) before the supervisor adopts, stops or starts anything, so both read the
+        # same records through the same rule (orchestrator.rules.desired_runs).
+        await self.engine.recover()
         report = await self.supervisor.adopt_or_stop_survivors(local_runs(self.config, self.state))
         log.info("survivors_handled", adopted=list(report.adopted), stopped=list(report.stopped),
                  stuck=list(report.stuck))

@@ -6,9 +6,12 @@ It behaves like a messenger daemon where it matters to monitord:
 - it keeps a small "session DB" (`session.db` in its data dir): one JSON record per line,
   each carrying the SHA-256 of the previous record, so a lost, truncated or torn copy is
   detected when the next daemon reads it at start (exit code 4, `session_db_broken`);
-- every 100 ms it sends a heartbeat JSON line `{area, side, generation, pid, ts, seq}` over
-  TCP to the split-brain detector, reconnecting when the connection drops (on the VPS the
-  endpoint is a reverse-forwarded port);
+- every 100 ms it sends a heartbeat JSON line `{area, side, generation, pid, ts, seq,
+  records, start_records}` over TCP to the split-brain detector, reconnecting when the
+  connection drops (on the VPS the endpoint is a reverse-forwarded port): `records` is how
+  many session records its DB holds now (it never reports more than it wrote),
+  `start_records` how many it found when it started — so the detector can tell a start on
+  data older than the newest any process of the area wrote;
 - on SIGTERM it appends a last record, sends `{"event": "goodbye", …}` and exits 0, unless
   started with `--ignore-sigterm` (for stop-escalation tests); `--crash-after S` makes it
   exit with status 70 after S seconds (for crash-loop tests).
@@ -131,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, signal.SIG_IGN if args.ignore_sigterm else _on_sigterm)
     identity = {"area": args.area, "side": args.side, "generation": args.generation,
-                "pid": os.getpid()}
+                "pid": os.getpid(), "start_records": db.count}
     db.append({**identity, "event": "start", "ts": time.time(), "records_before": db.count})
     senders = []
     for endpoint in args.heartbeat:
@@ -144,15 +147,16 @@ def run(args: argparse.Namespace) -> int:
             for sender in senders:
                 sender.close()  # no goodbye: a crash
             return EXIT_CRASH
-        for sender in senders:
-            sender.send({**identity, "ts": time.time(), "seq": seq})
-        seq += 1
-        if seq % 10 == 0:
+        if seq % 10 == 0:  # written (fsynced) before it is reported
             db.append({**identity, "event": "tick", "ts": time.time(), "seq": seq})
+        for sender in senders:
+            sender.send({**identity, "ts": time.time(), "seq": seq, "records": db.count})
+        seq += 1
         time.sleep(args.interval)
     db.append({**identity, "event": "stop", "ts": time.time(), "seq": seq})
     for sender in senders:
-        sender.send({**identity, "ts": time.time(), "seq": seq, "event": "goodbye"})
+        sender.send({**identity, "ts": time.time(), "seq": seq, "records": db.count,
+                     "event": "goodbye"})
         sender.close()
     return 0
 

@@ -8,12 +8,18 @@ its last word). Two intervals of different processes for one area that intersect
 overlap: a split brain, reported with both processes and the times. Times are taken on the
 detector's own clock when a line arrives, so the two sides' clocks never matter.
 
+It is also the lineage checker: a heartbeat carries how many session records the sender's
+DB holds (`records`) and how many it found at its start (`start_records`). A process that
+starts with fewer records than another process of its area had already written started on
+data older than the newest: a data regression (`regressions()`), the other half of the
+promise — the newest data, one runner at a time.
+
 `LifeLog` is the pure bookkeeping (unit-tested with synthetic heartbeats); `Detector` is the
 asyncio TCP server around it, used by tests and the demo:
 
     async with Detector() as detector:
         ... start daemons with --heartbeat 127.0.0.1:{detector.port} ...
-        assert detector.overlaps() == []
+        assert detector.overlaps() == [] and detector.regressions() == []
 """
 
 from __future__ import annotations
@@ -49,7 +55,8 @@ class Life:
     last_seen: float
     goodbye_at: float | None = None
     heartbeats: int = 1
-
+    start_records: int | None = None  # session records found at start (None: not reported)
+    records: int = 0  # the most records it reported holding
     def end(self, *, staleness_s: float, now: float) -> float:
         """The last instant this process may have been alive (now, if it may still be)."""
         if self.goodbye_at is not None:
@@ -78,6 +85,25 @@ class Overlap:
         )
 
 
+@dataclass(frozen=True)
+class Regression:
+    """A process that started on older data than another process of its area had written."""
+
+    area: str
+    started: LifeKey
+    found: int  # records its data held at its start
+    newest: int  # records the newest data held, written by `writer`
+    writer: LifeKey
+
+    def describe(self) -> str:
+        return (
+            f"area {self.area}: {self.started.side}/gen{self.started.generation}"
+            f"/pid{self.started.pid} started on {self.found} session records, but"
+            f" {self.writer.side}/gen{self.writer.generation}/pid{self.writer.pid} had written"
+            f" {self.newest}: {self.newest - self.found} update(s) lost"
+        )
+
+
 class MalformedHeartbeat(ValueError):
     """A line that is not a heartbeat."""
 
@@ -102,17 +128,44 @@ class LifeLog:
     def __init__(self, *, staleness_s: float = DEFAULT_STALENESS_S) -> None:
         self.staleness_s = staleness_s
         self._lives: dict[LifeKey, Life] = {}
+        self._regressions: list[Regression] = []
 
     def record(self, message: Mapping[str, Any], *, at: float) -> LifeKey:
         key, goodbye = parse_heartbeat(message)
         life = self._lives.get(key)
         if life is None:
             life = self._lives[key] = Life(key=key, first_seen=at, last_seen=at, heartbeats=0)
+            start = message.get("start_records")
+            if isinstance(start, int):
+                life.start_records = start
+                self._check_start(life)
         life.last_seen = max(life.last_seen, at)
         life.heartbeats += 1
+        records = message.get("records")
+        if isinstance(records, int) and records > life.records:
+            life.records = records
         if goodbye:
             life.goodbye_at = at
         return key
+
+    def _check_start(self, life: Life) -> None:
+        """A start on fewer records than the newest any other process of the area reported."""
+        assert life.start_records is not None
+        others = [
+            other for other in self._lives.values()
+            if other.key.area == life.key.area and other.key != life.key
+        ]
+        newest = max(others, key=lambda other: other.records, default=None)
+        if newest is not None and newest.records > life.start_records:
+            self._regressions.append(
+                Regression(
+                    area=life.key.area, started=life.key, found=life.start_records,
+                    newest=newest.records, writer=newest.key,
+                )
+            )
+
+    def regressions(self) -> list[Regression]:
+        return list(self._regressions)
 
     def lives(self, area: str | None = None) -> list[Life]:
         found = [life for life in self._lives.values() if area is None or life.key.area == area]
@@ -220,6 +273,10 @@ class Detector:
 
     def overlaps(self) -> list[Overlap]:
         return self.log.overlaps(now=self._clock())
+
+    def regressions(self) -> list[Regression]:
+        """Processes that started on data older than the newest of their area."""
+        return self.log.regressions()
 
     def alive(self, area: str | None = None) -> list[LifeKey]:
         keys = self.log.alive(now=self._clock())

@@ -108,6 +108,8 @@ class StackOptions:
     reconcile_interval_s: float = 2.0
     cleanup_interval_s: float = 1.0
     park_after_failures: int = 5
+    rollback_data: str = "preserve"
+    rollback_data_wait_s: float = 900.0
     parallelism: int = 4
     data_bytes: int = 4096
     remote_daemon_args: tuple[str, ...] = ()  # e.g. ("--crash-after", "0.2"): never healthy
@@ -124,6 +126,9 @@ class Stack:
         # A remote daemon on an external VPS reports to the detector directly over the
         # network too, so it must listen beyond loopback.
         self.detector = Detector(host="0.0.0.0") if external else Detector()
+        # Areas whose data a test gives up on purpose (a discarding rollback): their
+        # regressions are expected, every other area's are failures.
+        self.accepted_data_loss: set[str] = set()
         self.vps: VpsServer | None = None
         self.daemon: asyncio.subprocess.Process | None = None
         self.log_lines: list[str] = []
@@ -206,6 +211,8 @@ class Stack:
                 "reconcile_interval_s": o.reconcile_interval_s,
                 "cleanup_interval_s": o.cleanup_interval_s,
                 "park_after_failures": o.park_after_failures,
+                "rollback_data": o.rollback_data,
+                "rollback_data_wait_s": o.rollback_data_wait_s,
                 "retry_backoff_base_s": 0.5,
                 "retry_backoff_cap_s": 5.0,
                 "legacy_grace_s": 2.0,

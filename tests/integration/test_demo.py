@@ -19,5 +19,6 @@ class TestDemo:
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
         assert len(verdict) == 1
         assert "PASS" in verdict[0] and "overlaps seen 0" in verdict[0]
+        assert "data regressions 0" in verdict[0]
         assert "orphans 0" in verdict[0] and "cleanup backlog 0" in verdict[0]
         assert "cutting the SSH link" in result.stdout

@@ -1,8 +1,10 @@
 """`stack_factory(root)`: the one way tests start whole installations (`Stack`).
 
 Yields `make(**StackOptions)`; every stack made is closed (all its processes killed) when the
-block ends, and then the split-brain detector of each must have seen no overlap — so no test
-that starts a stack can forget the one check every end-to-end test owes. `defaults` are
+block ends, and then the detector of each must have seen no overlap (split brain) and no
+start on data older than the newest (data regression; a test that discards data on purpose
+names the areas in `stack.accepted_data_loss`) — so no test that starts a stack can forget
+the two checks every end-to-end test owes. `defaults` are
 merged under the options of each `make()` call (the faults tier passes its external VPS).
 """
 
@@ -33,3 +35,9 @@ async def stack_factory(root: Path, **defaults: Any) -> AsyncIterator[StackFacto
     for stack in stacks:
         overlaps = stack.detector.overlaps()
         assert overlaps == [], "split brain: " + "; ".join(o.describe() for o in overlaps)
+        regressions = [
+            r for r in stack.detector.regressions() if r.area not in stack.accepted_data_loss
+        ]
+        assert regressions == [], "data went back in time: " + "; ".join(
+            r.describe() for r in regressions
+        )

@@ -86,3 +86,36 @@ class TestAliveView:
     def test_a_line_that_is_not_a_heartbeat_is_refused(self) -> None:
         with pytest.raises(MalformedHeartbeat):
             LifeLog().record({"area": "a"}, at=0.0)
+
+
+def written(area: str, side: str, generation: int, pid: int, *, start: int, now: int,
+            goodbye: bool = False) -> dict:
+    return {**beat(area, side, generation, pid, goodbye=goodbye),
+            "start_records": start, "records": now}
+
+
+class TestDataLineage:
+    """A start on fewer session records than its area had written is a data regression."""
+
+    def test_a_start_on_the_newest_data_is_not_a_regression(self) -> None:
+        log = LifeLog(staleness_s=STALE)
+        log.record(written("a", "local", 1, 100, start=0, now=40, goodbye=True), at=1.0)
+        log.record(written("a", "remote", 2, 200, start=40, now=41), at=2.0)
+        log.record(written("a", "local", 3, 300, start=55, now=60), at=9.0)
+        assert log.regressions() == []
+
+    def test_a_rollback_onto_the_older_source_data_is_reported_with_the_loss(self) -> None:
+        log = LifeLog(staleness_s=STALE)
+        log.record(written("a", "local", 1, 100, start=0, now=20, goodbye=True), at=1.0)
+        log.record(written("a", "remote", 2, 200, start=20, now=53), at=2.0)  # then SIGKILL
+        log.record(written("a", "local", 1, 101, start=20, now=20), at=9.0)
+        [regression] = log.regressions()
+        assert (regression.found, regression.newest) == (20, 53)
+        assert regression.writer.side == "remote"
+        assert "33 update(s) lost" in regression.describe()
+
+    def test_other_areas_do_not_count(self) -> None:
+        log = LifeLog(staleness_s=STALE)
+        log.record(written("a", "local", 1, 100, start=0, now=90), at=1.0)
+        log.record(written("b", "local", 1, 101, start=3, now=3), at=2.0)
+        assert log.regressions() == []

@@ -1,4 +1,4 @@
-"""Rollbacks, recoveries and operator actions end to end (SPEC §5.3, §7, §10)."""
+"""Rollbacks, recoveries and operator actions end to end (docs/design.md, "Invariants")."""
 
 from __future__ import annotations
 
@@ -20,40 +20,95 @@ async def _hold(stack: Stack, point: str) -> None:
     await stack.start_monitord(env={"MONITORD_HOLD_AT": f"{L2R}:{point}"})
 
 
-class TestRollbackWhileTheVpsIsUnreachable:
-    """With the VPS cut off, the source restarts only after the destination's lease lapsed."""
+async def _rollback_cut_off_after_the_destination_ran(stack: Stack, area: str) -> float:
+    """Hold a move to the VPS at its health check, cut the VPS off, ask for local again."""
+    await stack.wait_settled(expect={"tg": "local"})
+    await _hold(stack, "HEALTHCHECK_DESTINATION")
+    await stack.place("tg", "remote")
+    await stack.wait_event("hold_point")
+    await stack.wait_until(
+        lambda: any(k.side == "remote" for k in stack.detector.alive(area)),
+        timeout_s=20, what="the destination runs on the VPS",
+    )
+    await asyncio.sleep(1.5)  # the VPS copy writes session records the source never saw
+    await stack.partition()
+    cut_at = time.time()
+    await stack.place("tg", "local")  # the operator gives up: a rollback
+    stack.release_hold()
+    return cut_at
 
-    async def test_source_waits_for_the_remote_lease_then_the_orphan_is_cleaned(
+
+def _remote_gone_at(stack: Stack, area: str) -> float:
+    remote = [life for life in stack.detector.lives(area) if life.key.side == "remote"]
+    return max(life.last_seen for life in remote)
+
+
+class TestRollbackWhileTheVpsIsUnreachable:
+    """With the VPS cut off after its copy ran, the source never restarts on older data."""
+
+    async def test_preserve_keeps_the_area_stopped_then_copies_back_after_heal(
         self, stack_factory: StackFactory
     ) -> None:
         stack = await stack_factory(services={"tg": 1}, area_lease_ttl_s=3.0)
         area = stack.areas["tg"][0]
-        await stack.wait_settled(expect={"tg": "local"})
-        await _hold(stack, "HEALTHCHECK_DESTINATION")
-        await stack.place("tg", "remote")
-        await stack.wait_event("hold_point")
-        await stack.wait_until(
-            lambda: any(k.side == "remote" for k in stack.detector.alive(area)),
-            timeout_s=20, what="the destination runs on the VPS",
+        cut_at = await _rollback_cut_off_after_the_destination_ran(stack, area)
+
+        async def awaiting_data() -> bool:
+            service = (await stack.status())["services"]["tg"]
+            error = service["last_error"] or {}
+            return service["state"] == "awaiting_data" and (
+                error.get("code") == "ROLLBACK_DATA_UNREACHABLE"
+            )
+
+        await stack.wait_until(awaiting_data, timeout_s=30, what="awaiting_data shown")
+        await asyncio.sleep(3.0 * 1.1 + 1.0)  # well past the destination's lease
+        assert _remote_gone_at(stack, area) > cut_at, "the VPS copy ran through the cut"
+        assert not any(k.side == "local" for k in stack.detector.alive(area)), (
+            "the source must not restart while the newest data is out of reach"
         )
-        await stack.partition()
-        cut_at = time.time()
-        await stack.place("tg", "local")  # the operator gives up: a rollback
-        stack.release_hold()
+        local = [life for life in stack.detector.lives(area) if life.key.side == "local"]
+        assert all(life.first_seen < cut_at for life in local)
+
+        await stack.heal()
+        await stack.wait_settled(expect={"tg": "local"}, timeout_s=60)
+        [restarted] = [
+            life for life in stack.detector.lives(area)
+            if life.key.side == "local" and life.first_seen > cut_at
+        ]
+        newest = max(life.records for life in stack.detector.lives(area))
+        assert restarted.start_records is not None
+        assert restarted.start_records >= max(
+            life.records for life in stack.detector.lives(area) if life.key.side == "remote"
+        ) > 0
+        assert newest >= restarted.start_records
+        assert area not in stack.agent_cache()
+        assert any(e["event"] == "transaction_phase" and e.get("outcome") == "data_returned"
+                   for e in stack.events("transaction_phase"))
+
+    async def test_discard_restarts_the_source_after_the_lease_and_says_so(
+        self, stack_factory: StackFactory
+    ) -> None:
+        stack = await stack_factory(
+            services={"tg": 1}, area_lease_ttl_s=3.0, rollback_data="discard"
+        )
+        area = stack.areas["tg"][0]
+        stack.accepted_data_loss.add(area)  # that is what "discard" means
+        cut_at = await _rollback_cut_off_after_the_destination_ran(stack, area)
         await stack.wait_until(
             lambda: any(k.side == "local" for k in stack.detector.alive(area)),
             timeout_s=30, what="the source runs again",
         )
-        remote = [life for life in stack.detector.lives(area) if life.key.side == "remote"]
         local = [life for life in stack.detector.lives(area) if life.key.side == "local"]
         restarted_at = max(life.first_seen for life in local)
-        remote_gone_at = max(life.last_seen for life in remote)
         # The remote daemon kept running through the partition until its lease lapsed on
-        # the VPS, and the source came back only after that.
-        assert remote_gone_at > cut_at
-        assert restarted_at > remote_gone_at
-        status = await stack.status()
-        assert status["cleanup"]["backlog"] >= 1  # the VPS still holds the entry
+        # the VPS, and the source came back only after that: one runner at a time still.
+        assert restarted_at > _remote_gone_at(stack, area) > cut_at
+        [discarded] = stack.events("remote_data_discarded")
+        assert (discarded["area"], discarded["kept"], discarded["reason"]) == (
+            area, "local", "policy"
+        )
+        [regression] = [r for r in stack.detector.regressions() if r.area == area]
+        assert regression.writer.side == "remote"  # exactly the data given up
         await stack.heal()
         await stack.wait_settled(expect={"tg": "local"}, timeout_s=60)
         assert area not in stack.agent_cache()

@@ -8,6 +8,7 @@ import pytest
 
 from orchestrator import phases
 from orchestrator.area_leases import LeasePolicy
+from orchestrator.lineage import Lineage
 from orchestrator.models import AreaLease, Direction, Phase, Side, Transaction
 from orchestrator.phases import Outcome, StepContext
 
@@ -39,6 +40,8 @@ for d in BOTH:
         (d, P.CLEANUP_SOURCE, Out.FAILED, P.DONE),
         (d, P.CLEANUP_SOURCE, Out.RECOVERED_COMMITTED, P.CLEANUP_SOURCE),
         (d, P.ROLLBACK, Out.FENCED, P.ROLLBACK),
+        (d, P.ROLLBACK, Out.DATA_RETURNED, P.ROLLBACK),
+        (d, P.ROLLBACK, Out.DATA_DISCARDED, P.ROLLBACK),
         (d, P.ROLLBACK, Out.FAILED, P.ROLLBACK),
         (d, P.ROLLBACK, Out.RECOVERED_UNCOMMITTED, P.ROLLBACK),
         (d, P.ROLLBACK, Out.OK, P.ROLLED_BACK),
@@ -56,6 +59,7 @@ EXPECTED |= {
     (L2R, P.CREATE_DESTINATION, Out.UNREACHABLE, P.ROLLBACK),
     (L2R, P.HEALTHCHECK_DESTINATION, Out.UNREACHABLE, P.ROLLBACK),
     (L2R, P.ROLLBACK, Out.UNREACHABLE, P.ROLLBACK),
+    (R2L, P.ROLLBACK, Out.UNREACHABLE, P.ROLLBACK),
     (L2R, P.ROLLBACK, Out.LEASE_EXPIRED, P.ROLLBACK),
     (R2L, P.SUPPRESS_SOURCE, Out.UNREACHABLE, P.ROLLBACK),
     (R2L, P.COPY, Out.UNREACHABLE, P.ROLLBACK),
@@ -169,7 +173,8 @@ class TestRollbackGuards:
         rolling, actions = phases.step(record, Out.FAILED, ctx)
         assert actions == (
             phases.FenceDestination(
-                transaction_id="t-1", service="tg", area="a1", side=Side.REMOTE, generation=8
+                transaction_id="t-1", service="tg", area="a1", side=Side.REMOTE, generation=8,
+                keep_data=True,  # it ran: its data may be the newest
             ),
         )
         waiting, actions = phases.step(rolling, Out.UNREACHABLE, ctx)
@@ -284,3 +289,61 @@ class TestRetryAndErrors:
         enqueue = actions[0]
         assert isinstance(enqueue, phases.EnqueueCleanup)
         assert (enqueue.item.side, enqueue.item.generation) == (Side.LOCAL, 7)
+
+
+class TestRollbackReturnsTheNewestData:
+    """A rollback after the destination ran copies its data back before the source starts."""
+
+    REMOTE_WROTE = Lineage(area="a1", holders=frozenset({Side.REMOTE}), epoch=2)
+
+    def _fenced(self) -> Transaction:
+        return transaction(
+            phase=P.ROLLBACK, rollback_from=P.HEALTHCHECK_DESTINATION, destination_fenced=True
+        )
+
+    def test_the_source_is_not_restarted_while_the_destination_holds_the_newest_data(
+        self,
+    ) -> None:
+        ctx = StepContext(at=1.0, lineage=self.REMOTE_WROTE)
+        actions = phases.next_actions(self._fenced(), ctx)
+        assert not any(isinstance(a, phases.RestartSource) for a in actions)
+        (back,) = [a for a in actions if isinstance(a, phases.ReturnData)]
+        assert (back.source, back.destination) == (Side.REMOTE, Side.LOCAL)
+        assert (back.source_generation, back.destination_generation) == (8, 7)
+
+    def test_the_destination_is_fenced_keeping_its_data_and_cleaned_up_by_the_queue(
+        self,
+    ) -> None:
+        ctx = StepContext(at=1.0, lineage=self.REMOTE_WROTE)
+        actions = phases.next_actions(self._fenced(), ctx)
+        (item,) = [a.item for a in actions if isinstance(a, phases.EnqueueCleanup)]
+        assert (item.side, item.generation) == (Side.REMOTE, 8)
+
+    def test_data_returned_lets_the_source_restart(self) -> None:
+        back = Lineage(area="a1", holders=frozenset({Side.REMOTE, Side.LOCAL}), epoch=2)
+        record, actions = phases.step(
+            self._fenced(), Out.DATA_RETURNED, StepContext(at=2.0, lineage=back)
+        )
+        assert record.phase is P.ROLLBACK and record.data_wait_since is None
+        assert isinstance(actions[-1], phases.RestartSource)
+
+    def test_finishing_the_rollback_before_the_data_is_back_is_refused(self) -> None:
+        with pytest.raises(phases.IllegalTransition, match="newest data"):
+            phases.step(self._fenced(), Out.OK, StepContext(at=1.0, lineage=self.REMOTE_WROTE))
+
+    def test_a_failed_copy_back_keeps_the_source_stopped_and_remembers_since_when(self) -> None:
+        ctx = StepContext(at=10.0, lineage=self.REMOTE_WROTE)
+        waiting, actions = phases.step(self._fenced(), Out.UNREACHABLE, ctx)
+        assert waiting.data_wait_since == 10.0
+        assert any(isinstance(a, phases.ReturnData) for a in actions)
+        later, _ = phases.step(
+            waiting, Out.UNREACHABLE, StepContext(at=20.0, lineage=self.REMOTE_WROTE)
+        )
+        assert later.data_wait_since == 10.0, "the wait is measured from the first failure"
+
+    def test_a_rollback_before_the_destination_ran_restarts_the_source_at_once(self) -> None:
+        copied = Lineage(area="a1", holders=frozenset({Side.LOCAL, Side.REMOTE}), epoch=1)
+        record = transaction(phase=P.ROLLBACK, rollback_from=P.COPY, destination_fenced=True)
+        actions = phases.next_actions(record, StepContext(at=1.0, lineage=copied))
+        assert isinstance(actions[-1], phases.RestartSource)
+        assert not any(isinstance(a, phases.ReturnData) for a in actions)

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from orchestrator import area_leases, rules
 from orchestrator.area_leases import LeasePolicy
+from orchestrator.lineage import Lineage
 from orchestrator.models import Area, AreaLease, Location, Phase, Side, Transaction
 from orchestrator.phases import Outcome
 
@@ -73,11 +74,15 @@ class TestOneSideAtATime:
     @pytest.mark.parametrize("txn", _every_transaction_shape(), ids=repr)
     def test_local_and_remote_wanted_sets_never_share_an_area(self, txn: Transaction) -> None:
         committed = [Area(uuid="a1", service="tg", location=Location.LOCAL, generation=7)]
-        runs = {
-            side: rules.desired_runs(side=side, authoritative=committed, transactions=[txn])
-            for side in Side
-        }
-        assert not set(runs[Side.LOCAL]) & set(runs[Side.REMOTE])
+        for holders in ({Side.LOCAL}, {Side.REMOTE}, {Side.LOCAL, Side.REMOTE}):
+            lineages = {"a1": Lineage(area="a1", holders=frozenset(holders), epoch=1)}
+            runs = {
+                side: rules.desired_runs(
+                    side=side, authoritative=committed, transactions=[txn], lineages=lineages
+                )
+                for side in Side
+            }
+            assert not set(runs[Side.LOCAL]) & set(runs[Side.REMOTE])
 
     def test_handover_window_runs_nowhere(self) -> None:
         committed = [Area(uuid="a1", service="tg", location=Location.LOCAL, generation=7)]
@@ -85,7 +90,7 @@ class TestOneSideAtATime:
             txn = transaction(phase=phase)
             for side in Side:
                 assert "a1" not in rules.desired_runs(
-                    side=side, authoritative=committed, transactions=[txn]
+                    side=side, authoritative=committed, transactions=[txn], lineages={}
                 )
 
     def test_rollback_keeps_the_source_down_until_the_destination_is_fenced(self) -> None:
@@ -93,7 +98,9 @@ class TestOneSideAtATime:
         waiting = transaction(phase=Phase.ROLLBACK, rollback_from=Phase.CREATE_DESTINATION)
         fenced = waiting.model_copy(update={"destination_fenced": True})
         local = {
-            name: rules.desired_runs(side=Side.LOCAL, authoritative=committed, transactions=[t])
+            name: rules.desired_runs(
+                side=Side.LOCAL, authoritative=committed, transactions=[t], lineages={}
+            )
             for name, t in (("waiting", waiting), ("fenced", fenced))
         }
         assert "a1" not in local["waiting"]
@@ -102,7 +109,10 @@ class TestOneSideAtATime:
     def test_remote_lease_is_granted_from_create_destination_on(self) -> None:
         committed = [Area(uuid="a1", service="tg", location=Location.LOCAL, generation=7)]
         txn = transaction(phase=Phase.CREATE_DESTINATION)
-        grants = rules.desired_runs(side=Side.REMOTE, authoritative=committed, transactions=[txn])
+        claimed = {"a1": Lineage(area="a1", holders=frozenset({Side.REMOTE}), epoch=1)}
+        grants = rules.desired_runs(
+            side=Side.REMOTE, authoritative=committed, transactions=[txn], lineages=claimed
+        )
         assert grants == {"a1": 8}
 
     def test_areas_without_a_transaction_run_where_committed(self) -> None:
@@ -110,9 +120,23 @@ class TestOneSideAtATime:
             Area(uuid="a1", service="tg", location=Location.LOCAL, generation=3),
             Area(uuid="a2", service="tg", location=Location.REMOTE, generation=4),
         ]
-        assert rules.desired_runs(side=Side.REMOTE, authoritative=committed, transactions=[]) == {
-            "a2": 4
-        }
+        assert rules.desired_runs(
+            side=Side.REMOTE, authoritative=committed, transactions=[], lineages={}
+        ) == {"a2": 4}
+
+    def test_nothing_runs_on_a_side_that_does_not_alone_hold_the_newest_data(self) -> None:
+        committed = [Area(uuid="a1", service="tg", location=Location.LOCAL, generation=7)]
+        fenced = transaction(
+            phase=Phase.ROLLBACK, rollback_from=Phase.HEALTHCHECK_DESTINATION,
+            destination_fenced=True,
+        )
+        for holders, runs in (({Side.REMOTE}, {}), ({Side.LOCAL, Side.REMOTE}, {}),
+                              ({Side.LOCAL}, {"a1": 7})):
+            lineages = {"a1": Lineage(area="a1", holders=frozenset(holders), epoch=3)}
+            assert rules.desired_runs(
+                side=Side.LOCAL, authoritative=committed, transactions=[fenced],
+                lineages=lineages,
+            ) == runs
 
 
 class TestCrashRecovery:

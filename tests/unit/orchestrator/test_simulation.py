@@ -1,4 +1,4 @@
-"""Random interleavings of engine steps and faults never break the safety promises of SPEC §10.
+"""Random interleavings of engine steps and faults never break the safety promises.
 
 A hypothesis RuleBasedStateMachine drives the model in world.py: the PBX with its durable
 store and volatile lease acknowledgements, the VPS with its agent and self-fencing daemons,
@@ -24,7 +24,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from orchestrator.models import Location
+from orchestrator.models import Location, Side
 from orchestrator.models import Phase as TxnPhase
 
 from .profiles import PROFILE
@@ -36,10 +36,17 @@ RARELY = st.sampled_from([False, False, False, False, True])
 
 class PbxVpsLink(RuleBasedStateMachine):
     broken_lease_wait = False
+    discard_unreachable_data = False
+
+    broken_copy_back = False
 
     def __init__(self) -> None:
         super().__init__()
-        self.world = World(broken_lease_wait=self.broken_lease_wait)
+        self.world = World(
+            broken_lease_wait=self.broken_lease_wait,
+            broken_copy_back=self.broken_copy_back,
+            discard_unreachable_data=self.discard_unreachable_data,
+        )
 
     @initialize(a1=st.sampled_from(list(Location)), a2=st.sampled_from(list(Location)))
     def operator_asked_before_start(self, a1: Location, a2: Location) -> None:
@@ -122,8 +129,24 @@ TestRandomFaultInterleavings = PbxVpsLink.TestCase
 TestRandomFaultInterleavings.settings = PROFILE
 
 
-class BrokenPbxVpsLink(PbxVpsLink):
+class DiscardingPbxVpsLink(PbxVpsLink):
+    """rollback_data = "discard": the source restarts without the VPS's data, by policy."""
+
+    discard_unreachable_data = True
+
+
+TestRandomFaultInterleavingsDiscarding = DiscardingPbxVpsLink.TestCase
+TestRandomFaultInterleavingsDiscarding.settings = PROFILE
+
+
+class BrokenPbxVpsLink(DiscardingPbxVpsLink):
+    # Only a discarding rollback still relies on the lease alone: a preserving one stops
+    # the destination itself before it copies the data back.
     broken_lease_wait = True
+
+
+class NoCopyBackPbxVpsLink(PbxVpsLink):
+    broken_copy_back = True
 
 
 def _drive_to_unreachable_rollback(world: World) -> None:
@@ -151,12 +174,19 @@ class TestTheChecksCanFail:
         for _ in range(2):
             world.engine_step("a1", crash_before_persist=False, cut_link_after=False)
             world.check()
+        assert "a1" not in world.local_procs, "the VPS's newer data is out of reach: wait"
+        assert world.transactions["a1"].data_wait_since is not None
+        world.link_up = True
+        for _ in range(2):  # copy back, then restart the source on it
+            world.engine_step("a1", crash_before_persist=False, cut_link_after=False)
+            world.check()
         assert world.transactions["a1"].phase is TxnPhase.ROLLED_BACK
         assert world.local_procs["a1"] == 1 and "a1" not in world.remote_procs
+        assert world.data[(Side.LOCAL, "a1")] == world.newest["a1"]
         world.settle()
 
     def test_restarting_the_source_early_is_caught_in_a_scripted_run(self) -> None:
-        world = World(broken_lease_wait=True)
+        world = World(broken_lease_wait=True, discard_unreachable_data=True)
         _drive_to_unreachable_rollback(world)
         with pytest.raises(AssertionError, match="runs locally"):
             for _ in range(3):
@@ -170,6 +200,51 @@ class TestTheChecksCanFail:
                 settings=settings(
                     max_examples=1000,
                     phases=[Phase.generate],  # finding it is the point; no need to shrink
+                    stateful_step_count=40,
+                    deadline=None,
+                    derandomize=True,
+                    database=None,
+                    suppress_health_check=list(HealthCheck),
+                    report_multiple_bugs=False,
+                ),
+            )
+
+
+class TestDataNeverGoesBackInTime:
+    """No process starts on data older than the newest any process of its area wrote."""
+
+    def test_a_rollback_after_the_destination_ran_restarts_the_source_on_its_data(self) -> None:
+        world = World()
+        _drive_to_unreachable_rollback(world)
+        written_remotely = world.newest["a1"]
+        assert world.data[(Side.REMOTE, "a1")] == written_remotely > 1
+        world.desired["a1"] = Location.LOCAL  # no new attempt after the rollback
+        world.link_up = True
+        world.advance(3.0)
+        for _ in range(4):
+            world.engine_step("a1", crash_before_persist=False, cut_link_after=False)
+            world.check()
+        assert world.transactions["a1"].phase is TxnPhase.ROLLED_BACK
+        assert world.data[(Side.LOCAL, "a1")] == written_remotely + 1  # it ran on it and wrote
+        world.settle()
+
+    def test_a_copy_back_that_copies_nothing_is_caught_in_a_scripted_run(self) -> None:
+        world = World(broken_copy_back=True)
+        _drive_to_unreachable_rollback(world)
+        world.link_up = True
+        world.advance(3.0)
+        with pytest.raises(AssertionError, match="older|data version"):
+            for _ in range(4):
+                world.engine_step("a1", crash_before_persist=False, cut_link_after=False)
+                world.check()
+
+    def test_a_copy_back_that_copies_nothing_is_found_by_the_random_search(self) -> None:
+        with pytest.raises(AssertionError, match="data version"):
+            run_state_machine_as_test(
+                NoCopyBackPbxVpsLink,
+                settings=settings(
+                    max_examples=1000,
+                    phases=[Phase.generate],
                     stateful_step_count=40,
                     deadline=None,
                     derandomize=True,

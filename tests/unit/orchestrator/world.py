@@ -10,18 +10,26 @@ acknowledgements are lost, durable records survive), preflight and copy failures
 passing (remote daemons die when their lease lapses: the agent's self-fencing, on a VPS
 clock running 5 % slow), and the operator reversing or retrying placements.
 
+Data: every side keeps a version of each area's data; a process that starts writes a new
+version (the area's newest). A start on a side whose version is not the newest is a
+`Violation` (data went back in time), and so is deleting the only newest copy. The lineage
+(orchestrator/lineage.py) is the durable record the runtime keeps; this model checks it
+against the versions it really has.
+
 `check()` raises `Violation` when a safety promise breaks. `broken_lease_wait=True` swaps in
-a deliberately wrong runtime that restarts the source without waiting for the lease, so
-tests can prove the checks catch it.
+a deliberately wrong runtime that restarts the source without waiting for the lease, and
+`broken_copy_back=True` one that reports the rollback's copy-back done without copying, so
+tests can prove the checks catch them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orchestrator import area_leases, cleanup_policy, phases, planner, rules
+from orchestrator import area_leases, cleanup_policy, lineage, phases, planner, rules
 from orchestrator.area_leases import LeasePolicy
 from orchestrator.cleanup_policy import CleanupPolicy, SideObservation
+from orchestrator.lineage import CopyPlan, Lineage
 from orchestrator.models import (
     Area,
     AreaLease,
@@ -48,7 +56,7 @@ LEGACY_AREA = "legacy-1"
 
 
 class Violation(AssertionError):
-    """A safety promise of SPEC §10 broke in the model."""
+    """A safety promise (docs/design.md, "Invariants") broke in the model."""
 
 
 @dataclass
@@ -59,8 +67,17 @@ class EntryState:
 
 
 class World:
-    def __init__(self, *, broken_lease_wait: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        broken_lease_wait: bool = False,
+        broken_copy_back: bool = False,
+        discard_unreachable_data: bool = False,
+    ) -> None:
         self.broken_lease_wait = broken_lease_wait
+        self.broken_copy_back = broken_copy_back
+        # rollback_data = "discard": a copy-back the VPS cannot serve gives its data up
+        self.discard_unreachable_data = discard_unreachable_data
         self.t = 100.0
         # PBX, durable
         self.committed: dict[str, Area] = {
@@ -87,6 +104,13 @@ class World:
             LEGACY_AREA: EntryState(3, self.t + 1.0, 0.0),  # the VPS's stale config
         }
         self.remote_procs: dict[str, int] = {"a2": 2, LEGACY_AREA: 3}
+        # data: the version each side holds (None: no data dir), the newest ever written,
+        # and the durable lineage the runtime keeps
+        self.data: dict[tuple[Side, str], int | None] = {
+            (Side.LOCAL, "a1"): 1, (Side.REMOTE, "a2"): 1, (Side.REMOTE, LEGACY_AREA): 1,
+        }
+        self.newest: dict[str, int] = {"a1": 1, "a2": 1, LEGACY_AREA: 1}
+        self.lineages: dict[str, Lineage] = {}
         # faults
         self.preflight_fault = False
         self.copy_fault = False
@@ -109,9 +133,40 @@ class World:
     def desired_runs(self, side: Side) -> dict[str, int]:
         return dict(
             rules.desired_runs(
-                side=side, authoritative=self.committed.values(), transactions=self.active()
+                side=side,
+                authoritative=self.committed.values(),
+                transactions=self.active(),
+                lineages=self.lineages,
             )
         )
+
+    def lineage(self, area: str) -> Lineage:
+        return rules.lineage_of(area, lineages=self.lineages, committed=self.committed)
+
+    def _start(self, side: Side, area: str, generation: int) -> None:
+        """A process starts on `side`: it must find the newest data, then it writes."""
+        found = self.data.get((side, area))
+        if area in self.newest and found != self.newest[area]:
+            raise Violation(
+                f"t={self.t:.2f}: {area}@{generation} started on {side} with data version "
+                f"{found}, but version {self.newest[area]} was written; "
+                f"lineage {self.lineages.get(area)}; transaction {self.transactions.get(area)}"
+            )
+        version = (found or 0) + 1
+        self.data[(side, area)] = version
+        self.newest[area] = version
+        self._procs(side)[area] = generation
+
+    def _delete_data(self, side: Side, area: str) -> None:
+        managed = area in self.committed  # an orphan's data (a stale VPS entry) is not ours
+        if managed and self.data.get((side, area)) == self.newest[area]:
+            newest = self.newest[area]
+            if not any(self.data.get((s, area)) == newest for s in Side if s is not side):
+                raise Violation(f"t={self.t:.2f}: the only newest copy of {area} ({side}) deleted")
+        self.data.pop((side, area), None)
+
+    def _claim(self, side: Side, area: str) -> None:
+        self.lineages[area] = lineage.claimed(self.lineage(area), side)
 
     def parked(self) -> bool:
         return any(t.phase is Phase.PARKED for t in self.transactions.values())
@@ -142,7 +197,8 @@ class World:
         if entry is not None and entry.generation < generation:
             self.remote_procs.pop(area, None)
         self.entries[area] = EntryState(generation, self._lease_until(), self.t)
-        self.remote_procs[area] = generation
+        if self.remote_procs.get(area) != generation:
+            self._start(Side.REMOTE, area, generation)
         return True
 
     def agent_stop(self, area: str, generation: int) -> None:
@@ -153,6 +209,8 @@ class World:
         entry = self.entries.get(area)
         if entry is not None and entry.generation != generation:
             return  # 409: touches nothing
+        if entry is not None:
+            self._delete_data(Side.REMOTE, area)
         self.entries.pop(area, None)
         if self.remote_procs.get(area) == generation:
             del self.remote_procs[area]
@@ -168,7 +226,8 @@ class World:
             entry = self.entries.get(area)
             if entry is not None and entry.generation == generation:
                 entry.lease_until = self._lease_until()
-                self.remote_procs.setdefault(area, generation)
+                if area not in self.remote_procs:
+                    self._start(Side.REMOTE, area, generation)
 
     # ------------------------------------------------------------------ the PBX
 
@@ -179,7 +238,8 @@ class World:
             if wanted.get(area) != generation:
                 del self.local_procs[area]
         for area, generation in wanted.items():
-            self.local_procs.setdefault(area, generation)
+            if area not in self.local_procs:
+                self._start(Side.LOCAL, area, generation)
 
     def _ctx(
         self,
@@ -196,6 +256,7 @@ class World:
             lease=lease or self.leases.get(txn.area),
             error_code=error_code,
             new_generation=new_generation,
+            lineage=self.lineage(txn.area),
         )
 
     def _persist(
@@ -315,18 +376,51 @@ class World:
                     if txn.area in self.remote_procs:
                         return Outcome.FAILED, "DAEMON_STOP_FAILED"
                     return Outcome.OK, None
-                case phases.CopyData():
+                case phases.CopyData(source=source, destination=destination):
                     if not self._vps():
                         return Outcome.UNREACHABLE, "SSH_UNREACHABLE"
                     if self.copy_fault:
                         return Outcome.FAILED, "COPY_INCOMPLETE"
+                    plan = lineage.copy_plan(
+                        self.lineage(txn.area), source=source, destination=destination
+                    )
+                    if plan is CopyPlan.REFUSE:
+                        return Outcome.FAILED, "COPY_INCOMPLETE"
+                    if plan is CopyPlan.COPY:
+                        self.data[(destination, txn.area)] = self.data.get((source, txn.area))
+                        self.lineages[txn.area] = lineage.copied(
+                            self.lineage(txn.area), source=source, destination=destination
+                        )
                     return Outcome.OK, None
+                case phases.ReturnData(source=source, destination=destination):
+                    if not self._vps():
+                        if self.discard_unreachable_data:
+                            self.lineages[txn.area] = lineage.discarded(
+                                self.lineage(txn.area), keep=destination
+                            )
+                            kept = self.data.get((destination, txn.area))
+                            self.newest[txn.area] = kept or 0  # the loss is accepted
+                            return Outcome.DATA_DISCARDED, None
+                        return Outcome.UNREACHABLE, "SSH_UNREACHABLE"
+                    # Stop the destination again first: copy only from a stopped process.
+                    if source is Side.REMOTE:
+                        self.agent_stop(txn.area, action.source_generation)
+                    elif self.local_procs.get(txn.area) == action.source_generation:
+                        del self.local_procs[txn.area]
+                    if not self.broken_copy_back:
+                        self.data[(destination, txn.area)] = self.data.get((source, txn.area))
+                    self.lineages[txn.area] = lineage.copied(
+                        self.lineage(txn.area), source=source, destination=destination
+                    )
+                    return Outcome.DATA_RETURNED, None
                 case phases.CreateDestination(generation=generation):
                     if not remote_dest:
-                        self.local_procs[txn.area] = generation
+                        self._claim(Side.LOCAL, txn.area)
+                        self._start(Side.LOCAL, txn.area, generation)
                         return Outcome.OK, None
                     if not self._vps():
                         return Outcome.UNREACHABLE, "AGENT_UNREACHABLE"
+                    self._claim(Side.REMOTE, txn.area)
                     self.leases[txn.area] = AreaLease(
                         area=txn.area, generation=generation, owner_id="me",
                         acknowledged_at=self.t, ttl=TTL,
@@ -349,19 +443,23 @@ class World:
                     if side is Side.LOCAL:
                         if self.local_procs.get(txn.area) == generation:
                             del self.local_procs[txn.area]
+                        self._delete_data(Side.LOCAL, txn.area)  # archived away
                         return Outcome.OK, None
                     if not self._vps():
                         return Outcome.UNREACHABLE, "AGENT_UNREACHABLE"
                     self.agent_delete(txn.area, generation)
                     return Outcome.OK, None
-                case phases.FenceDestination(generation=generation):
+                case phases.FenceDestination(generation=generation, keep_data=keep_data):
                     if not remote_dest:
                         if self.local_procs.get(txn.area) == generation:
                             del self.local_procs[txn.area]
                         return Outcome.FENCED, None
                     if not self._vps():
                         return Outcome.UNREACHABLE, "AGENT_UNREACHABLE"
-                    self.agent_delete(txn.area, generation)
+                    if keep_data:
+                        self.agent_stop(txn.area, generation)
+                    else:
+                        self.agent_delete(txn.area, generation)
                     return Outcome.FENCED, None
                 case phases.EnqueueCleanup(item=item):
                     self.cleanup.setdefault(item.id, item)
@@ -370,7 +468,8 @@ class World:
                     if self.broken_lease_wait or self.t >= until:
                         return Outcome.LEASE_EXPIRED, None
                     return None
-                case phases.RestartSource():
+                case phases.RestartSource(side=side):
+                    self._claim(side, txn.area)
                     return rules.rollback_completion_outcome(
                         consecutive_failures=self.failures, park_after_failures=PARK_AFTER
                     ), None
@@ -445,6 +544,12 @@ class World:
                 if decision.generation != item.generation:
                     raise Violation(f"cleanup of {item.id} acts on {decision.generation}")
                 self._check_stop_allowed("cleanup", item.side, item.area, item.generation)
+                if not lineage.may_discard_data(self.lineage(item.area), item.side):
+                    if item.side is Side.REMOTE:  # fence the process, keep the newest data
+                        self.agent_stop(item.area, item.generation)
+                    elif self.local_procs.get(item.area) == item.generation:
+                        del self.local_procs[item.area]
+                    continue
                 self._remove(item.side, item.area, item.generation)
                 decision = cleanup_policy.decide(item, self.observe(item.side, item.area))
             if isinstance(decision, cleanup_policy.Done):
