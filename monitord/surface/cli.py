@@ -1,7 +1,9 @@
 """The `monitord` command line: parses arguments and hands each verb to its module.
 
-Each verb lives in its own module exposing `add_arguments(parser)` and `main(args) -> int`;
-modules keep heavy imports inside `main` so that `--help` and bad usage stay fast.
+Each verb lives in a module that declares `VERBS = {verb: (add_arguments, main)}`; only the
+invoked verb's module is imported (a verb run over SSH on the VPS must not pay for, or even
+have, the PBX side), and modules keep heavy imports inside `main` so that `--help` and bad
+usage stay fast.
 Exit codes: 0 ok, 2 bad usage or config, 3 duplicate instance.
 """
 
@@ -25,6 +27,8 @@ VERBS: dict[str, tuple[str, str]] = {
     "status": ("monitord.surface.client_commands", "show tunnel, services, areas and transactions"),
     "place": ("monitord.surface.client_commands", "move a service to local or remote"),
     "retry": ("monitord.surface.client_commands", "let a parked service try again"),
+    "rollback": ("monitord.surface.client_commands",
+                 "override a rollback that waits for data: --discard-remote-data SERVICE"),
     "bundle": ("monitord.surface.client_commands", "write a diagnostic bundle (.tar.gz)"),
     "demo": ("monitord.surface.demo", "run the self-contained demonstration (no root, no VPS)"),
     "agent": ("monitord.vps.cli", "run the remote agent on the VPS"),
@@ -49,11 +53,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                 raise
             verb_parser.set_defaults(_missing=module_name)
             continue
-        add = getattr(module, f"add_{verb.replace('-', '_')}_arguments", None)
-        add = add or module.add_arguments
+        add, run = module.VERBS[verb]
         add(verb_parser)
-        entry = getattr(module, f"main_{verb.replace('-', '_')}", None) or module.main
-        verb_parser.set_defaults(_entry=entry)
+        verb_parser.set_defaults(_entry=run)
     return parser
 
 
@@ -61,8 +63,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     verb = next((w for w in words if not w.startswith("-")), None)
     parser = build_parser(only=verb if verb in VERBS else None)
+    parser.set_defaults(_missing=None)
     args = parser.parse_args(words)
-    if getattr(args, "_missing", None):
+    if args._missing:
         print(f"monitord: '{args.verb}' is not available in this build", file=sys.stderr)
         return EXIT_USAGE
     result: int = args._entry(args)

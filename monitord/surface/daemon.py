@@ -377,3 +377,6 @@ def main(args: argparse.Namespace) -> int:
     logs.configure(loaded.monitord.log_format)
     return asyncio.run(Daemon(loaded).serve())
 
+
+# The verb this module serves (monitord.surface.cli): verb -> (add arguments, run).
+VERBS = {"run": (add_arguments, main)}

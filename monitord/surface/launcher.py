@@ -101,3 +101,7 @@ def main(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return EXIT_FAILURE
+
+
+# The verb this module serves (monitord.surface.cli): verb -> (add arguments, run).
+VERBS = {"launch": (add_arguments, main)}

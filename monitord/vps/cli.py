@@ -237,3 +237,10 @@ def main_agent_launch(args: argparse.Namespace) -> int:
     log.error("agent_launch_failed", error_code="DAEMON_START_FAILED", dir=str(base_dir),
               exit_status=child.poll())
     return EXIT_FAILURE
+
+
+# The verbs this module serves (monitord.surface.cli): verb -> (add arguments, run).
+VERBS = {
+    "agent": (add_agent_arguments, main_agent),
+    "agent-launch": (add_agent_launch_arguments, main_agent_launch),
+}

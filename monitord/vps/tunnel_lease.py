@@ -420,3 +420,7 @@ def _serve_one(op: str, request: dict[str, Any], *, args: argparse.Namespace,
                               nonce=str(request["nonce"]).encode(),
                               timeout_s=float(request.get("timeout", 5.0)))
     raise LeaseCommandError("BAD_REQUEST", f"unknown op {op!r}")
+
+
+# The verb this module serves (monitord.surface.cli): verb -> (add arguments, run).
+VERBS = {"tunnel-lease": (add_tunnel_lease_arguments, main_tunnel_lease)}
