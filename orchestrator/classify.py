@@ -83,6 +83,7 @@ LOCAL_FAULTS: Mapping[str, ErrorCode] = MappingProxyType({
     "monitord_toml_invalid": ErrorCode.CONFIG_INVALID,
     "start_on_stale_data": ErrorCode.DATA_NOT_NEWEST,
     "rollback_data_unreachable": ErrorCode.ROLLBACK_DATA_UNREACHABLE,
+    "daemon_api_silent": ErrorCode.DAEMON_UNREACHABLE,
     "store_write": ErrorCode.STORE_WRITE_FAILED,
     "instance_lock_held": ErrorCode.DUPLICATE_INSTANCE,
     "provision_push": ErrorCode.PROVISION_FAILED,

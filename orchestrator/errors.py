@@ -76,6 +76,7 @@ class ErrorCode(StrEnum):
     TRANSACTION_CONFLICT = "TRANSACTION_CONFLICT"
     DAEMON_START_FAILED = "DAEMON_START_FAILED"
     DAEMON_STOP_FAILED = "DAEMON_STOP_FAILED"
+    DAEMON_UNREACHABLE = "DAEMON_UNREACHABLE"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -218,6 +219,9 @@ _ROWS: tuple[tuple[ErrorCode, Severity, bool, str, str], ...] = (
     (_E.DAEMON_STOP_FAILED, _S.CRITICAL, True,
            "A daemon could not be proven stopped.",
            "Check the PID named in the detail; monitord keeps the other side stopped."),
+    (_E.DAEMON_UNREACHABLE, _S.ERROR, True,
+           "The monitord daemon's API did not answer this command.",
+           "Check `systemctl status monitord`; start it with `monitord launch -c FILE`."),
 )
 
 CATALOGUE: Mapping[ErrorCode, CatalogueEntry] = MappingProxyType(

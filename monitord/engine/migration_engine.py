@@ -177,8 +177,12 @@ class MigrationEngine:
     # -- intake (HTTP) -------------------------------------------------------------------
 
     async def record_placement(self, *, service: str, area: str | None, location: str) -> list[str]:
-        """Durably record a wish and open its transactions; returns their ids (for 202)."""
+        """Durably record a wish and open its transactions; returns their ids (for 202).
+
+        The authoritative file is checked first (a stat; re-read only when it changed): a
+        corrupt custom_config.json refuses the request before anything stops."""
         wanted = Side(location)
+        await self.state.recheck()
         if self.state.corrupt is not None:
             raise PermanentError(
                 ErrorCode.CONFIG_CORRUPT,
@@ -224,6 +228,32 @@ class MigrationEngine:
             self.last_errors.pop(service, None)
         self._wake.set()
         return resumed
+
+    async def discard_remote_data(self, service: str, *, area: str | None = None) -> list[str]:
+        """The operator's override: rollbacks of `service` (or of one area) that wait for
+        the destination's newer data give it up and restart their source on its own data.
+
+        Recorded as a `remote_data_discarded` event per area. Raises TRANSACTION_CONFLICT
+        when no rollback of that service (area) waits for data."""
+        async with self.intake_lock:
+            waiting = [
+                txn for txn in self.state.transactions.values()
+                if txn.service == service and (area is None or txn.area == area)
+                and txn.phase in (Phase.ROLLBACK, Phase.PARKED) and txn.destination_fenced
+                and phases.awaits_data(txn, self.state.lineage(txn.area))
+            ]
+            if not waiting:
+                where = f"area {area}" if area else f"service {service}"
+                raise PermanentError(
+                    ErrorCode.TRANSACTION_CONFLICT,
+                    f"no rollback of {where} waits for data on the other side",
+                )
+            for txn in waiting:
+                await self.actions.discard_data(txn, keep=txn.source, reason="operator")
+                self._not_before.pop(txn.area, None)
+        self._wake.set()
+        self._start_runners()
+        return [txn.transaction_id for txn in waiting]
 
     # -- opening transactions -----------------------------------------------------------
 

@@ -6,6 +6,7 @@ tunnel directly; it calls these methods:
 
     record_placement(service, area, location)   durable wish + transactions (the 202 intake)
     retry(service)                              leave PARKED with fresh generations
+    discard_remote_data(service, area)          a waiting rollback gives the newer data up
     snapshot()                                  the status document (GET /v1/status)
     transactions(limit) / cleanup(limit)        history and the cleanup queue
     metrics_text()                              the Prometheus exposition
@@ -69,6 +70,11 @@ class OperatorFacade:
         """Let a parked service try again; the ids of the transactions resumed."""
         return await self.engine.retry(service)
 
+    async def discard_remote_data(self, service: str, *, area: str | None) -> list[str]:
+        """Rollbacks waiting for the other side's newer data give it up (the operator's
+        explicit choice, recorded as events); the ids of the transactions that did."""
+        return await self.engine.discard_remote_data(service, area=area)
+
     def knows_service(self, service: str) -> bool:
         return service in self.config.services
 
@@ -91,7 +97,8 @@ class OperatorFacade:
             "owner_label": self.config.monitord.owner_label,
             "at": time.time(),
             "accepting": self.accepting(),
-            "config_error": corrupt.detail if corrupt else None,
+            "config_error": {"code": str(corrupt.code), "detail": corrupt.detail}
+            if corrupt else None,
             "tunnel": self._tunnel_view(),
             "counts": counts,
             "services": services,

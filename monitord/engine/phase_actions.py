@@ -158,7 +158,13 @@ class PhaseActions:
     # -- PREFLIGHT -----------------------------------------------------------------------
 
     async def preflight(self, txn: Transaction) -> Outcome:
-        """Every preflight check for a move to the VPS; reachability + local space back."""
+        """Every preflight check for a move to the VPS; reachability + local space back.
+
+        First of all the authoritative file: nothing stops while custom_config.json is
+        corrupt (the commit could not be written, and the move would only roll back)."""
+        if not await self.state.recheck():
+            assert self.state.corrupt is not None
+            raise error_for(ErrorCode.CONFIG_CORRUPT, self.state.corrupt.detail)
         link = self._link()
         await self._wait_for_tunnel(link)
         if txn.destination is Side.LOCAL:

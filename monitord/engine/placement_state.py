@@ -47,6 +47,7 @@ class PlacementState:
         # reconciler, each in a worker thread: one at a time, or a commit can be lost on
         # disk or undone in memory (and the supervisor would start a migrated area again).
         self._file_lock = asyncio.Lock()
+        self._read_stamp: tuple[int, int, int] | None = None  # (inode, size, mtime_ns) read
 
     # -- loading ---------------------------------------------------------------------------
 
@@ -64,6 +65,13 @@ class PlacementState:
         for row in rows:
             self._apply_desired(row["service"], row.get("area"), Side(row["location"]))
 
+    async def recheck(self) -> bool:
+        """Re-read custom_config.json only if it changed on disk since it was last read
+        (inode, size, mtime); False when it is (now) corrupt. Cheap enough for every request."""
+        if _stamp(self.custom_config_path) != self._read_stamp:
+            return await self.reload_committed()
+        return self.corrupt is None
+
     async def reload_committed(self) -> bool:
         """Re-read custom_config.json; False (and `corrupt` set) when it cannot be parsed.
 
@@ -71,14 +79,17 @@ class PlacementState:
         changes are refused until the file is fixed (CONFIG_CORRUPT).
         """
         async with self._file_lock:
+            stamp = _stamp(self.custom_config_path)
             try:
                 document = await asyncio.to_thread(
                     spool_files.read_custom_config, self.custom_config_path
                 )
             except spool_files.ConfigCorrupt as e:
                 self.corrupt = e
+                self._read_stamp = stamp
                 return False
             self._apply_committed(document)
+            self._read_stamp = stamp
         return True
 
     def _apply_committed(self, document: spool_files.CustomConfig) -> None:
@@ -171,12 +182,13 @@ class PlacementState:
                 )
             except spool_files.ConfigCorrupt as e:
                 self.corrupt = e
-                raise error_for(ErrorCode.CONFIG_CORRUPT, str(e)) from e
+                raise error_for(ErrorCode.CONFIG_CORRUPT, e.detail) from e
             except KeyError as e:
                 raise error_for(
                     ErrorCode.UNKNOWN_AREA, f"area {area} is no longer in custom_config.json"
                 ) from e
             self._apply_committed(document)
+            self._read_stamp = _stamp(self.custom_config_path)
 
     async def record_desired(self, *, service: str, area: str | None, location: Side) -> None:
         await self.store.set_desired_placement(
@@ -205,3 +217,11 @@ class PlacementState:
         self.changed.set()
         for listener in self._listeners:
             listener()
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns

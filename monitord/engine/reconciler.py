@@ -29,7 +29,7 @@ from monitord.local.supervisor import LocalSupervisor
 from monitord.remote.agent_client import to_remote_inventory
 from monitord.remote.remote_link import RemoteLink
 from monitord.store.state_db import Store
-from orchestrator import planner
+from orchestrator import lineage, planner
 from orchestrator.errors import ErrorCode, MonitordError
 from orchestrator.models import CleanupItem, LocalInventory, ProcessInfo, RemoteInventory, Side
 
@@ -183,13 +183,22 @@ class Reconciler:
             match action:
                 case planner.RemoveRemoteEntry():
                     assert self.remote is not None
-                    await self.remote.agent.delete(area=action.area, generation=action.generation)
+                    if lineage.may_discard_data(self.state.lineage(action.area), Side.REMOTE):
+                        await self.remote.agent.delete(
+                            area=action.area, generation=action.generation
+                        )
+                    else:  # its data there is the newest: fence the process, keep the data
+                        await self.remote.agent.stop(
+                            area=action.area, generation=action.generation
+                        )
                 case planner.StopProcess(side=Side.REMOTE):
                     assert self.remote is not None
                     await self.remote.agent.stop(area=action.area, generation=action.generation)
                 case planner.StopProcess(side=Side.LOCAL):
                     await self.supervisor.stop_area_at(action.area, action.generation)
                 case planner.CreateRemoteEntry():
+                    # A start like any other: only on the newest data (raises DATA_NOT_NEWEST).
+                    await self.state.claim_data(action.area, Side.REMOTE)
                     await self.actions.restart_remote(
                         service=action.service, area=action.area, generation=action.generation
                     )

@@ -19,6 +19,7 @@ from typing import Any
 
 from monitord.base import config as config_mod
 from monitord.base.hostport import split_hostport
+from orchestrator.errors import ErrorCode, TransientError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 REQUEST_TIMEOUT_S = 10.0
@@ -37,8 +38,14 @@ BUSY_STATES = frozenset(
 )
 
 
-class DaemonUnreachable(Exception):
-    """The daemon's HTTP API did not answer."""
+class DaemonUnreachable(TransientError):
+    """The daemon's HTTP API did not answer (DAEMON_UNREACHABLE); `detail` is the one line."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(ErrorCode.DAEMON_UNREACHABLE, detail)
+
+    def __str__(self) -> str:
+        return self.detail
 
 
 class ApiError(Exception):
@@ -76,6 +83,17 @@ def add_place_arguments(parser: argparse.ArgumentParser) -> None:
 def add_retry_arguments(parser: argparse.ArgumentParser) -> None:
     _add_config(parser)
     parser.add_argument("service")
+
+
+def add_rollback_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_config(parser)
+    parser.add_argument("service")
+    parser.add_argument(
+        "--discard-remote-data", action="store_true", required=True,
+        help="let rollbacks that wait for data the destination wrote give it up and restart"
+             " the source on its own (older) data; recorded as an event",
+    )
+    parser.add_argument("--area", help="only this area (UUID)")
 
 
 def add_bundle_arguments(parser: argparse.ArgumentParser) -> None:
@@ -166,6 +184,16 @@ def main_retry(args: argparse.Namespace) -> int:
 
 
 @_guarded
+def main_rollback(args: argparse.Namespace) -> int:
+    body = {"area": args.area} if args.area else {}
+    result = Client.from_config(_load(args)).json(
+        "POST", f"/v1/services/{args.service}/discard-remote-data", body
+    )
+    print(json.dumps(result))
+    return EXIT_OK
+
+
+@_guarded
 def main_place(args: argparse.Namespace) -> int:
     client = Client.from_config(_load(args))
     path = (
@@ -228,3 +256,13 @@ def main_bundle(args: argparse.Namespace) -> int:
     os.chmod(output, 0o600)
     print(f"wrote {output} ({len(payload)} bytes)")
     return EXIT_OK
+
+
+# The verbs this module serves (monitord.surface.cli): verb -> (add arguments, run).
+VERBS = {
+    "status": (add_status_arguments, main_status),
+    "place": (add_place_arguments, main_place),
+    "retry": (add_retry_arguments, main_retry),
+    "rollback": (add_rollback_arguments, main_rollback),
+    "bundle": (add_bundle_arguments, main_bundle),
+}

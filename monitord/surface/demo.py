@@ -137,3 +137,7 @@ class Demo:
             f" cleanup backlog {backlog}; {time.monotonic() - self.started:.1f} s"
         )
         return 0 if ok else 1
+
+
+# The verb this module serves (monitord.surface.cli): verb -> (add arguments, run).
+VERBS = {"demo": (add_arguments, main)}

@@ -31,7 +31,7 @@ from aiohttp import web
 from monitord.base.config import Config
 from monitord.store import spool_files
 from monitord.surface.admission import Admission
-from orchestrator.errors import ErrorCode, MonitordError
+from orchestrator.errors import ErrorCode, MonitordError, PermanentError
 
 if TYPE_CHECKING:
     from monitord.engine.operator_facade import OperatorFacade
@@ -143,8 +143,11 @@ def mutating(handler: Handler) -> Handler:
     return admitted
 
 
-class _BadRequest(Exception):
-    pass
+class _BadRequest(PermanentError):
+    """A request body the API cannot take (400 BAD_REQUEST); nothing was changed."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(ErrorCode.BAD_REQUEST, detail)
 
 
 async def _read_location(request: web.Request) -> str:
@@ -185,7 +188,7 @@ async def put_service_placement(request: web.Request) -> web.StreamResponse:
     try:
         location = await _read_location(request)
     except _BadRequest as e:
-        return error_response(400, code="BAD_REQUEST", detail=str(e))
+        return error_response(400, code=e.code, detail=e.detail)
     if service not in ctx.config.services:
         return error_response(
             404, code="UNKNOWN_SERVICE", detail=f"service {service!r} is not configured"
@@ -200,11 +203,12 @@ async def put_area_placement(request: web.Request) -> web.StreamResponse:
     try:
         location = await _read_location(request)
     except _BadRequest as e:
-        return error_response(400, code="BAD_REQUEST", detail=str(e))
+        return error_response(400, code=e.code, detail=e.detail)
     try:
         placement = await asyncio.to_thread(spool_files.read_custom_config, ctx.custom_config_path)
     except spool_files.ConfigCorrupt as e:
-        return error_response(500, code=e.code, detail=e.detail)
+        # The authoritative file is unreadable: nothing may move until it is fixed.
+        return error_response(409, code=e.code, detail=e.detail)
     entry = placement.entry(uuid)
     if entry is None:
         return error_response(

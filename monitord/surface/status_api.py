@@ -1,10 +1,12 @@
 """Read-side HTTP routes of the daemon and the documents behind them.
 
-`GET /v1/status`, `GET /v1/transactions`, `GET /v1/cleanup`, `POST /v1/services/{s}/retry`
-(admitted like every mutating request), `GET /metrics`, `GET /v1/diagnostics/bundle` and the
-status page at `/`. Every handler asks the operator facade (monitord.engine.operator_facade) for
-its answer; nothing here reaches into the engine. Called by `monitord.surface.daemon`, which
-serves these routes whenever an engine is behind the API.
+`GET /v1/status`, `GET /v1/transactions`, `GET /v1/cleanup`, `GET /metrics`,
+`GET /v1/diagnostics/bundle`, the status page at `/`, and the two operator actions
+`POST /v1/services/{s}/retry` and `POST /v1/services/{s}/discard-remote-data` (admitted like
+every mutating request). Every handler asks the operator facade
+(monitord.engine.operator_facade) for its answer; nothing here reaches into the engine.
+Called by `monitord.surface.daemon`, which serves these routes whenever an engine is behind
+the API.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from aiohttp import web
 
 from monitord.base.metrics import CONTENT_TYPE
 from monitord.surface import bundle, http_api
+from orchestrator.errors import MonitordError
 
 if TYPE_CHECKING:
     from monitord.engine.operator_facade import OperatorFacade
@@ -65,6 +68,33 @@ async def post_retry(request: web.Request) -> web.StreamResponse:
             404, code="UNKNOWN_SERVICE", detail=f"service {service!r} is not configured"
         )
     ids = await operator.retry(service)
+    return web.json_response({"service": service, "transaction_ids": ids}, status=202)
+
+
+@http_api.mutating
+async def post_discard_remote_data(request: web.Request) -> web.StreamResponse:
+    """The operator's override for rollbacks waiting on the destination's newer data:
+    body `{}` for every waiting area of the service, `{"area": UUID}` for one."""
+    operator = _operator(request)
+    service = request.match_info["service"]
+    if not operator.knows_service(service):
+        return http_api.error_response(
+            404, code="UNKNOWN_SERVICE", detail=f"service {service!r} is not configured"
+        )
+    try:
+        body = await request.json(loads=json.loads) if request.can_read_body else {}
+    except (ValueError, UnicodeDecodeError) as e:
+        return http_api.error_response(400, code="BAD_REQUEST", detail=f"body is not JSON: {e}")
+    if not isinstance(body, dict) or set(body) - {"area"} or not isinstance(
+        body.get("area", ""), str
+    ):
+        return http_api.error_response(
+            400, code="BAD_REQUEST", detail='body must be {} or {"area": "<uuid>"}'
+        )
+    try:
+        ids = await operator.discard_remote_data(service, area=body.get("area") or None)
+    except MonitordError as e:
+        return http_api.error_response(409, code=e.code, detail=e.detail)
     return web.json_response({"service": service, "transaction_ids": ids}, status=202)
 
 
@@ -124,6 +154,7 @@ def routes() -> list[web.RouteDef]:
         web.get("/v1/transactions", get_transactions),
         web.get("/v1/cleanup", get_cleanup),
         web.post("/v1/services/{service}/retry", post_retry),
+        web.post("/v1/services/{service}/discard-remote-data", post_discard_remote_data),
         web.get("/metrics", get_metrics),
         web.get("/v1/diagnostics/bundle", get_bundle),
         web.route("*", "/{tail:.*}", not_found),  # must stay last

@@ -97,8 +97,9 @@ def summary_lines(status: dict[str, Any]) -> list[str]:
         f"cleanup backlog: {cleanup.get('backlog', 0)} (stuck {cleanup.get('stuck', 0)})"
         f", drift: {drift.get('after', drift.get('current', 0))}",
     ]
-    if status.get("config_error"):
-        lines.append(f"CONFIG_CORRUPT: {status['config_error']}")
+    error = status.get("config_error")
+    if error:
+        lines.append(f"{error['code']}: {error['detail']}")
     for tx in status.get("transactions", []):
         lines.append(
             f"  tx {tx.get('transaction_id', '')[:8]} {tx.get('service')}/{tx.get('area', '')[:8]}"

@@ -5,8 +5,10 @@ black-holed (no reset: only keepalives notice); monitord is started a second tim
 the running one, then the first is SIGKILLed and two are started at once; the VPS comes back
 with its stale cache. Checked: no second monitord ever runs, the source stays the only owner
 until a commit (the detector, which hears remote daemons over the veth even while SSH is
-dead, sees no overlap — asserted by the fixture), orphans are removed from the agent's cache
-and processes, and after SSH returns every area is served on exactly one side.
+dead, sees no overlap — asserted by the fixture), an area whose VPS copy ran is not started
+on its older local data while the VPS is away (no data regression — asserted by the fixture
+too), orphans are removed from the agent's cache and processes, and after SSH returns every
+area is served on exactly one side.
 """
 
 from __future__ import annotations
@@ -94,6 +96,7 @@ class TestIncidentReplay:
 
         # 2. SSH goes into a black hole. Nothing is committed yet: the source is authoritative.
         assert all(stack.committed()[a].get("location", "local") == "local" for a in areas)
+        ran_remotely = remote_daemon_areas(netns_vps) & remote_entries(stack)
         netns_vps.black_hole()
         cut_at = time.time()
         # The detector is not blind meanwhile: a remote daemon is heard over the veth well
@@ -121,14 +124,26 @@ class TestIncidentReplay:
         adopt(stack, winner)
         await stack.wait_until(lambda: _ready(stack), timeout_s=30, what="one monitord ready")
 
-        # While SSH is dead, the source takes every area back (only after the remote
-        # leases provably lapsed: an overlap would fail the test at teardown).
+        # While SSH is dead, an area whose VPS copy never ran takes its source back; one
+        # whose VPS copy ran (and wrote) stays stopped: its newest data is on the VPS, out of
+        # reach, and a source started on its older data would lose those updates.
+        def served_as_expected() -> bool:
+            for area in areas:
+                alive = [k.side for k in stack.detector.alive(area)]
+                if alive != ([] if area in ran_remotely else ["local"]):
+                    return False
+            return True
+
         await stack.wait_until(
-            lambda: all(
-                [k.side for k in stack.detector.alive(area)] == ["local"] for area in areas
-            ),
-            timeout_s=60, what="every area served locally while the VPS is cut off",
+            served_as_expected, timeout_s=60,
+            what="fresh areas served locally, the VPS-written ones awaiting their data",
         )
+
+        async def awaiting_data() -> bool:
+            return (await stack.status())["services"]["tg"]["state"] == "awaiting_data"
+
+        await stack.wait_until(awaiting_data, timeout_s=30, what="the service awaiting data")
+        assert served_as_expected()
         assert remote_daemon_areas(netns_vps) == set()  # their leases lapsed on the VPS
         stale = {a: e["generation"] for a, e in stack.agent_cache().items()}
         assert stale, "the VPS keeps its stale cache entries while cut off"

@@ -205,7 +205,7 @@ class TestRefusedRequestsChangeNothing:
         assert area.status == 404 and await error_code(area) == "UNKNOWN_AREA"
         assert await real_store.desired_placements() == []
 
-    async def test_corrupt_custom_config_gets_500_and_is_left_as_found(
+    async def test_corrupt_custom_config_gets_409_and_is_left_as_found(
         self, tmp_path: Path, real_store: Store, admission: Admission
     ) -> None:
         custom = tmp_path / "custom_config.json"
@@ -213,7 +213,7 @@ class TestRefusedRequestsChangeNothing:
         client = await api_client(tmp_path, real_store, admission)
         try:
             response = await client.put(f"/v1/areas/{AREA}/placement", json={"location": "remote"})
-            assert response.status == 500 and await error_code(response) == "CONFIG_CORRUPT"
+            assert response.status == 409 and await error_code(response) == "CONFIG_CORRUPT"
         finally:
             await client.close()
         assert custom.read_text() == '{"custom_daemons": ['

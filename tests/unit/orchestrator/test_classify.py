@@ -56,6 +56,7 @@ REALISTIC: dict[ErrorCode, Observation] = {
     ErrorCode.CONFIG_INVALID: LocalFault("monitord_toml_invalid"),
     ErrorCode.DATA_NOT_NEWEST: LocalFault("start_on_stale_data"),
     ErrorCode.ROLLBACK_DATA_UNREACHABLE: LocalFault("rollback_data_unreachable"),
+    ErrorCode.DAEMON_UNREACHABLE: LocalFault("daemon_api_silent"),
     ErrorCode.CLEANUP_STUCK: CleanupOverdue(attempts=40),
     ErrorCode.DUPLICATE_INSTANCE: LocalFault("instance_lock_held"),
     ErrorCode.STORE_WRITE_FAILED: LocalFault("store_write"),

@@ -14,6 +14,8 @@ CONTRACT_STATES = {
     "idle", "preflight", "suppressing_source", "copying", "starting_destination",
     "awaiting_healthcheck", "committing", "rolling_back", "cleaning_orphans",
     "tunnel_conflict", "parked",
+    # added with data lineage: a rollback keeps an area stopped until its data is back
+    "awaiting_data",
 }
 LOCAL_AREA = Area(uuid="a1", service="tg", location=Location.LOCAL, generation=7)
 REMOTE_AREA = Area(uuid="a2", service="tg", location=Location.REMOTE, generation=3)
@@ -222,3 +224,20 @@ class TestServiceView:
         )
         assert result.state["tg"]["areas"] == {"u": {}}
         assert not result  # nothing had to change
+
+
+class TestAwaitingData:
+    """A rollback waiting for the destination's newer data shows as awaiting_data."""
+
+    def test_a_rollback_waiting_for_its_data_is_awaiting_data_not_rolling_back(self) -> None:
+        waiting = transaction(
+            phase=Phase.ROLLBACK, rollback_from=Phase.HEALTHCHECK_DESTINATION,
+            destination_fenced=True, data_wait_since=5.0,
+        )
+        rolling = waiting.model_copy(update={"data_wait_since": None})
+        for txn, expected in ((waiting, "awaiting_data"), (rolling, "rolling_back")):
+            state = status.service_state(
+                service="tg", authoritative=[LOCAL_AREA], transactions=[txn],
+                tunnel_conflict=False, orphans=0,
+            )
+            assert state == expected

@@ -601,6 +601,7 @@ class World:
         for action in result.actions:
             match action:
                 case planner.CreateRemoteEntry(area=area, generation=generation):
+                    self._claim(Side.REMOTE, area)  # raises if the VPS lacks the newest data
                     self.leases[area] = AreaLease(
                         area=area, generation=generation, owner_id="me",
                         acknowledged_at=self.t, ttl=TTL,
@@ -608,7 +609,10 @@ class World:
                     self.agent_create(area, generation)
                 case planner.RemoveRemoteEntry(area=area, generation=generation, side=side):
                     self._check_stop_allowed("reconcile", side, area, generation)
-                    self._remove(side, area, generation)
+                    if lineage.may_discard_data(self.lineage(area), side):
+                        self._remove(side, area, generation)
+                    else:
+                        self.agent_stop(area, generation)
                 case planner.StopProcess(area=area, generation=generation, side=side):
                     self._check_stop_allowed("reconcile", side, area, generation)
                     if side is Side.REMOTE:
