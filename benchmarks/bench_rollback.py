@@ -130,32 +130,36 @@ def _span(start: float | None, end: float | None) -> float | None:
 def _steps(*, moved: list[dict[str, Any]], rolled: list[dict[str, Any]], areas: list[str]
            ) -> _Steps:
     """Read the step durations out of the move's (`moved`) and the rollback's log records."""
-    ended, copies = {}, {}
-    fenced, returned = [], []
+    ended: dict[str, float] = {}
+    fenced: dict[str, float] = {}
+    returned: dict[str, float] = {}
     for area in areas:
-        ended[area] = _phase_at(rolled, area, phase="ROLLED_BACK")
-        fenced_at = _phase_at(rolled, area, outcome="fenced")
-        returned_at = _phase_at(rolled, area, outcome="data_returned")
-        if returned_at is None:
-            returned_at = _phase_at(rolled, area, outcome="data_discarded")
-        copies[area] = _span(fenced_at, returned_at)
-        fenced += [] if fenced_at is None else [fenced_at]
-        returned += [] if returned_at is None else [returned_at]
-    last = max(areas, key=lambda area: ended[area] or float("inf"))
+        found = {
+            "ended": _phase_at(rolled, area, phase="ROLLED_BACK"),
+            "fenced": _phase_at(rolled, area, outcome="fenced"),
+            "returned": _phase_at(rolled, area, outcome="data_returned")
+            or _phase_at(rolled, area, outcome="data_discarded"),
+        }
+        for into, key in ((ended, "ended"), (fenced, "fenced"), (returned, "returned")):
+            if (at := found[key]) is not None:
+                into[area] = at
+    if not (len(ended) == len(fenced) == len(returned) == len(areas)):
+        # Not every area logged a copy-back (the never-started reference): the fence only.
+        last = max(ended, key=ended.__getitem__, default=areas[0])
+        return _Steps(fence_s=_span(_phase_at(rolled, last, outcome="reverse_requested"),
+                                    fenced.get(last)),
+                      copy_back_s=None, copy_back_delay_s=None, copy_back_span_s=None,
+                      forward_copy_s=None)
+    copies = {area: returned[area] - fenced[area] for area in areas}
+    last = max(areas, key=ended.__getitem__)
     # Without any copy step each area's rollback would have ended earlier by its own
     # copy-back; the delay is how much later the last one ended than the latest of those.
-    delay = None
-    without = [end - copy for area in areas
-               if (end := ended[area]) is not None and (copy := copies[area]) is not None]
-    last_end = ended[last]
-    if len(without) == len(areas) and last_end is not None:
-        delay = last_end - max(without)
+    without_copy = max(ended[area] - copies[area] for area in areas)
     return _Steps(
-        fence_s=_span(_phase_at(rolled, last, outcome="reverse_requested"),
-                      _phase_at(rolled, last, outcome="fenced")),
-        copy_back_s=max((c for c in copies.values() if c is not None), default=None),
-        copy_back_delay_s=delay,
-        copy_back_span_s=max(returned) - min(fenced) if fenced and returned else None,
+        fence_s=_span(_phase_at(rolled, last, outcome="reverse_requested"), fenced[last]),
+        copy_back_s=max(copies.values()),
+        copy_back_delay_s=ended[last] - without_copy,
+        copy_back_span_s=max(returned.values()) - min(fenced.values()),
         forward_copy_s=_span(_phase_at(moved, last, phase="COPY", previous="SUPPRESS_SOURCE"),
                              _phase_at(moved, last, previous="COPY", outcome="ok")),
     )

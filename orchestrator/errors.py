@@ -187,8 +187,9 @@ _ROWS: tuple[tuple[ErrorCode, Severity, bool, str, str], ...] = (
     (_E.ROLLBACK_DATA_UNREACHABLE, _S.CRITICAL, True,
            "A rolled-back area stays stopped: the data it wrote on the destination cannot be"
            " reached to bring it back.",
-           "Restore the VPS link and monitord copies the data back and restarts the area; or"
-           " accept losing that data: `monitord rollback --discard-remote-data SERVICE`."),
+           "Restore the VPS link: monitord copies the data back and restarts the area (once"
+           " parked: `monitord retry SERVICE`); or accept losing that data:"
+           " `monitord rollback --discard-remote-data SERVICE`."),
     (_E.CLEANUP_STUCK, _S.ERROR, False,
            "A cleanup item keeps failing and needs a manual check.",
            "Check the side and generation named in the detail; monitord keeps retrying."),

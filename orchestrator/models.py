@@ -112,7 +112,7 @@ class Area(_Frozen):
 
 
 class Transaction(_Stored):
-    """The durable record of one area's migration (the contract fields, plus three more).
+    """The durable record of one area's migration (the contract fields, plus four more).
 
     Added fields, each needed to decide the next step after a crash from the record alone:
     `source_generation` (the source's stop and cleanup are generation-checked),

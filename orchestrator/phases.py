@@ -17,9 +17,10 @@ shape of the happy path but differ where the sides differ: only a remote destina
 be unreachable while it is fenced, so only local->remote rollbacks wait for a lease to
 lapse (`LEASE_EXPIRED`); a local destination that will not stop is retried instead.
 
-Besides the table, three guards protect the safety rules (orchestrator/rules.py explains
+Besides the table, four guards protect the safety rules (orchestrator/rules.py explains
 them): a rollback may restart the source only once the destination is fenced
-(`destination_fenced`); a lease counts as lapsed only when area_leases.provably_expired()
+(`destination_fenced`) and only once the source holds the newest data again
+(orchestrator/lineage.py); a lease counts as lapsed only when area_leases.provably_expired()
 says so at the `now` passed in; a retry out of PARKED needs a freshly issued generation.
 
 What to do in a phase is derived from the record alone (`next_actions()`), so after a
@@ -66,6 +67,7 @@ class Outcome(StrEnum):
     REVERSE_REQUESTED = "reverse_requested"  # the operator asked for the source side again
     PARK = "park"  # failed too often: stop trying until an operator retries
     RETRY_REQUESTED = "retry_requested"  # the operator's retry of a parked service
+    ROLLBACK_RESUMED = "rollback_resumed"  # the operator's retry of a rollback parked for data
     DATA_RETURNED = "data_returned"  # rollback: the destination's data is back at the source
     DATA_DISCARDED = "data_discarded"  # rollback: the destination's newer data was given up
 
@@ -81,6 +83,8 @@ OUTCOME_MEANINGS: Mapping[Outcome, str] = MappingProxyType({
     Outcome.REVERSE_REQUESTED: "the operator asked for the source side again",
     Outcome.PARK: "failed too often: stop retrying until an operator asks",
     Outcome.RETRY_REQUESTED: "the operator's retry of a parked service (new generation)",
+    Outcome.ROLLBACK_RESUMED: "the operator's retry (or discard) of a rollback that parked"
+                              " waiting for its data: the rollback goes on where it stopped",
     Outcome.DATA_RETURNED: "rollback: the data the destination wrote is copied back, verified",
     Outcome.DATA_DISCARDED: "rollback: the destination's newer data was given up (by policy"
                             " or the operator's override)",
@@ -149,7 +153,7 @@ def _table(direction: Direction) -> Mapping[Phase, Mapping[Outcome, Phase]]:
             **({_O.LEASE_EXPIRED: _P.ROLLBACK} if l2r else {}),
         },
         _P.ROLLED_BACK: {},
-        _P.PARKED: {_O.RETRY_REQUESTED: _P.PREFLIGHT},
+        _P.PARKED: {_O.RETRY_REQUESTED: _P.PREFLIGHT, _O.ROLLBACK_RESUMED: _P.ROLLBACK},
     }
     return MappingProxyType({phase: MappingProxyType(moves) for phase, moves in rows.items()})
 
@@ -347,6 +351,11 @@ def _guard(txn: Transaction, outcome: Outcome, ctx: StepContext) -> None:
     if outcome is Outcome.RETRY_REQUESTED:
         if ctx.new_generation is None or ctx.new_generation <= txn.generation:
             raise IllegalTransition(f"{where}: a retry needs a newly issued generation")
+        if parked_rollback(txn) and awaits_data(txn, ctx.lineage):
+            # Starting over would abandon the newest data where the rollback left it.
+            raise IllegalTransition(f"{where}: a rollback waiting for its data is resumed")
+    if outcome is Outcome.ROLLBACK_RESUMED and not parked_rollback(txn):
+        raise IllegalTransition(f"{where}: only a rollback that parked can be resumed")
 
 
 def _updates(
@@ -356,7 +365,9 @@ def _updates(
     if ctx.error_code is not None:
         changes["last_error_code"] = ctx.error_code
         changes["last_error_detail"] = ctx.error_detail
-    if target is Phase.ROLLBACK and txn.phase is not Phase.ROLLBACK:
+    if outcome is Outcome.ROLLBACK_RESUMED:
+        changes["data_wait_since"] = None  # a new wait, measured from its first failure
+    elif target is Phase.ROLLBACK and txn.phase is not Phase.ROLLBACK:
         # Nothing can run at the destination before CREATE_DESTINATION was entered.
         changes["rollback_from"] = txn.phase
         changes["destination_fenced"] = not reached(txn.phase, Phase.COPY)
@@ -365,7 +376,11 @@ def _updates(
             changes["destination_fenced"] = True
         elif outcome in (Outcome.DATA_RETURNED, Outcome.DATA_DISCARDED):
             changes["data_wait_since"] = None
-        elif txn.destination_fenced and awaits_data(txn, ctx.lineage):
+        elif (
+            outcome in (Outcome.FAILED, Outcome.UNREACHABLE)
+            and txn.destination_fenced
+            and awaits_data(txn, ctx.lineage)
+        ):
             # The copy-back failed: the source stays stopped; remember since when.
             if txn.data_wait_since is None:
                 changes["data_wait_since"] = ctx.at
@@ -462,6 +477,12 @@ def next_actions(txn: Transaction, ctx: StepContext) -> tuple[Action, ...]:
         case Phase.ROLLBACK:
             return _rollback_actions(txn, ctx)
     raise AssertionError(f"unhandled phase {txn.phase}")  # pragma: no cover
+
+
+def parked_rollback(txn: Transaction) -> bool:
+    """A PARKED record that parked in the middle of its rollback (the destination fenced,
+    the source not yet restarted), as opposed to one parked after failed preflights."""
+    return txn.phase is Phase.PARKED and txn.rollback_from is not None and txn.destination_fenced
 
 
 def awaits_data(txn: Transaction, current: Lineage | None) -> bool:

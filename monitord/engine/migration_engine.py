@@ -219,6 +219,13 @@ class MigrationEngine:
             for txn in list(self.state.transactions.values()):
                 if txn.service != service or txn.phase is not Phase.PARKED:
                     continue
+                if phases.parked_rollback(txn) and phases.awaits_data(
+                    txn, self.state.lineage(txn.area)
+                ):
+                    # It parked waiting for the destination's data: try to bring it back.
+                    await self._advance(txn, Outcome.ROLLBACK_RESUMED)
+                    resumed.append(txn.transaction_id)
+                    continue
                 committed = self.state.committed[txn.area]
                 generation = await self.store.issue_generation(
                     txn.area, floor=max(committed.generation, txn.generation)
@@ -251,6 +258,8 @@ class MigrationEngine:
             for txn in waiting:
                 await self.actions.discard_data(txn, keep=txn.source, reason="operator")
                 self._not_before.pop(txn.area, None)
+                if txn.phase is Phase.PARKED:  # the rollback goes on: restart the source
+                    await self._advance(txn, Outcome.ROLLBACK_RESUMED)
         self._wake.set()
         self._start_runners()
         return [txn.transaction_id for txn in waiting]

@@ -20,7 +20,7 @@ from aiohttp import web
 
 from monitord.base.metrics import CONTENT_TYPE
 from monitord.surface import bundle, http_api
-from orchestrator.errors import MonitordError
+from orchestrator.errors import ErrorCode, MonitordError
 
 if TYPE_CHECKING:
     from monitord.engine.operator_facade import OperatorFacade
@@ -94,7 +94,8 @@ async def post_discard_remote_data(request: web.Request) -> web.StreamResponse:
     try:
         ids = await operator.discard_remote_data(service, area=body.get("area") or None)
     except MonitordError as e:
-        return http_api.error_response(409, code=e.code, detail=e.detail)
+        status = 409 if e.code is ErrorCode.TRANSACTION_CONFLICT else 500
+        return http_api.error_response(status, code=e.code, detail=e.detail)
     return web.json_response({"service": service, "transaction_ids": ids}, status=202)
 
 

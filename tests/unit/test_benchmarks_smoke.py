@@ -13,6 +13,7 @@ from benchmarks import (
     bench_idle_rss,
     bench_migration,
     bench_reconcile,
+    bench_rollback,
     bench_status_api,
 )
 
@@ -60,3 +61,11 @@ class TestWholeInstallationBenchmarks:
         )
         assert_figures(migration, count=1, names={"migration_local_to_remote"})
         assert_figures(status, count=1, names={"status_api_latency_during_migration"})
+
+    async def test_rollback_copy_back_of_one_area_under_both_policies(
+        self, tmp_path: Path
+    ) -> None:
+        # The smallest case; measure() itself raises on any overlap or data regression.
+        figures = await bench_rollback.measure(tmp_path, cases=((1, 256 * 1024),))
+        assert_figures(figures, count=2, names={"rollback_copy_back"})
+        assert [f["rollback_data"] for f in figures] == ["preserve", "discard"]

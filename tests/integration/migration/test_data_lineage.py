@@ -142,6 +142,34 @@ class TestRecoveryFirst:
         assert survivor_life.goodbye_at is not None
 
 
+async def _parked_waiting_for_data(stack: Stack, area: str) -> dict[str, object]:
+    """A move to the VPS held at its health check, the VPS cut off, the operator back to
+    local: the rollback waits for the VPS's data and parks after rollback_data_wait_s."""
+    await stack.wait_settled(expect={"tg": "local"})
+    assert await stack.stop_monitord() == 0
+    await stack.start_monitord(env={"MONITORD_HOLD_AT": f"{L2R}:HEALTHCHECK_DESTINATION"})
+    await stack.place("tg", "remote")
+    await stack.wait_event("hold_point")
+    await stack.wait_until(
+        lambda: any(k.side == "remote" for k in stack.detector.alive(area)),
+        timeout_s=20, what="the destination runs on the VPS",
+    )
+    await asyncio.sleep(1.0)  # it writes session records
+    await stack.partition()
+    await stack.place("tg", "local")
+    stack.release_hold()
+
+    async def parked() -> dict[str, object] | None:
+        service = (await stack.status())["services"]["tg"]
+        return service if service["state"] == "parked" else None
+
+    await stack.wait_until(parked, timeout_s=60, what="parked after rollback_data_wait_s")
+    service = await parked()
+    assert service is not None
+    assert not any(k.side == "local" for k in stack.detector.alive(area))
+    return service
+
+
 class TestOperatorOverride:
     """A rollback that waits too long for its data parks with both choices named; the
     operator's `rollback --discard-remote-data` restarts the source and says so."""
@@ -151,31 +179,11 @@ class TestOperatorOverride:
     ) -> None:
         stack = await stack_factory(services={"tg": 1}, rollback_data_wait_s=3.0)
         area = stack.areas["tg"][0]
-        await stack.wait_settled(expect={"tg": "local"})
-        assert await stack.stop_monitord() == 0
-        await stack.start_monitord(env={"MONITORD_HOLD_AT": f"{L2R}:HEALTHCHECK_DESTINATION"})
-        await stack.place("tg", "remote")
-        await stack.wait_event("hold_point")
-        await stack.wait_until(
-            lambda: any(k.side == "remote" for k in stack.detector.alive(area)),
-            timeout_s=20, what="the destination runs on the VPS",
-        )
-        await stack.partition()
-        await stack.place("tg", "local")
-        stack.release_hold()
-
+        service = await _parked_waiting_for_data(stack, area)
         code, body = await stack.request(
             "POST", "/v1/services/tg/discard-remote-data", {"nonsense": 1}
         )
         assert (code, body["error"]["code"]) == (400, "BAD_REQUEST")
-
-        async def parked() -> dict[str, object] | None:
-            service = (await stack.status())["services"]["tg"]
-            return service if service["state"] == "parked" else None
-
-        await stack.wait_until(parked, timeout_s=60, what="parked after rollback_data_wait_s")
-        service = await parked()
-        assert service is not None
         error = service["last_error"]
         assert isinstance(error, dict) and error["code"] == "ROLLBACK_DATA_UNREACHABLE"
         assert "--discard-remote-data" in error["action"] and "VPS" in error["action"]
@@ -200,3 +208,25 @@ class TestOperatorOverride:
         await stack.heal()
         assert (await run_cli("retry", "tg", "-c", str(stack.config_path))).code == 0
         await stack.wait_settled(expect={"tg": "local"}, timeout_s=90)
+
+    async def test_parked_then_retried_after_heal_brings_the_data_back(
+        self, stack_factory: StackFactory
+    ) -> None:
+        stack = await stack_factory(services={"tg": 1}, rollback_data_wait_s=3.0)
+        area = stack.areas["tg"][0]
+        await _parked_waiting_for_data(stack, area)
+        await stack.heal()
+        await asyncio.sleep(2.0)
+        assert not any(k.side == "local" for k in stack.detector.alive(area)), (
+            "parked: nothing moves until the operator says so"
+        )
+        result = await run_cli("retry", "tg", "-c", str(stack.config_path))
+        assert result.code == 0, result.stderr
+        await stack.wait_settled(expect={"tg": "local"}, timeout_s=90)
+        remote_wrote = max(
+            life.records for life in stack.detector.lives(area) if life.key.side == "remote"
+        )
+        [back] = [life for life in stack.detector.alive(area) if life.side == "local"]
+        [life] = [lf for lf in stack.detector.lives(area) if lf.key == back]
+        assert life.start_records is not None and life.start_records >= remote_wrote
+        assert stack.events("remote_data_discarded") == []

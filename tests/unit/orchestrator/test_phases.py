@@ -42,6 +42,7 @@ for d in BOTH:
         (d, P.ROLLBACK, Out.FENCED, P.ROLLBACK),
         (d, P.ROLLBACK, Out.DATA_RETURNED, P.ROLLBACK),
         (d, P.ROLLBACK, Out.DATA_DISCARDED, P.ROLLBACK),
+        (d, P.PARKED, Out.ROLLBACK_RESUMED, P.ROLLBACK),
         (d, P.ROLLBACK, Out.FAILED, P.ROLLBACK),
         (d, P.ROLLBACK, Out.RECOVERED_UNCOMMITTED, P.ROLLBACK),
         (d, P.ROLLBACK, Out.OK, P.ROLLED_BACK),
@@ -78,6 +79,8 @@ def _record_satisfying_guards(direction: Direction, phase: Phase, outcome: Outco
     if phase is P.ROLLBACK:
         changes["rollback_from"] = P.HEALTHCHECK_DESTINATION
         changes["destination_fenced"] = outcome in (Out.OK, Out.PARK)
+    if phase is P.PARKED and outcome is Out.ROLLBACK_RESUMED:
+        changes.update(rollback_from=P.HEALTHCHECK_DESTINATION, destination_fenced=True)
     return transaction(source=_source(direction), phase=phase, **changes)
 
 
@@ -347,3 +350,31 @@ class TestRollbackReturnsTheNewestData:
         actions = phases.next_actions(record, StepContext(at=1.0, lineage=copied))
         assert isinstance(actions[-1], phases.RestartSource)
         assert not any(isinstance(a, phases.ReturnData) for a in actions)
+
+
+class TestARollbackParkedForItsData:
+    """A rollback that parked waiting for its data is resumed, never started over."""
+
+    REMOTE_WROTE = Lineage(area="a1", holders=frozenset({Side.REMOTE}), epoch=2)
+
+    def _parked(self) -> Transaction:
+        return transaction(
+            phase=P.PARKED, rollback_from=P.HEALTHCHECK_DESTINATION, destination_fenced=True,
+            data_wait_since=3.0, last_error_code="ROLLBACK_DATA_UNREACHABLE",
+        )
+
+    def test_a_retry_that_would_start_over_is_refused(self) -> None:
+        ctx = StepContext(at=9.0, new_generation=9, lineage=self.REMOTE_WROTE)
+        with pytest.raises(phases.IllegalTransition, match="resumed"):
+            phases.step(self._parked(), Out.RETRY_REQUESTED, ctx)
+
+    def test_resuming_goes_back_to_returning_the_data(self) -> None:
+        ctx = StepContext(at=9.0, lineage=self.REMOTE_WROTE)
+        resumed, actions = phases.step(self._parked(), Out.ROLLBACK_RESUMED, ctx)
+        assert resumed.phase is P.ROLLBACK and resumed.data_wait_since is None
+        assert any(isinstance(a, phases.ReturnData) for a in actions)
+
+    def test_only_a_parked_rollback_can_be_resumed(self) -> None:
+        parked_preflight = transaction(phase=P.PARKED, last_error_code="PREFLIGHT_ARCH")
+        with pytest.raises(phases.IllegalTransition, match="only a rollback"):
+            phases.step(parked_preflight, Out.ROLLBACK_RESUMED, StepContext(at=1.0))

@@ -53,6 +53,7 @@ PARK_AFTER = 3
 CLEANUP = CleanupPolicy(base_s=0.5, cap_s=4.0, stuck_after_attempts=6)
 LEGACY_GRACE = 5.0
 LEGACY_AREA = "legacy-1"
+DATA_WAIT = 3.0  # rollback_data_wait_s: a rollback waiting this long for its data parks
 
 
 class Violation(AssertionError):
@@ -333,6 +334,10 @@ class World:
 
     def _count_failures(self, txn: Transaction, outcome: Outcome) -> Outcome:
         failing = outcome in (Outcome.FAILED, Outcome.UNREACHABLE)
+        waited = txn.data_wait_since
+        if txn.phase is Phase.ROLLBACK and failing and waited is not None:
+            if self.t - waited >= DATA_WAIT:
+                return Outcome.PARK
         if txn.phase is Phase.PREFLIGHT and failing:
             self.failures += 1
             verdict = rules.failure_outcome(
@@ -493,7 +498,11 @@ class World:
 
     def retry_parked(self) -> None:
         for txn in list(self.transactions.values()):
-            if txn.phase is Phase.PARKED:
+            if txn.phase is Phase.PARKED and phases.parked_rollback(txn) and phases.awaits_data(
+                txn, self.lineage(txn.area)
+            ):
+                self._persist(txn, Outcome.ROLLBACK_RESUMED)
+            elif txn.phase is Phase.PARKED:
                 self.ledger, generation = self.ledger.issue(
                     txn.area, floor=self.committed[txn.area].generation
                 )
