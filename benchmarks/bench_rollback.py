@@ -9,16 +9,18 @@ reverses (`PUT /v1/services/tg/placement {"location": "local"}`) and the hold is
 destination took the data over when it started, so the rollback fences it (stops the running
 process), copies its data back to the PBX (staging, manifest, SHA-256 check, atomic rename:
 the same `monitord.remote.area_copy` code as COPY, the other way; then the lineage record) and
-only then restarts the source. The clock starts
-at the reversal request and stops when every area has a local process alive that started after
-it (heartbeats seen by the detector) and `GET /v1/status` lists no transaction.
+only then restarts the source. The clock starts at the reversal request and stops when every
+area has a local process alive that started after it (heartbeats seen by the detector) and
+`GET /v1/status` lists no transaction. Each case runs on its own stack: first the
+never-started reversal (below), then one figure per policy in POLICIES (monitord restarted on a
+rewritten `rollback_data`), each one reversal.
 
 The reference, and why it is this one: the question is what the copy-back ADDS to a rollback
 that must happen anyway, so the reference is the same rollback without its copy step —
 `reference_s` = wall time minus `copy_back_delay_s`, the time monitord's own log shows the copy
 steps (each area's `fenced` -> `data_returned` record) held up the last area's end. That is
-what the rollback costs when the source restarts on its own data: before data lineage, or under
-an explicit discard. `ratio` = wall / reference (1.0: the copy-back costs nothing).
+what this rollback costs when the source restarts on its own data, as it did before data
+lineage. `ratio` = wall / reference: ratio - 1 is what the copy-back adds (0.2: 20 % longer).
 The alternatives do not answer that question:
 - `rollback_data = "discard"`: with the VPS reachable a discarding rollback copies the data back
   just the same — the policy only decides what happens when the copy-back FAILS. It is measured
@@ -43,7 +45,7 @@ areas and `data_discarded` = 0 say the copy-back ran in every figure, `rollbacks
 `step_retries` = 0 that nothing else happened on the way.
 
 Called by `python -m benchmarks`; the unit smoke test calls `measure()` with its smallest case.
-Not a test: no figure is pass/fail.
+Not a test: no timing is pass/fail.
 """
 
 from __future__ import annotations
