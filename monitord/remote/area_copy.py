@@ -8,27 +8,49 @@ Called by the migration engine. Both directions follow the same protocol:
 A copy cut at any point leaves at most a staging dir behind (removed by the next try);
 the destination dir is either the old one or the complete new one, never a mix. A
 mismatch raises COPY_INCOMPLETE; the engine retries or rolls back.
+
+The VPS is untrusted input. Its listing (step 1 of a download) is read with a size bound
+and validated WHOLE before the staging dir is even created: every line must be
+`<64 hex>  <name>` (or sha256sum's escaped form, a leading backslash with `\\` and `\n` in
+the name), every name relative and normalised (no absolute path, no empty, `.` or `..`
+component, no NUL or carriage return, valid UTF-8, listed once, never both a file and a
+directory). Each file is then fetched only if its real path on the VPS is the listed one
+(no remote symlink on the way) and written through directory fds with O_NOFOLLOW and
+O_EXCL, so a symlink in the staging dir is never followed. Upload writes names with a
+backslash or newline in the escaped form and refuses names no listing could carry.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
+import re
 import shutil
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import BinaryIO
 
 import asyncssh
 
 from monitord.remote import remote_exec, ssh_errors
-from orchestrator.errors import ErrorCode, TransientError
+from orchestrator.errors import ErrorCode, MonitordError, error_for
 
 STAGING_SUFFIX = ".staging"
 _CHUNK = 1 << 20
 _SCRIPT_TIMEOUT_S = 60.0
+# Bounds on a VPS listing. An area's data dir (one messenger account's session, keys,
+# database and media cache) holds hundreds to a few tens of thousands of files; 200,000
+# entries leaves an order of magnitude of room while bounding the PBX's work per copy. The
+# byte bound caps memory before parsing: 64 MiB is ~330 bytes per line at the entry bound
+# (a line is 64 hex + 2 spaces + "./" + a name, usually well under 200 bytes).
+_MAX_LISTING_ENTRIES = 200_000
+_MAX_LISTING_BYTES = 64 << 20
+_LINE = re.compile(rb"(\\?)([0-9a-f]{64})  (.+)", re.DOTALL)
+_UNESCAPE = {ord("\\"): "\\", ord("n"): "\n"}
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes total)
 
@@ -69,21 +91,106 @@ def local_manifest(root: Path) -> tuple[FileEntry, ...]:
     return tuple(sorted(entries, key=lambda e: e.path))
 
 
+def _sha256sum_line(entry: FileEntry) -> str:
+    """One `sha256sum -c` line; a name with a backslash or newline in GNU's escaped form."""
+    if "\\" in entry.path or "\n" in entry.path:
+        escaped = entry.path.replace("\\", "\\\\").replace("\n", "\\n")
+        return f"\\{entry.sha256}  ./{escaped}\n"
+    return f"{entry.sha256}  ./{entry.path}\n"
+
+
 def _sha256sum_text(manifest: tuple[FileEntry, ...]) -> bytes:
-    return "".join(f"{e.sha256}  ./{e.path}\n" for e in manifest).encode()
+    return "".join(_sha256sum_line(e) for e in manifest).encode()
 
 
-def _parse_sha256sum(text: str) -> dict[str, str]:
-    result = {}
-    for line in text.splitlines():
-        digest, _, path = line.partition("  ")
-        if digest and path:
-            result[path.removeprefix("./")] = digest
+def name_problem(rel: str) -> str | None:
+    """Why `rel` cannot be an area file's path (relative to the area dir), or None.
+
+    Accepted: relative, POSIX separators, normalised (no empty, `.` or `..` component), no
+    NUL, no carriage return (coreutils 9 and older disagree on how sha256sum writes and
+    reads one), representable in UTF-8. The same rule holds for both directions."""
+    if not rel:
+        return "an empty name"
+    if rel.startswith("/"):
+        return "an absolute path"
+    if "\0" in rel:
+        return "a NUL byte in the name"
+    if "\r" in rel:
+        return "a carriage return in the name"
+    for part in rel.split("/"):
+        if part in ("", ".", ".."):
+            return f"a {part!r} component" if part else "an empty component"
+    try:
+        rel.encode("utf-8")
+    except UnicodeEncodeError:
+        return "a name that is not valid UTF-8"
+    return None
+
+
+def _parse_listing(raw: bytes) -> dict[str, str]:
+    """A VPS `sha256sum` listing as {relative name: digest}, or COPY_INCOMPLETE naming the
+    first bad entry. Nothing is trusted: see the module docstring for what is accepted."""
+    if not raw:
+        return {}
+    lines = raw.split(b"\n")
+    if lines[-1] != b"":
+        return _bad_listing(f"its last line is cut short: {_shown(lines[-1])}")
+    lines.pop()
+    if len(lines) > _MAX_LISTING_ENTRIES:
+        return _bad_listing(f"it has {len(lines)} entries, more than {_MAX_LISTING_ENTRIES}")
+    result: dict[str, str] = {}
+    for number, line in enumerate(lines, 1):
+        match = _LINE.fullmatch(line)
+        if match is None:
+            return _bad_listing(f"line {number} is not '<64 hex>  <name>': {_shown(line)}")
+        escaped, digest, raw_name = match.groups()
+        try:
+            name = raw_name.decode("utf-8")
+        except UnicodeDecodeError:
+            return _bad_listing(f"line {number} has a name that is not UTF-8: {_shown(line)}")
+        if escaped:
+            unescaped = _unescape(name)
+            if unescaped is None:
+                return _bad_listing(f"line {number} has a bad escape: {_shown(line)}")
+            name = unescaped
+        rel = name.removeprefix("./")
+        problem = name_problem(rel)
+        if problem is not None:
+            return _bad_listing(f"line {number} names {rel!r}: {problem}")
+        if rel in result:
+            return _bad_listing(f"line {number} lists {rel!r} a second time")
+        result[rel] = digest.decode()
+    dirs = {str(parent) for rel in result for parent in PurePosixPath(rel).parents}
+    for rel in sorted(result):
+        if rel in dirs:
+            return _bad_listing(f"{rel!r} is listed both as a file and as a directory")
     return result
 
 
-def _incomplete(detail: str) -> TransientError:
-    return TransientError(ErrorCode.COPY_INCOMPLETE, detail)
+def _unescape(name: str) -> str | None:
+    out: list[str] = []
+    chars = iter(name)
+    for char in chars:
+        if char == "\\":
+            following = _UNESCAPE.get(ord(next(chars, "x")))
+            if following is None:
+                return None
+            out.append(following)
+        else:
+            out.append(char)
+    return "".join(out)
+
+
+def _shown(line: bytes) -> str:
+    return repr(line[:120])[2:-1] + ("…" if len(line) > 120 else "")
+
+
+def _bad_listing(why: str) -> dict[str, str]:
+    raise _incomplete(f"refusing the VPS's file listing: {why}")
+
+
+def _incomplete(detail: str) -> MonitordError:
+    return error_for(ErrorCode.COPY_INCOMPLETE, detail)
 
 
 def _sftp_translated(during: str, *, timeout_s: float) -> AbstractContextManager[None]:
@@ -106,9 +213,9 @@ def _fsync_dir(path: Path) -> None:
 
 # Remote side: fixed scripts, values passed as positional parameters (never spliced).
 _PREPARE = 'rm -rf -- "$1" && mkdir -p -- "$1"'
-_VERIFY = (
+_VERIFY = (  # counts NUL-terminated names: a name may hold a newline
     'cd -- "$1" && { [ "$3" -eq 0 ] || sha256sum --quiet --strict -c -- "$2" >&2; }'
-    ' && test "$(find . -type f | wc -l)" -eq "$3"'
+    """ && test "$(find . -type f -print0 | tr -cd '\\000' | wc -c)" -eq "$3\""""
 )
 _PROMOTE = (
     'set -e; dst=$1; stg=$2; mkdir -p -- "$(dirname -- "$dst")";'
@@ -132,6 +239,9 @@ async def upload(
 ) -> CopyReport:
     """Copy local_dir to remote_dir on the VPS, verified there, swapped in by rename."""
     manifest = await asyncio.to_thread(local_manifest, local_dir)
+    for entry in manifest:
+        if (problem := name_problem(entry.path)) is not None:
+            raise _incomplete(f"cannot copy {local_dir}: {entry.path!r} has {problem}")
     total = sum(e.size for e in manifest)
     staging = remote_dir.rstrip("/") + STAGING_SUFFIX
     await _script(conn, _PREPARE, staging)
@@ -167,28 +277,96 @@ async def download(
     progress: Progress | None = None,
     timeout_s: float = 600.0,
 ) -> CopyReport:
-    """Copy remote_dir from the VPS to local_dir, verified here, swapped in by rename."""
-    listing = await _script(conn, _LIST, remote_dir)
+    """Copy remote_dir from the VPS to local_dir, verified here, swapped in by rename.
+
+    The VPS's listing is validated whole before anything is written (a bad one raises
+    COPY_INCOMPLETE and leaves local_dir and its staging dir as they were); a file reached
+    through a symlink, on either side, fails the copy and removes the staging dir."""
+    listing = await remote_exec.run_script(
+        conn, _LIST, args=(remote_dir,), timeout_s=_SCRIPT_TIMEOUT_S,
+        max_stdout=_MAX_LISTING_BYTES,
+    )
+    if listing.stdout_truncated:
+        raise _incomplete(
+            f"refusing the VPS's file listing of {remote_dir}: more than"
+            f" {_MAX_LISTING_BYTES} bytes"
+        )
     listing.raise_for_status(ErrorCode.COPY_INCOMPLETE)
-    expected = _parse_sha256sum(listing.text)
+    expected = _parse_listing(listing.stdout)
     staging = local_dir.with_name(local_dir.name + STAGING_SUFFIX)
     await asyncio.to_thread(_reset_dir, staging)
     done = 0
-    with _sftp_translated(f"download of {remote_dir}", timeout_s=timeout_s):
-        async with asyncio.timeout(timeout_s), conn.start_sftp_client() as sftp:
-            for rel in sorted(expected):
-                target = staging / rel
-                target.parent.mkdir(parents=True, exist_ok=True)
-                await sftp.get(f"{remote_dir.rstrip('/')}/{rel}", str(target))
-                done += target.stat().st_size
-                if progress:
-                    progress(done, done)
+    try:
+        with _sftp_translated(f"download of {remote_dir}", timeout_s=timeout_s):
+            async with asyncio.timeout(timeout_s), conn.start_sftp_client() as sftp:
+                remote_root = (await sftp.realpath(remote_dir)).rstrip("/") if expected else ""
+                for rel in sorted(expected):
+                    source = f"{remote_root}/{rel}"
+                    if await sftp.realpath(source) != source:
+                        raise _incomplete(
+                            f"refusing {rel!r} from {remote_dir}: a symlink on the VPS"
+                            " leads elsewhere"
+                        )
+                    with _create_inside(staging, rel) as out:
+                        async with sftp.open(source, "rb") as f:
+                            while chunk := await f.read(_CHUNK):
+                                out.write(_as_bytes(chunk))
+                        done += out.tell()
+                    if progress:
+                        progress(done, done)
+    except MonitordError as e:
+        if e.code == ErrorCode.COPY_INCOMPLETE:  # refused, not cut: leave nothing behind
+            await asyncio.to_thread(shutil.rmtree, staging, True)
+        raise
     got = {e.path: e.sha256 for e in await asyncio.to_thread(local_manifest, staging)}
     if got != expected:
         bad = sorted(set(got) ^ set(expected) | {p for p in got if got[p] != expected.get(p)})
         raise _incomplete(f"downloaded copy of {remote_dir} differs in {bad[:5]}")
     await asyncio.to_thread(_promote_local, staging, local_dir)
     return CopyReport(files=len(got), bytes=done)
+
+
+def _as_bytes(chunk: bytes | str) -> bytes:
+    if isinstance(chunk, str):  # a file opened "rb" without an encoding reads bytes
+        raise TypeError("SFTP read returned text")
+    return chunk
+
+
+def _create_inside(root: Path, rel: str) -> BinaryIO:
+    """A new file root/rel opened for writing, never through a symlink.
+
+    rel is already validated (name_problem). The resolved path must lie strictly inside
+    root; each directory on the way is created or opened relative to its parent's fd with
+    O_NOFOLLOW and the file is created with O_EXCL|O_NOFOLLOW, so a symlink found (or
+    planted) in the staging dir is refused, never followed."""
+    resolved_root = root.resolve()
+    resolved = (root / rel).resolve()
+    if resolved == resolved_root or not resolved.is_relative_to(resolved_root):
+        raise _incomplete(f"refusing to write {rel!r}: it resolves outside {root}")
+    *dirs, name = rel.split("/")
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(root, flags)
+    try:
+        for part in dirs:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, dir_fd=fd)
+            try:
+                child = os.open(part, flags, dir_fd=fd)
+            except OSError as e:  # ELOOP / ENOTDIR: a symlink or a file is in the way
+                raise _incomplete(f"refusing to write {rel!r}: {part!r} is not a directory"
+                                  f" ({e.strerror})") from e
+            os.close(fd)
+            fd = child
+        try:
+            out = os.open(
+                name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o666, dir_fd=fd,
+            )
+        except OSError as e:
+            raise _incomplete(f"refusing to write {rel!r}: {e.strerror}") from e
+    finally:
+        os.close(fd)
+    return os.fdopen(out, "wb")
 
 
 def _reset_dir(path: Path) -> None:

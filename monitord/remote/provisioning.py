@@ -47,7 +47,7 @@ SECRET_NAME = "agent.secret"
 BIN_DIR_MODE = 0o700
 SECRET_MODE = 0o600
 _CHUNK = 256 * 1024
-_NAME_RE = re.compile(r"^[A-Za-z0-9_+-][A-Za-z0-9._+-]*$")
+_NAME_RE = re.compile(r"[A-Za-z0-9_+-][A-Za-z0-9._+-]*")  # matched whole (fullmatch)
 
 # "$1" = bin dir, "$@" after shift = artifact names. Prints "stale N", then one line per
 # artifact: "have MODE SHA NAME" or "missing - - NAME".
@@ -110,7 +110,7 @@ class LocalArtifact:
     def from_path(cls, path: Path, *, name: str | None = None, mode: int = 0o755) -> LocalArtifact:
         """Describe a local file (hashing it now); the remote name defaults to its file name."""
         remote_name = name or path.name
-        if not _NAME_RE.match(remote_name):
+        if not _NAME_RE.fullmatch(remote_name):
             raise ValueError(f"artifact name {remote_name!r} must be a plain file name")
         return cls(
             path=path,
@@ -252,7 +252,7 @@ async def _prepare(
 ) -> tuple[dict[str, str], int, dict[str, int]]:
     names = [item.name for item in artifacts]
     for name in names:
-        if not _NAME_RE.match(name):
+        if not _NAME_RE.fullmatch(name):
             raise ValueError(f"artifact name {name!r} must be a plain file name")
     result = await remote_exec.run_script(
         conn, _PREPARE_SCRIPT, args=[bin_dir, *names], timeout_s=timeout_s

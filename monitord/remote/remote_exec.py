@@ -14,7 +14,10 @@ it into the caller's own code. sshd always hands an exec request to the user's s
 `-c` (never a login shell); `run_script` therefore passes multi-step probes as one
 `/bin/sh -c SCRIPT name ARG…` so values travel as positional parameters, never spliced
 into script text. Secrets never go on a command line: send them on stdin (`input=`) or
-over SFTP.
+over SFTP. The VPS is untrusted: a caller that parses the output passes `max_stdout`, and
+at most that much of stdout (and the tail of stderr) is kept; the rest is read and dropped
+until the command ends (or `timeout_s` runs out) and `CommandResult.stdout_truncated` is set,
+instead of buffering whatever the VPS sends.
 
 Called by provisioning, preflight and the tunnel's remote helpers.
 """
@@ -22,6 +25,7 @@ Called by provisioning, preflight and the tunnel's remote helpers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shlex
 import signal
 from collections.abc import Sequence
@@ -33,6 +37,8 @@ from monitord.remote import ssh_errors
 from orchestrator.errors import ErrorCode, error_for
 
 _STDERR_TAIL = 400
+_READ_CHUNK = 64 * 1024
+_STDERR_KEEP = 64 * 1024  # with max_stdout, the most of stderr kept (its end)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -43,6 +49,7 @@ class CommandResult:
     exit_status: int
     stdout: bytes
     stderr: bytes
+    stdout_truncated: bool = False  # stdout went past max_stdout; the rest was dropped
 
     @property
     def ok(self) -> bool:
@@ -80,10 +87,15 @@ async def run(
     *,
     timeout_s: float,
     input: bytes | None = None,
+    max_stdout: int | None = None,
 ) -> CommandResult:
-    """Run argv on the VPS and wait for it, at most `timeout_s` seconds in total."""
+    """Run argv on the VPS and wait for it, at most `timeout_s` seconds in total.
+
+    With `max_stdout`, at most that many bytes of stdout are kept: the rest is read and
+    dropped until the command ends, and the result has `stdout_truncated` set."""
     line = command_line(argv)
     process: asyncssh.SSHClientProcess[bytes] | None = None
+    truncated = False
     try:
         with ssh_errors.translated(
             code=ErrorCode.SSH_UNREACHABLE, during=f"running {argv[0]} on the VPS",
@@ -91,7 +103,12 @@ async def run(
         ):
             async with asyncio.timeout(timeout_s):
                 process = await conn.create_process(line, encoding=None)
-                stdout, stderr = await process.communicate(input)
+                if max_stdout is None:
+                    stdout, stderr = await process.communicate(input)
+                else:
+                    stdout, stderr, truncated = await _communicate_bounded(
+                        process, input, max_stdout
+                    )
                 completed = await process.wait(check=False)
     finally:
         if process is not None and process.exit_status is None:
@@ -104,7 +121,43 @@ async def run(
         exit_status=status,
         stdout=bytes(stdout or b""),
         stderr=bytes(stderr or b""),
+        stdout_truncated=truncated,
     )
+
+
+async def _communicate_bounded(
+    process: asyncssh.SSHClientProcess[bytes], input: bytes | None, max_stdout: int
+) -> tuple[bytes, bytes, bool]:
+    """`communicate` that keeps at most max_stdout bytes of stdout (dropping the rest as it
+    arrives) and the tail of stderr: (stdout, stderr, truncated)."""
+    if input is not None:
+        process.stdin.write(input)
+    process.stdin.write_eof()
+    stderr_task = asyncio.create_task(_read_tail(process.stderr, _STDERR_KEEP))
+    stdout = bytearray()
+    truncated = False
+    try:
+        while chunk := await process.stdout.read(_READ_CHUNK):
+            if truncated:
+                continue
+            if len(stdout) + len(chunk) > max_stdout:
+                stdout += chunk[: max_stdout - len(stdout)]
+                truncated = True
+            else:
+                stdout += chunk
+        return bytes(stdout), await stderr_task, truncated
+    finally:
+        stderr_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await stderr_task
+
+
+async def _read_tail(stream: asyncssh.SSHReader[bytes], keep: int) -> bytes:
+    tail = bytearray()
+    while chunk := await stream.read(_READ_CHUNK):
+        tail += chunk
+        del tail[:-keep]
+    return bytes(tail)
 
 
 async def run_script(
@@ -114,10 +167,12 @@ async def run_script(
     args: Sequence[str] = (),
     timeout_s: float,
     input: bytes | None = None,
+    max_stdout: int | None = None,
 ) -> CommandResult:
     """Run a fixed POSIX sh script on the VPS; `args` arrive as "$1"…, never as script text."""
     return await run(
-        conn, ["/bin/sh", "-c", script, "monitord", *args], timeout_s=timeout_s, input=input
+        conn, ["/bin/sh", "-c", script, "monitord", *args],
+        timeout_s=timeout_s, input=input, max_stdout=max_stdout,
     )
 
 

@@ -130,3 +130,48 @@ class TestVerification:
         async with vps.connect() as conn:
             await area_copy.upload(conn, local_dir=src, remote_dir=str(remote))
         assert _tree(remote) == _tree(src)
+
+
+class TestAwkwardNames:
+    """Names sha256sum writes in its escaped form (a backslash, a newline) survive both ways;
+    a name no listing can carry unambiguously (a carriage return) is refused, not mangled."""
+
+    async def test_backslash_and_newline_names_round_trip(
+        self, vps: VpsServer, tmp_path: Path
+    ) -> None:
+        src, remote, back = tmp_path / "src", tmp_path / "vps" / "a6", tmp_path / "back"
+        _make_area(src)
+        (src / "back\\slash").write_bytes(b"one")
+        (src / "db" / "new\nline").write_bytes(b"two")
+        (src / "both\\n\nx").write_bytes(b"three")
+        async with vps.connect() as conn:
+            up = await area_copy.upload(conn, local_dir=src, remote_dir=str(remote))
+            down = await area_copy.download(conn, remote_dir=str(remote), local_dir=back)
+        assert _tree(remote) == _tree(src) == _tree(back)
+        assert up.files == down.files == 6
+
+    async def test_a_carriage_return_in_a_name_is_refused_on_upload(
+        self, vps: VpsServer, tmp_path: Path
+    ) -> None:
+        src, remote = tmp_path / "src", tmp_path / "vps" / "a7"
+        _make_area(src)
+        (src / "bad\r").write_bytes(b"x")
+        remote.mkdir(parents=True)
+        (remote / "previous").write_bytes(b"old")
+        async with vps.connect() as conn:
+            with pytest.raises(MonitordError) as err:
+                await area_copy.upload(conn, local_dir=src, remote_dir=str(remote))
+        assert err.value.code == ErrorCode.COPY_INCOMPLETE
+        assert "carriage return" in err.value.detail
+        assert _tree(remote) == {"previous": hashlib.sha256(b"old").hexdigest()}
+        assert not Path(str(remote) + area_copy.STAGING_SUFFIX).exists()
+
+    async def test_a_missing_remote_dir_downloads_an_empty_area(
+        self, vps: VpsServer, tmp_path: Path
+    ) -> None:
+        back = tmp_path / "back"
+        async with vps.connect() as conn:
+            report = await area_copy.download(
+                conn, remote_dir=str(tmp_path / "vps" / "never"), local_dir=back
+            )
+        assert report.files == 0 and back.is_dir() and not any(back.iterdir())
