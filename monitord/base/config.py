@@ -6,6 +6,7 @@ line naming the file, the key and what is wrong; the CLI turns it into exit code
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 import tomllib
@@ -72,9 +73,32 @@ class MonitordSection(_Section):
     watchdog_interval_s: float = Field(default=5.0, gt=0)
 
 
+def is_loopback_listen(listen: str) -> bool:
+    """True when HOST:PORT names this machine only (127.0.0.0/8, ::1 or localhost)."""
+    host = listen.rpartition(":")[0].strip("[]")
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve beyond loopback
+
+
 class HttpSection(_Section):
     listen: HostPort = "127.0.0.1:8224"
     drain_timeout_s: float = Field(default=15.0, ge=0)
+    # The API has no authentication: a listen beyond loopback must be asked for explicitly.
+    allow_remote_api: bool = False
+
+    @model_validator(mode="after")
+    def _remote_api_is_explicit(self) -> HttpSection:
+        if not self.allow_remote_api and not is_loopback_listen(self.listen):
+            raise ValueError(
+                f"http.listen {self.listen!r} is not a loopback address and the API has no"
+                " authentication; set http.allow_remote_api = true to serve it beyond this"
+                " machine"
+            )
+        return self
 
 
 class ForwardSpec(_Section):
@@ -122,7 +146,23 @@ class RemoteSection(_Section):
     def _host_key_policy(self) -> RemoteSection:
         if self.known_hosts is None and not self.accept_any_host_key:
             raise ValueError("known_hosts is required (accept_any_host_key is for the demo only)")
+        if self.known_hosts is not None and self.accept_any_host_key:
+            raise ValueError(
+                "remote.accept_any_host_key = true conflicts with remote.known_hosts"
+                f" = {str(self.known_hosts)!r}: set only known_hosts (accept_any_host_key"
+                " would skip the host key check it asks for)"
+            )
         return self
+
+    @field_validator("agent_listen")
+    @classmethod
+    def _agent_listen_loopback(cls, value: str) -> str:
+        if not is_loopback_listen(value):
+            raise ValueError(
+                f"must be a loopback address (127.0.0.0/8, ::1 or localhost), got {value!r}:"
+                " the agent's manager API is reached only through the tunnel"
+            )
+        return value
 
     @field_validator("reverse_forwards", "local_forwards")
     @classmethod

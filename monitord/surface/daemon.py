@@ -207,6 +207,7 @@ class Daemon:
     async def _start_everything(self) -> None:
         from aiohttp import web
 
+        from monitord.base.config import is_loopback_listen
         from monitord.base.hostport import split_hostport
         from monitord.store.state_db import Store
         from monitord.surface import http_api, status_api, wiring
@@ -246,6 +247,13 @@ class Daemon:
             where = self.config.http.listen
             raise StartupError(f"cannot listen on {where}: {e.strerror or e}") from e
         self.listening = [self.config.http.listen]
+        if not is_loopback_listen(self.config.http.listen):  # allowed: http.allow_remote_api
+            self.log.warning(
+                "http_api_not_loopback",
+                listen=self.config.http.listen,
+                detail="the HTTP API has no authentication and is reachable beyond this"
+                " machine (http.allow_remote_api = true); restrict it with a firewall",
+            )
 
         for component in self._components:
             if self.should_exit:

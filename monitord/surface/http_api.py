@@ -12,6 +12,13 @@ Placement requests follow the order of docs/design.md, "Daemon lifecycle" (Admis
 -> 202. A failing write is a 500, never a 202. Errors are
 `{"error": {"code": ..., "detail": ...}}` with the stable codes of orchestrator/errors.py.
 
+Every request first passes `guard` (one middleware, applied by `build_app`; docs/operator.md,
+"Browser safety"): a Host that does not name this API is 421, a present Origin that is not
+`http://<an allowed host>` is 403, a mutating request without `Content-Type: application/json`
+(charset, if given, utf-8) is 400, all BAD_REQUEST; aiohttp's own refusals (404, 405, 413 body
+over `MAX_BODY_BYTES`) are put into the error shape. Bodies are read with `read_json`, which
+turns deep nesting, non-UTF-8 bytes and other parser failures into `BadRequest` (400).
+
 Callers: monitord.surface.daemon builds and serves the app; tests build it around test doubles.
 """
 
@@ -19,18 +26,21 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import ipaddress
 import json
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 
 from monitord.base.config import Config
+from monitord.base.hostport import split_hostport
 from monitord.store import spool_files
 from monitord.surface.admission import Admission
+from orchestrator import names
 from orchestrator.errors import ErrorCode, MonitordError, PermanentError
 
 if TYPE_CHECKING:
@@ -39,6 +49,12 @@ if TYPE_CHECKING:
 LOCATIONS = ("local", "remote")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+# The largest request body read (aiohttp's client_max_size); a larger one is 413. Above 100 000
+# bytes on purpose: a body of deep nesting is refused by the parser check (400), not by size.
+MAX_BODY_BYTES = 1024 * 1024
+# Host names that always name this API (with the listen port), besides the configured host.
+LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 
 
 # The status an intake's refusal is answered with; any other MonitordError is a 500.
@@ -127,8 +143,14 @@ def error_response(status: int, *, code: str, detail: str) -> web.Response:
     return web.json_response({"error": {"code": code, "detail": detail}}, status=status)
 
 
+# The handlers wrapped by `mutating`: `guard` requires a JSON Content-Type for these.
+_MUTATING: set[Handler] = set()
+
+
 def mutating(handler: Handler) -> Handler:
-    """Run `handler` only if the admission point admits the request; 503 DRAINING otherwise."""
+    """Run `handler` only if the admission point admits the request; 503 DRAINING otherwise.
+
+    `guard` has already refused it unless its Content-Type is application/json."""
 
     @functools.wraps(handler)
     async def admitted(request: web.Request) -> web.StreamResponse:
@@ -140,29 +162,47 @@ def mutating(handler: Handler) -> Handler:
         with ticket:
             return await handler(request)
 
+    _MUTATING.add(admitted)
     return admitted
 
 
-class _BadRequest(PermanentError):
-    """A request body the API cannot take (400 BAD_REQUEST); nothing was changed."""
+class BadRequest(PermanentError):
+    """A request the API cannot take (400 BAD_REQUEST); nothing was changed."""
 
     def __init__(self, detail: str) -> None:
         super().__init__(ErrorCode.BAD_REQUEST, detail)
 
 
-async def _read_location(request: web.Request) -> str:
+async def read_json(request: web.Request) -> Any:
+    """The request body as JSON; BadRequest (400) for anything a parser could choke on.
+
+    The body is at most MAX_BODY_BYTES (aiohttp raises 413 beyond); it must be UTF-8 (a charset
+    other than utf-8 was refused by `guard`); nesting beyond the interpreter's recursion limit,
+    numbers with too many digits and every other JSON error are a 400, never a 500.
+    """
+    raw = await request.read()
     try:
-        body = await request.json(loads=json.loads)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise _BadRequest(f"body is not valid JSON: {e}") from e
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BadRequest(f"body is not UTF-8 text (byte {e.start})") from e
+    try:
+        return json.loads(text)
+    except RecursionError as e:
+        raise BadRequest("body is not valid JSON: nested too deeply") from e
+    except ValueError as e:  # JSONDecodeError, and int() refusing too many digits
+        raise BadRequest(f"body is not valid JSON: {e}") from e
+
+
+async def _read_location(request: web.Request) -> str:
+    body = await read_json(request)
     if not isinstance(body, dict):
-        raise _BadRequest('body must be a JSON object like {"location": "remote"}')
+        raise BadRequest('body must be a JSON object like {"location": "remote"}')
     unknown = sorted(set(body) - {"location"})
     if unknown:
-        raise _BadRequest(f"unknown field(s): {', '.join(unknown)}")
+        raise BadRequest(f"unknown field(s): {', '.join(unknown)}")
     location = body.get("location")
     if location not in LOCATIONS:
-        raise _BadRequest(f"location must be 'local' or 'remote', got {location!r}")
+        raise BadRequest(f"location must be 'local' or 'remote', got {location!r}")
     return str(location)
 
 
@@ -187,7 +227,7 @@ async def put_service_placement(request: web.Request) -> web.StreamResponse:
     service = request.match_info["service"]
     try:
         location = await _read_location(request)
-    except _BadRequest as e:
+    except BadRequest as e:
         return error_response(400, code=e.code, detail=e.detail)
     if service not in ctx.config.services:
         return error_response(
@@ -202,7 +242,7 @@ async def put_area_placement(request: web.Request) -> web.StreamResponse:
     uuid = request.match_info["uuid"]
     try:
         location = await _read_location(request)
-    except _BadRequest as e:
+    except BadRequest as e:
         return error_response(400, code=e.code, detail=e.detail)
     try:
         placement = await asyncio.to_thread(spool_files.read_custom_config, ctx.custom_config_path)
@@ -232,11 +272,147 @@ async def readyz(request: web.Request) -> web.StreamResponse:
     return web.json_response({"status": state}, status=503)
 
 
+# -- browser safety: one middleware in front of every handler -----------------------------------
+
+
+def _authority(value: str) -> tuple[str, int] | None:
+    """'Host:port' (Host header or the part of an Origin after 'http://') -> (host, port).
+
+    The host is lower-cased, IPv6 brackets dropped; no port means 80. None when it is not a
+    plain authority (user info, a path, an unbracketed IPv6 address, a non-numeric port ...).
+    """
+    value = value.strip().lower()
+    if value.startswith("["):
+        end = value.find("]")
+        host, rest = value[1:end], value[end + 1:]
+        if end < 0 or (rest and not rest.startswith(":")):
+            return None
+        port = rest[1:] if rest else "80"
+    else:
+        host, sep, port = value.partition(":")
+        port = port if sep else "80"
+        if ":" in port:
+            return None
+    if not host or any(c in host for c in "/@?#\\ ") or not (
+        port.isascii() and port.isdigit() and 0 < int(port) < 65536
+    ):
+        return None
+    return host, int(port)
+
+
+def _allowed(request: web.Request) -> tuple[frozenset[str], frozenset[int]]:
+    """The hosts and ports a Host header (and an Origin) may name for this request.
+
+    Hosts: the configured listen host, the loopback names, and the address the connection
+    actually arrived on (an IP literal cannot be rebound). Ports: the configured one and the one
+    the socket listens on (the same in the daemon; tests serve the app on a random port).
+    """
+    host, port = split_hostport(request.app[CONTEXT].config.http.listen)
+    hosts, ports = {host.lower(), *LOOPBACK_HOSTS}, {port}
+    sockname = request.transport.get_extra_info("sockname") if request.transport else None
+    if isinstance(sockname, tuple) and len(sockname) >= 2:
+        local = str(sockname[0]).split("%")[0]
+        hosts.add(local.lower())
+        try:
+            mapped = ipaddress.ip_address(local)
+        except ValueError:
+            mapped = None
+        if isinstance(mapped, ipaddress.IPv6Address) and mapped.ipv4_mapped is not None:
+            hosts.add(str(mapped.ipv4_mapped))
+        ports.add(int(sockname[1]))
+    return frozenset(hosts), frozenset(ports)
+
+
+def _refusal(request: web.Request) -> web.Response | None:
+    """Host, Origin and (for mutating handlers) Content-Type; None when the request may pass."""
+    hosts, ports = _allowed(request)
+    listen = request.app[CONTEXT].config.http.listen
+    host = _authority(request.headers.get("Host", ""))
+    if host is None or host[0] not in hosts or host[1] not in ports:
+        return error_response(
+            421, code="BAD_REQUEST",
+            detail=f"Host {request.headers.get('Host', '(none)')!r} does not name this API;"
+                   f" use http://{listen} or http://localhost:{split_hostport(listen)[1]}",
+        )
+    origin = request.headers.get("Origin")
+    if origin is not None:
+        scheme, _, rest = origin.partition("://")
+        named = _authority(rest) if scheme.lower() == "http" else None
+        if named is None or named[0] not in hosts or named[1] not in ports:
+            return error_response(
+                403, code="BAD_REQUEST",
+                detail=f"Origin {origin!r} is not this API's own page; cross-site requests are"
+                       " refused",
+            )
+    if request.match_info.handler in _MUTATING:
+        if request.content_type != "application/json":
+            return error_response(
+                400, code="BAD_REQUEST",
+                detail=f"Content-Type must be application/json, got"
+                       f" {request.headers.get('Content-Type', '(none)')!r}",
+            )
+        # Every charset parameter, read from the raw header: aiohttp's parser drops an empty
+        # one ("charset=") and keeps only the first of several.
+        for param in request.headers.get("Content-Type", "").split(";")[1:]:
+            name, _, value = param.partition("=")
+            charset = value.strip().strip('"')
+            if name.strip().lower() == "charset" and charset.lower() not in ("utf-8", "utf8"):
+                return error_response(
+                    400, code="BAD_REQUEST", detail=f"charset must be utf-8, got {charset!r}"
+                )
+    return None
+
+
+def _shaped(request: web.Request, e: web.HTTPException) -> web.Response:
+    """aiohttp's own refusal (404, 405, 413, ...) in the API's error shape."""
+    if e.status == 404:
+        code, detail = "NOT_FOUND", f"no such endpoint: {request.method} {request.path}"
+    elif e.status == 405:
+        code, detail = "BAD_REQUEST", f"{request.method} is not allowed on {request.path}"
+    else:
+        code = "BAD_REQUEST"
+        text = e.text or ""
+        detail = text if text and text != f"{e.status}: {e.reason}" else e.reason
+    allow = e.headers.get("Allow")
+    if allow is not None:
+        detail = f"{detail}; allowed: {allow}"
+    response = error_response(e.status, code=code, detail=detail or f"HTTP {e.status}")
+    if allow is not None:
+        response.headers["Allow"] = allow
+    return response
+
+
+# Path parameters that become file names, URLs and agent requests (orchestrator.names).
+_NAME_PARAMETERS = ("service", "uuid", "area")
+
+
+@web.middleware
+async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Refuse what a foreign page or a rebound DNS name could send, before any handler runs,
+    and answer every 4xx in the error shape."""
+    refused = _refusal(request)
+    if refused is not None:
+        return refused
+    for key in _NAME_PARAMETERS:
+        value = request.match_info.get(key)
+        reason = None if value is None else names.why_invalid(value)
+        if reason is not None:  # before any handler: a bad name never reaches a path or URL
+            return error_response(400, code=ErrorCode.BAD_REQUEST, detail=f"{key}: {reason}")
+    try:
+        return await handler(request)
+    except BadRequest as e:
+        return error_response(400, code=e.code, detail=e.detail)
+    except web.HTTPException as e:
+        if e.status < 400 or e.status >= 500 or e.content_type == "application/json":
+            raise
+        return _shaped(request, e)
+
+
 def build_app(
     ctx: ApiContext, *, extra_routes: Iterable[web.AbstractRouteDef] = ()
 ) -> web.Application:
     """The aiohttp application: the routes above plus `extra_routes` from other modules."""
-    app = web.Application()
+    app = web.Application(middlewares=[guard], client_max_size=MAX_BODY_BYTES)
     app[CONTEXT] = ctx
     app.add_routes(
         [

@@ -5,6 +5,8 @@
 `POST /v1/services/{s}/retry` and `POST /v1/services/{s}/discard-remote-data` (admitted like
 every mutating request). Every handler asks the operator facade
 (monitord.engine.operator_facade) for its answer; nothing here reaches into the engine.
+Host, Origin and Content-Type were checked by `http_api.guard` before any handler runs; bodies
+are read with `http_api.read_json` (deep nesting, non-UTF-8: 400, never a 500).
 Called by `monitord.surface.daemon`, which serves these routes whenever an engine is behind
 the API.
 """
@@ -82,9 +84,9 @@ async def post_discard_remote_data(request: web.Request) -> web.StreamResponse:
             404, code="UNKNOWN_SERVICE", detail=f"service {service!r} is not configured"
         )
     try:
-        body = await request.json(loads=json.loads) if request.can_read_body else {}
-    except (ValueError, UnicodeDecodeError) as e:
-        return http_api.error_response(400, code="BAD_REQUEST", detail=f"body is not JSON: {e}")
+        body = await http_api.read_json(request) if request.can_read_body else {}
+    except http_api.BadRequest as e:
+        return http_api.error_response(400, code=e.code, detail=e.detail)
     if not isinstance(body, dict) or set(body) - {"area"} or not isinstance(
         body.get("area", ""), str
     ):

@@ -362,15 +362,16 @@ class Stack:
             return self.options.external_vps.remote_bin_dir
         return self.root / "vps" / "opt"
 
-    def kill_agent(self) -> bool:
-        """SIGKILL the agent process on the VPS (its lease guards live on); True if found."""
+    def kill_agent(self, sig: int = signal.SIGKILL) -> bool:
+        """Signal the agent process on the VPS (default SIGKILL; its lease guards live on;
+        SIGSTOP hangs it, SIGCONT lets it go on); True if found."""
         pid_file = self.vps_dir / "agent.pid"
         try:
             pid = int(pid_file.read_text().split()[0])
         except (OSError, ValueError, IndexError):
             return False
         with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, sig)
             return True
         return False
 
@@ -398,7 +399,9 @@ class Stack:
         assert self._session is not None
         url = f"http://127.0.0.1:{self.http_port}{path}"
         try:
-            async with self._session.request(method, url, json=body) as resp:
+            # A change is JSON, as the API requires (a bare POST would be refused).
+            headers = {} if method in ("GET", "HEAD") else {"Content-Type": "application/json"}
+            async with self._session.request(method, url, json=body, headers=headers) as resp:
                 text = await resp.text()
                 try:
                     return resp.status, json.loads(text) if text else None

@@ -35,11 +35,16 @@ async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack
 
 async def raw(stack: Stack, method: str, path: str, body: bytes | None,
               ) -> tuple[int, dict[str, Any], str]:
-    """Send exactly these bytes (no client-side JSON encoding); status, document, content type."""
+    """Send exactly these bytes (no client-side JSON encoding); status, document, content type.
+
+    Changes (PUT, POST) always say Content-Type: application/json, as the API requires, so that
+    these cases test the body and the path (test_api_browser_safety.py tests the header)."""
     url = f"http://127.0.0.1:{stack.http_port}{path}"
     timeout = aiohttp.ClientTimeout(total=10)
+    json_header = body or method in ("PUT", "POST")
+    headers = {"Content-Type": "application/json"} if json_header else None
     async with aiohttp.ClientSession(timeout=timeout) as session, session.request(
-        method, url, data=body, headers={"Content-Type": "application/json"} if body else None
+        method, url, data=body, headers=headers
     ) as resp:
         text = await resp.text()
         return resp.status, json.loads(text), resp.content_type
@@ -105,6 +110,14 @@ CASES = [
     Case("PUT", f"/v1/areas/{uuid.uuid4()}/placement", VALID, 404, "UNKNOWN_AREA"),
     Case("PUT", "/v1/areas/not-a-uuid/placement", VALID, 404, "UNKNOWN_AREA"),
     Case("POST", "/v1/services/nope/retry", None, 404, "UNKNOWN_SERVICE"),
+    # Path parameters that are not names (orchestrator.names) never reach a handler.
+    *(Case("PUT", f"/v1/areas/{bad}/placement", VALID, 400, "BAD_REQUEST")
+      for bad in ("%205b1d", "a%00b", "a" * 300, "-rf", "victim%23", "a%0A",
+                  "..%2Fchats%2Fx")),
+    # ... and those no route can match ("{", "}") end at the catch-all.
+    Case("PUT", "/v1/areas/%7B5b1d%7D/placement", VALID, 404, "NOT_FOUND"),
+    *(Case("POST", f"/v1/services/{bad}/retry", None, 400, "BAD_REQUEST")
+      for bad in ("t%20g", ".hidden", "tg%0A")),
     *(Case("GET", f"/v1/{what}?limit={limit}", None, 400, "BAD_REQUEST")
       for what in ("transactions", "cleanup")
       for limit in ("abc", "0", "-1", "100001", "", "1.5", "1e3")),
