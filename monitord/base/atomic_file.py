@@ -21,20 +21,41 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: Path, data: bytes, *, mode: int = 0o644) -> None:
-    """Replace `path` with `data` atomically and durably; on any failure the old file stays."""
+def atomic_write_bytes(
+    path: Path, data: bytes, *, mode: int = 0o644, owner: tuple[int, int] | None = None
+) -> None:
+    """Replace `path` with `data` atomically and durably; on any failure the old file stays.
+
+    The temp file is created 0600 (mkstemp) and, before any byte is written, given `owner`
+    (uid, gid; None: the caller's) and then `mode`, both through its descriptor: the target
+    never exists, not even briefly, with a wider mode or another owner than asked for. A
+    chown this process may not do (not root) is an error unless the temp already has that
+    owner.
+    """
     directory = path.parent
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
     tmp_path = Path(tmp_name)
     try:
         with os.fdopen(fd, "wb") as tmp:
+            if owner is not None:
+                _fchown(tmp.fileno(), owner)
+            os.fchmod(tmp.fileno(), mode)  # after chown, which may clear set-id bits
             tmp.write(data)
             tmp.flush()
             os.fsync(tmp.fileno())
-        os.chmod(tmp_path, mode)
         os.replace(tmp_path, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
         raise
     _fsync_dir(directory)
+
+
+def _fchown(fd: int, owner: tuple[int, int]) -> None:
+    uid, gid = owner
+    try:
+        os.fchown(fd, uid, gid)
+    except PermissionError:
+        st = os.fstat(fd)
+        if (st.st_uid, st.st_gid) != (uid, gid):
+            raise

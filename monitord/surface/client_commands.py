@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 import urllib.error
@@ -117,7 +116,8 @@ class Client:
     def request(self, method: str, path: str, body: Any = None) -> tuple[int, bytes]:
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.base_url + path, data=data, method=method)
-        if data is not None:
+        if data is not None or method not in ("GET", "HEAD"):
+            # The API refuses a change without it, even one without a body (retry).
             req.add_header("Content-Type", "application/json")
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
@@ -252,8 +252,8 @@ def main_bundle(args: argparse.Namespace) -> int:
 
     _, payload = Client.from_config(_load(args)).request("GET", "/v1/diagnostics/bundle")
     output: Path = args.output
-    atomic_file.atomic_write_bytes(output, payload)
-    os.chmod(output, 0o600)
+    # 0600 from creation: the temp file is never wider, so neither is the bundle.
+    atomic_file.atomic_write_bytes(output, payload, mode=0o600)
     print(f"wrote {output} ({len(payload)} bytes)")
     return EXIT_OK
 

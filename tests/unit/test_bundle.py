@@ -22,10 +22,16 @@ class TestRedaction:
     """Secret-named values are replaced wherever they sit in a section."""
 
     def test_nested_secret_keys_are_redacted(self) -> None:
-        section = {"remote": {"host": "vps", "agent_secret": "s3cr3t", "x": [{"token": 1}]}}
-        assert bundle.redact(section) == {
-            "remote": {"host": "vps", "agent_secret": "<redacted>", "x": [{"token": "<redacted>"}]}
-        }
+        # Allow-list: a nested secret is redacted inside a kept container, and an unknown
+        # key ("x") is redacted whole (the deny-list used to show it).
+        section = {"remote": {
+            "host": "vps", "agent_secret": "s3cr3t",
+            "local_forwards": [{"name": "m", "token": 1}], "x": [{"token": 1}],
+        }}
+        assert bundle.redact(section, "config.json") == {"remote": {
+            "host": "vps", "agent_secret": "<redacted>",
+            "local_forwards": [{"name": "m", "token": "<redacted>"}], "x": "<redacted>",
+        }}
 
     def test_bundle_contains_sections_without_secret_values(self) -> None:
         data = bundle.build({"config.json": {"key_file": "/etc/k", "password": "hunter2"}})
