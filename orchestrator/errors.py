@@ -65,6 +65,8 @@ class ErrorCode(StrEnum):
     CONFIG_CORRUPT = "CONFIG_CORRUPT"
     CONFIG_INVALID = "CONFIG_INVALID"
     DATA_NOT_NEWEST = "DATA_NOT_NEWEST"
+    AREA_ID_INVALID = "AREA_ID_INVALID"
+    AREA_ENTRY_INVALID = "AREA_ENTRY_INVALID"
     ROLLBACK_DATA_UNREACHABLE = "ROLLBACK_DATA_UNREACHABLE"
     CLEANUP_STUCK = "CLEANUP_STUCK"
     DUPLICATE_INSTANCE = "DUPLICATE_INSTANCE"
@@ -77,6 +79,7 @@ class ErrorCode(StrEnum):
     DAEMON_START_FAILED = "DAEMON_START_FAILED"
     DAEMON_STOP_FAILED = "DAEMON_STOP_FAILED"
     DAEMON_UNREACHABLE = "DAEMON_UNREACHABLE"
+    INTERNAL = "INTERNAL"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -181,6 +184,14 @@ _ROWS: tuple[tuple[ErrorCode, Severity, bool, str, str], ...] = (
     (_E.CONFIG_INVALID, _S.CRITICAL, False,
            "monitord.toml is not a valid configuration; monitord does not start.",
            "Fix the key named in the message; `monitord run` prints the file and key."),
+    (_E.AREA_ID_INVALID, _S.ERROR, False,
+           "A custom_config.json entry's uuid or service is not a valid name (or the uuid is"
+           " there twice); that entry is left as it is and never started or sent to the VPS.",
+           "Correct the entry named in the detail; the other areas are not affected."),
+    (_E.AREA_ENTRY_INVALID, _S.ERROR, False,
+           "A custom_config.json entry has a bad field (not an object, a location or"
+           " generation that does not parse); that entry is left as it is and never started.",
+           "Correct the entry named in the detail; the other areas are not affected."),
     (_E.DATA_NOT_NEWEST, _S.ERROR, False,
            "An area was not started on a side that does not hold its newest data.",
            "Nothing to do: monitord copies the newest data there first; see the events."),
@@ -220,6 +231,11 @@ _ROWS: tuple[tuple[ErrorCode, Severity, bool, str, str], ...] = (
     (_E.DAEMON_STOP_FAILED, _S.CRITICAL, True,
            "A daemon could not be proven stopped.",
            "Check the PID named in the detail; monitord keeps the other side stopped."),
+    (_E.INTERNAL, _S.ERROR, True,
+           "An unexpected error inside monitord (logged once with its traceback); the step"
+           " counts as failed, so a service that keeps meeting it parks.",
+           "Send the diagnostic bundle and the log line to the maintainers; `monitord retry`"
+           " after the cause is fixed."),
     (_E.DAEMON_UNREACHABLE, _S.ERROR, True,
            "The monitord daemon's API did not answer this command.",
            "Check `systemctl status monitord`; start it with `monitord launch -c FILE`."),

@@ -100,6 +100,7 @@ class MigrationEngine:
         self.intake_lock = asyncio.Lock()
         self._stopping = False
         self._recovered = False
+        self._internal_seen: set[tuple[str, str]] = set()  # logged with a traceback once
         self.last_errors: dict[str, dict[str, Any]] = {}  # service -> last error shown
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -393,6 +394,13 @@ class MigrationEngine:
             except MonitordError as e:
                 self._record_error(txn, e)
                 return self._outcome_for_error(txn, e), e
+            except Exception as e:
+                # Not one of ours (an OSError, a bug): classified INTERNAL with the traceback
+                # logged, so the step fails like any other, counts towards parking and shows
+                # in the status — never a runner that dies and restarts every tick.
+                internal = self._internal_error(txn, e)
+                self._record_error(txn, internal)
+                return self._outcome_for_error(txn, internal), internal
         return outcome, None
 
     async def _perform_with_retries(self, txn: Transaction, action: phases.Action) -> Outcome:
@@ -504,6 +512,16 @@ class MigrationEngine:
             outcome=txn.phase.value.lower(),
         ).observe(max(0.0, txn.updated_at - txn.started_at))
         self.on_finished(txn)
+
+    def _internal_error(self, txn: Transaction, error: Exception) -> MonitordError:
+        key = (txn.transaction_id, type(error).__name__)
+        if key not in self._internal_seen:
+            self._internal_seen.add(key)
+            txn_log.bound(txn).error("phase_internal_error", phase=txn.phase.value,
+                                     error_code="INTERNAL", exc_info=error)
+        return errors.error_for(
+            ErrorCode.INTERNAL, f"{type(error).__name__}: {error}".rstrip(": ")
+        )
 
     def _record_error(self, txn: Transaction, error: MonitordError) -> None:
         try:

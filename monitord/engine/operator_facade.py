@@ -99,6 +99,10 @@ class OperatorFacade:
             "accepting": self.accepting(),
             "config_error": {"code": str(corrupt.code), "detail": corrupt.detail}
             if corrupt else None,
+            "quarantined": [
+                {"position": e.position, "code": e.code, "detail": e.detail}
+                for e in self.state.quarantined
+            ],
             "tunnel": self._tunnel_view(),
             "counts": counts,
             "services": services,

@@ -18,6 +18,8 @@ Called by monitord.engine.migration_engine.
 from __future__ import annotations
 
 import asyncio
+import errno
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -523,4 +525,24 @@ def _archive(source: Path, target: Path) -> None:
         return
     target.parent.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(target, ignore_errors=True)
-    source.rename(target)
+    try:
+        source.rename(target)
+    except OSError as e:
+        if e.errno != errno.EXDEV:
+            raise
+        _move_across_filesystems(source, target)
+
+
+def _move_across_filesystems(source: Path, target: Path) -> None:
+    """The data dir and work_dir are on different file systems (EXDEV): copy to a temporary
+    name next to the target, fsync every file, rename it into place, then remove the source
+    — a crash at any point leaves the source whole."""
+    staging = target.with_name(target.name + ".moving")
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(source, staging, symlinks=True)
+    for path in staging.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            with path.open("rb") as f:
+                os.fsync(f.fileno())
+    staging.rename(target)
+    shutil.rmtree(source)

@@ -20,12 +20,15 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
+from monitord.base import logs
 from monitord.store import spool_files
 from monitord.store.state_db import Store
 from orchestrator import lineage, rules
 from orchestrator.errors import ErrorCode, error_for
 from orchestrator.lineage import Lineage
 from orchestrator.models import Area, Phase, Side, Transaction
+
+log = logs.get_logger(__name__)
 
 Listener = Callable[[], None]
 
@@ -36,6 +39,8 @@ class PlacementState:
         self.custom_config_path = custom_config_path
         self.committed: dict[str, Area] = {}
         self.corrupt: spool_files.ConfigCorrupt | None = None
+        # custom_config.json entries left out one by one (never started, never sent to the VPS)
+        self.quarantined: tuple[spool_files.InvalidEntry, ...] = ()
         self.transactions: dict[str, Transaction] = {}  # active ones, by area
         self.desired_service: dict[str, Side] = {}
         self.desired_area: dict[str, Side] = {}
@@ -94,6 +99,11 @@ class PlacementState:
 
     def _apply_committed(self, document: spool_files.CustomConfig) -> None:
         self.corrupt = None
+        if document.invalid != self.quarantined:
+            for entry in document.invalid:
+                log.warning("area_entry_quarantined", position=entry.position,
+                            error_code=entry.code, detail=entry.detail)
+            self.quarantined = document.invalid
         committed = {
             e.uuid: Area(uuid=e.uuid, service=e.service, location=Side(e.location),
                          generation=e.generation)

@@ -105,22 +105,29 @@ class Reconciler:
 
     async def run_once(self) -> DriftReport:
         await self.state.reload_committed()
+        # The network is asked outside the intake lock: a hung agent must never keep an
+        # operator's placement waiting. Only the decision (and a start, below) holds it.
+        remote = await self._observe_remote()
+        items = [CleanupItem.from_storage(r) for r in await self.store.list_cleanup(limit=100_000)]
         async with self.intake_lock:
-            remote = await self._observe_remote()
-            local = self._observe_local()
-            items = [
-                CleanupItem.from_storage(r) for r in await self.store.list_cleanup(limit=100_000)
-            ]
             plan = planner.plan(
                 authoritative=self.state.committed.values(),
                 transactions=self.state.transactions.values(),
                 cleanup_items=items,
-                local_inventory=local,
+                local_inventory=self._observe_local(),
                 remote_inventory=remote,
                 now=self._wall(),
                 legacy_grace_s=self.legacy_grace_s,
             )
-            for action in plan.actions:
+        for action in plan.actions:
+            if isinstance(action, planner.CreateRemoteEntry):
+                # A start: no transaction may open for the area until it is done (its
+                # SUPPRESS_SOURCE would race the start).
+                async with self.intake_lock:
+                    await self._perform(action)
+            else:
+                # Removals and stops are generation-checked and never touch what may run;
+                # _perform skips an area that a transaction took meanwhile.
                 await self._perform(action)
         report = DriftReport(
             at=self._wall(),

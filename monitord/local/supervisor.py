@@ -161,6 +161,9 @@ class LocalSupervisor:
         self._slots: dict[str, _Slot] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        self.internal_errors = 0  # unexpected errors converging an area (logged once each)
+        self._reported: set[tuple[str, str]] = set()
         self._survivors_handled = False
         self._wake = asyncio.Event()
 
@@ -275,14 +278,23 @@ class LocalSupervisor:
         self._survivors_handled = True
         return SurvivorReport(tuple(adopted), tuple(stopped), tuple(stuck))
 
+    async def run(self) -> None:
+        """The supervising loop, to run as a guarded root task ("local supervisor"): handle
+        survivors (if not done yet), then converge every area until `close()`."""
+        if not self._survivors_handled:
+            await self.adopt_or_stop_survivors()
+        await self._supervise()
+
     async def start(self) -> None:
-        """Handle survivors (if not done yet), then start the supervising task."""
+        """`run()` as a task this supervisor owns (for callers without a root-task registry)."""
         if not self._survivors_handled:
             await self.adopt_or_stop_survivors()
         self._task = asyncio.create_task(self._supervise(), name=TASK_NAME)
 
     async def close(self) -> None:
         """Stop supervising; the daemons keep running for the next instance to adopt."""
+        self._closed = True
+        self._wake.set()
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
@@ -303,18 +315,32 @@ class LocalSupervisor:
         return self.records_dir / f"{area}.json"
 
     async def _supervise(self) -> None:
-        while True:
+        while not self._closed:
             self._wake.clear()
             for area in sorted(set(self._desired) | set(self._slots)):
                 lock = self._lock(area)
                 if lock.locked():
                     continue
                 async with lock:
-                    await self._converge(area)
+                    try:
+                        await self._converge(area)
+                    except Exception as e:  # one area's failure never stops the others
+                        self._report_internal(area, e)
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=self._tick_s)
             except TimeoutError:
                 pass
+
+    def _report_internal(self, area: str, error: Exception) -> None:
+        """An unexpected error converging one area: logged with its traceback once per
+        (area, kind of error), counted, and the loop goes on with the next area."""
+        key = (area, type(error).__name__)
+        self.internal_errors += 1
+        if key in self._reported:
+            return
+        self._reported.add(key)
+        log.error("supervisor_area_failed", area=area, error_code="INTERNAL",
+                  detail=f"{type(error).__name__}: {error}", exc_info=error)
 
     async def _converge(self, area: str) -> None:
         """One step towards the desired state of `area`. Caller holds the area's lock."""

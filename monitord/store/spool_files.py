@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast
 
 from monitord.base.atomic_file import atomic_write_bytes
+from orchestrator import names
 from orchestrator.errors import ErrorCode, PermanentError
 
 CUSTOM_CONFIG_NAME = "custom_config.json"
@@ -82,11 +85,25 @@ class AreaEntry:
 
 
 @dataclass(frozen=True)
+class InvalidEntry:
+    """A `custom_daemons` entry monitord will not act on: left untouched in the file, never
+    started, never sent to the VPS. `position` is its index in the list."""
+
+    position: int
+    code: str  # AREA_ID_INVALID (a uuid/service that is not a name, or a duplicate uuid)
+    #            or AREA_ENTRY_INVALID (another field)
+    detail: str
+
+
+@dataclass(frozen=True)
 class CustomConfig:
-    """The whole `custom_config.json`: typed entries plus the raw document for round-trips."""
+    """The whole `custom_config.json`: typed entries plus the raw document for round-trips.
+
+    `invalid` lists the entries quarantined one by one: a bad entry never stops the others."""
 
     entries: tuple[AreaEntry, ...] = ()
     document: Mapping[str, Any] = field(default_factory=lambda: {"custom_daemons": []})
+    invalid: tuple[InvalidEntry, ...] = ()
 
     def entry(self, uuid: str) -> AreaEntry | None:
         for entry in self.entries:
@@ -99,18 +116,33 @@ class CustomConfig:
         return copy.deepcopy(list(self.document.get("custom_daemons", [])))
 
 
+class _EntryInvalid(ValueError):
+    def __init__(self, code: ErrorCode, detail: str) -> None:
+        super().__init__(detail)
+        self.code = code
+
+
 def _entry_from_raw(raw: Any, *, where: str) -> AreaEntry:
     if not isinstance(raw, dict):
-        raise ValueError(f"{where}: expected an object, got {type(raw).__name__}")
+        raise _EntryInvalid(
+            ErrorCode.AREA_ENTRY_INVALID, f"{where}: expected an object, got {type(raw).__name__}"
+        )
     for key in ("uuid", "service"):
-        if not isinstance(raw.get(key), str) or not raw[key]:
-            raise ValueError(f"{where}.{key}: expected a non-empty string")
+        reason = names.why_invalid(raw.get(key))
+        if reason is not None:
+            raise _EntryInvalid(ErrorCode.AREA_ID_INVALID, f"{where}.{key}: {reason}")
     location = raw.get("location", "local")
     if location not in LOCATIONS:
-        raise ValueError(f"{where}.location: expected 'local' or 'remote', got {location!r}")
+        raise _EntryInvalid(
+            ErrorCode.AREA_ENTRY_INVALID,
+            f"{where}.location: expected 'local' or 'remote', got {location!r:.40}",
+        )
     generation = raw.get("generation", 0)
     if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
-        raise ValueError(f"{where}.generation: expected a non-negative integer, got {generation!r}")
+        raise _EntryInvalid(
+            ErrorCode.AREA_ENTRY_INVALID,
+            f"{where}.generation: expected a non-negative integer, got {generation!r:.40}",
+        )
     return AreaEntry(
         uuid=raw["uuid"],
         service=raw["service"],
@@ -120,24 +152,44 @@ def _entry_from_raw(raw: Any, *, where: str) -> AreaEntry:
 
 
 def parse_custom_config(document: Any, *, path: Path) -> CustomConfig:
-    """Validate a parsed `custom_config.json` document; ConfigCorrupt naming the bad entry."""
-    try:
-        if not isinstance(document, dict):
-            raise ValueError(f"top level: expected an object, got {type(document).__name__}")
-        daemons = document.get("custom_daemons", [])
-        if not isinstance(daemons, list):
-            raise ValueError("custom_daemons: expected a list")
-        entries = tuple(
-            _entry_from_raw(raw, where=f"custom_daemons[{i}]") for i, raw in enumerate(daemons)
+    """Validate a parsed `custom_config.json` document.
+
+    A document whose shape is wrong (not an object, `custom_daemons` not a list) is
+    ConfigCorrupt. A bad entry is quarantined on its own (`CustomConfig.invalid`, naming its
+    position): the other areas go on. A uuid that appears twice quarantines every entry
+    that carries it — which one is meant cannot be known."""
+    if not isinstance(document, dict):
+        raise ConfigCorrupt(
+            path=path, detail=f"top level: expected an object, got {type(document).__name__}"
         )
-        seen: set[str] = set()
-        for i, entry in enumerate(entries):
-            if entry.uuid in seen:
-                raise ValueError(f"custom_daemons[{i}].uuid: duplicate area {entry.uuid}")
-            seen.add(entry.uuid)
-    except ValueError as e:
-        raise ConfigCorrupt(path=path, detail=str(e)) from e
-    return CustomConfig(entries=entries, document=copy.deepcopy(document))
+    daemons = document.get("custom_daemons", [])
+    if not isinstance(daemons, list):
+        raise ConfigCorrupt(path=path, detail="custom_daemons: expected a list")
+    parsed: list[tuple[int, AreaEntry]] = []
+    invalid: list[InvalidEntry] = []
+    for i, raw in enumerate(daemons):
+        try:
+            parsed.append((i, _entry_from_raw(raw, where=f"custom_daemons[{i}]")))
+        except _EntryInvalid as e:
+            invalid.append(InvalidEntry(position=i, code=e.code, detail=str(e)))
+    counts: dict[str, int] = {}
+    for _, entry in parsed:
+        counts[entry.uuid] = counts.get(entry.uuid, 0) + 1
+    entries = []
+    for i, entry in parsed:
+        if counts[entry.uuid] > 1:
+            invalid.append(InvalidEntry(
+                position=i, code=ErrorCode.AREA_ID_INVALID,
+                detail=f"custom_daemons[{i}].uuid: area {entry.uuid} appears"
+                       f" {counts[entry.uuid]} times",
+            ))
+        else:
+            entries.append(entry)
+    return CustomConfig(
+        entries=tuple(entries),
+        document=copy.deepcopy(document),
+        invalid=tuple(sorted(invalid, key=lambda e: e.position)),
+    )
 
 
 def read_custom_config(path: Path) -> CustomConfig:
@@ -149,8 +201,24 @@ def read_custom_config(path: Path) -> CustomConfig:
 
 
 def write_custom_config(path: Path, config: CustomConfig) -> None:
-    """Write the document back atomically (the typed view is derived from it, not written)."""
-    atomic_write_bytes(path, _dump_json(config.document))
+    """Write the document back atomically (the typed view is derived from it, not written).
+
+    The file belongs to the PBX's web UI as much as to monitord: a rewrite keeps the existing
+    file's mode and owner (uid, gid), set on the temp file before the rename; a new file is
+    0644 and ours. Not being allowed to give it its owner back (not root) is an error unless
+    the owner is already ours: the commit fails rather than leave a file the UI can not read.
+    """
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        atomic_write_bytes(path, _dump_json(config.document))
+        return
+    atomic_write_bytes(
+        path,
+        _dump_json(config.document),
+        mode=stat.S_IMODE(st.st_mode),
+        owner=(st.st_uid, st.st_gid),
+    )
 
 
 def with_area_placement(
@@ -164,7 +232,7 @@ def with_area_placement(
     document = copy.deepcopy(dict(config.document))
     daemons = document.setdefault("custom_daemons", [])
     for raw in daemons:
-        if raw["uuid"] == uuid:
+        if isinstance(raw, dict) and raw.get("uuid") == uuid:
             raw["location"] = location
             raw["generation"] = generation
             break
@@ -176,7 +244,7 @@ def with_area_placement(
         else e
         for e in config.entries
     )
-    return CustomConfig(entries=entries, document=document)
+    return CustomConfig(entries=entries, document=document, invalid=config.invalid)
 
 
 def update_area_placement(

@@ -100,6 +100,8 @@ def summary_lines(status: dict[str, Any]) -> list[str]:
     error = status.get("config_error")
     if error:
         lines.append(f"{error['code']}: {error['detail']}")
+    for entry in status.get("quarantined", []):
+        lines.append(f"quarantined entry {entry['position']}: {entry['code']}: {entry['detail']}")
     for tx in status.get("transactions", []):
         lines.append(
             f"  tx {tx.get('transaction_id', '')[:8]} {tx.get('service')}/{tx.get('area', '')[:8]}"

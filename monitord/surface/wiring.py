@@ -199,8 +199,10 @@ class Orchestration:
         log.info("survivors_handled", adopted=list(report.adopted), stopped=list(report.stopped),
                  stuck=list(report.stuck))
         self.state.add_listener(self._state_changed)
-        await self.supervisor.start()
         tasks = ctx.tasks
+        # A guarded root task: if the supervisor's loop ever died, the daemon would say so
+        # (/livez 503) and stop, instead of silently no longer restarting local daemons.
+        tasks.spawn("local supervisor", self.supervisor.run())
         if self.link is not None:
             self.link.keeper.add_reconnect_hook("cleanup worker", self._after_connect)
             tasks.spawn("tunnel keeper", self.link.keeper.run())

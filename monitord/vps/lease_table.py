@@ -125,6 +125,7 @@ class RenewOutcome(enum.StrEnum):
     ABSENT = "absent"  # no entry for that area
     OTHER_OWNER = "other_owner"
     GENERATION_MISMATCH = "generation_mismatch"
+    INVALID = "invalid"  # not a name (orchestrator.names): refused on its own, never the batch
 
 
 def decide_renew(existing: AreaEntry | None, *, owner_id: str, generation: int) -> RenewOutcome:

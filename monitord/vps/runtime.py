@@ -18,7 +18,6 @@ or restart does not interrupt areas, and a daemon still stops when its lease lap
 from __future__ import annotations
 
 import asyncio
-import re
 import shutil
 import time
 from collections.abc import Callable, Mapping
@@ -30,9 +29,9 @@ from monitord.base import logs, proc_identity
 from monitord.vps import lease_file, lease_table, spool_cache
 from monitord.vps.area_runner import AreaRunner, GuardHandle
 from monitord.vps.lease_table import AreaEntry, AreaSpec, CreateVerdict, GenerationCheck
+from orchestrator import names
 from orchestrator.errors import PermanentError
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _RESET_BACKOFF_AFTER_S = 10.0
 
 log = logs.get_logger(__name__)
@@ -51,8 +50,10 @@ def bad_request(detail: str) -> AgentError:
 
 
 def check_name(kind: str, value: str) -> str:
-    if not _NAME.match(value):
-        raise bad_request(f"{kind} must match {_NAME.pattern}, got {value!r}")
+    """`value` if it is a name (orchestrator.names, the one pattern); 400 otherwise."""
+    reason = names.why_invalid(value)
+    if reason is not None:
+        raise bad_request(f"{kind}: {reason}")
     return value
 
 
@@ -261,6 +262,9 @@ class AgentRuntime:
         replaced still has its handle until the old process is verified gone."""
         results: dict[str, Any] = {}
         for area, generation in areas.items():
+            if not names.is_valid(area):
+                results[area[:200]] = {"result": lease_table.RenewOutcome.INVALID.value}
+                continue
             existing = self._entries.get(area)
             outcome = lease_table.decide_renew(existing, owner_id=owner_id, generation=generation)
             view: dict[str, Any] = {"result": outcome.value}

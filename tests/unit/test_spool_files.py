@@ -159,21 +159,60 @@ MALFORMED = {
     "truncated": ('{"custom_daemons": [{"uuid": "a1", "serv', "line 1 column"),
     "not an object": ("[1, 2]", "top level"),
     "daemons not a list": ('{"custom_daemons": {}}', "custom_daemons"),
-    "bad location": (
-        '{"custom_daemons": [{"uuid": "a1", "service": "tg", "location": "mars"}]}',
-        "custom_daemons[0].location",
-    ),
-    "negative generation": (
-        '{"custom_daemons": [{"uuid": "a1", "service": "tg", "generation": -1}]}',
-        "custom_daemons[0].generation",
-    ),
-    "missing uuid": ('{"custom_daemons": [{"service": "tg"}]}', "custom_daemons[0].uuid"),
-    "duplicate uuid": (
-        '{"custom_daemons": [{"uuid": "a", "service": "tg"}, {"uuid": "a", "service": "max"}]}',
-        "custom_daemons[1].uuid",
-    ),
     "not utf-8": ('{"custom_daemons": "\udcff"}', "UTF-8"),
 }
+
+# One bad entry next to a good one: (entries, position, code, where). The good area "ok1"
+# must survive every one of them.
+GOOD = {"uuid": "ok1", "service": "tg", "location": "remote", "generation": 4}
+BAD_ENTRIES: dict[str, tuple[list[Any], int, str, str]] = {
+    "bad location": ([{"uuid": "a1", "service": "tg", "location": "mars"}], 0,
+                     "AREA_ENTRY_INVALID", "custom_daemons[0].location"),
+    "negative generation": ([{"uuid": "a1", "service": "tg", "generation": -1}], 0,
+                            "AREA_ENTRY_INVALID", "custom_daemons[0].generation"),
+    "not an object": ([7], 0, "AREA_ENTRY_INVALID", "custom_daemons[0]"),
+    "missing uuid": ([{"service": "tg"}], 0, "AREA_ID_INVALID", "custom_daemons[0].uuid"),
+    "braced uuid": ([{"uuid": "{5b1d}", "service": "tg"}], 0, "AREA_ID_INVALID", "uuid"),
+    "padded uuid": ([{"uuid": " 5b1d", "service": "tg"}], 0, "AREA_ID_INVALID", "uuid"),
+    "path uuid": ([{"uuid": "../chats/ok1", "service": "tg"}], 0, "AREA_ID_INVALID", "uuid"),
+    "fragment uuid": ([{"uuid": "victim#", "service": "tg"}], 0, "AREA_ID_INVALID", "uuid"),
+    "nul uuid": ([{"uuid": "a\u0000b", "service": "tg"}], 0, "AREA_ID_INVALID", "uuid"),
+    "long uuid": ([{"uuid": "a" * 300, "service": "tg"}], 0, "AREA_ID_INVALID", "300"),
+    "newline uuid": ([{"uuid": "a1\n", "service": "tg"}], 0, "AREA_ID_INVALID", "uuid"),
+    "path service": ([{"uuid": "a1", "service": "../tg"}], 0, "AREA_ID_INVALID", "service"),
+    "duplicate uuid": ([{"uuid": "a", "service": "tg"}, {"uuid": "a", "service": "max"}], 1,
+                       "AREA_ID_INVALID", "custom_daemons[1].uuid"),
+}
+
+
+class TestOneBadEntryStaysInItsBox:
+    """A bad entry is quarantined on its own, naming its position; the others go on, and a
+    commit of another area leaves the bad entry exactly as it was."""
+
+    @pytest.mark.parametrize("name", sorted(BAD_ENTRIES))
+    def test_the_bad_entry_is_quarantined_and_the_good_one_kept(
+        self, tmp_path: Path, name: str
+    ) -> None:
+        bad, position, code, where = BAD_ENTRIES[name]
+        path = tmp_path / "custom_config.json"
+        path.write_text(json.dumps({"custom_daemons": [*bad, GOOD]}))
+        config = spool_files.read_custom_config(path)
+        assert [e.uuid for e in config.entries] == ["ok1"]
+        quarantined = [e for e in config.invalid if e.position == position]
+        assert quarantined and quarantined[0].code == code
+        assert where in quarantined[0].detail
+
+    @pytest.mark.parametrize("name", sorted(BAD_ENTRIES))
+    def test_a_commit_of_another_area_leaves_the_bad_entry_untouched(
+        self, tmp_path: Path, name: str
+    ) -> None:
+        bad, _, _, _ = BAD_ENTRIES[name]
+        path = tmp_path / "custom_config.json"
+        path.write_text(json.dumps({"custom_daemons": [*bad, GOOD]}))
+        spool_files.update_area_placement(path, uuid="ok1", location="local", generation=5)
+        after = json.loads(path.read_text())["custom_daemons"]
+        assert after[: len(bad)] == bad
+        assert after[-1] == {**GOOD, "location": "local", "generation": 5}
 
 
 class TestMalformedCustomConfig:

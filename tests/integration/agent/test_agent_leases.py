@@ -72,6 +72,17 @@ class TestLeaseLapse:
             await detector.wait_for(lambda d: not d.alive(AREA), timeout_s=TTL_S / 4)
         assert [key.pid for key in detector.alive(AREA)] == [pid]
 
+    async def test_one_bad_name_never_fails_the_batch(
+        self, agent: AgentProcess, detector: Detector
+    ) -> None:
+        await _create(agent, detector, AREA)
+        bad = ["{5b1d}", " padded", "../x", "tg\n", "a" * 300]
+        renew = {"owner_id": OWNER, "ttl_s": TTL_S, "areas": {AREA: 1, **dict.fromkeys(bad, 1)}}
+        status, answer = await agent.request("POST", "/v1/leases/renew", json_body=renew)
+        assert status == 200
+        assert answer["areas"][AREA]["result"] == "renewed"
+        assert {answer["areas"][name[:200]]["result"] for name in bad} == {"invalid"}
+
     async def test_renewal_by_another_owner_or_generation_grants_nothing(
         self, agent: AgentProcess, detector: Detector
     ) -> None:

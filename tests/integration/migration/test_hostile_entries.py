@@ -1,0 +1,45 @@
+"""One bad custom_config.json entry stays in its box: it is quarantined (never started,
+never sent to the VPS) while every other area keeps running and renewing its lease."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from tests.integration.migration.conftest import StackFactory, settle_remote
+
+HOSTILE_IDS = ["{5b1d0c2e-aaaa-bbbb-cccc-000000000001}", " 5b1d0c2e", "../chats/x", "victim#",
+               "a" * 300, "nul\u0000id"]
+
+
+class TestOneBadEntry:
+    """A bad entry is shown with its position and code; the other areas never notice."""
+
+    async def test_bad_ids_next_to_remote_areas_never_cost_them_their_leases(
+        self, stack_factory: StackFactory
+    ) -> None:
+        stack = await stack_factory(services={"tg": 2}, area_lease_ttl_s=3.0)
+        await settle_remote(stack)
+        lives_before = {a: stack.detector.alive(a) for a in stack.areas["tg"]}
+        path = stack.root / "spool" / "custom_config.json"
+        document = json.loads(path.read_text())
+        hostile = [{"uuid": u, "service": "tg", "location": "remote", "generation": 1}
+                   for u in HOSTILE_IDS]
+        document["custom_daemons"].extend(hostile)
+        path.write_text(json.dumps(document))
+
+        async def quarantined() -> bool:
+            return len((await stack.status())["quarantined"]) == len(HOSTILE_IDS)
+
+        await stack.wait_until(quarantined, timeout_s=20, what="the bad entries quarantined")
+        status = await stack.status()
+        positions = [q["position"] for q in status["quarantined"]]
+        assert positions == list(range(2, 2 + len(HOSTILE_IDS)))
+        assert {q["code"] for q in status["quarantined"]} == {"AREA_ID_INVALID"}
+        await asyncio.sleep(3.0 * 3)  # three lease TTLs: every renewal batch went through
+        for area in stack.areas["tg"]:
+            assert stack.detector.alive(area) == lives_before[area], "a good area was hit"
+        assert set(stack.agent_cache()) == set(stack.areas["tg"]), "nothing bad reached the VPS"
+        status = await stack.status()
+        assert status["tunnel"]["reconnects"] <= 1, "the tunnel was never recycled"
+        assert json.loads(path.read_text())["custom_daemons"][2:] == hostile, "left untouched"
