@@ -8,6 +8,8 @@ once, into typed errors with stable codes:
 - 401                                    -> AGENT_UNAUTHORIZED
 - 409 (another owner, other generation)  -> DESTINATION_CONFLICT
 - the agent's own error document         -> its code
+- a body over the size limit, a 2xx that is not the JSON document the caller relies on,
+  or any other status                   -> AGENT_UNREACHABLE (maybe delivered)
 
 `RemoteInventory` conversion lives here too, so the planner sees the agent's table as the
 orchestrator's frozen values.
@@ -15,6 +17,7 @@ orchestrator's frozen values.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -22,10 +25,20 @@ from typing import Any
 
 import aiohttp
 
+from orchestrator import names
 from orchestrator.errors import ErrorCode, MonitordError, TransientError, error_for
 from orchestrator.models import ProcessInfo, RemoteEntry, RemoteInventory
 
 DEFAULT_TIMEOUT_S = 10.0
+# The most response body read; a longer one is refused (AGENT_UNREACHABLE), never buffered
+# whole. The inventory is the one answer that grows: an entry plus a process is ~0.5 KiB of
+# JSON, so 8 MiB holds ~16 000 areas, two orders of magnitude beyond any PBX, while keeping a
+# broken or hostile agent from filling the owner's memory. Every other answer is one small
+# object (one area, or one line per renewed area): 1 MiB is the same margin.
+MAX_INVENTORY_BYTES = 8 * 1024 * 1024
+MAX_RESPONSE_BYTES = 1024 * 1024
+_CHUNK_BYTES = 64 * 1024
+_DETAIL_CHARS = 200  # of an agent-supplied error detail kept in ours
 
 
 class AgentUnreachable(TransientError):
@@ -81,17 +94,27 @@ class AgentClient:
         *,
         body: Any = None,
         params: Mapping[str, str] | None = None,
+        limit: int | None = None,
     ) -> Any:
+        """The parsed JSON body of a 2xx answer (None when it is not JSON); raises otherwise.
+
+        The agent never redirects: a redirect is not followed (it would carry the secret) and,
+        like any status that is neither 2xx nor 4xx/5xx, is AGENT_UNREACHABLE."""
         url = self.base_url + path
+        where = f"{method} {path}"
         try:
-            async with self._client().request(method, url, json=body, params=params) as resp:
-                try:
-                    payload = await resp.json(content_type=None)
-                except ValueError:
-                    payload = None
-                if resp.status < 400:
+            async with self._client().request(
+                method, url, json=body, params=params, allow_redirects=False
+            ) as resp:
+                limit = MAX_RESPONSE_BYTES if limit is None else limit
+                payload = _parse_json(await _read_limited(resp, limit=limit, where=where))
+                if 200 <= resp.status < 300:
                     return payload
-                raise _http_error(resp.status, payload, where=f"{method} {path}")
+                if resp.status < 400:
+                    raise AgentUnreachable(
+                        f"{where}: unexpected HTTP {resp.status}", maybe_delivered=True
+                    )
+                raise _http_error(resp.status, payload, where=where)
         except MonitordError:
             raise
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
@@ -104,7 +127,11 @@ class AgentClient:
     # -- the manager API ---------------------------------------------------------------
 
     async def inventory_raw(self) -> dict[str, Any]:
-        result: dict[str, Any] = await self._call("GET", "/v1/inventory")
+        """The inventory document, checked to have the shape `to_remote_inventory` (and the
+        engine's readers of the raw document) rely on; AGENT_UNREACHABLE when it has not."""
+        raw = await self._call("GET", "/v1/inventory", limit=MAX_INVENTORY_BYTES)
+        check_inventory(raw, where="GET /v1/inventory")
+        result: dict[str, Any] = raw
         return result
 
     async def inventory(self) -> RemoteInventory:
@@ -131,7 +158,9 @@ class AgentClient:
             "data_dir": data_dir,
             "env": dict(env),
         }
-        result: dict[str, Any] = await self._call("PUT", f"/v1/areas/{area}", body=body)
+        where = f"PUT /v1/areas/{area}"
+        answer = await self._call("PUT", f"/v1/areas/{area}", body=body)
+        result: dict[str, Any] = _object(answer, where=where)
         return result
 
     async def stop(self, *, area: str, generation: int) -> str:
@@ -139,28 +168,37 @@ class AgentClient:
         result = await self._call(
             "POST", f"/v1/areas/{area}/stop", params={"generation": str(generation)}
         )
-        return str(result.get("result", ""))
+        return _result_of(result, where=f"POST /v1/areas/{area}/stop")
 
     async def delete(self, *, area: str, generation: int) -> str:
         """Stop + remove entry and data at `generation`: 'deleted' or 'absent'."""
         result = await self._call(
             "DELETE", f"/v1/areas/{area}", params={"generation": str(generation)}
         )
-        return str(result.get("result", ""))
+        return _result_of(result, where=f"DELETE /v1/areas/{area}")
 
     async def renew(
         self, *, owner_id: str, ttl_s: float, areas: Mapping[str, int]
     ) -> dict[str, RenewResult]:
         body = {"owner_id": owner_id, "ttl_s": ttl_s, "areas": dict(areas)}
-        result = await self._call("POST", "/v1/leases/renew", body=body)
+        where = "POST /v1/leases/renew"
+        result = _object(await self._call("POST", "/v1/leases/renew", body=body), where=where)
+        views = result.get("areas") or {}
+        if not isinstance(views, dict):
+            raise _malformed(where, f"areas is {type(views).__name__}, not an object")
         answers: dict[str, RenewResult] = {}
-        for area, view in (result.get("areas") or {}).items():
-            outcome = str(view.get("result", ""))
+        for area, view in views.items():
+            if not isinstance(view, dict):
+                raise _malformed(where, f"areas[{area!r:.60}] is {type(view).__name__}")
+            outcome = _result_of(view, where=f"{where} areas[{area!r:.60}]")
+            generation = view.get("generation")
+            if generation is not None and not _is_int(generation):
+                raise _malformed(where, f"areas[{area!r:.60}].generation is {generation!r:.40}")
             answers[area] = RenewResult(
                 area=area,
                 renewed=outcome == "renewed",
                 result=outcome,
-                generation=view.get("generation"),
+                generation=generation,
             )
         return answers
 
@@ -172,20 +210,108 @@ class AgentClient:
         return True
 
 
+async def _read_limited(resp: aiohttp.ClientResponse, *, limit: int, where: str) -> bytes:
+    """At most `limit` bytes of body; AGENT_UNREACHABLE (maybe delivered) beyond."""
+    if resp.content_length is not None and resp.content_length > limit:
+        raise AgentUnreachable(
+            f"{where}: answer of {resp.content_length} bytes refused (at most {limit})",
+            maybe_delivered=True,
+        )
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in resp.content.iter_chunked(_CHUNK_BYTES):
+        size += len(chunk)
+        if size > limit:
+            raise AgentUnreachable(
+                f"{where}: answer over {limit} bytes refused", maybe_delivered=True
+            )
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _parse_json(raw: bytes) -> Any:
+    """The body as JSON (UTF-8, RFC 8259), None when it is empty or not JSON at all."""
+    if not raw.strip():
+        return None
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError):  # bad UTF-8 or JSON, too many digits, too deep
+        return None
+
+
+def _malformed(where: str, what: str) -> AgentUnreachable:
+    return AgentUnreachable(f"{where}: malformed answer: {what}", maybe_delivered=True)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _object(payload: Any, *, where: str) -> dict[str, Any]:
+    if not isinstance(payload, dict):
+        raise _malformed(where, f"expected a JSON object, got {type(payload).__name__}")
+    return payload
+
+
+def _result_of(payload: Any, *, where: str) -> str:
+    """The `result` string of an answer object ('' when absent)."""
+    result = _object(payload, where=where).get("result", "")
+    if not isinstance(result, str):
+        raise _malformed(where, f"result is {type(result).__name__}, not a string")
+    return result
+
+
 def _http_error(status: int, payload: Any, *, where: str) -> MonitordError:
     err = payload.get("error", {}) if isinstance(payload, dict) else {}
-    detail = f"{where}: {err.get('detail') or f'HTTP {status}'}"
+    if not isinstance(err, dict):
+        err = {}
+    detail = f"{where}: {str(err.get('detail') or f'HTTP {status}')[:_DETAIL_CHARS]}"
     if status == 401:
         return error_for(ErrorCode.AGENT_UNAUTHORIZED, detail)
     if status == 409:
         return error_for(ErrorCode.DESTINATION_CONFLICT, detail)
     if status >= 500:
         return AgentUnreachable(detail, maybe_delivered=True)
-    code = str(err.get("code") or ErrorCode.BAD_REQUEST)
+    code = err.get("code") or ErrorCode.BAD_REQUEST
     try:
-        return error_for(code, detail)
+        return error_for(code if isinstance(code, str) else ErrorCode.BAD_REQUEST, detail)
     except KeyError:
         return error_for(ErrorCode.BAD_REQUEST, detail)
+
+
+def check_inventory(raw: Any, *, where: str) -> None:
+    """AGENT_UNREACHABLE unless `raw` is an inventory document `to_remote_inventory` takes:
+    an object whose `entries` and `processes` are lists of objects, each with a valid `area`
+    name and fields of the types read. One bad entry refuses the whole document: an
+    inventory with a hole could hide a running process from the reconciler."""
+    document = _object(raw, where=where)
+    for key in ("entries", "processes"):
+        items = document.get(key, [])
+        if not isinstance(items, list):
+            raise _malformed(where, f"{key} is {type(items).__name__}, not a list")
+        for i, item in enumerate(items):
+            if not isinstance(item, dict):
+                raise _malformed(where, f"{key}[{i}] is {type(item).__name__}, not an object")
+            if not names.is_valid(item.get("area")):
+                raise _malformed(where, f"{key}[{i}].area is {item.get('area')!r:.60}")
+            for field in ("generation", "pid"):
+                value = item.get(field, 0)
+                if field in item and not (_is_int(value) and value >= 0):
+                    raise _malformed(where, f"{key}[{i}].{field} is {value!r:.40}")
+            for field in ("service", "owner_id"):
+                value = item.get(field)
+                if value is not None and not isinstance(value, str):
+                    raise _malformed(where, f"{key}[{i}].{field} is {type(value).__name__}")
+            for field in ("created_at", "started_at", "lease_expires_at", "uptime_s"):
+                value = item.get(field)
+                if value is not None and (
+                    isinstance(value, bool) or not isinstance(value, int | float)
+                ):
+                    raise _malformed(where, f"{key}[{i}].{field} is {value!r:.40}")
+    try:
+        to_remote_inventory(document, now=0.0)
+    except (ValueError, TypeError, OverflowError) as e:  # pydantic's ValidationError included
+        raise _malformed(where, f"{type(e).__name__}: {e!s:.200}") from e
 
 
 def to_remote_inventory(raw: Mapping[str, Any], *, now: float | None = None) -> RemoteInventory:

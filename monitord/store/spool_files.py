@@ -172,9 +172,13 @@ def parse_custom_config(document: Any, *, path: Path) -> CustomConfig:
             parsed.append((i, _entry_from_raw(raw, where=f"custom_daemons[{i}]")))
         except _EntryInvalid as e:
             invalid.append(InvalidEntry(position=i, code=e.code, detail=str(e)))
+    # Count every object entry that carries the uuid, valid or not: a commit matches the raw
+    # entries by uuid, so an invalid twin would otherwise take a valid area's commit.
     counts: dict[str, int] = {}
-    for _, entry in parsed:
-        counts[entry.uuid] = counts.get(entry.uuid, 0) + 1
+    for raw in daemons:
+        uuid = raw.get("uuid") if isinstance(raw, dict) else None
+        if isinstance(uuid, str):
+            counts[uuid] = counts.get(uuid, 0) + 1
     entries = []
     for i, entry in parsed:
         if counts[entry.uuid] > 1:

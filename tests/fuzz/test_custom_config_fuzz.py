@@ -1,0 +1,260 @@
+"""Fuzz: custom_config.json entries (monitord.store.spool_files).
+
+Promise: `parse_custom_config` never raises for a list of entries (ConfigCorrupt only for a
+wrong top-level shape); every entry it returns has a uuid and service that are names; every
+valid entry with a unique uuid is kept, every other entry is in `invalid` at its position;
+`update_area_placement` of a kept entry changes that entry's location and generation and
+leaves every other raw entry (and top-level key) equal in JSON terms.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from monitord.store import spool_files
+from orchestrator import names
+from orchestrator.errors import ErrorCode
+
+from .profiles import demo, profile
+
+# An independent reading of docs: 1..128 ASCII letters/digits/_/./-, starting alphanumeric.
+_REFERENCE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}", re.ASCII)
+
+json_scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=20),
+)
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+good_names = st.one_of(
+    st.uuids().map(str),
+    st.uuids().map(lambda u: str(u).upper()),
+    st.uuids().map(lambda u: u.hex),
+    st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,15}", fullmatch=True),
+    st.just("a" * 128),
+)
+odd_names: st.SearchStrategy[Any] = st.one_of(
+    st.text(max_size=40),
+    st.text(alphabet=st.characters(min_codepoint=0x80), min_size=1, max_size=10),  # unicode
+    st.sampled_from([
+        "", " ", "a" * 129, "x" * 5000, "-rf", ".hidden", "..", "a/b", "../etc", "a\n", "a\x00",
+        "{5b1d0000-0000-4000-8000-000000000001}", " 5b1d0000 ", "a%2Fb", "a?b", "a#b",
+        "\u0663abc", "abc\u0301", "ａｂｃ", "İ", "ß", "a b",
+    ]),
+    st.uuids().map(lambda u: "{" + str(u) + "}"),
+    json_scalars.filter(lambda v: not isinstance(v, str)),
+    st.lists(json_scalars, max_size=2),
+    st.dictionaries(st.text(max_size=4), json_scalars, max_size=2),
+)
+locations: st.SearchStrategy[Any] = st.one_of(
+    st.sampled_from(["local", "remote"]),
+    st.sampled_from(["LOCAL", "Remote", "", "vps", " local"]),
+    json_scalars,
+)
+generations: st.SearchStrategy[Any] = st.one_of(
+    st.integers(min_value=0, max_value=2**63), st.integers(max_value=-1), st.booleans(),
+    st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=5), st.none(),
+)
+extra_fields = st.dictionaries(
+    st.text(max_size=10).filter(lambda k: k not in ("uuid", "service", "location", "generation")),
+    json_values, max_size=3,
+)
+UUID_POOL = [f"5b1d0000-0000-4000-8000-00000000000{i}" for i in range(4)]
+
+
+@st.composite
+def entries(draw: st.DrawFn) -> Any:
+    """One raw custom_daemons entry: mostly objects, valid or with fields of any kind."""
+    kind = draw(st.sampled_from(["valid", "valid", "valid", "odd", "odd", "not-an-object"]))
+    if kind == "not-an-object":
+        return draw(json_values)
+    entry: dict[str, Any] = draw(extra_fields)
+    # A small pool of uuids makes duplicates (valid and invalid ones) common.
+    uuid = draw(st.one_of(st.sampled_from(UUID_POOL), good_names))
+    service = draw(good_names)
+    if kind == "odd":
+        field = draw(st.sampled_from(["uuid", "service", "location", "generation", "missing"]))
+        if field == "uuid":
+            uuid = draw(odd_names)
+        elif field == "service":
+            service = draw(odd_names)
+        elif field == "location":
+            entry["location"] = draw(locations)
+        elif field == "generation":
+            entry["generation"] = draw(generations)
+        else:
+            missing = draw(st.sampled_from(["uuid", "service"]))
+            uuid, service = (None, service) if missing == "uuid" else (uuid, None)
+    if uuid is not None:
+        entry["uuid"] = uuid
+    if service is not None:
+        entry["service"] = service
+    if kind == "valid" and draw(st.booleans()):
+        entry["location"] = draw(st.sampled_from(["local", "remote"]))
+        entry["generation"] = draw(st.integers(min_value=0, max_value=2**40))
+    return entry
+
+
+entry_lists = st.lists(entries(), max_size=12)
+
+
+def _reference_valid(raw: Any) -> bool:
+    def name(v: Any) -> bool:
+        return isinstance(v, str) and _REFERENCE_NAME.fullmatch(v) is not None
+
+    if not isinstance(raw, dict) or not name(raw.get("uuid")) or not name(raw.get("service")):
+        return False
+    if raw.get("location", "local") not in ("local", "remote"):
+        return False
+    generation = raw.get("generation", 0)
+    return isinstance(generation, int) and not isinstance(generation, bool) and generation >= 0
+
+
+Parser = Callable[..., spool_files.CustomConfig]
+
+
+def check_entries(
+    daemons: list[Any], *, workdir: Path, parse: Parser = spool_files.parse_custom_config,
+    update: Callable[..., Any] = spool_files.update_area_placement, extra: Any = None,
+) -> None:
+    """The property; raises AssertionError (or whatever the code under test raises)."""
+    document: dict[str, Any] = {"custom_daemons": daemons}
+    if extra is not None:
+        document["other"] = extra
+    original = copy.deepcopy(document)
+    path = workdir / "custom_config.json"
+    config = parse(document, path=path)  # must not raise
+    assert document == original, "parse_custom_config changed its input"
+
+    valid = [i for i, raw in enumerate(daemons) if _reference_valid(raw)]
+    # A uuid carried by more than one object entry (valid or not) is ambiguous: all go.
+    counts = Counter(
+        raw["uuid"] for raw in daemons
+        if isinstance(raw, dict) and isinstance(raw.get("uuid"), str)
+    )
+    kept = [i for i in valid if counts[daemons[i]["uuid"]] == 1]
+    assert [e.uuid for e in config.entries] == [daemons[i]["uuid"] for i in kept]
+    for entry, i in zip(config.entries, kept, strict=True):
+        assert names.is_valid(entry.uuid) and names.is_valid(entry.service)
+        raw = daemons[i]
+        assert (entry.service, entry.location, entry.generation) == (
+            raw["service"], raw.get("location", "local"), raw.get("generation", 0)
+        )
+    positions = [bad.position for bad in config.invalid]
+    assert positions == sorted(set(range(len(daemons))) - set(kept)), positions
+    for bad in config.invalid:
+        assert bad.code in (ErrorCode.AREA_ID_INVALID, ErrorCode.AREA_ENTRY_INVALID)
+        assert f"custom_daemons[{bad.position}]" in bad.detail
+    assert config.raw_entries() == daemons
+
+    if not kept:
+        return
+    target = kept[len(kept) // 2]
+    uuid = daemons[target]["uuid"]
+    path.write_text(json.dumps(document, ensure_ascii=False), encoding="utf-8")
+    update(path, uuid=uuid, location="remote", generation=7)
+    after = json.loads(path.read_text(encoding="utf-8"))
+    assert set(after) == set(document)
+    assert after.get("other") == document.get("other")
+    assert len(after["custom_daemons"]) == len(daemons)
+    for i, (before_raw, after_raw) in enumerate(zip(daemons, after["custom_daemons"], strict=True)):
+        if i == target:
+            assert after_raw == {**before_raw, "location": "remote", "generation": 7}
+        else:
+            assert after_raw == before_raw, f"entry {i} changed by updating entry {target}"
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    yield tmp_path_factory.mktemp("custom_config")
+
+
+@profile("config")
+@given(daemons=entry_lists, extra=st.one_of(st.none(), json_values))
+def test_entries_are_kept_or_quarantined_and_updates_touch_one_entry(
+    workdir: Path, daemons: list[Any], extra: Any
+) -> None:
+    check_entries(daemons, workdir=workdir, extra=extra)
+
+
+@profile("config")
+@given(document=json_values)
+def test_only_a_wrong_top_level_shape_is_config_corrupt(document: Any) -> None:
+    wrong = not isinstance(document, dict) or not isinstance(
+        document.get("custom_daemons", []), list
+    )
+    if wrong:
+        with pytest.raises(spool_files.ConfigCorrupt):
+            spool_files.parse_custom_config(document, path=Path("custom_config.json"))
+    else:
+        spool_files.parse_custom_config(document, path=Path("custom_config.json"))
+
+
+# -- the property can fail ----------------------------------------------------------------------
+
+
+def _parse_without_dedup(document: Any, *, path: Path) -> spool_files.CustomConfig:
+    """Broken on purpose: keeps every copy of a duplicated uuid."""
+    config = spool_files.parse_custom_config(document, path=path)
+    daemons = document["custom_daemons"]
+    entries = tuple(
+        spool_files.AreaEntry(uuid=raw["uuid"], service=raw["service"])
+        for raw in daemons if isinstance(raw, dict) and names.is_valid(raw.get("uuid"))
+        and names.is_valid(raw.get("service"))
+    )
+    return spool_files.CustomConfig(entries=entries, document=config.document)
+
+
+def _update_rewriting_everything(path: Path, *, uuid: str, location: str, generation: int) -> None:
+    """Broken on purpose: sets the location of every entry, not only the one asked for."""
+    document = json.loads(path.read_text())
+    for raw in document["custom_daemons"]:
+        if isinstance(raw, dict):
+            raw["location"], raw["generation"] = location, generation
+    path.write_text(json.dumps(document))
+
+
+@pytest.mark.parametrize(
+    "broken", ["parser keeps duplicates", "update rewrites every entry"]
+)
+def test_the_property_catches_a_broken_implementation(workdir: Path, broken: str) -> None:
+    kwargs: dict[str, Any] = (
+        {"parse": _parse_without_dedup} if broken == "parser keeps duplicates"
+        else {"update": _update_rewriting_everything}
+    )
+
+    @demo()
+    @given(daemons=entry_lists)
+    def search(daemons: list[Any]) -> None:
+        check_entries(daemons, workdir=workdir, **kwargs)
+
+    with pytest.raises(AssertionError):
+        search()
+
+
+def test_an_invalid_twin_quarantines_the_valid_entry_so_no_commit_can_hit_it(
+    workdir: Path,
+) -> None:
+    """Found by this fuzzing: an invalid entry sharing a valid one's uuid used to take that
+    area's commit (the raw entries are matched by uuid)."""
+    uuid = UUID_POOL[0]
+    daemons: list[Any] = [{"uuid": uuid, "service": ""}, {"uuid": uuid, "service": "tg"}]
+    check_entries(daemons, workdir=workdir)
+    config = spool_files.parse_custom_config({"custom_daemons": daemons}, path=workdir / "c")
+    assert config.entries == () and [e.position for e in config.invalid] == [0, 1]
