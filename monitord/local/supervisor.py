@@ -286,10 +286,11 @@ class LocalSupervisor:
         await self._supervise()
 
     async def start(self) -> None:
-        """`run()` as a task this supervisor owns (for callers without a root-task registry)."""
+        """`run()` as a task this supervisor owns (for callers without a root-task registry);
+        survivors are handled before it returns."""
         if not self._survivors_handled:
             await self.adopt_or_stop_survivors()
-        self._task = asyncio.create_task(self._supervise(), name=TASK_NAME)
+        self._task = asyncio.create_task(self.run(), name=TASK_NAME)
 
     async def close(self) -> None:
         """Stop supervising; the daemons keep running for the next instance to adopt."""

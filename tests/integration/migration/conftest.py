@@ -9,6 +9,7 @@ test can forget it.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -18,7 +19,8 @@ from monitord.testing.stack import Stack
 from tests.support import stacks
 from tests.support.stacks import StackFactory
 
-__all__ = ["StackFactory", "settle_remote", "stack_factory"]
+__all__ = ["StackFactory", "destination_runs_held_at_healthcheck", "settle_remote",
+           "stack_factory"]
 
 
 @pytest.fixture
@@ -31,3 +33,24 @@ async def settle_remote(stack: Stack, service: str = "tg") -> None:
     """Move a service to the VPS and wait until it is settled there."""
     await stack.place(service, "remote")
     await stack.wait_settled(expect={service: "remote"}, timeout_s=60)
+
+
+async def destination_runs_held_at_healthcheck(
+    stack: Stack, area: str, *, writes_for_s: float = 1.5
+) -> None:
+    """Settled local, monitord restarted to hold a move to the VPS at its health check, the
+    move asked for; returns once the destination runs on the VPS and has been writing
+    session records (the source never saw them) for `writes_for_s`. Release with
+    `stack.release_hold()`."""
+    await stack.wait_settled(expect={service: "local" for service in stack.areas})
+    assert await stack.stop_monitord() == 0
+    await stack.start_monitord(
+        env={"MONITORD_HOLD_AT": "local_to_remote:HEALTHCHECK_DESTINATION"}
+    )
+    await stack.place("tg", "remote")
+    await stack.wait_event("hold_point")
+    await stack.wait_until(
+        lambda: any(k.side == "remote" for k in stack.detector.alive(area)),
+        timeout_s=20, what="the destination runs on the VPS",
+    )
+    await asyncio.sleep(writes_for_s)

@@ -14,10 +14,13 @@ import time
 from pathlib import Path
 
 from monitord.testing.stack import Stack
-from tests.integration.migration.conftest import StackFactory, settle_remote
+from tests.integration.migration.conftest import (
+    StackFactory,
+    destination_runs_held_at_healthcheck,
+    settle_remote,
+)
 from tests.integration.operator.conftest import run_cli
 
-L2R = "local_to_remote"
 R2L = "remote_to_local"
 
 
@@ -73,16 +76,7 @@ class TestCorruptAuthoritativeFile:
     ) -> None:
         stack = await stack_factory(services={"tg": 1})
         area = stack.areas["tg"][0]
-        await stack.wait_settled(expect={"tg": "local"})
-        assert await stack.stop_monitord() == 0
-        await stack.start_monitord(env={"MONITORD_HOLD_AT": f"{L2R}:HEALTHCHECK_DESTINATION"})
-        await stack.place("tg", "remote")
-        await stack.wait_event("hold_point")
-        await stack.wait_until(
-            lambda: any(k.side == "remote" for k in stack.detector.alive(area)),
-            timeout_s=20, what="the destination runs on the VPS",
-        )
-        await asyncio.sleep(1.5)  # the destination writes session records
+        await destination_runs_held_at_healthcheck(stack, area)
         good = _truncate(_custom_config(stack))
         truncated = _custom_config(stack).read_bytes()
         stack.release_hold()
@@ -145,16 +139,7 @@ class TestRecoveryFirst:
 async def _parked_waiting_for_data(stack: Stack, area: str) -> dict[str, object]:
     """A move to the VPS held at its health check, the VPS cut off, the operator back to
     local: the rollback waits for the VPS's data and parks after rollback_data_wait_s."""
-    await stack.wait_settled(expect={"tg": "local"})
-    assert await stack.stop_monitord() == 0
-    await stack.start_monitord(env={"MONITORD_HOLD_AT": f"{L2R}:HEALTHCHECK_DESTINATION"})
-    await stack.place("tg", "remote")
-    await stack.wait_event("hold_point")
-    await stack.wait_until(
-        lambda: any(k.side == "remote" for k in stack.detector.alive(area)),
-        timeout_s=20, what="the destination runs on the VPS",
-    )
-    await asyncio.sleep(1.0)  # it writes session records
+    await destination_runs_held_at_healthcheck(stack, area, writes_for_s=1.0)
     await stack.partition()
     await stack.place("tg", "local")
     stack.release_hold()

@@ -9,7 +9,10 @@ import time
 import pytest
 
 from monitord.testing.stack import Stack
-from tests.integration.migration.conftest import StackFactory
+from tests.integration.migration.conftest import (
+    StackFactory,
+    destination_runs_held_at_healthcheck,
+)
 
 L2R = "local_to_remote"
 
@@ -22,15 +25,7 @@ async def _hold(stack: Stack, point: str) -> None:
 
 async def _rollback_cut_off_after_the_destination_ran(stack: Stack, area: str) -> float:
     """Hold a move to the VPS at its health check, cut the VPS off, ask for local again."""
-    await stack.wait_settled(expect={"tg": "local"})
-    await _hold(stack, "HEALTHCHECK_DESTINATION")
-    await stack.place("tg", "remote")
-    await stack.wait_event("hold_point")
-    await stack.wait_until(
-        lambda: any(k.side == "remote" for k in stack.detector.alive(area)),
-        timeout_s=20, what="the destination runs on the VPS",
-    )
-    await asyncio.sleep(1.5)  # the VPS copy writes session records the source never saw
+    await destination_runs_held_at_healthcheck(stack, area)
     await stack.partition()
     cut_at = time.time()
     await stack.place("tg", "local")  # the operator gives up: a rollback
