@@ -47,7 +47,7 @@ class CleanupWorker:
         remote: RemoteLink | None,
         metrics: Metrics,
         interval_s: float,
-        lineage_of: Callable[[str], Lineage] | None = None,
+        lineage_of: Callable[[str], Lineage],
         policy: CleanupPolicy | None = None,
         wall: Callable[[], float] = time.time,
         jitter: Callable[[], float] = random.random,
@@ -57,8 +57,7 @@ class CleanupWorker:
         self.remote = remote
         self.metrics = metrics
         self.interval_s = interval_s
-        # Which sides hold an area's newest data (PlacementState.lineage); None: an area's
-        # data is never the newest on a side being cleaned (tests of the queue alone).
+        # Which sides hold an area's newest data (PlacementState.lineage): never deleted.
         self._lineage_of = lineage_of
         self.policy = policy or CleanupPolicy()
         self._wall = wall
@@ -178,9 +177,7 @@ class CleanupWorker:
                 raise error_for(ErrorCode.DAEMON_STOP_FAILED, f"{item.area} would not stop")
             return
         assert self.remote is not None
-        keep = self._lineage_of is not None and not lineage.may_discard_data(
-            self._lineage_of(item.area), item.side
-        )
+        keep = not lineage.may_discard_data(self._lineage_of(item.area), item.side)
         if keep and item.action is not CleanupAction.STOP_PROCESS:
             # The newest data is there (a rollback has not brought it back yet): fence the
             # process, keep entry and data, and come back later.
