@@ -17,6 +17,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+	$(BIN)/python scripts/check_vps_portable.py
 
 test: lint
 	$(BIN)/python -m pytest --durations=10 $(PYTEST_ARGS)

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import StrEnum
 from types import MappingProxyType
 
+from orchestrator.text_enum import TextEnum
 
-class Severity(StrEnum):
+
+class Severity(TextEnum):
     """How loudly the status page shows an error."""
 
     INFO = "info"
@@ -33,7 +34,7 @@ class Severity(StrEnum):
     CRITICAL = "critical"
 
 
-class ErrorCode(StrEnum):
+class ErrorCode(TextEnum):
     """Every stable error code; members compare equal to their plain string."""
 
     AUTH_FAILED = "AUTH_FAILED"
@@ -78,11 +79,12 @@ class ErrorCode(StrEnum):
     TRANSACTION_CONFLICT = "TRANSACTION_CONFLICT"
     DAEMON_START_FAILED = "DAEMON_START_FAILED"
     DAEMON_STOP_FAILED = "DAEMON_STOP_FAILED"
+    SERVICE_USER_UNKNOWN = "SERVICE_USER_UNKNOWN"
     DAEMON_UNREACHABLE = "DAEMON_UNREACHABLE"
     INTERNAL = "INTERNAL"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True)
 class CatalogueEntry:
     """What the operator is told about one code."""
 
@@ -125,7 +127,7 @@ _ROWS: tuple[tuple[ErrorCode, Severity, bool, str, str], ...] = (
            "A forward is open but a round trip through it failed.",
            "Check sshd's AllowTcpForwarding on the VPS; monitord retries."),
     (_E.AGENT_UNREACHABLE, _S.WARNING, True,
-           "The remote agent does not answer through the manager forward.",
+           "The remote agent does not answer over the SSH connection.",
            "Check the tunnel; monitord restarts the agent through its launcher."),
     (_E.AGENT_UNAUTHORIZED, _S.ERROR, False,
            "The remote agent rejected monitord's credentials.",
@@ -231,6 +233,10 @@ _ROWS: tuple[tuple[ErrorCode, Severity, bool, str, str], ...] = (
     (_E.DAEMON_STOP_FAILED, _S.CRITICAL, True,
            "A daemon could not be proven stopped.",
            "Check the PID named in the detail; monitord keeps the other side stopped."),
+    (_E.SERVICE_USER_UNKNOWN, _S.ERROR, False,
+           "A service's user or group does not exist on the machine that starts its daemon.",
+           "Create it (on the PBX and on the VPS), or fix services.NAME.user / group;"
+           " monitord keeps retrying the start."),
     (_E.INTERNAL, _S.ERROR, True,
            "An unexpected error inside monitord (logged once with its traceback); the step"
            " counts as failed, so a service that keeps meeting it parks.",

@@ -20,8 +20,9 @@ Decision table for acquire (first matching row wins):
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from enum import StrEnum
 from typing import Any
+
+from orchestrator.text_enum import TextEnum
 
 # The end-to-end proof of a forward: the VPS side sends PROBE_PREFIX + nonce through the
 # forward, and only our own listener answers PROBE_REPLY + nonce.
@@ -90,7 +91,7 @@ class LeaseRecord:
         )
 
 
-class LeaseAction(StrEnum):
+class LeaseAction(TextEnum):
     TAKE = "take"
     FENCE_THEN_TAKE = "fence_then_take"
     REFUSE_CONFLICT = "refuse_conflict"

@@ -10,6 +10,7 @@ import ipaddress
 import os
 import socket
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -23,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from monitord.base import log_sink
 from orchestrator.errors import ErrorCode, PermanentError
 
 DEFAULT_CONFIG_PATH = Path("/etc/monitord/monitord.toml")
@@ -71,6 +73,11 @@ class MonitordSection(_Section):
     rollback_data: str = Field(default="preserve", pattern="^(preserve|discard)$")
     rollback_data_wait_s: float = Field(default=900.0, gt=0)
     watchdog_interval_s: float = Field(default=5.0, gt=0)
+    # Each area's daemon output: logs/{area}.log, rotated before it exceeds this many bytes,
+    # with this many rotated files kept (monitord/base/log_sink.py, docs/operations.md).
+    area_log_max_bytes: int = Field(default=log_sink.DEFAULT_MAX_BYTES,
+                                    ge=log_sink.MIN_MAX_BYTES)
+    area_log_keep: int = Field(default=log_sink.DEFAULT_KEEP, ge=0)
 
 
 def is_loopback_listen(listen: str) -> bool:
@@ -101,10 +108,60 @@ class HttpSection(_Section):
         return self
 
 
+# Where the agent listens under remote_bin_dir, and the TCP address it had before it was
+# reached over SSH (a local forward to it is recognised and dropped by the loader).
+AGENT_SOCKET = "api/agent.sock"
+LEGACY_AGENT_LISTEN = "127.0.0.1:8225"
+
+
 class ForwardSpec(_Section):
     name: str = Field(min_length=1)
     listen: HostPort
     target: HostPort
+
+
+@dataclass(frozen=True)
+class JumpHop:
+    """One jump host of `remote.proxy_jump`; a field left None comes from `remote.ssh_config`
+    for that host, else from ssh's default (the local user name, port 22)."""
+
+    host: str
+    user: str | None = None
+    port: int | None = None
+
+    def __str__(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        user = f"{self.user}@" if self.user else ""
+        return f"{user}{host}:{self.port}" if self.port else f"{user}{host}"
+
+
+def parse_proxy_jump(value: str) -> tuple[JumpHop, ...]:
+    """OpenSSH's ProxyJump: `[user@]host[:port]` hops, comma-separated, first hop first,
+    IPv6 addresses in brackets; "none" is no jump host at all. Raises ValueError."""
+    if value.strip().lower() == "none":
+        return ()
+    return tuple(_parse_jump_hop(hop.strip()) for hop in value.split(","))
+
+
+def _parse_jump_hop(hop: str) -> JumpHop:
+    user, at, address = hop.rpartition("@")  # a user name may itself contain "@"
+    if address.startswith("["):
+        host, _, tail = address[1:].partition("]")
+        garbled = "]" not in address or (tail != "" and not tail.startswith(":"))
+        port = tail[1:] if tail else None
+    else:
+        host, colon, rest = address.partition(":")
+        garbled = ":" in rest  # an IPv6 address without brackets
+        port = rest if colon else None
+    if (garbled or not host or (at and not user)
+            or any(c.isspace() or c in "/[]@," for c in host) or any(c.isspace() for c in user)):
+        raise ValueError(
+            f"jump host {hop!r} is not [user@]host[:port] (hops are comma-separated;"
+            " an IPv6 address goes in brackets)"
+        )
+    if port is not None and not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+        raise ValueError(f"jump host {hop!r}: the port must be in 1..65535")
+    return JumpHop(host=host, user=user or None, port=int(port) if port is not None else None)
 
 
 class RemoteSection(_Section):
@@ -114,11 +171,20 @@ class RemoteSection(_Section):
     key_file: Path
     known_hosts: Path | None = None  # None only in the demo: see accept_any_host_key
     accept_any_host_key: bool = False  # demo only; never in production
+    # Jump hosts before `host` (OpenSSH's ProxyJump syntax; "none": not even the ssh_config's).
+    # Each hop is opened with key_file and known_hosts too (monitord/remote/tunnel/ssh_connect.py).
+    proxy_jump: str | None = None
+    # An OpenSSH client config file read at every connect (Host blocks: HostName, Port, User
+    # of a jump host, ProxyJump, ...); the keys of this section win over it.
+    ssh_config: Path | None = None
     remote_bin_dir: str = "/opt/offload"
     remote_python: str = "python3"
-    # How the VPS runs monitord's own verbs (agent, agent-launch, tunnel-lease): the pushed
-    # single-file artifact by default; tests on one machine point it at this interpreter.
-    remote_monitord: tuple[str, ...] = ("{remote_python}", "{remote_bin_dir}/monitord.pyz")
+    # How the VPS runs monitord's own verbs (agent, agent-launch, tunnel-lease, self-check):
+    # the pushed single-file artifact under the VPS's python3 in isolated mode (-I: no
+    # PYTHON* variables, no user site-packages; it needs only the standard library).
+    remote_monitord: tuple[str, ...] = (
+        "{remote_python}", "-I", "{remote_bin_dir}/monitord.pyz"
+    )
     connect_timeout_s: float = Field(default=10.0, gt=0)
     # A migration's preflight waits this long for a tunnel that is (re)connecting before
     # it counts as failed (SSH_UNREACHABLE); covers start-up and short link blips.
@@ -132,14 +198,13 @@ class RemoteSection(_Section):
     area_lease_ttl_s: float = Field(default=30.0, gt=0)
     lease_clock_margin: float = Field(default=0.1, ge=0)
     lease_safety_margin_s: float = Field(default=2.0, ge=0)
-    agent_listen: HostPort = "127.0.0.1:8225"
     reverse_forwards: tuple[ForwardSpec, ...] = (
         ForwardSpec(name="nats", listen="127.0.0.1:4222", target="127.0.0.1:4222"),
         ForwardSpec(name="license", listen="127.0.0.1:8222", target="127.0.0.1:8222"),
     )
-    local_forwards: tuple[ForwardSpec, ...] = (
-        ForwardSpec(name="manager", listen="127.0.0.1:8226", target="127.0.0.1:8225"),
-    )
+    local_forwards: tuple[ForwardSpec, ...] = ()
+    # Set by the loader, never by the file: keys that are still accepted but do nothing.
+    deprecations: tuple[str, ...] = Field(default=(), exclude=True)
     artifacts: tuple[Path, ...] = ()  # extra files pushed to remote_bin_dir (daemon binaries)
 
     @model_validator(mode="after")
@@ -154,15 +219,58 @@ class RemoteSection(_Section):
             )
         return self
 
-    @field_validator("agent_listen")
+    @model_validator(mode="before")
     @classmethod
-    def _agent_listen_loopback(cls, value: str) -> str:
-        if not is_loopback_listen(value):
-            raise ValueError(
-                f"must be a loopback address (127.0.0.0/8, ::1 or localhost), got {value!r}:"
-                " the agent's manager API is reached only through the tunnel"
+    def _agent_over_ssh(cls, data: Any) -> Any:
+        """The agent is reached over the SSH connection itself: a configuration written for
+        the old local forward to its TCP port still loads, with one warning, the forward
+        dropped (no socket on the PBX must carry the agent's secret)."""
+        if not isinstance(data, dict) or "deprecations" in data:
+            return data
+        data = dict(data)
+        old_target = data.pop("agent_listen", None)
+        forwards = data.get("local_forwards")
+        dropped: list[Any] = []
+        if isinstance(forwards, list | tuple):
+            kept: list[Any] = []
+            for forward in forwards:
+                is_manager = isinstance(forward, dict) and (
+                    forward.get("name") == "manager"
+                    or forward.get("target") in (old_target, LEGACY_AGENT_LISTEN)
+                )
+                (dropped if is_manager else kept).append(forward)
+            data["local_forwards"] = kept
+        ignored = ["agent_listen"] if old_target is not None else []
+        ignored += [f"local_forwards {f.get('name', '?')!r}" for f in dropped]
+        if ignored:
+            data["deprecations"] = (
+                f"remote: {' and '.join(ignored)} ignored (deprecated): the agent is now"
+                " reached over the SSH connection itself; remove them",
             )
+        return data
+
+    @field_validator("proxy_jump")
+    @classmethod
+    def _proxy_jump_parses(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_proxy_jump(value)
         return value
+
+    @field_validator("ssh_config")
+    @classmethod
+    def _ssh_config_readable(cls, value: Path | None) -> Path | None:
+        if value is not None and not (value.is_file() and os.access(value, os.R_OK)):
+            raise ValueError(f"{str(value)!r} is not a readable file")
+        return value
+
+    def jump_hops(self) -> tuple[JumpHop, ...] | None:
+        """The hops of proxy_jump; None when it is not set (the ssh_config's ProxyJump, if
+        any, applies then), () for "none"."""
+        return None if self.proxy_jump is None else parse_proxy_jump(self.proxy_jump)
+
+    def port_is_set(self) -> bool:
+        """Whether `port` applies: given in the file, or no ssh_config whose Port could."""
+        return "port" in self.model_fields_set or self.ssh_config is None
 
     @field_validator("reverse_forwards", "local_forwards")
     @classmethod
@@ -172,12 +280,10 @@ class RemoteSection(_Section):
             raise ValueError(f"forward names must be unique, got {names}")
         return forwards
 
-    def manager_forward(self) -> ForwardSpec | None:
-        """The local forward that reaches the agent's manager API, if configured."""
-        for forward in self.local_forwards:
-            if forward.target == self.agent_listen or forward.name == "manager":
-                return forward
-        return None
+    def agent_socket(self) -> str:
+        """The agent's Unix socket on the VPS (the agent derives the same path from its
+        dir: monitord.vps.server.socket_path)."""
+        return f"{self.remote_bin_dir.rstrip('/')}/{AGENT_SOCKET}"
 
 
 class ServiceSection(_Section):
@@ -190,6 +296,10 @@ class ServiceSection(_Section):
     healthcheck_timeout_s: float = Field(default=30.0, gt=0)
     parallelism: int = Field(default=4, ge=1)
     env: dict[str, str] = Field(default_factory=dict)
+    # Run the daemons as this user / group (default: as monitord); it must exist on both
+    # sides. The data dir is handed over to it before each start (monitord/base/run_as.py).
+    user: str | None = Field(default=None, min_length=1)
+    group: str | None = Field(default=None, min_length=1)
 
 
 class Config(_Section):

@@ -1,6 +1,6 @@
 """The one-instance-per-directory lock, taken by `monitord run` before anything else.
 
-`acquire()` holds an exclusive, non-blocking flock (through portalocker) on `{dir}/{name}.lock`
+`acquire()` holds an exclusive, non-blocking flock(2) on `{dir}/{name}.lock`
 for the life of the process and then writes a diagnostic PID file `{dir}/{name}.pid`. The lock
 alone decides: the kernel drops it when the holder dies (even on `kill -9`), so a stale PID file
 never blocks a start, and a held lock blocks whatever the PID file claims. The PID file is only
@@ -11,25 +11,23 @@ holder still locks the old one. The descriptor is close-on-exec, so daemons spaw
 never inherit (and never keep alive) the lock.
 
 Callers: monitord.surface.daemon (run), monitord.surface.launcher (launch, probing with
-`is_held`), the agent.
+`is_held`), the agent. Standard library only: the VPS runs it from monitord.pyz.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import time
 from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-import portalocker
-
 from monitord.base import atomic_file
 from orchestrator.errors import ErrorCode, PermanentError
 
 DEFAULT_NAME = "monitord"
 HOLDER_PID_POLL_S = 0.02
-_EXCLUSIVE_NOW = portalocker.LockFlags.EXCLUSIVE | portalocker.LockFlags.NON_BLOCKING
 
 
 class AlreadyRunning(PermanentError):
@@ -64,7 +62,7 @@ class InstanceLock:
             if read_holder_pid(self.pid_path) == self.pid:
                 self.pid_path.unlink(missing_ok=True)
         finally:
-            portalocker.unlock(handle)
+            fcntl.flock(handle, fcntl.LOCK_UN)
             handle.close()
 
     def __enter__(self) -> InstanceLock:
@@ -96,8 +94,8 @@ def _try_lock(lock_path: Path) -> IO[str] | None:
     """Open and lock `lock_path`; None if another open file description holds it."""
     handle = open(lock_path, "a", encoding="ascii")  # kept open for as long as the lock is held
     try:
-        portalocker.lock(handle, _EXCLUSIVE_NOW)
-    except portalocker.AlreadyLocked:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
         handle.close()
         return None
     except BaseException:
@@ -144,7 +142,7 @@ def acquire(
     try:
         atomic_file.atomic_write_bytes(pid_path, f"{os.getpid()}\n".encode("ascii"))
     except BaseException:
-        portalocker.unlock(handle)
+        fcntl.flock(handle, fcntl.LOCK_UN)
         handle.close()
         raise
     return InstanceLock(handle=handle, lock_path=lock_path, pid_path=pid_path)
@@ -158,7 +156,7 @@ def is_held(directory: Path, *, name: str = DEFAULT_NAME) -> bool:
     handle = _try_lock(lock_path)
     if handle is None:
         return True
-    portalocker.unlock(handle)
+    fcntl.flock(handle, fcntl.LOCK_UN)
     handle.close()
     return False
 

@@ -16,10 +16,10 @@ reach the agent later — but only over the SSH connection that carried it. Such
 *uncertain* and tagged with that connection's epoch (the keeper's reconnect count): while
 that connection lives, the lease counts as renewed "now"; once the epoch changes or the
 tunnel is down, no late delivery is possible and the bound counts from the moment that was
-observed. A grant that provably never left (the forward refused the connection) changes
-nothing. An uncertainty that outlives one lease TTL on a live connection (an agent that
-hangs without dropping the link) is ended on purpose: `recycle` closes that connection, the
-keeper reconnects, and the bound starts counting.
+observed. A grant that provably never left (no channel to the agent could be opened)
+changes nothing. An uncertainty that outlives one lease TTL on a live connection (an agent
+that hangs without dropping the link) is ended on purpose: `recycle` closes that connection,
+the keeper reconnects, and the bound starts counting.
 """
 
 from __future__ import annotations

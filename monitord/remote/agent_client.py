@@ -1,15 +1,20 @@
-"""The local owner's client of the agent's manager API (docs/agent.md), over the local forward.
+"""The local owner's client of the agent's manager API (docs/agent.md), over the SSH connection.
 
-Called by the migration engine, the lease renewer, the reconciler and the cleanup worker.
-Every request carries the bearer secret and a timeout; aiohttp failures are translated here,
-once, into typed errors with stable codes:
+Each request opens its own channel (`channel()`, an async context manager yielding a reader
+and a writer): in production a `direct-streamlocal` channel of the tunnel's SSH connection
+to the agent's Unix socket on the VPS (monitord.remote.agent_channel), so nothing on the PBX
+listens for, or could intercept, the bearer secret. Tests and tools use a local Unix or
+TCP socket (`unix_channel`, `tcp_channel`). One HTTP/1.1 request per channel, answered and
+closed by the agent. Every request carries the bearer secret and a timeout; failures are
+translated here, once, into typed errors with stable codes:
 
-- no connection / timeout / 5xx          -> AGENT_UNREACHABLE (transient)
-- 401                                    -> AGENT_UNAUTHORIZED
-- 409 (another owner, other generation)  -> DESTINATION_CONFLICT
-- the agent's own error document         -> its code
+- no channel (tunnel down, channel refused)     -> AGENT_UNREACHABLE, provably not delivered
+- lost channel / timeout / 5xx                  -> AGENT_UNREACHABLE (maybe delivered)
+- 401                                           -> AGENT_UNAUTHORIZED
+- 409 (another owner, other generation)         -> DESTINATION_CONFLICT
+- the agent's own error document                -> its code
 - a body over the size limit, a 2xx that is not the JSON document the caller relies on,
-  or any other status                   -> AGENT_UNREACHABLE (maybe delivered)
+  or any other status                          -> AGENT_UNREACHABLE (maybe delivered)
 
 `RemoteInventory` conversion lives here too, so the planner sees the agent's table as the
 orchestrator's frozen values.
@@ -17,13 +22,14 @@ orchestrator's frozen values.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
-
-import aiohttp
+from typing import Any, Protocol
+from urllib.parse import quote, urlencode
 
 from orchestrator import names
 from orchestrator.errors import ErrorCode, MonitordError, TransientError, error_for
@@ -37,6 +43,7 @@ DEFAULT_TIMEOUT_S = 10.0
 # object (one area, or one line per renewed area): 1 MiB is the same margin.
 MAX_INVENTORY_BYTES = 8 * 1024 * 1024
 MAX_RESPONSE_BYTES = 1024 * 1024
+MAX_HEAD_BYTES = 16 * 1024
 _CHUNK_BYTES = 64 * 1024
 _DETAIL_CHARS = 200  # of an agent-supplied error detail kept in ours
 
@@ -50,8 +57,53 @@ class AgentUnreachable(TransientError):
 
 
 def maybe_delivered(error: MonitordError) -> bool:
-    """False only when the request provably never left (the connection was refused)."""
+    """False only when the request provably never left (no channel could be opened)."""
     return getattr(error, "maybe_delivered", True)
+
+
+class ChannelReader(Protocol):
+    async def read(self, n: int = -1) -> bytes: ...
+
+
+class ChannelWriter(Protocol):
+    def write(self, data: bytes) -> None: ...
+
+    async def drain(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+# Opens one channel to the agent: raise AgentUnreachable(maybe_delivered=False) when none
+# can be opened, and translate a failure inside the block (maybe_delivered=True).
+Channel = Callable[[], contextlib.AbstractAsyncContextManager[tuple[ChannelReader, ChannelWriter]]]
+
+
+def unix_channel(path: str) -> Channel:
+    """A channel to an agent socket on this machine (tests, and an agent on the same host)."""
+    return _stream_channel(lambda: asyncio.open_unix_connection(path), where=path)
+
+
+def tcp_channel(host: str, port: int) -> Channel:
+    """A channel to a TCP address (tests: a fake agent on loopback)."""
+    return _stream_channel(lambda: asyncio.open_connection(host, port), where=f"{host}:{port}")
+
+
+def _stream_channel(connect: Callable[[], Any], *, where: str) -> Channel:
+    @contextlib.asynccontextmanager
+    async def channel() -> AsyncIterator[tuple[ChannelReader, ChannelWriter]]:
+        try:
+            reader, writer = await connect()
+        except OSError as e:
+            raise AgentUnreachable(f"connect {where}: {e.strerror or e}",
+                                   maybe_delivered=False) from e
+        try:
+            yield reader, writer
+        except OSError as e:
+            raise AgentUnreachable(f"{where}: {e.strerror or e}", maybe_delivered=True) from e
+        finally:
+            writer.close()
+
+    return channel
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,27 +117,15 @@ class RenewResult:
 
 
 class AgentClient:
-    """One aiohttp session to `base_url` (the local end of the manager forward)."""
+    """The manager API, one channel per request."""
 
-    def __init__(self, *, base_url: str, secret: bytes, timeout_s: float = DEFAULT_TIMEOUT_S):
-        self.base_url = base_url.rstrip("/")
-        self._headers = {"Authorization": f"Bearer {secret.decode().strip()}"}
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self._session: aiohttp.ClientSession | None = None
+    def __init__(self, *, channel: Channel, secret: bytes, timeout_s: float = DEFAULT_TIMEOUT_S):
+        self._channel = channel
+        self._authorization = f"Bearer {secret.decode().strip()}"
+        self._timeout_s = timeout_s
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-    def _client(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            # force_close: a forward that was re-established must not reuse a dead socket.
-            connector = aiohttp.TCPConnector(force_close=True)
-            self._session = aiohttp.ClientSession(
-                headers=self._headers, timeout=self._timeout, connector=connector
-            )
-        return self._session
+        """Nothing is kept open between requests; kept for the callers' shutdown order."""
 
     async def _call(
         self,
@@ -98,31 +138,31 @@ class AgentClient:
     ) -> Any:
         """The parsed JSON body of a 2xx answer (None when it is not JSON); raises otherwise.
 
-        The agent never redirects: a redirect is not followed (it would carry the secret) and,
-        like any status that is neither 2xx nor 4xx/5xx, is AGENT_UNREACHABLE."""
-        url = self.base_url + path
+        The agent never redirects: a redirect, like any status that is neither 2xx nor
+        4xx/5xx, is AGENT_UNREACHABLE."""
         where = f"{method} {path}"
+        target = quote(path) + (f"?{urlencode(params)}" if params else "")
+        payload_bytes = b"" if body is None else json.dumps(body).encode()
+        limit = MAX_RESPONSE_BYTES if limit is None else limit
         try:
-            async with self._client().request(
-                method, url, json=body, params=params, allow_redirects=False
-            ) as resp:
-                limit = MAX_RESPONSE_BYTES if limit is None else limit
-                payload = _parse_json(await _read_limited(resp, limit=limit, where=where))
-                if 200 <= resp.status < 300:
-                    return payload
-                if resp.status < 400:
-                    raise AgentUnreachable(
-                        f"{where}: unexpected HTTP {resp.status}", maybe_delivered=True
-                    )
-                raise _http_error(resp.status, payload, where=where)
+            async with asyncio.timeout(self._timeout_s), self._channel() as (reader, writer):
+                status, raw = await _exchange(
+                    reader, writer, method=method, target=target,
+                    authorization=self._authorization, body=payload_bytes,
+                    limit=limit, where=where,
+                )
         except MonitordError:
             raise
-        except (aiohttp.ClientError, TimeoutError, OSError) as e:
-            # A refused connect sent nothing; anything later may have delivered the request.
-            refused = isinstance(e, aiohttp.ClientConnectorError)
+        except TimeoutError as e:
             raise AgentUnreachable(
-                f"{method} {path}: {type(e).__name__}: {e}", maybe_delivered=not refused
+                f"{where}: no answer within {self._timeout_s:g} s", maybe_delivered=True
             ) from e
+        payload = _parse_json(raw)
+        if 200 <= status < 300:
+            return payload
+        if status < 400:
+            raise AgentUnreachable(f"{where}: unexpected HTTP {status}", maybe_delivered=True)
+        raise _http_error(status, payload, where=where)
 
     # -- the manager API ---------------------------------------------------------------
 
@@ -148,8 +188,12 @@ class AgentClient:
         command: tuple[str, ...],
         data_dir: str,
         env: Mapping[str, str],
+        user: str | None = None,
+        group: str | None = None,
+        log_max_bytes: int = 0,
+        log_keep: int | None = None,
     ) -> dict[str, Any]:
-        body = {
+        body: dict[str, Any] = {
             "service": service,
             "generation": generation,
             "owner_id": owner_id,
@@ -157,7 +201,12 @@ class AgentClient:
             "command": list(command),
             "data_dir": data_dir,
             "env": dict(env),
+            "user": user,
+            "group": group,
+            "log_max_bytes": log_max_bytes,
         }
+        if log_keep is not None:
+            body["log_keep"] = log_keep
         where = f"PUT /v1/areas/{area}"
         answer = await self._call("PUT", f"/v1/areas/{area}", body=body)
         result: dict[str, Any] = _object(answer, where=where)
@@ -202,31 +251,55 @@ class AgentClient:
             )
         return answers
 
+    async def call_livez(self) -> None:
+        """GET /livez (no secret needed); raises like every other call."""
+        await self._call("GET", "/livez")
+
     async def livez(self) -> bool:
         try:
-            await self._call("GET", "/livez")
+            await self.call_livez()
         except MonitordError:
             return False
         return True
 
 
-async def _read_limited(resp: aiohttp.ClientResponse, *, limit: int, where: str) -> bytes:
-    """At most `limit` bytes of body; AGENT_UNREACHABLE (maybe delivered) beyond."""
-    if resp.content_length is not None and resp.content_length > limit:
-        raise AgentUnreachable(
-            f"{where}: answer of {resp.content_length} bytes refused (at most {limit})",
-            maybe_delivered=True,
-        )
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in resp.content.iter_chunked(_CHUNK_BYTES):
-        size += len(chunk)
-        if size > limit:
+async def _exchange(
+    reader: ChannelReader,
+    writer: ChannelWriter,
+    *,
+    method: str,
+    target: str,
+    authorization: str,
+    body: bytes,
+    limit: int,
+    where: str,
+) -> tuple[int, bytes]:
+    """Send one request, read the whole answer (the agent closes after it): (status, body).
+    At most `limit` body bytes are read; AGENT_UNREACHABLE (maybe delivered) beyond."""
+    head = (
+        f"{method} {target} HTTP/1.1\r\nHost: agent\r\nAuthorization: {authorization}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
+    )
+    writer.write(head.encode("ascii") + body)
+    await writer.drain()
+    received = bytearray()
+    while True:
+        chunk = await reader.read(_CHUNK_BYTES)
+        if not chunk:
+            break
+        received += chunk
+        if len(received) > MAX_HEAD_BYTES + limit:
             raise AgentUnreachable(
                 f"{where}: answer over {limit} bytes refused", maybe_delivered=True
             )
-        chunks.append(chunk)
-    return b"".join(chunks)
+    head_bytes, sep, payload = bytes(received).partition(b"\r\n\r\n")
+    status_line = head_bytes.split(b"\r\n", 1)[0].split(b" ")
+    if not sep or len(status_line) < 2 or not status_line[1].isdigit():
+        raise _malformed(where, "not an HTTP answer (the channel closed early?)")
+    if len(payload) > limit:
+        raise AgentUnreachable(f"{where}: answer over {limit} bytes refused", maybe_delivered=True)
+    return int(status_line[1]), payload
 
 
 def _parse_json(raw: bytes) -> Any:

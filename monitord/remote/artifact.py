@@ -1,9 +1,10 @@
 """The agent artifact: `monitord.pyz`, one file that runs every monitord verb on the VPS.
 
-A zipapp of this project's `monitord` and `orchestrator` packages with a `__main__` that
-calls `monitord.surface.cli.main`. Third-party dependencies (asyncssh, pydantic, aiohttp, …) are
-NOT inside: they come from the VPS's Python (see docs/provisioning.md for why, and the
-trade-offs against shipping a wheel or a venv).
+A zipapp of the VPS side only — `monitord/vps/` and the few portable modules it imports
+(`PORTABLE_MODULES`) — with a `__main__` that calls `monitord.vps.entry.main`. All of it
+imports nothing but the standard library of Python 3.9+, so a bare system `python3 -I`
+runs it (docs/vps-setup.md); `make lint` holds it there (import-linter, ruff's per-file
+target version and vermin over exactly these files).
 
 The bytes are deterministic: files in sorted order, fixed timestamps and permissions, no
 `__pycache__`, so the same source always gives the same SHA-256 — that hash is the
@@ -25,20 +26,35 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import monitord
-import orchestrator
 from monitord.base.config import RemoteSection
 
 PYZ_NAME = "monitord.pyz"
 SHEBANG = b"#!/usr/bin/env python3\n"
-_PACKAGES = (monitord, orchestrator)
+# Besides the monitord/vps/ package: what the VPS side imports from the shared rooms.
+PORTABLE_MODULES = (
+    "monitord/__init__.py",
+    "monitord/base/__init__.py",
+    "monitord/base/atomic_file.py",
+    "monitord/base/hostport.py",
+    "monitord/base/log_sink.py",
+    "monitord/base/proc_identity.py",
+    "monitord/base/run_as.py",
+    "monitord/base/singleton.py",
+    "orchestrator/__init__.py",
+    "orchestrator/errors.py",
+    "orchestrator/names.py",
+    "orchestrator/text_enum.py",
+    "orchestrator/tunnel_lease.py",
+)
+VPS_PACKAGE = "monitord/vps"
 _EPOCH = (1980, 1, 1, 0, 0, 0)  # the earliest time a zip entry can carry
 _SKIP_DIRS = {"__pycache__"}
 _SKIP_SUFFIXES = (".pyc", ".pyo")
-_MAIN = b'''"""Entry point of monitord.pyz: the same as the `monitord` console script."""
+_MAIN = b'''"""Entry point of monitord.pyz: the VPS verbs (monitord.vps.entry)."""
 
 import sys
 
-from monitord.surface.cli import main
+from monitord.vps.entry import main
 
 sys.exit(main())
 '''
@@ -62,19 +78,23 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def source_root() -> Path:
+    """The directory holding the `monitord` and `orchestrator` packages."""
+    return Path(monitord.__file__ or "").parent.parent
+
+
 def source_files() -> list[tuple[str, Path]]:
     """(name inside the archive, file on disk) for every file that goes in, sorted by name."""
-    files: list[tuple[str, Path]] = []
-    for package in _PACKAGES:
-        root = Path(package.__file__ or "").parent
-        for dirpath, dirnames, filenames in os.walk(root):
-            dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS)
-            for filename in filenames:
-                if filename.endswith(_SKIP_SUFFIXES):
-                    continue
-                path = Path(dirpath) / filename
-                arcname = f"{package.__name__}/{path.relative_to(root).as_posix()}"
-                files.append((arcname, path))
+    root = source_root()
+    files = [(name, root / name) for name in PORTABLE_MODULES if (root / name).is_file()]
+    vps = root / VPS_PACKAGE
+    for dirpath, dirnames, filenames in os.walk(vps):
+        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS)
+        for filename in filenames:
+            if filename.endswith(_SKIP_SUFFIXES):
+                continue
+            path = Path(dirpath) / filename
+            files.append((path.relative_to(root).as_posix(), path))
     return sorted(files)
 
 

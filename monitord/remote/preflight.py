@@ -13,35 +13,37 @@ fix hint from the error catalogue:
 - disk_space (PREFLIGHT_DISK_SPACE): free space there >= artifact sizes + the area data
   size passed in;
 - write_test (PREFLIGHT_WRITE_TEST): a test file can be created and removed there;
-- agent (PREFLIGHT_AGENT): GET /livez answers through the manager forward, or else the
-  pushed monitord runs on the VPS (`agent --help`), so agent-launch can start it;
+- agent (PREFLIGHT_AGENT): the pushed monitord's own `self-check` passes on the VPS (Python
+  version, every module imports, flock, /proc, ss, writable bin dir, socket path), naming
+  each missing piece with its fix, and the agent answers GET /livez over the SSH
+  connection — or is not running yet but startable by agent-launch;
 - artifacts (PREFLIGHT_ARTIFACTS): each artifact's SHA-256 on the VPS equals the local one;
 - tunnel_owner (PREFLIGHT_TUNNEL_OWNER): input, the keeper's view of the tunnel lease;
 - forwards (PREFLIGHT_FORWARDS): input, the keeper's readiness of each configured forward;
 - remote_config (PREFLIGHT_REMOTE_CONFIG): the service is configured and the agent answers
   GET /v1/inventory with our secret.
 
-The VPS-side facts come from ONE exec of a fixed shell script (plus one more only when
-the agent does not answer, to see whether it is startable). Preflight has no side effect
-on anything local: it reads inputs, talks to the VPS and the agent, and never touches a
-local daemon or monitord's state — a failed preflight never takes a local service down.
-On the VPS it only creates and removes its own test file.
+The VPS-side facts come from ONE exec of a fixed shell script plus one of the self-check.
+Preflight has no side effect on anything local: it reads inputs, talks to the VPS and the
+agent, and never touches a local daemon or monitord's state — a failed preflight never
+takes a local service down. On the VPS it only creates and removes its own test file.
 
 Called by the migration engine in the PREFLIGHT phase and by `monitord demo`.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-import aiohttp
 import asyncssh
 
 from monitord.base import logs
 from monitord.base.config import Config, RemoteSection
 from monitord.remote import artifact, remote_exec
+from monitord.remote.agent_client import AgentClient
 from monitord.remote.provisioning import LocalArtifact
 from orchestrator import classify
 from orchestrator.errors import ErrorCode, MonitordError, lookup
@@ -166,9 +168,8 @@ async def run_preflight(
     area_data_bytes: int,
     tunnel_owner: TunnelOwnerView,
     forwards_ready: Mapping[str, bool],
-    agent_secret: bytes | None,
+    agent: AgentClient | None,
     auth_error: str = "",
-    agent_url: str | None = None,
     timeout_s: float = 10.0,
 ) -> PreflightReport:
     """Run every check once (see the module doc); never raises for a failed check."""
@@ -195,17 +196,20 @@ async def run_preflight(
         results.update(_judge_facts(facts, remote=remote, artifacts=artifacts,
                                     area_data_bytes=area_data_bytes))
 
-    url = agent_url or _manager_url(remote)
-    alive_detail = await _agent_alive(url, timeout_s=timeout_s)
-    if alive_detail is None:
-        results["agent"] = _ok("agent", f"answers GET {url}/livez")
-        results["remote_config"] = await _remote_config(
-            config, service=service, url=url, secret=agent_secret, timeout_s=timeout_s
+    alive_detail = await _agent_alive(agent)
+    pyz = next((a for a in artifacts if a.name == artifact.PYZ_NAME), None)
+    if facts is None:
+        results["agent"] = _skipped("agent", "the self-check needs a working SSH session")
+    elif pyz is not None and facts.hashes.get(pyz.name) != pyz.sha256:
+        results["agent"] = _skipped(
+            "agent", f"the self-check needs this monitord's {pyz.name} on the VPS (artifacts)"
         )
     else:
-        results["agent"] = await _agent_startable(
-            conn, remote=remote, unreachable=alive_detail, timeout_s=timeout_s
-        )
+        self_check = await _self_check(conn, remote=remote, timeout_s=timeout_s)
+        results["agent"] = _judge_agent(alive_detail, self_check)
+    if alive_detail is None and agent is not None:
+        results["remote_config"] = await _remote_config(config, service=service, agent=agent)
+    else:
         results["remote_config"] = _skipped(
             "remote_config", f"the agent does not answer ({alive_detail})"
         )
@@ -331,74 +335,82 @@ def _judge_facts(
     return out
 
 
-def _manager_url(remote: RemoteSection) -> str:
-    forward = remote.manager_forward()
-    listen = forward.listen if forward else remote.agent_listen
-    return f"http://{listen}"
-
-
-async def _agent_alive(url: str, *, timeout_s: float) -> str | None:
-    """None when GET /livez answers 200, else why not."""
+async def _agent_alive(agent: AgentClient | None) -> str | None:
+    """None when GET /livez answers over the SSH connection, else why not."""
+    if agent is None:
+        return "no SSH connection to reach it over"
     try:
-        async with (
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session,
-            session.get(f"{url}/livez") as response,
-        ):
-            if response.status == 200:
-                return None
-            return f"GET /livez answered {response.status}"
-    except TimeoutError:
-        return f"GET /livez timed out after {timeout_s:g} s"
-    except aiohttp.ClientError as e:
-        return f"GET /livez failed: {type(e).__name__}"
+        await agent.call_livez()
+    except MonitordError as e:
+        return f"GET /livez: {e.detail or e.code}"
+    return None
 
 
-async def _agent_startable(
-    conn: asyncssh.SSHClientConnection | None,
-    *,
-    remote: RemoteSection,
-    unreachable: str,
-    timeout_s: float,
-) -> CheckResult:
-    """The agent does not answer: is the pushed monitord at least runnable on the VPS?"""
+@dataclass(frozen=True, slots=True)
+class SelfCheckLine:
+    """One line of the VPS's `monitord.pyz self-check` (monitord.vps.self_check)."""
+
+    check: str
+    ok: bool
+    detail: str
+    fix: str
+
+
+async def _self_check(
+    conn: asyncssh.SSHClientConnection | None, *, remote: RemoteSection, timeout_s: float
+) -> tuple[SelfCheckLine, ...] | str:
+    """The self-check's lines, or why it could not run."""
     if conn is None:
-        return _failed("agent", f"{unreachable}; cannot check it is startable without SSH")
-    argv = [*artifact.remote_command(remote), "agent", "--help"]
+        return "no SSH connection to run the self-check over"
+    argv = [*artifact.remote_command(remote), "self-check", "--dir", remote.remote_bin_dir]
     try:
         result = await remote_exec.run(conn, argv, timeout_s=timeout_s)
     except MonitordError as e:
-        return _failed("agent", f"{unreachable}; checking it is startable failed: {e}")
-    if result.ok:
-        return _ok("agent", f"not running ({unreachable}) but startable by agent-launch")
-    return _failed(
-        "agent",
-        f"{unreachable}; `{' '.join(argv)}` exited {result.exit_status}: {result.stderr_tail()}",
-    )
+        return f"`{' '.join(argv)}` failed: {e}"
+    lines = []
+    for raw in result.text.splitlines():
+        try:
+            doc = json.loads(raw)
+            lines.append(SelfCheckLine(check=str(doc["check"]), ok=doc["ok"] is True,
+                                       detail=str(doc["detail"]), fix=str(doc.get("fix", ""))))
+        except (ValueError, KeyError, TypeError):
+            continue
+    if not lines:
+        return (f"`{' '.join(argv)}` exited {result.exit_status} without a report: "
+                f"{result.stderr_tail()}")
+    return tuple(lines)
 
 
-async def _remote_config(
-    config: Config, *, service: str, url: str, secret: bytes | None, timeout_s: float
+def _judge_agent(
+    alive_detail: str | None, self_check: tuple[SelfCheckLine, ...] | str
 ) -> CheckResult:
+    if isinstance(self_check, str):
+        why = f"; the agent does not answer ({alive_detail})" if alive_detail else ""
+        return _failed("agent", f"self-check: {self_check}{why}")
+    failed = [line for line in self_check if not line.ok]
+    if failed:
+        detail = "; ".join(
+            f"{line.check}: {line.detail}" + (f" (fix: {line.fix})" if line.fix else "")
+            for line in failed
+        )
+        return _failed("agent", f"the VPS cannot run the agent: {detail}")
+    python = next((line.detail for line in self_check if line.check == "python"), "")
+    if alive_detail is None:
+        return _ok("agent", f"answers over the SSH connection; self-check passed ({python})")
+    return _ok("agent", f"not running ({alive_detail}) but startable by agent-launch; "
+                        f"self-check passed ({python})")
+
+
+async def _remote_config(config: Config, *, service: str, agent: AgentClient) -> CheckResult:
     if service not in config.services:
         return _failed("remote_config", f"service {service!r} is not configured")
-    if not secret:
-        return _failed("remote_config", "no agent secret to ask the agent with")
-    headers = {"Authorization": "Bearer " + secret.decode("ascii", "replace").strip()}
     try:
-        async with (
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session,
-            session.get(f"{url}/v1/inventory", headers=headers) as response,
-        ):
-            if response.status in (401, 403):
-                return _failed("remote_config", "the agent rejected our secret")
-            if response.status != 200:
-                return _failed("remote_config", f"GET /v1/inventory answered {response.status}")
-            body = await response.json()
-    except (TimeoutError, aiohttp.ClientError, ValueError) as e:
-        return _failed("remote_config", f"GET /v1/inventory failed: {type(e).__name__}")
-    if not isinstance(body, dict) or not isinstance(body.get("entries"), list):
-        return _failed("remote_config", "GET /v1/inventory answered without an entries list")
-    mine = sum(1 for e in body["entries"] if isinstance(e, dict) and e.get("service") == service)
+        inventory = await agent.inventory()
+    except MonitordError as e:
+        if e.code == ErrorCode.AGENT_UNAUTHORIZED:
+            return _failed("remote_config", "the agent rejected our secret")
+        return _failed("remote_config", f"GET /v1/inventory failed: {e.detail or e.code}")
+    mine = sum(1 for entry in inventory.entries if entry.service == service)
     return _ok("remote_config", f"the agent answers inventory ({mine} {service} entries)")
 
 

@@ -13,7 +13,8 @@ fresh one). The steps, each idempotent:
    a part). A mismatch after upload is retried once, then ARTIFACT_HASH_MISMATCH;
 3. agent.secret: written over SFTP (never a command line) to a 0600 temp file, renamed into
    place; left alone when it already holds the same bytes with mode 0600;
-4. `<remote_monitord> agent-launch --dir <remote_bin_dir> --listen <agent_listen>`.
+4. `<remote_monitord> agent-launch --dir <remote_bin_dir>` (the agent then listens on
+   `<remote_bin_dir>/api/agent.sock`).
 
 Running it twice changes nothing the second time (`ProvisionReport.changed` is False).
 Errors: TransientError SSH_UNREACHABLE / SSH_TIMEOUT (from remote_exec and, for SFTP steps,
@@ -389,12 +390,10 @@ async def launch_agent(
         "agent-launch",
         "--dir",
         remote.remote_bin_dir,
-        "--listen",
-        remote.agent_listen,
     ]
     result = await remote_exec.run(conn, argv, timeout_s=timeout_s)
     result.raise_for_status(ErrorCode.PROVISION_FAILED)
-    log.info("agent_launch_requested", bin_dir=remote.remote_bin_dir, listen=remote.agent_listen)
+    log.info("agent_launch_requested", bin_dir=remote.remote_bin_dir, socket=remote.agent_socket())
 
 
 class _SftpSession:

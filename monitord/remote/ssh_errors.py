@@ -28,6 +28,7 @@ Two situations read some exceptions differently and have their own function:
 `translate_connect` (while connecting, a local file error means the key or known_hosts
 file cannot be read: AUTH_FAILED) and `translate_local_listen` (binding a local forward's
 port on this machine: EADDRINUSE is PORT_OCCUPIED, any other OSError FORWARD_DENIED).
+`translate_ssh_config` reads asyncssh's failures to load `remote.ssh_config` (CONFIG_INVALID).
 
 The detail is always `"{during}: {what happened}"`, with asyncssh's `reason` where the
 exception has one.
@@ -114,6 +115,16 @@ def translate_connect(error: BaseException, *, during: str) -> MonitordError:
             ErrorCode.SSH_UNREACHABLE, f"{during}: {error.strerror or type(error).__name__}"
         )
     return error_for(ErrorCode.SSH_UNREACHABLE, f"{during}: {type(error).__name__}")
+
+
+def translate_ssh_config(error: OSError | ValueError, *, path: object) -> MonitordError:
+    """`remote.ssh_config` cannot be read (OSError) or parsed (asyncssh's parser raises a
+    ValueError naming the file and line): CONFIG_INVALID, whatever the connection."""
+    if isinstance(error, OSError):
+        why = f"cannot read {path}: {error.strerror or type(error).__name__}"
+    else:
+        why = str(error) or f"cannot parse {path}"
+    return error_for(ErrorCode.CONFIG_INVALID, f"remote.ssh_config: {why}")
 
 
 def translate_local_listen(

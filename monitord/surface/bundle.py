@@ -14,7 +14,8 @@ redacted by the same rules. Known JSON sections handed in as bytes (the spool fi
 parsed and redacted too; one that is not valid JSON is replaced by a note. Text sections of
 other names are packed as they are. Finally, a member that still looks like key material is
 replaced, so a private key can not leave through the bundle even if a caller hands one in
-by mistake.
+by mistake. Every bundle opens with `version.json`: the monitord and Python versions that
+wrote it (support reads it before anything else).
 """
 
 from __future__ import annotations
@@ -22,12 +23,15 @@ from __future__ import annotations
 import io
 import json
 import os
+import platform
 import re
 import tarfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from monitord import __version__
 
 REDACTED = "<redacted>"
 # A key that looks like a secret is redacted even where it is allow-listed.
@@ -82,7 +86,10 @@ _TUNNEL = frozenset({
 _RUNTIME = _IDENTITY | _PLACEMENT | _ERRORS | _COUNTS | _FLAGS
 _KIND_MAPS = frozenset({"counts", "before_by_kind", "after_by_kind"})
 
+VERSION_SECTION = "version.json"
+
 SECTIONS: dict[str, SectionRules] = {
+    VERSION_SECTION: SectionRules(frozenset({"monitord", "python", "implementation"})),
     "status.json": SectionRules(
         _RUNTIME | _TUNNEL | {"services", "areas", "transactions", "cleanup", "drift"},
         name_maps=_KIND_MAPS | {"services"},
@@ -105,7 +112,7 @@ SECTIONS: dict[str, SectionRules] = {
             # [remote]: the key's path, never its content
             "remote", "host", "port", "user", "key_file", "known_hosts",
             "accept_any_host_key", "remote_bin_dir", "remote_python", "keepalive_count_max",
-            "reconnect_max_per_minute", "lease_clock_margin", "agent_listen",
+            "reconnect_max_per_minute", "lease_clock_margin",
             "reverse_forwards", "local_forwards", "name", "target", "artifacts",
             # [services.NAME]: data dirs and limits; command, probe and env are redacted
             "services", "local_data_dir", "remote_data_dir", "parallelism",
@@ -210,13 +217,22 @@ def _member_bytes(name: str, value: Any) -> bytes:
     return _dump(redact(value, name))
 
 
+def version_section() -> dict[str, str]:
+    """What wrote the bundle: monitord's version and the Python running it."""
+    return {
+        "monitord": __version__,
+        "python": platform.python_version(),
+        "implementation": platform.python_implementation(),
+    }
+
+
 def build(sections: Mapping[str, Any], *, now: float | None = None) -> bytes:
     """Pack `name -> value` (bytes, str or JSON-able) into a .tar.gz under `monitord-bundle/`,
-    each value redacted by its section's rules."""
+    each value redacted by its section's rules; `version.json` comes first."""
     mtime = time.time() if now is None else now
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        for name, value in sections.items():
+        for name, value in {VERSION_SECTION: version_section(), **sections}.items():
             data = _member_bytes(name, value)
             if contains_key_material(data):
                 data = f"{REDACTED}: this section looked like private key material\n".encode()

@@ -30,7 +30,6 @@ import asyncssh
 
 from monitord.base import atomic_file, logs
 from monitord.base.config import Config
-from monitord.base.hostport import split_hostport
 from monitord.base.metrics import Metrics
 from monitord.engine.cleanup_worker import CleanupWorker
 from monitord.engine.lease_renewer import LeaseRenewer
@@ -40,7 +39,7 @@ from monitord.engine.phase_actions import PhaseActions, local_runs
 from monitord.engine.placement_state import PlacementState
 from monitord.engine.reconciler import Reconciler
 from monitord.local.supervisor import LocalSupervisor
-from monitord.remote import artifact, provisioning
+from monitord.remote import agent_channel, artifact, provisioning
 from monitord.remote.agent_client import AgentClient
 from monitord.remote.remote_link import RemoteLink
 from monitord.remote.tunnel.keeper import TunnelKeeper, TunnelState, TunnelStatus
@@ -86,7 +85,9 @@ class Orchestration:
         self.metrics = Metrics(work_dir=work_dir)
         self.owner_id = owner_id.load_or_create(work_dir)
         self.state = PlacementState(store=ctx.store, custom_config_path=ctx.custom_config_path)
-        self.supervisor = LocalSupervisor(state_dir=work_dir / "supervisor")
+        self.supervisor = LocalSupervisor(state_dir=work_dir / "supervisor",
+                                          log_max_bytes=config.monitord.area_log_max_bytes,
+                                          log_keep=config.monitord.area_log_keep)
         remote = config.remote
         ttl = remote.area_lease_ttl_s if remote else 30.0
         self.policy = LeasePolicy(
@@ -97,6 +98,8 @@ class Orchestration:
         self.link: RemoteLink | None = None
         self.renewer: LeaseRenewer | None = None
         if remote is not None:
+            for message in remote.deprecations:
+                log.warning("config_deprecated", detail=message)
             secret = load_or_create_secret(work_dir)
             pyz = artifact.build(work_dir / "artifacts")
             artifacts = provisioning.local_artifacts(remote, agent=pyz)
@@ -106,9 +109,9 @@ class Orchestration:
                 owner_label=config.monitord.owner_label,
                 before_forwards=self._provision,
             )
-            manager = remote.manager_forward()
-            host, port = split_hostport(manager.listen if manager else remote.agent_listen)
-            agent = AgentClient(base_url=f"http://{host}:{port}", secret=secret)
+            agent = AgentClient(
+                channel=agent_channel.over_ssh(keeper.session, remote.agent_socket()), secret=secret
+            )
             self.link = RemoteLink(
                 config=config, keeper=keeper, agent=agent, artifacts=artifacts, secret=secret
             )

@@ -48,6 +48,10 @@ import aiohttp
 from monitord.testing.split_brain import Detector
 from monitord.testing.vps_server import VpsServer
 
+# The VPS side runs as on a bare VPS: the pushed monitord.pyz under the system python3 in
+# isolated mode (no site-packages of ours). A machine without one runs it under ours.
+SYSTEM_PYTHON = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
+
 PROC = Path("/proc")
 
 
@@ -95,7 +99,7 @@ class ExternalVps:
     observer_host: str  # an address of this machine the VPS reaches without the tunnel
     nats_listen: str = "127.0.0.1:4222"  # the reverse forwards' listen side on the VPS
     heartbeat_listen: str = "127.0.0.1:4223"
-    agent_listen: str = "127.0.0.1:8225"
+    proxy_jump: str | None = None  # remote.proxy_jump: the jump hosts in front of the VPS
 
 
 @dataclass
@@ -116,6 +120,7 @@ class StackOptions:
     extra_env: Mapping[str, str] = field(default_factory=dict)
     external_vps: ExternalVps | None = None  # None: the in-process VpsServer
     nats_target: str | None = None  # "host:port" of a real NATS server on this machine
+    remote_overrides: Mapping[str, Any] = field(default_factory=dict)  # merged into [remote]
 
 
 class Stack:
@@ -171,7 +176,8 @@ class Stack:
         external = self.options.external_vps
         if external is not None:
             return {"host": external.host, "port": external.port, "user": external.user,
-                    "key_file": external.key_file, "known_hosts": external.known_hosts}
+                    "key_file": external.key_file, "known_hosts": external.known_hosts,
+                    "proxy_jump": external.proxy_jump}
         assert self.vps is not None
         remote = self.vps.remote_section(remote_bin_dir=str(self.vps_dir))
         return {"host": remote.host, "port": remote.port, "user": remote.user,
@@ -183,14 +189,13 @@ class Stack:
         spool, work = self.root / "spool", self.root / "work"
         spool.mkdir(exist_ok=True)
         bin_dir = self.vps_dir
-        manager_port = free_port()
         det = f"127.0.0.1:{self.detector.port}"
         if external is None:
-            nats_vps, agent_listen = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+            nats_vps = f"127.0.0.1:{free_port()}"
             heartbeat_vps = f"127.0.0.1:{free_port()}"
             det_direct = det  # the VPS is this machine's loopback
         else:
-            nats_vps, agent_listen = external.nats_listen, external.agent_listen
+            nats_vps = external.nats_listen
             heartbeat_vps = external.heartbeat_listen
             det_direct = f"{external.observer_host}:{self.detector.port}"
         if o.nats_target is None:
@@ -220,8 +225,12 @@ class Stack:
             "http": {"listen": f"127.0.0.1:{self.http_port}", "drain_timeout_s": 2.0},
             "remote": {
                 **self._remote_endpoint(),
+                # The VPS side runs as on a bare VPS: the pushed pyz under python3 -I. An
+                # external VPS (the faults tier's namespace) finds its own `python3` on the
+                # login PATH, as in production; the in-process one runs commands with this
+                # process's PATH, so it is named.
+                **({} if external else {"remote_python": SYSTEM_PYTHON}),
                 "remote_bin_dir": str(bin_dir),
-                "remote_python": sys.executable,
                 "connect_timeout_s": 5.0,
                 "preflight_tunnel_wait_s": 3.0,
                 "keepalive_interval_s": 1.0,
@@ -232,12 +241,8 @@ class Stack:
                 "tunnel_lease_ttl_s": o.tunnel_lease_ttl_s,
                 "area_lease_ttl_s": o.area_lease_ttl_s,
                 "lease_safety_margin_s": 0.5,
-                "agent_listen": agent_listen,
                 "reverse_forwards": reverse,
-                "local_forwards": [
-                    {"name": "manager", "listen": f"127.0.0.1:{manager_port}",
-                     "target": agent_listen},
-                ],
+                **o.remote_overrides,
             },
         }
         entries: list[dict[str, Any]] = []

@@ -12,7 +12,8 @@ migration). It behaves like a small OpenSSH server for the features monitord use
   fake `uname` first; `command_log` records every exec'd command line;
 - SFTP rooted at `/` (or `sftp_root`);
 - remote port forwarding: `tcpip-forward` listens on this machine's loopback, which plays
-  the VPS side; local forwarding: `direct-tcpip` connects from this machine;
+  the VPS side; local forwarding: `direct-tcpip` connects from this machine, and
+  `direct-streamlocal` to a Unix socket (the agent's);
 - fault controls: `drop_all_sessions()`, `refuse_new_connections()` / `accept_new_connections()`,
   `stall()` / `resume()`, and `deny_forward(port)` to make a `tcpip-forward` request fail.
 
@@ -72,6 +73,7 @@ class VpsServer:
         self._connections: set[asyncssh.SSHServerConnection] = set()
         self._children: set[asyncio.subprocess.Process] = set()
         self._command_tasks: set[asyncio.Task[None]] = set()
+        self._relay_tasks: set[asyncio.Task[Any]] = set()
         self._stalled = False
         self._denied_forward_ports: set[int] = set()
         self.key_file = work_dir / "id_ed25519"
@@ -203,10 +205,32 @@ class VpsServer:
             conn.abort()
         for child in list(self._children):
             await _kill_group(child)
-        tasks = list(self._command_tasks)
+        tasks = [*self._command_tasks, *self._relay_tasks]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _relay_unix(self, path: str, chan_reader: Any, chan_writer: Any) -> None:
+        """Copy bytes both ways between a channel and a connection to the Unix socket `path`."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._relay_tasks.add(task)
+        sock_writer: asyncio.StreamWriter | None = None
+        try:
+            try:
+                sock_reader, sock_writer = await asyncio.open_unix_connection(path)
+            except OSError:
+                return
+            await asyncio.gather(_copy(chan_reader, sock_writer), _copy(sock_reader, chan_writer))
+        except (OSError, asyncssh.Error):
+            pass
+        finally:
+            self._relay_tasks.discard(task)
+            if sock_writer is not None:
+                sock_writer.close()
+                with contextlib.suppress(OSError):
+                    await sock_writer.wait_closed()
+            chan_writer.close()
 
     async def _listen(self) -> None:
         self._listener = await asyncssh.listen(
@@ -336,6 +360,24 @@ class _VpsConnectionHandler(asyncssh.SSHServer):
         self, dest_host: str, dest_port: int, orig_host: str, orig_port: int
     ) -> bool:
         return True
+
+    def unix_connection_requested(self, dest_path: str) -> Any:
+        # direct-streamlocal (how the owner reaches the agent's socket), as sshd's default
+        # AllowStreamLocalForwarding=yes allows it. Relayed by our own task (not asyncssh's
+        # built-in forwarder) so that close() can end and reap every relay.
+        async def relay(reader: Any, writer: Any) -> None:
+            await self._vps._relay_unix(dest_path, reader, writer)
+
+        return relay
+
+
+async def _copy(reader: Any, writer: Any) -> None:
+    """reader -> writer until EOF, then EOF on the writer."""
+    while data := await reader.read(_CHUNK):
+        writer.write(data)
+        await writer.drain()
+    with contextlib.suppress(OSError, asyncssh.Error):
+        writer.write_eof()
 
 
 def _set_reading(conn: asyncssh.SSHServerConnection, *, reading: bool) -> None:

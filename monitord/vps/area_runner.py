@@ -3,12 +3,16 @@
 Layout under the agent's dir: `leases/{area}.json` (the lease file each guard watches),
 `run/{area}.json` (the guard's identity: pid + start time + argv, the generation and owner,
 so that a restarted agent can adopt or stop it — never by PID alone) and
-`logs/{area}.log` (guard and daemon output, appended).
+`logs/{area}.log` (guard and daemon output, through a log sink that caps and rotates it:
+monitord/base/log_sink.py; the sink runs in a session of its own and ends with that output).
+A service's `user` / `group` (spawn's `user=`, `group=`) is resolved here, the data dir is
+handed over to it, and the guard — which stays the agent's user, to read the lease and
+signal the daemon — starts the daemon as that user (monitord/base/run_as.py).
 
 Each guard runs in a session of its own (`start_new_session`), detached from the agent's
 stdio, so neither the agent's death nor a signal to the agent's group reaches it. It is
-started with `sys.executable` and a PYTHONPATH naming the directory (or .pyz) that holds
-the `monitord` package, so it works from the zipapp as well as from a checkout.
+started as `sys.executable monitord.pyz lease-guard ...` (`vps_command`), so it works under
+the isolated system Python the agent runs in, and from a checkout as well.
 Called by monitord.vps.runtime only.
 """
 
@@ -26,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import monitord
-from monitord.base import atomic_file, proc_identity
+from monitord.base import atomic_file, log_sink, proc_identity, run_as
 from monitord.base.proc_identity import ProcessIdentity
 from monitord.vps import lease_file
 from monitord.vps.lease_table import AreaSpec
@@ -39,6 +43,27 @@ def package_root() -> str:
     return str(Path(next(iter(monitord.__path__))).parent)
 
 
+def vps_command(*args: str) -> list[str]:
+    """The argv that runs a VPS verb (monitord.vps.entry) of this very code under this very
+    interpreter and its -I/-S flags: the .pyz itself when we run from one (so it also works
+    under `python3 -I`, which ignores PYTHONPATH), else `-m monitord.vps` with PYTHONPATH
+    naming our tree."""
+    root = package_root()
+    flags = [flag for flag, on in (("-I", sys.flags.isolated), ("-S", sys.flags.no_site)) if on]
+    if Path(root).is_file():
+        return [sys.executable, *flags, root, *args]
+    return [sys.executable, *flags, "-m", "monitord.vps", *args]
+
+
+def vps_environment(env: dict[str, str]) -> dict[str, str]:
+    """`env` for a `vps_command` child: from a checkout, PYTHONPATH must name our tree; from
+    the .pyz nothing is added (the daemons the guards start see the VPS's own environment)."""
+    root = package_root()
+    if Path(root).is_file():
+        return env
+    return {**env, "PYTHONPATH": os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)}
+
+
 @dataclass
 class GuardHandle:
     """A running (or just exited) guard: our child when we started it, adopted otherwise."""
@@ -48,6 +73,7 @@ class GuardHandle:
     popen: subprocess.Popen[bytes] | None
     adopted: bool
     daemon: ProcessIdentity | None = None  # learnt once the guard has started it
+    sink: subprocess.Popen[bytes] | None = None  # its log sink, when we started the guard
 
     @property
     def pid(self) -> int:
@@ -74,6 +100,7 @@ class AreaRunner:
         self.logs_dir = base_dir / "logs"
         for directory in (self.leases_dir, self.run_dir, self.logs_dir):
             directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._sinks: list[subprocess.Popen[bytes]] = []  # log sinks we started, until reaped
 
     def lease_path(self, area: str) -> Path:
         return self.leases_dir / f"{area}.json"
@@ -93,38 +120,60 @@ class AreaRunner:
     def revoke(self, area: str) -> None:
         lease_file.revoke(self.lease_path(area))
 
-    def spawn(self, spec: AreaSpec) -> GuardHandle:
-        """Start the guard (which starts the daemon) and record its identity durably."""
+    def spawn(
+        self,
+        spec: AreaSpec,
+        *,
+        user: str | None = None,
+        group: str | None = None,
+        log_max_bytes: int = log_sink.DEFAULT_MAX_BYTES,
+        log_keep: int = log_sink.DEFAULT_KEEP,
+    ) -> GuardHandle:
+        """Start the guard (which starts the daemon, as `user` / `group` when given) with its
+        output piped to the area's log sink, and record its identity durably. An unknown
+        user or group raises run_as.ServiceUserUnknown (an OSError) before anything starts."""
+        who = run_as.resolve(user=user, group=group)
         data_dir = Path(spec.data_dir)
         data_dir.mkdir(parents=True, exist_ok=True)
-        argv = [
-            sys.executable,
-            "-m",
-            "monitord.vps.lease_guard",
+        if who is not None:
+            run_as.hand_over(data_dir, who)
+        argv = vps_command(
+            "lease-guard",
             "--lease-file",
             str(self.lease_path(spec.area)),
             "--stop-grace",
             str(self.stop_grace_s),
             "--fence-grace",
             str(self.fence_grace_s),
+            *_run_as_arguments(who),
             "--",
             *spec.command,
-        ]
-        env = {**os.environ, **spec.env}
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (package_root(), env.get("PYTHONPATH", "")) if p
         )
-        with open(self.logs_dir / f"{spec.area}.log", "ab") as log:
+        env = vps_environment({**os.environ, **run_as.login_environment(who), **spec.env})
+        self._reap_sinks()
+        read_end, write_end = os.pipe()
+        try:
+            sink = log_sink.start(
+                vps_command("log-sink", *log_sink.arguments(
+                    path=self.logs_dir / f"{spec.area}.log", max_bytes=log_max_bytes,
+                    keep=log_keep)),
+                stdin_fd=read_end,
+                env=vps_environment(dict(os.environ)),
+            )
+            self._sinks.append(sink)  # if the guard fails to start, it sees EOF and ends
             popen = subprocess.Popen(
                 argv,
                 cwd=data_dir,
                 env=env,
                 stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
+                stdout=write_end,
+                stderr=write_end,
                 start_new_session=True,
                 close_fds=True,
             )
+        finally:
+            os.close(read_end)
+            os.close(write_end)
         identity = proc_identity.read(popen.pid) or ProcessIdentity(
             pid=popen.pid, start_ticks=-1, cmdline=tuple(argv)
         )
@@ -135,7 +184,11 @@ class AreaRunner:
             "guard": identity.to_json(),
         }
         atomic_file.atomic_write_bytes(self._record_path(spec.area), json.dumps(record).encode())
-        return GuardHandle(spec=spec, identity=identity, popen=popen, adopted=False)
+        return GuardHandle(spec=spec, identity=identity, popen=popen, adopted=False, sink=sink)
+
+    def _reap_sinks(self) -> None:
+        """Collect the exit status of log sinks that ended (they end with their daemon)."""
+        self._sinks = [sink for sink in self._sinks if sink.poll() is None]
 
     def daemon_pids(self, handles: list[GuardHandle]) -> dict[int, int | None]:
         """guard pid -> its daemon's pid (None when the daemon is not running)."""
@@ -145,6 +198,7 @@ class AreaRunner:
     def learn_daemons(self, handles: list[GuardHandle]) -> None:
         """Remember each guard's daemon identity, so that it can still be found (and
         verified gone) after its guard died and it was re-parented."""
+        self._reap_sinks()  # once per agent tick, like this
         waiting = [h for h in handles if h.daemon is None and not h.exited()]
         if not waiting:
             return
@@ -227,3 +281,11 @@ class AreaRunner:
             area=area, service="", generation=-1, owner_id="", command=(), data_dir=""
         )
         return await self.stop(self.adopt(spec, identity), fence=True)
+
+
+def _run_as_arguments(who: run_as.RunAs | None) -> list[str]:
+    """The lease guard's options that make it start the daemon as `who`."""
+    if who is None:
+        return []
+    found = ["--gid", str(who.gid), "--groups", ",".join(str(g) for g in who.groups)]
+    return found if who.uid is None else ["--uid", str(who.uid), *found]

@@ -3,9 +3,10 @@
 
 `agent` takes the agent's singleton lock on its dir first (exit 3 with a `duplicate_instance`
 event when another agent holds it), adopts or stops what a previous agent left, then serves
-the manager API. Once listening it writes the bound address to `{dir}/agent.address`, so a
-`--listen` with port 0 is usable by tests. SIGTERM/SIGINT stop it; its daemons stay under
-their lease guards. Called through monitord.surface.cli; provisioning runs `agent-launch` over SSH.
+the manager API on its Unix socket `{dir}/api/agent.sock` (monitord.vps.server). Once
+listening it writes the socket's path to `{dir}/agent.address`. SIGTERM/SIGINT stop it; its
+daemons stay under their lease guards. Called through monitord.vps.entry (monitord.pyz);
+provisioning runs `agent-launch` over SSH.
 
 Upgrades: a running agent records which code it runs in `{dir}/agent.version` (the SHA-256
 of the monitord.pyz it was started from). `agent-launch` from a different artifact (a new
@@ -18,7 +19,6 @@ from __future__ import annotations
 import argparse
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -46,7 +46,6 @@ def code_version() -> str:
 
 def _common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dir", type=Path, required=True, help="remote bin dir (agent home)")
-    parser.add_argument("--listen", default="127.0.0.1:8225", help="HOST:PORT (port 0: any)")
     parser.add_argument("--stop-grace", type=float, default=5.0,
                         help="seconds between SIGTERM and SIGKILL on a requested stop")
     parser.add_argument("--fence-grace", type=float, default=0.5,
@@ -68,7 +67,8 @@ def add_agent_launch_arguments(parser: argparse.ArgumentParser) -> None:
 def main_agent(args: argparse.Namespace) -> int:
     import asyncio
 
-    from monitord.base import logs, singleton
+    from monitord.base import singleton
+    from monitord.vps import event_log as logs
 
     logs.configure(args.log_format)
     log = logs.get_logger(__name__)
@@ -96,14 +96,10 @@ async def _serve(args: argparse.Namespace, *, base_dir: Path) -> int:
     import asyncio
     import signal
 
-    from aiohttp import web
-
     from monitord.base import atomic_file
-    from monitord.base.hostport import split_hostport
     from monitord.vps import server
     from monitord.vps.runtime import AgentRuntime
 
-    host, port = split_hostport(args.listen)
     address_path = base_dir / ADDRESS_NAME
     address_path.unlink(missing_ok=True)
     stop = asyncio.Event()
@@ -123,45 +119,39 @@ async def _serve(args: argparse.Namespace, *, base_dir: Path) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await runtime.start()
-    app = server.build_app(runtime, secret_path=base_dir / server.SECRET_NAME)
-    runner = web.AppRunner(app, handle_signals=False, access_log=None)
-    await runner.setup()
+    socket_path = server.socket_path(base_dir)
     try:
-        site = web.TCPSite(runner, host, port, reuse_address=True)
-        await site.start()
-        bound_host, bound_port = runner.addresses[0][:2]
-        atomic_file.atomic_write_bytes(address_path, f"{bound_host}:{bound_port}\n".encode())
+        listener = await server.start_server(
+            runtime, socket_path=socket_path, secret_path=base_dir / server.SECRET_NAME
+        )
+    except BaseException:
+        await runtime.close()
+        raise
+    try:
+        atomic_file.atomic_write_bytes(address_path, f"{socket_path}\n".encode())
         await stop.wait()
     finally:
         address_path.unlink(missing_ok=True)
-        await runner.cleanup()
+        listener.close()
+        await listener.wait_closed()
+        socket_path.unlink(missing_ok=True)
         await runtime.close()
     return EXIT_FAILURE if failures else EXIT_OK
 
 
 def _ready(base_dir: Path) -> bool:
-    """The agent holds its lock, has written its address and answers /readyz."""
-    import urllib.error
-    import urllib.request
-
+    """The agent holds its lock, is listening and answers /readyz."""
     from monitord.base import singleton
     from monitord.vps import server
 
     if not singleton.is_held(base_dir, name=LOCK_NAME):
         return False
     try:
-        address = (base_dir / ADDRESS_NAME).read_text().strip()
         secret = (base_dir / server.SECRET_NAME).read_text().strip()
+        status = server.probe(server.socket_path(base_dir), "/readyz", secret=secret)
     except OSError:
         return False
-    request = urllib.request.Request(
-        f"http://{address}/readyz", headers={"Authorization": f"Bearer {secret}"}
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=1.0) as response:
-            return bool(response.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
+    return status == 200
 
 
 def _running_version(base_dir: Path) -> str:
@@ -199,8 +189,9 @@ def _stop_old_agent(base_dir: Path) -> bool:
 
 def main_agent_launch(args: argparse.Namespace) -> int:
 
-    from monitord.base import logs, singleton
-    from monitord.vps.area_runner import package_root
+    from monitord.base import singleton
+    from monitord.vps import event_log as logs
+    from monitord.vps.area_runner import vps_command, vps_environment
 
     logs.configure(args.log_format)
     log = logs.get_logger(__name__)
@@ -217,12 +208,10 @@ def main_agent_launch(args: argparse.Namespace) -> int:
                       detail="the running agent did not release its lock")
             return EXIT_FAILURE
     (base_dir / "logs").mkdir(exist_ok=True)
-    env = {**os.environ}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root(), env.get("PYTHONPATH")) if p)
-    argv = [sys.executable, "-m", "monitord", "agent", "--dir", str(base_dir),
-            "--listen", args.listen, "--stop-grace", str(args.stop_grace),
-            "--fence-grace", str(args.fence_grace), "--log-format", "json",
-            "--code-version", wanted]
+    env = vps_environment(dict(os.environ))
+    argv = vps_command("agent", "--dir", str(base_dir), "--stop-grace", str(args.stop_grace),
+                       "--fence-grace", str(args.fence_grace), "--log-format", "json",
+                       "--code-version", wanted)
     with open(base_dir / "logs" / "agent.log", "ab") as out:
         child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
                                  env=env, start_new_session=True, close_fds=True)

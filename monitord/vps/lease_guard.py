@@ -14,7 +14,8 @@ lease file, not the agent's life, is the permission; a guard that kept running a
 agent crash still stops the daemon at lease expiry, and a restarted agent re-adopts it.
 
 Kept to the standard library plus our own small modules so that it starts fast from the
-zipapp (`sys.executable` with the .pyz on PYTHONPATH).
+zipapp: the agent runs it as `sys.executable [-I] monitord.pyz lease-guard ...`
+(monitord.vps.area_runner.vps_command).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
-from monitord.base import proc_identity
+from monitord.base import proc_identity, run_as
 from monitord.vps import lease_file
 
 POLL_S = 0.05
@@ -68,8 +69,14 @@ class _LeaseWatch:
 
 
 def _die_with_parent(libc: ctypes.CDLL, parent_pid: int) -> None:
-    """Runs in the daemon between fork and exec: die by SIGKILL when the guard dies.
-    (libc is loaded before the fork: nothing but the two syscalls happens in the child.)"""
+    """Runs in the daemon between fork and exec: its own process group (what the fence
+    signals), and death by SIGKILL when the guard dies. (libc is loaded before the fork:
+    nothing but these syscalls happens in the child; `Popen(process_group=)` is 3.11+.)"""
+    os.setpgid(0, 0)
+    # The guard may hold capabilities (to start daemons as other users and signal them);
+    # the daemon keeps none across its exec. (Python has already switched user and group by
+    # now; PDEATHSIG survives that only because it is set after it.)
+    run_as.clear_inheritable_capabilities()
     if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
         os._exit(126)
     if os.getppid() != parent_pid:  # the guard died before prctl took effect
@@ -110,8 +117,16 @@ def _fence(
 
 
 def run(
-    *, lease_path: Path, stop_grace_s: float, fence_grace_s: float, argv: Sequence[str]
+    *,
+    lease_path: Path,
+    stop_grace_s: float,
+    fence_grace_s: float,
+    argv: Sequence[str],
+    uid: int | None = None,
+    gid: int | None = None,
+    groups: Sequence[int] | None = None,
 ) -> int:
+    """Guard one daemon; with `uid` / `gid` / `groups` it runs as them (the guard does not)."""
     stop_requested = False
 
     def _request_stop(signum: int, frame: FrameType | None) -> None:
@@ -131,13 +146,15 @@ def run(
         child = subprocess.Popen(
             list(argv),
             preexec_fn=lambda: _die_with_parent(libc, guard_pid),
-            process_group=0,
             close_fds=True,
+            user=uid,
+            group=gid,
+            extra_groups=None if groups is None else list(groups),
         )
     except OSError as e:
-        _say("spawn_failed", error=str(e), argv=list(argv))
+        _say("spawn_failed", error=str(e), argv=list(argv), uid=uid, gid=gid)
         return 127
-    _say("started", child_pid=child.pid, argv=list(argv))
+    _say("started", child_pid=child.pid, argv=list(argv), uid=uid, gid=gid)
     while True:
         if proc_identity.child_has_exited(child):
             _kill_group(child.pid, signal.SIGKILL)  # leftovers of a daemon that exited
@@ -170,6 +187,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--lease-file", type=Path, required=True)
     parser.add_argument("--stop-grace", type=float, default=5.0, help="on SIGTERM: seconds")
     parser.add_argument("--fence-grace", type=float, default=0.5, help="on lapse: seconds")
+    parser.add_argument("--uid", type=int, default=None, help="run the daemon as this user")
+    parser.add_argument("--gid", type=int, default=None, help="... and group")
+    parser.add_argument("--groups", default=None, help="... and supplementary groups: 1,2,3")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -180,6 +200,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         stop_grace_s=args.stop_grace,
         fence_grace_s=args.fence_grace,
         argv=command,
+        uid=args.uid,
+        gid=args.gid,
+        groups=None if args.groups is None else [int(g) for g in args.groups.split(",") if g],
     )
 
 

@@ -19,8 +19,10 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from orchestrator.text_enum import TextEnum
 
-class EntryState(enum.StrEnum):
+
+class EntryState(TextEnum):
     """What the agent reports for an entry in its inventory."""
 
     AWAITING_GRANT = "awaiting_grant"  # loaded from the cache, or lease lapsed: starts nothing
@@ -40,6 +42,10 @@ class AreaSpec:
     command: tuple[str, ...]
     data_dir: str
     env: Mapping[str, str] = field(default_factory=dict)
+    user: str | None = None  # the daemon runs as this user / group (None: as the agent)
+    group: str | None = None
+    log_max_bytes: int = 0  # the area log's cap and rotations kept (0: the defaults)
+    log_keep: int = -1
 
 
 @dataclass(frozen=True)
@@ -120,7 +126,7 @@ def decide_create(
     return CreateDecision(CreateVerdict.SUPERSEDE, f"superseding generation {existing.generation}")
 
 
-class RenewOutcome(enum.StrEnum):
+class RenewOutcome(TextEnum):
     RENEWED = "renewed"
     ABSENT = "absent"  # no entry for that area
     OTHER_OWNER = "other_owner"

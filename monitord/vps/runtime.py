@@ -25,8 +25,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from monitord.base import logs, proc_identity
-from monitord.vps import lease_file, lease_table, spool_cache
+from monitord.base import log_sink, proc_identity
+from monitord.vps import event_log, lease_file, lease_table, spool_cache
 from monitord.vps.area_runner import AreaRunner, GuardHandle
 from monitord.vps.lease_table import AreaEntry, AreaSpec, CreateVerdict, GenerationCheck
 from orchestrator import names
@@ -34,7 +34,7 @@ from orchestrator.errors import PermanentError
 
 _RESET_BACKOFF_AFTER_S = 10.0
 
-log = logs.get_logger(__name__)
+log = event_log.get_logger(__name__)
 
 
 class AgentError(PermanentError):
@@ -299,7 +299,12 @@ class AgentRuntime:
         if entry is None or area in self._handles or not entry.should_run(self._clock()):
             return
         try:
-            self._handles[area] = self.runner.spawn(entry.spec)
+            spec = entry.spec
+            self._handles[area] = self.runner.spawn(
+                spec, user=spec.user, group=spec.group,
+                log_max_bytes=spec.log_max_bytes or log_sink.DEFAULT_MAX_BYTES,
+                log_keep=spec.log_keep if spec.log_keep >= 0 else log_sink.DEFAULT_KEEP,
+            )
         except OSError as e:
             restarts = entry.restarts + 1
             delay = lease_table.restart_delay_s(restarts)

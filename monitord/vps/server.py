@@ -1,141 +1,215 @@
-"""The agent's manager API (aiohttp), reached by the local owner through the SSH local forward.
+"""The agent's manager API: HTTP/1.1 on a Unix socket, standard library only.
 
-Every route except `GET /livez` needs `Authorization: Bearer <secret>`, the secret being the
-content of `{dir}/agent.secret` (re-read on each request, so re-provisioning takes effect at
-once; compared in constant time). Errors are JSON: `{"error": {"code", "detail"}}` with the
-project's stable codes. Request bodies are validated here, at the edge, into frozen values
-and handed to `AgentRuntime`. The routes are documented in docs/agent.md.
+The socket is `{dir}/api/agent.sock`, in a directory only the agent's user may enter (0700),
+and nothing listens on a TCP port: the local owner reaches it through its SSH connection
+(a `direct-streamlocal` channel per request, docs/agent.md), so no socket on the PBX ever
+carries the secret. Every route except `GET /livez` still needs
+`Authorization: Bearer <secret>`, the content of `{dir}/agent.secret` (re-read on each
+request, so re-provisioning takes effect at once; compared in constant time).
+
+One request per connection (`Connection: close`); requests are bounded (head 16 KiB, body
+1 MiB, 30 s to arrive) so a stuck or hostile client holds nothing for long. Errors are JSON:
+`{"error": {"code", "detail"}}` with the project's stable codes. Bodies are validated here,
+at the edge, into frozen values and handed to `AgentRuntime`. Routes: docs/agent.md.
 Called by monitord.vps.cli (`monitord agent`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
-from collections.abc import Awaitable, Callable
+import re
+from collections.abc import Awaitable, Mapping
+from dataclasses import dataclass
+from http import HTTPStatus
 from pathlib import Path
-from typing import Any
-
-from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from typing import Any, Callable, Optional
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from monitord.vps.lease_table import AreaSpec
 from monitord.vps.runtime import AgentError, AgentRuntime, bad_request, check_name
 
 SECRET_NAME = "agent.secret"
-RUNTIME_KEY = web.AppKey("runtime", AgentRuntime)
-SECRET_KEY = web.AppKey("secret_path", Path)
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
+SOCKET_DIR = "api"  # 0700: only the agent's user may reach the socket at all
+SOCKET_NAME = "agent.sock"
+MAX_HEAD_BYTES = 16 * 1024
+MAX_BODY_BYTES = 1024 * 1024
+REQUEST_TIMEOUT_S = 30.0
 
 
-class CreateBody(_Body):
-    service: str = Field(min_length=1)
-    generation: int = Field(ge=0)
-    owner_id: str = Field(min_length=1)
-    lease_ttl_s: float = Field(gt=0, le=3600)
-    command: tuple[str, ...] = Field(min_length=1)
-    data_dir: str = Field(min_length=1)
-    env: dict[str, str] = Field(default_factory=dict)
+@dataclass(frozen=True)
+class Request:
+    method: str
+    path: str  # as sent (percent-encoded)
+    query: Mapping[str, str]
+    headers: Mapping[str, str]  # lower-case names
+    body: bytes
 
 
-class RenewBody(_Body):
-    owner_id: str = Field(min_length=1)
-    ttl_s: float = Field(gt=0, le=3600)
-    areas: dict[str, int]
+@dataclass(frozen=True)
+class Response:
+    status: int
+    document: Any
 
-
-def error_response(*, status: int, code: str, detail: str) -> web.Response:
-    return web.json_response({"error": {"code": code, "detail": detail}}, status=status)
-
-
-def _authorized(request: web.Request) -> bool:
-    try:
-        secret = request.app[SECRET_KEY].read_bytes().strip()
-    except OSError:
-        return False
-    header = request.headers.get("Authorization", "")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not secret:
-        return False
-    return hmac.compare_digest(token.strip().encode(), secret)
-
-
-@web.middleware
-async def _errors_and_auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-    if request.path != "/livez" and not _authorized(request):
-        return error_response(
-            status=401, code="AGENT_UNAUTHORIZED", detail="missing or wrong bearer secret"
+    def encode(self) -> bytes:
+        body = json.dumps(self.document).encode()
+        reason = HTTPStatus(self.status).phrase
+        head = (
+            f"HTTP/1.1 {self.status} {reason}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
         )
-    try:
-        return await handler(request)
-    except AgentError as e:
-        return error_response(status=e.status, code=e.code, detail=e.detail)
-    except OSError as e:  # a cache, lease or record write failed: nothing was acknowledged
-        return error_response(
-            status=500, code="STORE_WRITE_FAILED", detail=f"{e.strerror or e}: {e.filename}"
-        )
-    except web.HTTPException as e:
-        if e.status < 400:
-            raise
-        code = "UNKNOWN_AREA" if e.status == 404 else "BAD_REQUEST"
-        return error_response(status=e.status, code=code, detail=e.reason)
+        return head.encode("ascii") + body
 
 
-async def _json_body(request: web.Request, model: type[_Body]) -> Any:
+def error_response(*, status: int, code: str, detail: str) -> Response:
+    return Response(status, {"error": {"code": code, "detail": detail}})
+
+
+# -- request bodies ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CreateBody:
+    service: str
+    generation: int
+    owner_id: str
+    lease_ttl_s: float
+    command: tuple[str, ...]
+    data_dir: str
+    env: Mapping[str, str]
+    user: str | None
+    group: str | None
+    log_max_bytes: int
+    log_keep: int
+
+
+@dataclass(frozen=True)
+class RenewBody:
+    owner_id: str
+    ttl_s: float
+    areas: Mapping[str, int]
+
+
+def _document(raw: bytes) -> dict[str, Any]:
     try:
-        raw = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        value = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
         raise bad_request(f"body is not JSON: {e}") from e
-    try:
-        return model.model_validate(raw)
-    except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "(body)"
-        raise bad_request(f"{where}: {first['msg']}") from e
+    if not isinstance(value, dict):
+        raise bad_request("(body): must be a JSON object")
+    return value
 
 
-def _generation_param(request: web.Request) -> int:
+def _text(doc: Mapping[str, Any], key: str) -> str:
+    value = doc.get(key)
+    if not isinstance(value, str) or not value:
+        raise bad_request(f"{key}: must be a non-empty string")
+    return value
+
+
+def _count(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise bad_request(f"{where}: must be a non-negative integer")
+    return value
+
+
+def _seconds(doc: Mapping[str, Any], key: str) -> float:
+    value = doc.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 3600:
+        raise bad_request(f"{key}: must be a number of seconds in (0, 3600]")
+    return float(value)
+
+
+def _strings(value: Any, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+        raise bad_request(f"{where}: must be a non-empty list of strings")
+    return tuple(value)
+
+
+def _string_map(value: Any, where: str) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise bad_request(f"{where}: must be an object of strings")
+    return dict(value)
+
+
+def _optional_name(doc: Mapping[str, Any], key: str) -> str | None:
+    value = doc.get(key)
+    return None if value is None else check_name(key, value if isinstance(value, str) else "")
+
+
+def parse_create(raw: bytes) -> CreateBody:
+    doc = _document(raw)
+    return CreateBody(
+        service=_text(doc, "service"),
+        generation=_count(doc.get("generation"), "generation"),
+        owner_id=_text(doc, "owner_id"),
+        lease_ttl_s=_seconds(doc, "lease_ttl_s"),
+        command=_strings(doc.get("command"), "command"),
+        data_dir=_text(doc, "data_dir"),
+        env=_string_map(doc.get("env", {}), "env"),
+        user=_optional_name(doc, "user"),
+        group=_optional_name(doc, "group"),
+        log_max_bytes=_count(doc.get("log_max_bytes", 0), "log_max_bytes"),
+        log_keep=_count(doc.get("log_keep", -1), "log_keep") if "log_keep" in doc else -1,
+    )
+
+
+def parse_renew(raw: bytes) -> RenewBody:
+    doc = _document(raw)
+    areas = doc.get("areas")
+    if not isinstance(areas, dict) or not all(isinstance(k, str) for k in areas):
+        raise bad_request("areas: must be an object of area -> generation")
+    return RenewBody(
+        owner_id=_text(doc, "owner_id"),
+        ttl_s=_seconds(doc, "ttl_s"),
+        areas={area: _count(gen, f"areas.{area}") for area, gen in areas.items()},
+    )
+
+
+# -- routes ------------------------------------------------------------------------------
+
+Handler = Callable[[AgentRuntime, Request, Optional[str]], Awaitable[Response]]
+
+
+def _generation_param(request: Request) -> int:
     raw = request.query.get("generation", "")
     if not raw.isdigit():
         raise bad_request("query parameter generation=N (a non-negative integer) is required")
     return int(raw)
 
 
-def _runtime(request: web.Request) -> AgentRuntime:
-    return request.app[RUNTIME_KEY]
+def _area(value: str | None) -> str:
+    return check_name("area", value or "")
 
 
-async def livez(request: web.Request) -> web.Response:
-    return web.json_response({"status": "alive"})
+async def livez(runtime: AgentRuntime, request: Request, _: str | None) -> Response:
+    return Response(200, {"status": "alive"})
 
 
-async def readyz(request: web.Request) -> web.Response:
-    if _runtime(request).ready:
-        return web.json_response({"status": "ready"})
+async def readyz(runtime: AgentRuntime, request: Request, _: str | None) -> Response:
+    if runtime.ready:
+        return Response(200, {"status": "ready"})
     return error_response(status=503, code="DRAINING", detail="agent is not ready")
 
 
-async def inventory(request: web.Request) -> web.Response:
-    return web.json_response(_runtime(request).inventory())
+async def inventory(runtime: AgentRuntime, request: Request, _: str | None) -> Response:
+    return Response(200, runtime.inventory())
 
 
-async def get_area(request: web.Request) -> web.Response:
-    area = check_name("area", request.match_info["area"])
-    view = _runtime(request).entry(area)
+async def get_area(runtime: AgentRuntime, request: Request, name: str | None) -> Response:
+    area = _area(name)
+    view = runtime.entry(area)
     if view is None:
         return error_response(status=404, code="UNKNOWN_AREA", detail=f"no entry for {area}")
-    return web.json_response(view)
+    return Response(200, view)
 
 
-async def put_area(request: web.Request) -> web.Response:
-    runtime = _runtime(request)
-    area = check_name("area", request.match_info["area"])
-    body: CreateBody = await _json_body(request, CreateBody)
+async def put_area(runtime: AgentRuntime, request: Request, name: str | None) -> Response:
+    area = _area(name)
+    body = parse_create(request.body)
     spec = AreaSpec(
         area=area,
         service=check_name("service", body.service),
@@ -144,45 +218,211 @@ async def put_area(request: web.Request) -> web.Response:
         command=body.command,
         data_dir=runtime.validate_data_dir(body.data_dir),
         env=dict(body.env),
+        user=body.user,
+        group=body.group,
+        log_max_bytes=body.log_max_bytes,
+        log_keep=body.log_keep,
     )
     result, view = await runtime.create(spec, ttl_s=body.lease_ttl_s)
-    return web.json_response(
-        {"result": result, "entry": view}, status=201 if result == "created" else 200
-    )
+    return Response(201 if result == "created" else 200, {"result": result, "entry": view})
 
 
-async def stop_area(request: web.Request) -> web.Response:
-    area = check_name("area", request.match_info["area"])
-    result = await _runtime(request).stop(area, generation=_generation_param(request))
-    return web.json_response(result)
+async def stop_area(runtime: AgentRuntime, request: Request, name: str | None) -> Response:
+    area = _area(name)
+    return Response(200, await runtime.stop(area, generation=_generation_param(request)))
 
 
-async def delete_area(request: web.Request) -> web.Response:
-    area = check_name("area", request.match_info["area"])
-    result = await _runtime(request).delete(area, generation=_generation_param(request))
-    return web.json_response(result)
+async def delete_area(runtime: AgentRuntime, request: Request, name: str | None) -> Response:
+    area = _area(name)
+    return Response(200, await runtime.delete(area, generation=_generation_param(request)))
 
 
-async def renew_leases(request: web.Request) -> web.Response:
-    body: RenewBody = await _json_body(request, RenewBody)
+async def renew_leases(runtime: AgentRuntime, request: Request, _: str | None) -> Response:
+    body = parse_renew(request.body)
     # One bad name never fails the batch (every other area would lose its lease): the
     # runtime answers it `invalid` on its own.
-    result = await _runtime(request).renew(
-        owner_id=body.owner_id, ttl_s=body.ttl_s, areas=body.areas
+    result = await runtime.renew(owner_id=body.owner_id, ttl_s=body.ttl_s, areas=body.areas)
+    return Response(200, result)
+
+
+_AREA = r"/v1/areas/(?P<name>[^/]*)"
+ROUTES: tuple[tuple[str, re.Pattern[str], Handler], ...] = (
+    ("GET", re.compile(r"/livez"), livez),
+    ("GET", re.compile(r"/readyz"), readyz),
+    ("GET", re.compile(r"/v1/inventory"), inventory),
+    ("GET", re.compile(_AREA), get_area),
+    ("PUT", re.compile(_AREA), put_area),
+    ("POST", re.compile(_AREA + r"/stop"), stop_area),
+    ("DELETE", re.compile(_AREA), delete_area),
+    ("POST", re.compile(r"/v1/leases/renew"), renew_leases),
+)
+
+
+def _route(request: Request) -> tuple[Handler, str | None] | Response:
+    allowed = False
+    for method, pattern, handler in ROUTES:
+        match = pattern.fullmatch(request.path)
+        if match is None:
+            continue
+        if method == request.method:
+            name = match.groupdict().get("name")
+            # Routed on the raw path, named after decoding: `..%2Fetc` is a bad area name
+            # (400), never a different route.
+            return handler, None if name is None else unquote(name)
+        allowed = True
+    if allowed:
+        return error_response(status=405, code="BAD_REQUEST", detail="method not allowed")
+    return error_response(status=404, code="UNKNOWN_AREA", detail=f"no route {request.path}")
+
+
+def _authorized(request: Request, secret_path: Path) -> bool:
+    try:
+        secret = secret_path.read_bytes().strip()
+    except OSError:
+        return False
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not secret:
+        return False
+    return hmac.compare_digest(token.strip().encode(), secret)
+
+
+async def handle(runtime: AgentRuntime, request: Request, *, secret_path: Path) -> Response:
+    """The answer to one parsed request (auth, routing, the agent's errors as documents)."""
+    if request.path != "/livez" and not _authorized(request, secret_path):
+        return error_response(
+            status=401, code="AGENT_UNAUTHORIZED", detail="missing or wrong bearer secret"
+        )
+    routed = _route(request)
+    if isinstance(routed, Response):
+        return routed
+    handler, name = routed
+    try:
+        return await handler(runtime, request, name)
+    except AgentError as e:
+        return error_response(status=e.status, code=e.code, detail=e.detail)
+    except OSError as e:  # a cache, lease or record write failed: nothing was acknowledged
+        return error_response(
+            status=500, code="STORE_WRITE_FAILED", detail=f"{e.strerror or e}: {e.filename}"
+        )
+
+
+# -- the wire ----------------------------------------------------------------------------
+
+
+class _Malformed(Exception):
+    pass
+
+
+async def read_request(reader: asyncio.StreamReader) -> Request:
+    """One request off the stream; `_Malformed` for anything that is not a bounded HTTP/1.x
+    request with a Content-Length body (no chunked bodies: the owner never sends them)."""
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+    except asyncio.LimitOverrunError as e:
+        raise _Malformed("request head too large") from e
+    except asyncio.IncompleteReadError as e:
+        raise _Malformed("connection closed inside the request head") from e
+    try:
+        lines = head.decode("latin-1").split("\r\n")
+        method, target, version = lines[0].split(" ")
+    except ValueError as e:
+        raise _Malformed("bad request line") from e
+    if not version.startswith("HTTP/1."):
+        raise _Malformed("not HTTP/1.x")
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        if line:
+            name, sep, value = line.partition(":")
+            if not sep:
+                raise _Malformed("bad header line")
+            headers[name.strip().lower()] = value.strip()
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        raise _Malformed("chunked bodies are not accepted")
+    length_text = headers.get("content-length", "0")
+    if not length_text.isdigit() or int(length_text) > MAX_BODY_BYTES:
+        raise _Malformed("missing, bad or too large Content-Length")
+    try:
+        body = await reader.readexactly(int(length_text))
+    except asyncio.IncompleteReadError as e:
+        raise _Malformed("connection closed inside the body") from e
+    parts = urlsplit(target)
+    query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
+    return Request(method=method.upper(), path=parts.path, query=query,
+                   headers=headers, body=body)
+
+
+async def serve_connection(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    *,
+    runtime: AgentRuntime,
+    secret_path: Path,
+) -> None:
+    """Read one request, answer it, close. Never raises: a broken client only loses its
+    own answer."""
+    try:
+        try:
+            request = await asyncio.wait_for(read_request(reader), REQUEST_TIMEOUT_S)
+        except _Malformed as e:
+            response = error_response(status=400, code="BAD_REQUEST", detail=str(e))
+        except asyncio.TimeoutError:
+            response = error_response(status=408, code="BAD_REQUEST", detail="request too slow")
+        else:
+            response = await handle(runtime, request, secret_path=secret_path)
+        writer.write(response.encode())
+        await asyncio.wait_for(writer.drain(), REQUEST_TIMEOUT_S)
+    except (OSError, asyncio.TimeoutError):
+        pass  # the client went away; the answer is lost, nothing else is
+    finally:
+        writer.close()
+        try:
+            await asyncio.wait_for(writer.wait_closed(), 1.0)
+        except (OSError, asyncio.TimeoutError):
+            pass
+
+
+async def start_server(
+    runtime: AgentRuntime, *, socket_path: Path, secret_path: Path
+) -> asyncio.AbstractServer:
+    """Listen on `socket_path` (its directory made 0700, a stale socket replaced)."""
+    _prepare_socket_dir(socket_path)
+
+    async def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await serve_connection(reader, writer, runtime=runtime, secret_path=secret_path)
+
+    return await asyncio.start_unix_server(
+        connected, path=str(socket_path), limit=MAX_HEAD_BYTES
     )
-    return web.json_response(result)
 
 
-def build_app(runtime: AgentRuntime, *, secret_path: Path) -> web.Application:
-    app = web.Application(middlewares=[_errors_and_auth])
-    app[RUNTIME_KEY] = runtime
-    app[SECRET_KEY] = secret_path
-    app.router.add_get("/livez", livez)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/v1/inventory", inventory)
-    app.router.add_get("/v1/areas/{area}", get_area)
-    app.router.add_put("/v1/areas/{area}", put_area)
-    app.router.add_post("/v1/areas/{area}/stop", stop_area)
-    app.router.add_delete("/v1/areas/{area}", delete_area)
-    app.router.add_post("/v1/leases/renew", renew_leases)
-    return app
+def _prepare_socket_dir(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path.parent.chmod(0o700)  # an existing directory is tightened too
+    if path.is_socket():
+        path.unlink()  # left by an agent that died; we hold the agent lock
+
+
+def socket_path(base_dir: Path) -> Path:
+    """Where the agent of `base_dir` listens (the owner derives the same path from
+    `remote_bin_dir`: monitord.base.config.RemoteSection.agent_socket)."""
+    return base_dir / SOCKET_DIR / SOCKET_NAME
+
+
+def probe(path: Path, route: str, *, secret: str, timeout_s: float = 1.0) -> int:
+    """The HTTP status of `GET route` on the agent's socket (blocking; for the launcher and
+    the self-check, which run before or beside the agent's loop). OSError when nothing
+    answers."""
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout_s)
+        sock.connect(str(path))
+        sock.sendall(
+            f"GET {route} HTTP/1.1\r\nHost: agent\r\nAuthorization: Bearer {secret}\r\n"
+            "Content-Length: 0\r\n\r\n".encode()
+        )
+        head = sock.recv(64)
+    parts = head.split(b" ", 2)
+    if len(parts) < 2 or not parts[1].isdigit():
+        raise OSError(f"not an HTTP answer from {path}")
+    return int(parts[1])

@@ -42,6 +42,10 @@ def _entry_to_json(entry: AreaEntry) -> dict[str, Any]:
         "command": list(spec.command),
         "data_dir": spec.data_dir,
         "env": dict(spec.env),
+        "user": spec.user,
+        "group": spec.group,
+        "log_max_bytes": spec.log_max_bytes,
+        "log_keep": spec.log_keep,
         "run_wanted": entry.run_wanted,
         "created_at": entry.created_at,
     }
@@ -56,6 +60,10 @@ def _entry_from_json(raw: dict[str, Any]) -> AreaEntry:
         command=tuple(str(part) for part in raw["command"]),
         data_dir=str(raw["data_dir"]),
         env={str(k): str(v) for k, v in dict(raw.get("env") or {}).items()},
+        user=None if raw.get("user") is None else str(raw["user"]),
+        group=None if raw.get("group") is None else str(raw["group"]),
+        log_max_bytes=int(raw.get("log_max_bytes") or 0),
+        log_keep=int(raw.get("log_keep", -1)),
     )
     return AreaEntry(
         spec=spec,

@@ -1,7 +1,8 @@
 """Fixtures of the fault tier: a namespace VPS with real OpenSSH, a real nats-server on the
 PBX side, and whole installations (`Stack`) pointed at them.
 
-`netns_vps` is a fresh network namespace with sshd (see netns_vps.py); `nats` a PBX-side
+`netns_vps` is a fresh network namespace with sshd (see netns_vps.py); `jump_host` a second
+one in front of it, through which alone the PBX reaches that sshd; `nats` a PBX-side
 nats-server; `fault_stack(**options)` starts a `Stack` whose VPS is that namespace and whose
 `nats` reverse forward leads to that nats-server (remote fake daemons report heartbeats
 through a second forward and, over the veth, straight to the split-brain detector, which
@@ -27,7 +28,13 @@ from monitord.testing.stack import ExternalVps, Stack
 from tests.faults import monitord_process
 from tests.faults.monitord_process import MonitordRun
 from tests.faults.nats_server import NatsServer, can_run_nats, running_nats_server
-from tests.faults.netns_vps import NetnsVps, can_build_netns, running_netns_vps
+from tests.faults.netns_vps import (
+    JumpHost,
+    NetnsVps,
+    can_build_netns,
+    running_jump_host,
+    running_netns_vps,
+)
 from tests.support import stacks
 
 FaultStackFactory = Callable[..., Awaitable[Stack]]
@@ -48,6 +55,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 async def netns_vps(tmp_path: Path) -> AsyncIterator[NetnsVps]:
     async with running_netns_vps(tmp_path / "vps") as vps:
         yield vps
+
+
+@pytest.fixture
+async def jump_host(tmp_path: Path, netns_vps: NetnsVps) -> AsyncIterator[JumpHost]:
+    """A jump host in front of `netns_vps`: the PBX reaches the VPS's sshd only through it."""
+    async with running_jump_host(tmp_path / "jump", netns_vps) as jump:
+        yield jump
 
 
 @pytest.fixture

@@ -6,8 +6,10 @@
 - a veth pair `mtd<hex>p` (PBX side, 10.231.N.1/30, in the root namespace) and
   `mtd<hex>v` (VPS side, 10.231.N.2/30, inside the namespace);
 - OpenSSH `sshd -D -e -f CONFIG` started with `ip netns exec`, listening on 10.231.N.2:22,
-  root logins by a client key generated at run time, `ClientAliveInterval 0` (sshd's
-  default: a black-holed session and its forwards stay until something fences them).
+  root logins by a client key generated at run time, authorised as docs/vps-setup.md says
+  (`restrict,port-forwarding`); CONFIG is the documented config/sshd_config.monitord first,
+  then the test's own lines (`documented_sshd_config`), so a black-holed session and its
+  forwards stay until sshd's ClientAlive probes (45 s) or a fence end them.
 
 Everything the agent starts over SSH inherits the namespace, so processes "on the VPS" see
 only the VPS network: 127.0.0.1 there is the VPS's own loopback, and the PBX is reachable only
@@ -21,6 +23,10 @@ packet both ways: no reset, no FIN — only keepalives can tell the peer is gone
 
 Teardown, also after a failure: SIGKILL every process in the namespace, reap sshd, delete the
 namespace (its nft table goes with it) and the PBX-side veth.
+
+`running_jump_host(tmp, vps)` puts a jump host in front of a running VPS: a second namespace
+with its own sshd (port 2222, the same client key), a veth pair from it into the VPS's
+namespace, and an nft table there that refuses SSH arriving over the PBX's veth (`JumpHost`).
 """
 
 from __future__ import annotations
@@ -46,6 +52,9 @@ SSH_PORT = 22
 COMMAND_TIMEOUT_S = 10.0
 START_TIMEOUT_S = 10.0
 FAULT_TABLE = "mtd_fault"
+# What docs/vps-setup.md tells a VPS to run with: its sshd lines and its authorized_keys options.
+DOCUMENTED_SSHD_CONFIG = Path(__file__).parents[2] / "config" / "sshd_config.monitord"
+AUTHORIZED_KEY_OPTIONS = "restrict,port-forwarding"
 
 
 class NetnsError(RuntimeError):
@@ -233,13 +242,13 @@ def _build(tmp: Path) -> NetnsVps:
     host_key = ssh_keys.generate(tmp / "ssh_host_ed25519_key", comment="vps-host")
     client_key = ssh_keys.generate(tmp / "client" / "id_ed25519", comment="pbx-client")
     authorized = tmp / "authorized_keys"
-    authorized.write_text(client_key.public_line + "\n")
+    authorized.write_text(f"{AUTHORIZED_KEY_OPTIONS} {client_key.public_line}\n")
     pbx_address, vps_address = _pick_subnet()
     config_path = tmp / "sshd_config"
-    config_path.write_text(sshd.config_text(
+    config_path.write_text(documented_sshd_config(sshd.config_text(
         port=SSH_PORT, listen=vps_address, host_key=host_key.private_path,
         authorized=authorized, pid_file=tmp / "sshd.pid",
-    ))
+    )))
     known_hosts = tmp / "known_hosts"
     known_hosts.write_text(ssh_keys.known_hosts_line(
         host=vps_address, port=SSH_PORT, host_public_line=host_key.public_line
@@ -249,6 +258,17 @@ def _build(tmp: Path) -> NetnsVps:
         vps_address=vps_address, root=tmp, host_key=host_key, client_key=client_key,
         known_hosts=known_hosts, config_path=config_path, log_path=tmp / "sshd.log",
     )
+
+
+def documented_sshd_config(test_lines: str) -> str:
+    """The documented sshd lines first (sshd keeps the first value of a keyword, as with the
+    documented drop-in), then the test's own lines minus the keywords they set."""
+    documented = DOCUMENTED_SSHD_CONFIG.read_text()
+    keywords = {line.split()[0].lower() for line in documented.splitlines()
+                if line.strip() and not line.lstrip().startswith("#")}
+    own = [line for line in test_lines.splitlines()
+           if line.strip() and line.split()[0].lower() not in keywords]
+    return documented + "\n".join(own) + "\n"
 
 
 def _create_network(vps: NetnsVps) -> None:
@@ -290,3 +310,123 @@ async def running_netns_vps(tmp: Path) -> AsyncIterator[NetnsVps]:
                     await asyncio.wait_for(process.wait(), COMMAND_TIMEOUT_S)
         finally:
             _delete_network(vps)
+
+
+# -- a jump host in front of the VPS -------------------------------------------------------
+
+JUMP_SSH_PORT = 2222  # not 22, so a hop's port is parsed and used
+JUMP_ONLY_TABLE = "mtd_jump_only"  # not FAULT_TABLE: heal() must leave it in place
+
+
+@dataclass
+class JumpHost:
+    """A second namespace with its own sshd: from the PBX, the only way to the VPS's sshd.
+
+    `ns` is the jump's namespace as a `NetnsVps` (its veth to the PBX, sshd, processes): the
+    PBX reaches the jump at `ns.vps_address:JUMP_SSH_PORT`. A second veth pair links the jump
+    (`inner_jump_address`) to the VPS namespace (`inner_vps_address`), with a route there to
+    the VPS's own address, and an nft table in the VPS namespace refuses SSH arriving over
+    the PBX's veth. The jump accepts the VPS's client key; `known_hosts` names both hosts."""
+
+    ns: NetnsVps
+    vps: NetnsVps
+    inner_jump_dev: str
+    inner_vps_dev: str
+    inner_jump_address: str
+    inner_vps_address: str
+    known_hosts: Path
+
+    @property
+    def proxy_jump(self) -> str:
+        """The hop as `remote.proxy_jump` names it."""
+        return f"{self.ns.user}@{self.ns.vps_address}:{self.ns.port}"
+
+
+def _build_jump(tmp: Path, vps: NetnsVps) -> NetnsVps:
+    token = secrets.token_hex(3)
+    tmp.mkdir(parents=True, exist_ok=True)
+    host_key = ssh_keys.generate(tmp / "ssh_host_ed25519_key", comment="jump-host")
+    authorized = tmp / "authorized_keys"
+    authorized.write_text(vps.client_key.public_line + "\n")  # one key_file for every hop
+    pbx_address, jump_address = _pick_subnet()
+    config_path = tmp / "sshd_config"
+    config_path.write_text(sshd.config_text(
+        port=JUMP_SSH_PORT, listen=jump_address, host_key=host_key.private_path,
+        authorized=authorized, pid_file=tmp / "sshd.pid",
+    ))
+    known_hosts = tmp / "known_hosts"
+    known_hosts.write_text(vps.known_hosts.read_text() + ssh_keys.known_hosts_line(
+        host=jump_address, port=JUMP_SSH_PORT, host_public_line=host_key.public_line
+    ))
+    return NetnsVps(
+        name=f"mtj-{token}", pbx_dev=f"mtj{token}p", vps_dev=f"mtj{token}j",
+        pbx_address=pbx_address, vps_address=jump_address, root=tmp, host_key=host_key,
+        client_key=vps.client_key, known_hosts=known_hosts, config_path=config_path,
+        log_path=tmp / "sshd.log", port=JUMP_SSH_PORT,
+    )
+
+
+def _inner_devs(ns: NetnsVps) -> tuple[str, str]:
+    """Names of the jump <-> VPS veth pair: (jump side, VPS side)."""
+    stem = ns.name.replace("-", "")
+    return f"{stem}i", f"{stem}w"
+
+
+def _link_jump_to_vps(ns: NetnsVps, vps: NetnsVps) -> JumpHost:
+    """The jump <-> VPS veth pair and route, then SSH over the PBX's veth refused."""
+    jump_dev, vps_dev = _inner_devs(ns)
+    jump_address, vps_address = _pick_subnet()
+    run_command([IP_BINARY, "link", "add", jump_dev, "type", "veth", "peer", "name", vps_dev])
+    run_command([IP_BINARY, "link", "set", jump_dev, "netns", ns.name])
+    run_command([IP_BINARY, "link", "set", vps_dev, "netns", vps.name])
+    run_command(ns.netns_argv([IP_BINARY, "addr", "add", f"{jump_address}/30", "dev", jump_dev]))
+    run_command(ns.netns_argv([IP_BINARY, "link", "set", jump_dev, "up"]))
+    run_command(vps.netns_argv([IP_BINARY, "addr", "add", f"{vps_address}/30", "dev", vps_dev]))
+    run_command(vps.netns_argv([IP_BINARY, "link", "set", vps_dev, "up"]))
+    # The jump reaches the VPS at the address its known_hosts line names.
+    run_command(ns.netns_argv(
+        [IP_BINARY, "route", "add", f"{vps.vps_address}/32", "via", vps_address]))
+    rules = (
+        f"table inet {JUMP_ONLY_TABLE} {{\n"
+        f"  chain input {{ type filter hook input priority -20; policy accept;\n"
+        f'    iifname "{vps.vps_dev}" tcp dport {vps.port} reject with tcp reset\n  }}\n'
+        "}\n"
+    )
+    run_command(vps.netns_argv([NFT_BINARY, "-f", "-"]), stdin=rules)
+    return JumpHost(
+        ns=ns, vps=vps, inner_jump_dev=jump_dev, inner_vps_dev=vps_dev,
+        inner_jump_address=jump_address, inner_vps_address=vps_address,
+        known_hosts=ns.known_hosts,
+    )
+
+
+async def _stop_namespace_processes(ns: NetnsVps) -> None:
+    await ns.kill_all()
+    for process in [ns.sshd, *ns.spawned]:
+        if process is not None and process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            await asyncio.wait_for(process.wait(), COMMAND_TIMEOUT_S)
+
+
+@contextlib.asynccontextmanager
+async def running_jump_host(tmp: Path, vps: NetnsVps) -> AsyncIterator[JumpHost]:
+    """Put a jump host in front of a running namespace VPS; on exit remove all of it (the
+    VPS's SSH port is open to the PBX's veth again). `vps.reboot()` cannot be used meanwhile:
+    it waits for sshd over the PBX's veth."""
+    ns = _build_jump(tmp, vps)
+    try:
+        _create_network(ns)
+        jump = _link_jump_to_vps(ns, vps)
+        await ns.start_sshd()
+        yield jump
+    finally:
+        try:
+            await _stop_namespace_processes(ns)
+        finally:
+            with contextlib.suppress(NetnsError):
+                run_command(vps.netns_argv(
+                    [NFT_BINARY, "delete", "table", "inet", JUMP_ONLY_TABLE]))
+            _delete_network(ns)  # the inner pair goes with the jump's namespace
+            with contextlib.suppress(NetnsError):  # unless it never got there
+                run_command([IP_BINARY, "link", "delete", _inner_devs(ns)[0]])

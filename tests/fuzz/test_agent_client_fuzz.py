@@ -19,7 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from monitord.remote import agent_client
-from monitord.remote.agent_client import AgentClient, RenewResult
+from monitord.remote.agent_client import AgentClient, RenewResult, tcp_channel
 from orchestrator.errors import ErrorCode, MonitordError
 from orchestrator.models import RemoteInventory
 
@@ -93,7 +93,8 @@ def _serve() -> Iterator[Double]:
         server = TestServer(app)
         await server.start_server()
         client = AgentClient(
-            base_url=str(server.make_url("")), secret=b"s3cret", timeout_s=TIMEOUT_S
+            channel=tcp_channel(str(server.host), int(server.port or 0)),
+            secret=b"s3cret", timeout_s=TIMEOUT_S,
         )
         return Double(runner=runner, server=server, client=client)
 

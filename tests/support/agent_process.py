@@ -1,10 +1,12 @@
-"""A real `monitord agent` subprocess on a temp dir and a free port, for tests.
+"""A real `monitord agent` subprocess on a temp dir, for tests.
 
-`running_agent(base_dir)` writes `agent.secret` (unless one is there), starts
-`python -m monitord agent --dir base_dir --listen 127.0.0.1:0`, waits until the agent has
-written its bound address and answers /readyz, and yields an `AgentProcess` with an
-authorised HTTP client. On exit it stops the agent and then kills whatever lease guards and
-daemons the agent left running (by design they outlive the agent), identified by the
+`running_agent(base_dir)` writes `agent.secret` (unless one is there), starts the agent as it
+runs on a VPS — the built monitord.pyz under the system interpreter in isolated mode
+(`/usr/bin/python3 -I -S monitord.pyz agent --dir base_dir`: no site-packages, no
+PYTHONPATH, so anything beyond the standard library fails here) — waits until it listens on its Unix
+socket and answers /readyz, and yields an `AgentProcess` with an authorised HTTP client.
+On exit it stops the agent and then kills whatever lease guards and daemons the agent left
+running (by design they outlive the agent), identified by the
 records in `{dir}/run/` — by pid, start time and argv, never by pid alone.
 Used by the agent tests and by later tests that need a VPS-side agent.
 """
@@ -16,7 +18,7 @@ import contextlib
 import json
 import os
 import signal
-import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +29,7 @@ import aiohttp
 
 from monitord.base import proc_identity
 from monitord.base.proc_identity import ProcessIdentity
+from monitord.remote import artifact
 
 START_TIMEOUT_S = 20.0
 DEFAULT_SECRET = "test-agent-secret-0123456789abcdef"
@@ -38,7 +41,7 @@ class AgentProcess:
 
     base_dir: Path
     process: asyncio.subprocess.Process
-    address: str
+    address: str  # the agent's Unix socket
     secret: str
     session: aiohttp.ClientSession
     log_path: Path
@@ -46,7 +49,7 @@ class AgentProcess:
 
     @property
     def url(self) -> str:
-        return f"http://{self.address}"
+        return "http://agent"
 
     async def request(
         self,
@@ -91,9 +94,33 @@ class AgentProcess:
             return ""
 
 
-def agent_command(base_dir: Path, *, listen: str, extra_args: Sequence[str] = ()) -> list[str]:
-    return [sys.executable, "-m", "monitord", "agent", "--dir", str(base_dir),
-            "--listen", listen, "--log-format", "json", *extra_args]
+# The interpreter a bare Debian/Ubuntu VPS has; the agent's tests run under it, isolated
+# (-I: no PYTHON* variables, no user site) and without any site-packages at all (-S), so
+# anything beyond the standard library fails here.
+SYSTEM_PYTHON = "/usr/bin/python3"
+ISOLATED = ("-I", "-S")
+_PYZ_DIR = Path(tempfile.mkdtemp(prefix="monitord-test-pyz-"))
+
+
+def built_pyz() -> Path:
+    """This checkout's monitord.pyz, built once per test process."""
+    path = _PYZ_DIR / artifact.PYZ_NAME
+    if not path.exists():
+        artifact.build(_PYZ_DIR)
+    return path
+
+
+def vps_command(*args: str) -> list[str]:
+    """argv running a VPS verb exactly as on a VPS: system python3, isolated, the pyz."""
+    return [SYSTEM_PYTHON, *ISOLATED, str(built_pyz()), *args]
+
+
+def agent_command(base_dir: Path, *, extra_args: Sequence[str] = ()) -> list[str]:
+    return vps_command("agent", "--dir", str(base_dir), "--log-format", "json", *extra_args)
+
+
+def unix_session(socket_path: Path | str) -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=str(socket_path)))
 
 
 def write_secret(base_dir: Path, secret: str) -> None:
@@ -130,7 +157,7 @@ def _open_log(path: Path) -> Any:
 
 
 async def _wait_ready(agent_dir: Path, process: asyncio.subprocess.Process, secret: str,
-                      session: aiohttp.ClientSession, log_path: Path) -> str:
+                      log_path: Path) -> str:
     deadline = time.monotonic() + START_TIMEOUT_S
     address_path = agent_dir / "agent.address"
     while time.monotonic() < deadline:
@@ -140,9 +167,9 @@ async def _wait_ready(agent_dir: Path, process: asyncio.subprocess.Process, secr
             )
         if address_path.exists():
             address = address_path.read_text().strip()
-            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-                async with session.get(
-                    f"http://{address}/readyz",
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError, OSError):
+                async with unix_session(address) as session, session.get(
+                    "http://agent/readyz",
                     headers={"Authorization": f"Bearer {secret}"},
                     timeout=aiohttp.ClientTimeout(total=1.0),
                 ) as response:
@@ -164,7 +191,7 @@ async def running_agent(
     command: Sequence[str] | None = None,
 ) -> AsyncIterator[AgentProcess]:
     """Start a real agent on `base_dir` and yield it once it is ready; stop it on exit.
-    `command` replaces `python -m monitord agent --dir base_dir` (e.g. to run a .pyz)."""
+    `command` replaces the built pyz's `agent --dir base_dir` (e.g. another artifact)."""
     if not (base_dir / "agent.secret").exists():
         write_secret(base_dir, secret)
     (base_dir / "agent.address").unlink(missing_ok=True)
@@ -172,9 +199,9 @@ async def running_agent(
     args = ["--stop-grace", str(stop_grace_s), "--fence-grace", str(fence_grace_s), *extra_args]
     with _open_log(log_path) as log:
         argv = (
-            [*command, "--listen", "127.0.0.1:0", "--log-format", "json", *args]
+            [*command, "--log-format", "json", *args]
             if command is not None
-            else agent_command(base_dir, listen="127.0.0.1:0", extra_args=args)
+            else agent_command(base_dir, extra_args=args)
         )
         process = await asyncio.create_subprocess_exec(
             *argv,
@@ -182,9 +209,10 @@ async def running_agent(
             stdout=log,
             stderr=log,
         )
-    session = aiohttp.ClientSession()
+    session: aiohttp.ClientSession | None = None
     try:
-        address = await _wait_ready(base_dir, process, secret, session, log_path)
+        address = await _wait_ready(base_dir, process, secret, log_path)
+        session = unix_session(address)
         yield AgentProcess(
             base_dir=base_dir,
             process=process,
@@ -194,7 +222,8 @@ async def running_agent(
             log_path=log_path,
         )
     finally:
-        await session.close()
+        if session is not None:
+            await session.close()
         if process.returncode is None:
             process.send_signal(signal.SIGTERM)
             try:

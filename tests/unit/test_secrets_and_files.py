@@ -1,6 +1,6 @@
 """Secrets and file modes: the bundle redacts by allow-list, the CLI writes it 0600 from
 creation, a commit keeps custom_config.json's mode and owner, the `[remote]` host-key and
-agent_listen rules, and the agent's name check."""
+the old agent forward's deprecation, and the agent's name check."""
 
 from __future__ import annotations
 
@@ -187,7 +187,8 @@ REMOTE = {"host": "vps", "user": "offload", "key_file": "/etc/monitord/id_ed2551
 
 
 class TestRemoteRules:
-    """`[remote]`: no accept_any_host_key beside known_hosts; agent_listen on loopback."""
+    """`[remote]`: no accept_any_host_key beside known_hosts; the agent's old TCP forward is
+    recognised, dropped and named once."""
 
     def test_accept_any_host_key_with_known_hosts_is_an_error(self) -> None:
         with pytest.raises(config.ConfigError) as e:
@@ -202,21 +203,40 @@ class TestRemoteRules:
     def test_accept_any_host_key_alone_is_still_the_demo(self) -> None:
         assert config.parse({"remote": {**REMOTE, "accept_any_host_key": True}}).remote
 
-    @pytest.mark.parametrize(
-        "listen", ["0.0.0.0:8225", "10.0.0.2:8225", "[::]:8225", "vps.example:8225"]
-    )
-    def test_agent_listen_off_loopback_is_an_error(self, listen: str) -> None:
-        with pytest.raises(config.ConfigError, match=r"remote\.agent_listen: .*loopback"):
-            config.parse({"remote": {
-                **REMOTE, "known_hosts": "/k", "agent_listen": listen,
-            }})
+    def test_the_old_manager_forward_loads_with_one_deprecation_and_is_dropped(self) -> None:
+        parsed = config.parse({"remote": {
+            **REMOTE, "known_hosts": "/k", "agent_listen": "127.0.0.1:8225",
+            "local_forwards": [
+                {"name": "manager", "listen": "127.0.0.1:8226", "target": "127.0.0.1:8225"},
+                {"name": "console", "listen": "127.0.0.1:9000", "target": "127.0.0.1:9000"},
+            ],
+        }})
+        assert parsed.remote is not None
+        assert [f.name for f in parsed.remote.local_forwards] == ["console"]
+        assert len(parsed.remote.deprecations) == 1
+        line = parsed.remote.deprecations[0]
+        assert "agent_listen" in line and "'manager'" in line and "SSH connection" in line
 
-    @pytest.mark.parametrize(
-        "listen", ["127.0.0.1:8225", "127.3.2.1:8225", "[::1]:8225", "localhost:8225"]
-    )
-    def test_agent_listen_on_loopback_is_fine(self, listen: str) -> None:
-        parsed = config.parse({"remote": {**REMOTE, "known_hosts": "/k", "agent_listen": listen}})
-        assert parsed.remote is not None and parsed.remote.agent_listen == listen
+    def test_a_forward_to_the_old_agent_port_is_recognised_by_its_target(self) -> None:
+        parsed = config.parse({"remote": {**REMOTE, "known_hosts": "/k", "local_forwards": [
+            {"name": "api", "listen": "127.0.0.1:8226", "target": "127.0.0.1:8225"},
+        ]}})
+        assert parsed.remote is not None and parsed.remote.local_forwards == ()
+        assert len(parsed.remote.deprecations) == 1
+
+    def test_a_current_configuration_has_no_deprecation_and_no_local_forward(self) -> None:
+        parsed = config.parse({"remote": {**REMOTE, "known_hosts": "/k"}})
+        assert parsed.remote is not None
+        assert parsed.remote.deprecations == () and parsed.remote.local_forwards == ()
+        assert parsed.remote.agent_socket() == "/opt/offload/api/agent.sock"
+
+    def test_the_agent_socket_path_is_the_one_the_agent_listens_on(self) -> None:
+        from monitord.vps import server
+
+        parsed = config.parse({"remote": {**REMOTE, "known_hosts": "/k",
+                                          "remote_bin_dir": "/srv/off/"}})
+        assert parsed.remote is not None
+        assert parsed.remote.agent_socket() == str(server.socket_path(Path("/srv/off")))
 
 
 class TestAgentNameCheck:

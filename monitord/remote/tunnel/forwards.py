@@ -12,8 +12,8 @@ Called by the keeper once per connection, after the tunnel lease is held:
   and answers the nonce. A stale listener of another session still accepts TCP, but it can
   never answer, so only a round trip through THIS connection proves the forward. Normal
   connections are piped to the target untouched (server-first protocols such as NATS work).
-  A local forward is proven by opening a channel to its VPS target; a target that is not
-  listening yet (e.g. the agent before provisioning) leaves the forward `target_down`
+  A local forward (none by default; the agent needs none) is proven by opening a channel to
+  its VPS target; a target that is not listening yet leaves the forward `target_down`
   without failing the tunnel.
 """
 

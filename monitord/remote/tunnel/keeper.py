@@ -35,6 +35,7 @@ import asyncssh
 from monitord.base import logs
 from monitord.base.config import RemoteSection
 from monitord.remote import ssh_errors
+from monitord.remote.tunnel import ssh_connect
 from monitord.remote.tunnel.backoff import ReconnectBackoff
 from monitord.remote.tunnel.forwards import ForwardSet, ForwardStatus
 from monitord.remote.tunnel.lease_client import (
@@ -243,6 +244,16 @@ class TunnelKeeper:
                 with contextlib.suppress(MonitordError, TimeoutError):
                     async with asyncio.timeout(RELEASE_TIMEOUT_S):
                         await helper.release()
+            # Channels first, each acknowledged by the VPS (bounded), then the disconnect: a
+            # bare conn.close() sends every channel's close and the disconnect in one burst
+            # and drops the socket, so the server answers into a dead socket and forwarded
+            # connections on the VPS end with a reset. asyncssh lists channels only privately.
+            channels = list(conn._channels.values())
+            for channel in channels:
+                channel.close()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(RELEASE_TIMEOUT_S):
+                    await asyncio.gather(*(c.wait_closed() for c in channels))
             conn.close()
         attempt = self._attempt_task
         if attempt is not None and not attempt.done():
@@ -302,25 +313,8 @@ class TunnelKeeper:
                 await asyncio.wait_for(conn.wait_closed(), 2.0)
 
     async def _connect(self) -> asyncssh.SSHClientConnection:
-        c = self._config
-        where = f"{c.user}@{c.host}:{c.port}"
-        try:
-            async with asyncio.timeout(c.connect_timeout_s):
-                return await asyncssh.connect(
-                    c.host,
-                    c.port,
-                    username=c.user,
-                    client_keys=[str(c.key_file)],
-                    known_hosts=None if c.accept_any_host_key else str(c.known_hosts),
-                    agent_path=None,
-                    config=[],
-                    preferred_auth="publickey",
-                    keepalive_interval=c.keepalive_interval_s,
-                    keepalive_count_max=c.keepalive_count_max,
-                    login_timeout=c.connect_timeout_s,
-                )
-        except ssh_errors.CONNECT_ERRORS as e:
-            raise ssh_errors.translate_connect(e, during=where) from e
+        # Jump hosts, ssh_config, the timeout and translated errors: ssh_connect.py.
+        return await ssh_connect.open_connection(self._config)
 
     async def _open_helper_bootstrapping(
         self, conn: asyncssh.SSHClientConnection

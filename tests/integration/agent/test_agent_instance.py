@@ -6,25 +6,23 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import signal
-import sys
-import zipapp
 from pathlib import Path
 
 from monitord.base import proc_identity, singleton
 from monitord.testing.split_brain import Detector
 from tests.integration.agent.conftest import area_body
 from tests.support.agent_process import (
+    SYSTEM_PYTHON,
     AgentProcess,
     agent_command,
+    built_pyz,
     kill_left_processes,
-    running_agent,
+    vps_command,
     wait_until,
     write_secret,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
 AREA = "c0ffee00-0000-4000-8000-000000000001"
 
 
@@ -52,7 +50,7 @@ class TestSingleAgentPerDir:
     async def test_second_agent_on_one_dir_exits_3_naming_the_holder(
         self, agent: AgentProcess
     ) -> None:
-        status, output = await _run(agent_command(agent.base_dir, listen="127.0.0.1:0"))
+        status, output = await _run(agent_command(agent.base_dir))
         assert status == 3, output
         events = [e for e in _events(output) if e["event"] == "duplicate_instance"]
         assert len(events) == 1
@@ -65,8 +63,7 @@ class TestSingleAgentPerDir:
     ) -> None:
         base_dir = tmp_path / "vps"
         write_secret(base_dir, "launch-secret")
-        launch = [sys.executable, "-m", "monitord", "agent-launch", "--dir", str(base_dir),
-                  "--listen", "127.0.0.1:0", "--log-format", "json"]
+        launch = vps_command("agent-launch", "--dir", str(base_dir), "--log-format", "json")
         try:
             results = await asyncio.gather(_run(launch), _run(launch))
             assert [status for status, _ in results] == [0, 0], results
@@ -85,29 +82,24 @@ class TestSingleAgentPerDir:
 
 
 class TestZipapp:
-    """The agent and its lease guards run from monitord.pyz, the artifact pushed to the VPS."""
+    """The agent and its lease guards run from monitord.pyz under the VPS's bare system
+    Python in isolated mode — every test of this directory does (tests/support/agent_process)."""
 
-    async def test_agent_from_the_zipapp_runs_and_fences_a_daemon(
-        self, tmp_path: Path, detector: Detector
+    async def test_guards_run_from_the_pyz_under_the_isolated_system_python(
+        self, agent: AgentProcess, detector: Detector
     ) -> None:
-        source = tmp_path / "pyz-src"
-        shutil.copytree(REPO_ROOT / "monitord", source / "monitord",
-                        ignore=shutil.ignore_patterns("__pycache__"))
-        (source / "__main__.py").write_text(
-            "import sys\nfrom monitord.surface.cli import main\nsys.exit(main())\n"
-        )
-        pyz = tmp_path / "vps" / "monitord.pyz"
-        pyz.parent.mkdir()
-        zipapp.create_archive(source, pyz)
-        argv = [sys.executable, str(pyz), "agent", "--dir", str(pyz.parent)]
-        async with running_agent(pyz.parent, command=argv) as agent:
-            body = area_body(agent, detector, area=AREA, generation=1, ttl_s=30)
-            assert (await agent.request("PUT", f"/v1/areas/{AREA}", json_body=body))[0] == 201
-            assert await detector.wait_for(lambda d: d.alive(AREA), timeout_s=10)
-            guard_pid = (await agent.inventory())["processes"][0]["guard_pid"]
-            environ = Path(f"/proc/{guard_pid}/environ").read_bytes().split(b"\0")
-            pythonpath = next(e for e in environ if e.startswith(b"PYTHONPATH="))
-            assert pythonpath.split(b"=", 1)[1].split(b":")[0] == str(pyz).encode()
-            status, _ = await agent.request("POST", f"/v1/areas/{AREA}/stop?generation=1")
-            assert status == 200
-            assert detector.alive(AREA) == []
+        body = area_body(agent, detector, area=AREA, generation=1, ttl_s=30)
+        assert (await agent.request("PUT", f"/v1/areas/{AREA}", json_body=body))[0] == 201
+        assert await detector.wait_for(lambda d: d.alive(AREA), timeout_s=10)
+        pyz = str(built_pyz())
+        agent_argv = Path(f"/proc/{agent.process.pid}/cmdline").read_bytes().split(b"\0")
+        python = [SYSTEM_PYTHON.encode(), b"-I", b"-S", pyz.encode()]
+        assert agent_argv[:5] == [*python, b"agent"]
+        guard_pid = (await agent.inventory())["processes"][0]["guard_pid"]
+        guard_argv = Path(f"/proc/{guard_pid}/cmdline").read_bytes().split(b"\0")
+        assert guard_argv[:5] == [*python, b"lease-guard"]
+        environ = Path(f"/proc/{guard_pid}/environ").read_bytes().split(b"\0")
+        assert not any(e.startswith(b"PYTHONPATH=") for e in environ)
+        status, _ = await agent.request("POST", f"/v1/areas/{AREA}/stop?generation=1")
+        assert status == 200
+        assert detector.alive(AREA) == []

@@ -14,7 +14,12 @@ import aiohttp
 from monitord.remote import artifact
 from monitord.testing.split_brain import Detector
 from monitord.testing.stack import kill_processes_under
-from tests.support.agent_process import kill_left_processes, write_secret
+from tests.support.agent_process import (
+    SYSTEM_PYTHON,
+    kill_left_processes,
+    unix_session,
+    write_secret,
+)
 
 SECRET = "upgrade-test-secret"
 OWNER = "owner-pbx-01"
@@ -22,8 +27,8 @@ OWNER = "owner-pbx-01"
 
 def _launch(pyz: Path, base_dir: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, str(pyz), "agent-launch", "--dir", str(base_dir),
-         "--listen", "127.0.0.1:0", "--log-format", "json"],
+        [SYSTEM_PYTHON, "-I", "-S", str(pyz), "agent-launch", "--dir", str(base_dir),
+         "--log-format", "json"],
         capture_output=True, text=True, timeout=60,
     )
 
@@ -34,8 +39,8 @@ def _agent_pid(base_dir: Path) -> int:
 
 async def _call(base_dir: Path, method: str, path: str, body: object = None) -> dict[str, object]:
     address = (base_dir / "agent.address").read_text().strip()
-    async with aiohttp.ClientSession() as session, session.request(
-        method, f"http://{address}{path}", json=body,
+    async with unix_session(address) as session, session.request(
+        method, f"http://agent{path}", json=body,
         headers={"Authorization": f"Bearer {SECRET}"}, timeout=aiohttp.ClientTimeout(total=15),
     ) as response:
         assert response.status < 300, await response.text()

@@ -1,5 +1,6 @@
 """End to end on the in-process VPS: provisioning starts the real agent from the pushed
-monitord.pyz through agent-launch, a second run leaves it alone, and preflight passes."""
+monitord.pyz (system python3, isolated mode) through agent-launch, a second run leaves it
+alone, and preflight passes reaching it over the SSH connection."""
 
 from __future__ import annotations
 
@@ -15,10 +16,11 @@ import asyncssh
 import pytest
 
 from monitord.base.config import Config, RemoteSection, ServiceSection
-from monitord.remote import provisioning
+from monitord.remote import agent_channel, provisioning
+from monitord.remote.agent_client import AgentClient
 from monitord.remote.preflight import TunnelOwnerView, run_preflight
 from monitord.remote.provisioning import LocalArtifact
-from monitord.testing.stack import free_port
+from monitord.testing.stack import SYSTEM_PYTHON
 
 TIMEOUT = 30.0
 
@@ -40,7 +42,7 @@ async def real_remote(remote: RemoteSection) -> AsyncIterator[RemoteSection]:
     """The remote section with the default remote_monitord (the pushed pyz); stops the agent."""
     defaults = RemoteSection.model_fields["remote_monitord"].default
     section = remote.model_copy(
-        update={"remote_monitord": defaults, "agent_listen": f"127.0.0.1:{free_port()}"}
+        update={"remote_monitord": defaults, "remote_python": SYSTEM_PYTHON}
     )
     bin_dir = Path(section.remote_bin_dir)
     try:
@@ -76,20 +78,21 @@ class TestRealAgent:
         assert not again.changed
         assert agent_pid(bin_dir) == first_pid and alive(first_pid)
 
-        agent_port = int(real_remote.agent_listen.rsplit(":", 1)[1])
-        forward = await conn.forward_local_port("127.0.0.1", 0, "127.0.0.1", agent_port)
+        @contextlib.asynccontextmanager
+        async def session() -> AsyncIterator[asyncssh.SSHClientConnection]:
+            yield conn
+
+        agent = AgentClient(
+            channel=agent_channel.over_ssh(session, real_remote.agent_socket()), secret=secret
+        )
         service = ServiceSection(command=("/bin/true",), local_data_dir="/l", remote_data_dir="/r")
-        try:
-            report = await asyncio.wait_for(
-                run_preflight(
-                    conn, config=Config(remote=real_remote, services={"tg": service}),
-                    service="tg", artifacts=artifacts, area_data_bytes=0,
-                    tunnel_owner=TunnelOwnerView(ours=True),
-                    forwards_ready={"nats": True, "license": True, "manager": True},
-                    agent_secret=secret, agent_url=f"http://127.0.0.1:{forward.get_port()}",
-                ),
-                TIMEOUT,
-            )
-        finally:
-            forward.close()
+        report = await asyncio.wait_for(
+            run_preflight(
+                conn, config=Config(remote=real_remote, services={"tg": service}),
+                service="tg", artifacts=artifacts, area_data_bytes=0,
+                tunnel_owner=TunnelOwnerView(ours=True),
+                forwards_ready={"nats": True, "license": True}, agent=agent,
+            ),
+            TIMEOUT,
+        )
         assert report.ok, [r for r in report.results if not r.ok]

@@ -1,19 +1,22 @@
-"""The agent artifact monitord.pyz: same source, same bytes; it runs every verb's --help."""
+"""The agent artifact monitord.pyz: same source, same bytes; only the VPS side, which runs
+under the system python3 in isolated mode (nothing but the standard library)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
 from monitord.base.config import RemoteSection
 from monitord.remote import artifact
 
+SYSTEM_PYTHON = "/usr/bin/python3"
+
 
 def run_pyz(pyz: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, str(pyz), *args], capture_output=True, text=True, timeout=60,
+        [SYSTEM_PYTHON, "-I", "-S", str(pyz), *args], capture_output=True, text=True, timeout=60,
         cwd=pyz.parent,  # not the source tree: the code must come from inside the archive
     )
 
@@ -29,27 +32,56 @@ class TestDeterministicBuild:
         assert first.size == first.path.stat().st_size
         assert first.sha256 == artifact.sha256_file(first.path)
 
-    def test_the_archive_holds_both_packages_and_no_bytecode(self, tmp_path: Path) -> None:
+    def test_the_archive_holds_only_the_vps_side_and_no_bytecode(self, tmp_path: Path) -> None:
         info = artifact.build(tmp_path)
         names = zipfile.ZipFile(info.path).namelist()
-        assert "__main__.py" in names
-        assert "monitord/surface/cli.py" in names and "orchestrator/errors.py" in names
-        assert not [n for n in names if n.endswith(".pyc") or "__pycache__" in n]
         assert names[0] == "__main__.py" and names[1:] == sorted(names[1:])
+        assert "monitord/vps/server.py" in names and "orchestrator/errors.py" in names
+        outside = [n for n in names[1:] if not n.startswith("monitord/vps/")]
+        assert sorted(outside) == sorted(artifact.PORTABLE_MODULES)
+        for room in ("surface", "engine", "remote", "store", "local", "testing"):
+            assert not [n for n in names if n.startswith(f"monitord/{room}/")], room
+        assert not [n for n in names if n.endswith(".pyc") or "__pycache__" in n]
 
 
 class TestArtifactRuns:
-    """The pyz runs with this python: top-level help and the agent's help."""
+    """The pyz runs under the system python3 with -I: every verb's help, and the self-check,
+    which imports every module in the archive."""
 
     def test_help_lists_the_verbs(self, tmp_path: Path) -> None:
         result = run_pyz(artifact.build(tmp_path).path, "--help")
         assert result.returncode == 0, result.stderr
-        assert "agent-launch" in result.stdout
+        for verb in ("agent", "agent-launch", "tunnel-lease", "self-check", "log-sink"):
+            assert verb in result.stdout
 
-    def test_agent_help(self, tmp_path: Path) -> None:
-        result = run_pyz(artifact.build(tmp_path).path, "agent", "--help")
-        assert result.returncode == 0, result.stderr
-        assert result.stdout.startswith("usage: monitord agent")
+    def test_every_verb_help(self, tmp_path: Path) -> None:
+        pyz = artifact.build(tmp_path).path
+        for verb in ("agent", "agent-launch", "tunnel-lease", "self-check", "log-sink"):
+            result = run_pyz(pyz, verb, "--help")
+            assert result.returncode == 0, (verb, result.stderr)
+            assert result.stdout.startswith(f"usage: monitord.pyz {verb}"), result.stdout
+
+    def test_self_check_imports_every_module_and_passes(self, tmp_path: Path) -> None:
+        pyz = artifact.build(tmp_path).path
+        bin_dir = tmp_path / "opt"
+        bin_dir.mkdir(mode=0o700)
+        result = run_pyz(pyz, "self-check", "--dir", str(bin_dir))
+        lines = [json.loads(line) for line in result.stdout.splitlines()]
+        assert result.returncode == 0, lines
+        checks = {line["check"]: line for line in lines}
+        assert set(checks) == {"python", "modules", "bin_dir", "flock", "proc", "ss", "socket"}
+        modules = len([n for n in zipfile.ZipFile(pyz).namelist()[1:] if n.endswith(".py")])
+        assert checks["modules"]["detail"] == f"{modules} modules import"
+
+    def test_self_check_fails_on_a_dir_it_cannot_use_and_names_the_fix(
+        self, tmp_path: Path
+    ) -> None:
+        pyz = artifact.build(tmp_path).path
+        result = run_pyz(pyz, "self-check", "--dir", str(tmp_path / "missing"))
+        lines = {line["check"]: line for line in map(json.loads, result.stdout.splitlines())}
+        assert result.returncode == 1
+        assert not lines["bin_dir"]["ok"] and "mkdir" in lines["bin_dir"]["fix"]
+        assert lines["python"]["ok"]
 
 
 class TestRemoteCommand:
@@ -61,5 +93,5 @@ class TestRemoteCommand:
             remote_bin_dir="/srv/offload", remote_python="/usr/bin/python3.11",
         )
         assert artifact.remote_command(remote) == (
-            "/usr/bin/python3.11", "/srv/offload/monitord.pyz"
+            "/usr/bin/python3.11", "-I", "/srv/offload/monitord.pyz"
         )

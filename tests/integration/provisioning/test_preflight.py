@@ -1,5 +1,6 @@
-"""Preflight against the in-process VPS and a stand-in agent behind a real SSH local forward:
-each check fails on its own with its own code, and no failure touches a local daemon."""
+"""Preflight against the in-process VPS, the pushed pyz's real self-check under the system
+python3, and a stand-in agent on a Unix socket reached over the SSH connection: each check
+fails on its own with its own code, and no failure touches a local daemon."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ import pytest
 from aiohttp import web
 
 from monitord.base.config import Config, RemoteSection, ServiceSection
-from monitord.remote import provisioning
+from monitord.remote import agent_channel, provisioning
+from monitord.remote.agent_client import AgentClient
 from monitord.remote.preflight import CheckStatus, PreflightReport, TunnelOwnerView, run_preflight
 from monitord.remote.provisioning import LocalArtifact
 from monitord.testing.vps_server import VpsServer
@@ -26,17 +28,27 @@ from orchestrator.errors import ErrorCode
 
 TIMEOUT = 30.0
 SERVICE = "tg"
-ALL_FORWARDS_READY = {"nats": True, "license": True, "manager": True}
+ALL_FORWARDS_READY = {"nats": True, "license": True}
+SYSTEM_PYTHON = "/usr/bin/python3"
 
 
 @dataclass
 class StandInAgent:
-    """The agent's /livez and /v1/inventory, reached through an SSH local forward."""
+    """The agent's /livez and /v1/inventory on a Unix socket, reached over SSH."""
 
     secret: bytes
-    url: str = ""
+    conn: asyncssh.SSHClientConnection
+    socket_path: str = ""
     runner: web.AppRunner | None = None
     requests: list[str] = field(default_factory=list)
+
+    def client(self, secret: bytes | None = None) -> AgentClient:
+        @contextlib.asynccontextmanager
+        async def session() -> AsyncIterator[asyncssh.SSHClientConnection]:
+            yield self.conn
+
+        channel = agent_channel.over_ssh(session, self.socket_path)
+        return AgentClient(channel=channel, secret=secret or self.secret, timeout_s=5.0)
 
     async def stop(self) -> None:
         if self.runner is not None:
@@ -63,9 +75,9 @@ def secret() -> bytes:
 
 @pytest.fixture
 async def agent(
-    conn: asyncssh.SSHClientConnection, secret: bytes
+    conn: asyncssh.SSHClientConnection, secret: bytes, tmp_path: Path
 ) -> AsyncIterator[StandInAgent]:
-    stand_in = StandInAgent(secret=secret)
+    stand_in = StandInAgent(secret=secret, conn=conn, socket_path=str(tmp_path / "agent.sock"))
 
     async def livez(request: web.Request) -> web.Response:
         stand_in.requests.append(request.path)
@@ -82,15 +94,10 @@ async def agent(
     app.router.add_get("/v1/inventory", inventory)
     stand_in.runner = web.AppRunner(app)
     await stand_in.runner.setup()
-    site = web.TCPSite(stand_in.runner, "127.0.0.1", 0)
-    await site.start()
-    agent_port = stand_in.runner.addresses[0][1]
-    forward = await conn.forward_local_port("127.0.0.1", 0, "127.0.0.1", agent_port)
-    stand_in.url = f"http://127.0.0.1:{forward.get_port()}"
+    await web.UnixSite(stand_in.runner, stand_in.socket_path).start()
     try:
         yield stand_in
     finally:
-        forward.close()
         await stand_in.stop()
 
 
@@ -100,7 +107,12 @@ def config(remote: RemoteSection) -> Config:
         command=("/bin/sleep", "600"), local_data_dir="/tmp/tg/{area}",
         remote_data_dir="{remote_bin_dir}/data/tg/{area}",
     )
-    return Config(remote=remote, services={SERVICE: service})
+    # The pushed pyz as a VPS runs it, so the agent check runs the real self-check.
+    pushed = remote.model_copy(update={
+        "remote_python": SYSTEM_PYTHON,
+        "remote_monitord": RemoteSection.model_fields["remote_monitord"].default,
+    })
+    return Config(remote=pushed, services={SERVICE: service})
 
 
 @pytest.fixture
@@ -130,8 +142,8 @@ def preflight(
         inputs: dict[str, object] = {
             "conn": conn, "config": config, "service": SERVICE, "artifacts": provisioned,
             "area_data_bytes": 1024, "tunnel_owner": TunnelOwnerView(ours=True),
-            "forwards_ready": ALL_FORWARDS_READY, "agent_secret": secret,
-            "agent_url": agent.url, "timeout_s": 5.0,
+            "forwards_ready": ALL_FORWARDS_READY, "agent": agent.client(),
+            "timeout_s": 5.0,
         }
         inputs.update(changes)
         connection = inputs.pop("conn")
@@ -165,9 +177,11 @@ class TestHealthyVps:
             "auth", "arch", "bin_dir", "disk_space", "write_test", "agent", "artifacts",
             "tunnel_owner", "forwards", "remote_config",
         ]
-        assert len(vps.command_log) - commands_before == 1
+        # the facts script and the pyz's self-check
+        assert len(vps.command_log) - commands_before == 2
+        assert "self-check passed (cpython 3." in report.result("agent").detail
 
-    async def test_the_agent_is_asked_through_the_forward(
+    async def test_the_agent_is_asked_over_the_ssh_connection(
         self, preflight: PreflightRunner, agent: StandInAgent
     ) -> None:
         await preflight()
@@ -202,8 +216,8 @@ class TestEachCheckFailsAlone:
                 report = await run_preflight(
                     arm_conn, config=config, service=SERVICE, artifacts=provisioned,
                     area_data_bytes=0, tunnel_owner=TunnelOwnerView(ours=True),
-                    forwards_ready=ALL_FORWARDS_READY, agent_secret=secret,
-                    agent_url=agent.url, timeout_s=5.0,
+                    forwards_ready=ALL_FORWARDS_READY, agent=agent.client(),
+                    timeout_s=5.0,
                 )
         assert failed_codes(report) == [ErrorCode.PREFLIGHT_ARCH]
         assert "aarch64" in report.result("arch").detail
@@ -248,6 +262,28 @@ class TestEachCheckFailsAlone:
         assert report.result("remote_config").status is CheckStatus.SKIPPED
         assert_still_running(local_daemon)
 
+    async def test_agent_names_what_the_vps_lacks_and_the_fix(
+        self, tmp_path: Path, config: Config, provisioned: list[LocalArtifact],
+        agent: StandInAgent, local_daemon: asyncio.subprocess.Process,
+    ) -> None:
+        """The pushed pyz's self-check runs on the VPS: a broken `ss` (iproute2) is named."""
+        fake_bin = tmp_path / "no-ss-bin"
+        fake_bin.mkdir()
+        (fake_bin / "ss").write_text("#!/bin/sh\necho 'ss: not installed' >&2\nexit 1\n")
+        (fake_bin / "ss").chmod(0o755)
+        env = {"PATH": f"{fake_bin}:{os.environ['PATH']}"}
+        async with VpsServer(work_dir=tmp_path / "bare-vps", env=env) as bare_vps:
+            async with bare_vps.connect() as bare_conn:
+                report = await run_preflight(
+                    bare_conn, config=config, service=SERVICE, artifacts=provisioned,
+                    area_data_bytes=0, tunnel_owner=TunnelOwnerView(ours=True),
+                    forwards_ready=ALL_FORWARDS_READY, agent=agent.client(), timeout_s=5.0,
+                )
+        assert failed_codes(report) == [ErrorCode.PREFLIGHT_AGENT]
+        detail = report.result("agent").detail
+        assert "ss:" in detail and "iproute2" in detail, detail
+        assert_still_running(local_daemon)
+
     async def test_artifacts(
         self, preflight: PreflightRunner, remote: RemoteSection,
         local_daemon: asyncio.subprocess.Process,
@@ -270,25 +306,26 @@ class TestEachCheckFailsAlone:
     async def test_forwards(
         self, preflight: PreflightRunner, local_daemon: asyncio.subprocess.Process
     ) -> None:
-        report = await preflight(forwards_ready={"nats": True, "manager": True})
+        report = await preflight(forwards_ready={"nats": True})
         assert failed_codes(report) == [ErrorCode.PREFLIGHT_FORWARDS]
         assert "license" in report.result("forwards").detail
         assert_still_running(local_daemon)
 
     async def test_remote_config(
-        self, preflight: PreflightRunner, local_daemon: asyncio.subprocess.Process
+        self, preflight: PreflightRunner, agent: StandInAgent,
+        local_daemon: asyncio.subprocess.Process,
     ) -> None:
-        report = await preflight(agent_secret=b"not-the-agents-secret")
+        report = await preflight(agent=agent.client(b"not-the-agents-secret"))
         assert failed_codes(report) == [ErrorCode.PREFLIGHT_REMOTE_CONFIG]
         assert_still_running(local_daemon)
 
     async def test_every_failure_carries_a_fix_hint(
-        self, preflight: PreflightRunner, remote: RemoteSection,
+        self, preflight: PreflightRunner, remote: RemoteSection, agent: StandInAgent,
     ) -> None:
         Path(remote.remote_bin_dir).chmod(0o777)
         report = await preflight(
             area_data_bytes=1 << 60, tunnel_owner=TunnelOwnerView(ours=False),
-            forwards_ready={}, agent_secret=b"wrong",
+            forwards_ready={}, agent=agent.client(b"wrong"),
         )
         assert len(report.failures) == 5
         assert all(result.hint for result in report.failures)

@@ -82,13 +82,13 @@ class TestFirstRun:
         assert stat.S_IMODE(bin_dir(remote).stat().st_mode) == 0o700
         assert leftovers(remote) == []
 
-    async def test_the_agent_launcher_is_asked_with_bin_dir_and_listen_address(
+    async def test_the_agent_launcher_is_asked_with_the_bin_dir(
         self, conn: asyncssh.SSHClientConnection, remote: RemoteSection,
         artifacts: list[LocalArtifact], tmp_path: Path,
     ) -> None:
         await provision(conn, remote, artifacts, new_secret())
         calls = (tmp_path / "launcher-calls").read_text().splitlines()
-        assert calls == [f"agent-launch --dir {remote.remote_bin_dir} --listen 127.0.0.1:8225"]
+        assert calls == [f"agent-launch --dir {remote.remote_bin_dir}"]
 
     async def test_the_configured_artifacts_follow_the_agent_pyz(
         self, remote: RemoteSection, agent_pyz: artifact.ArtifactInfo, service_binary: Path,
@@ -284,7 +284,7 @@ class TestAgentSecret:
 
 
 class TestPushedArtifactRuns:
-    """The pushed monitord.pyz runs on the VPS with the VPS's python."""
+    """The pushed monitord.pyz runs on the VPS with the VPS's bare python3 in isolated mode."""
 
     async def test_the_pushed_pyz_answers_help_and_agent_help_on_the_vps(
         self, conn: asyncssh.SSHClientConnection, remote: RemoteSection,
@@ -292,12 +292,11 @@ class TestPushedArtifactRuns:
     ) -> None:
         await provision(conn, remote, artifacts, new_secret())
         pyz = f"{remote.remote_bin_dir}/monitord.pyz"
-        top = await remote_exec.run(conn, [remote.remote_python, pyz, "--help"], timeout_s=TIMEOUT)
-        agent = await remote_exec.run(
-            conn, [remote.remote_python, pyz, "agent", "--help"], timeout_s=TIMEOUT
-        )
+        python = ["/usr/bin/python3", "-I"]
+        top = await remote_exec.run(conn, [*python, pyz, "--help"], timeout_s=TIMEOUT)
+        agent = await remote_exec.run(conn, [*python, pyz, "agent", "--help"], timeout_s=TIMEOUT)
         assert top.raise_for_status(ErrorCode.PROVISION_FAILED).text.startswith("usage: monitord")
         assert "agent-launch" in top.text
         assert agent.raise_for_status(ErrorCode.PROVISION_FAILED).text.startswith(
-            "usage: monitord agent"
+            "usage: monitord.pyz agent"
         )

@@ -79,7 +79,7 @@ class TestProvisioningOverOpenSsh:
                 TIMEOUT,
             )
             helped = await remote_exec.run(
-                conn, [remote.remote_python, f"{bin_dir}/monitord.pyz", "--help"],
+                conn, ["/usr/bin/python3", "-I", f"{bin_dir}/monitord.pyz", "--help"],
                 timeout_s=TIMEOUT,
             )
         assert first.stale_temp_files_removed >= 1

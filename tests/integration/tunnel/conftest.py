@@ -1,6 +1,7 @@
 """Fixtures for the tunnel tests: a real OpenSSH sshd (the VPS), the fault proxy in front of
 it, local echo servers as reverse-forward targets, and keepers built from a RemoteSection
-whose `remote_monitord` runs this interpreter (the VPS is this machine).
+whose `remote_monitord` runs the built monitord.pyz under the system python3 in isolated
+mode, as a VPS does (the VPS is this machine).
 
 Every test here captures the structlog events it produced and, at teardown, checks that no
 log event, status snapshot or error text contains private key material."""
@@ -10,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import sys
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +21,7 @@ import structlog
 
 from monitord.base.config import ForwardSpec, RemoteSection
 from monitord.remote.tunnel.keeper import ReconnectHook, TunnelKeeper, TunnelStatus
+from tests.support.agent_process import vps_command
 from tests.support.sshd import Sshd, can_run_sshd, free_port, running_sshd
 from tests.support.tcp_proxy import TcpProxy, running_proxy
 
@@ -132,7 +133,8 @@ def remote_section(
         "key_file": vps.sshd.client_key.private_path,
         "known_hosts": vps.known_hosts,
         "remote_bin_dir": str(vps.remote_dir),
-        "remote_monitord": (sys.executable, "-m", "monitord"),
+        # the tunnel-lease verb as a VPS runs it: the built pyz, system python3, isolated
+        "remote_monitord": vps_command(),
         "connect_timeout_s": 5.0,
         "keepalive_interval_s": KEEPALIVE_S,
         "keepalive_count_max": KEEPALIVE_COUNT,

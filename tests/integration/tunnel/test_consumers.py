@@ -31,19 +31,19 @@ class TestLocalForward:
     async def test_a_local_forward_round_trips_to_its_vps_target(
         self, vps: Vps, echo: EchoServer, captured: Captured
     ) -> None:
-        manager = ForwardSpec(name="manager", listen=f"127.0.0.1:{free_port()}",
+        manager = ForwardSpec(name="console", listen=f"127.0.0.1:{free_port()}",
                               target=f"127.0.0.1:{echo.port}")
         config = remote_section(vps, local=(manager,))
         async with running_keeper(config, captured=captured) as keeper:
             status = await keeper.wait_connected(timeout_s=20)
             assert [(f.name, f.direction, f.state) for f in status.forwards] == [
-                ("manager", "local", "proven")]
+                ("console", "local", "proven")]
             assert await round_trip(manager.listen) == b"ping\n"
 
     async def test_a_target_that_is_not_listening_yet_is_target_down(
         self, vps: Vps, captured: Captured
     ) -> None:
-        manager = ForwardSpec(name="manager", listen=f"127.0.0.1:{free_port()}",
+        manager = ForwardSpec(name="console", listen=f"127.0.0.1:{free_port()}",
                               target=f"127.0.0.1:{free_port()}")
         config = remote_section(vps, local=(manager,))
         async with running_keeper(config, captured=captured) as keeper:

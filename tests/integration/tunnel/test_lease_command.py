@@ -7,13 +7,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import sys
 from collections.abc import AsyncIterator
 
 import asyncssh
 
 from monitord.remote.tunnel.lease_client import LeaseAnswer, LeaseClient
 from tests.integration.tunnel.conftest import Captured, Vps, poll
+from tests.support.agent_process import vps_command
 
 
 @contextlib.asynccontextmanager
@@ -31,7 +31,7 @@ async def ssh_session(vps: Vps) -> AsyncIterator[asyncssh.SSHClientConnection]:
 
 
 def client(vps: Vps, owner: str, *, ttl_s: float = 30.0) -> LeaseClient:
-    return LeaseClient(prefix=(sys.executable, "-m", "monitord"), remote_dir=str(vps.remote_dir),
+    return LeaseClient(prefix=tuple(vps_command()), remote_dir=str(vps.remote_dir),
                        owner_id=owner, owner_label=f"{owner}-label", ttl_s=ttl_s)
 
 

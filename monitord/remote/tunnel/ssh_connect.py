@@ -1,0 +1,125 @@
+"""Open monitord's SSH connection to the VPS, through its jump hosts if it has any.
+
+Called by the tunnel keeper (keeper.py), the one place monitord connects. The jump hosts are
+`remote.proxy_jump`, or, when that key is not set, the ProxyJump that `remote.ssh_config`
+gives for `remote.host`. monitord opens every hop itself, each through the one before it,
+with the options it uses for the VPS: the host key checked against `remote.known_hosts`,
+only `remote.key_file`, no SSH agent, keepalive on. (Given a ProxyJump string, asyncssh
+would open the hops with its own defaults instead: ~/.ssh/known_hosts, ~/.ssh/id_*, the
+agent.) Closing the returned connection closes the hops under it.
+
+`remote.ssh_config` is passed to every connect (asyncssh's `config=`): its Host blocks supply
+HostName, Port (when `remote.port` is not set) and the user of a hop written without `user@`;
+the keys of the [remote] section and the policy options above always win over it. Failures
+come out as catalogue errors (monitord/remote/ssh_errors.py) naming the hop that failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import asyncssh
+
+from monitord.base.config import JumpHop, RemoteSection, parse_proxy_jump
+from monitord.remote import ssh_errors
+from orchestrator.errors import ErrorCode, error_for
+
+CLOSE_TIMEOUT_S = 2.0
+
+
+def describe(config: RemoteSection) -> str:
+    """user@host[:port] of the VPS, as error details name it."""
+    where = f"{config.user}@{config.host}"
+    return f"{where}:{config.port}" if config.port_is_set() else where
+
+
+async def open_connection(config: RemoteSection) -> asyncssh.SSHClientConnection:
+    """The connection to the VPS within connect_timeout_s (jump hosts included); on any
+    failure a MonitordError, with no hop left open."""
+    during = target = describe(config)
+    head: asyncssh.SSHClientConnection | None = None  # the last hop open: it owns the others
+    try:
+        async with asyncio.timeout(config.connect_timeout_s):
+            hops = await _jump_hops(config)
+            for hop in hops:
+                during = f"{target}: jump host {hop}"
+                head = await _open(config, host=hop.host, port=hop.port or (),
+                                   username=hop.user or (), tunnel=head)
+            if hops:
+                during = f"{target} via {','.join(str(hop) for hop in hops)}"
+            return await _open(config, host=config.host,
+                               port=config.port if config.port_is_set() else (),
+                               username=config.user, tunnel=head)
+    except ssh_errors.CONNECT_ERRORS as e:
+        await _close(head)
+        raise ssh_errors.translate_connect(e, during=during) from e
+    except BaseException:
+        await _close(head)
+        raise
+
+
+async def _open(
+    config: RemoteSection,
+    *,
+    host: str,
+    port: int | tuple[()],
+    username: str | tuple[()],
+    tunnel: asyncssh.SSHClientConnection | None,
+) -> asyncssh.SSHClientConnection:
+    conn = await asyncssh.connect(
+        host,
+        port,
+        # None, not a default: a ProxyJump of the ssh_config must not open hops of its own.
+        tunnel=tunnel,
+        username=username,
+        client_keys=[str(config.key_file)],
+        known_hosts=None if config.accept_any_host_key else str(config.known_hosts),
+        agent_path=None,
+        agent_forwarding=False,
+        config=[str(config.ssh_config)] if config.ssh_config else [],
+        preferred_auth="publickey",
+        keepalive_interval=config.keepalive_interval_s,
+        keepalive_count_max=config.keepalive_count_max,
+        login_timeout=config.connect_timeout_s,
+    )
+    if tunnel is not None:
+        # What asyncssh does for hops it opens itself: closing conn closes the hop too.
+        conn.set_tunnel(tunnel)
+    return conn
+
+
+async def _jump_hops(config: RemoteSection) -> tuple[JumpHop, ...]:
+    configured = config.jump_hops()
+    if config.ssh_config is None:
+        return configured or ()
+    from_file = await _ssh_config_proxy_jump(config)  # also proves the file loads
+    if configured is not None:
+        return configured
+    try:
+        return parse_proxy_jump(from_file) if from_file else ()
+    except ValueError as e:
+        raise error_for(
+            ErrorCode.CONFIG_INVALID,
+            f"remote.ssh_config {config.ssh_config}: ProxyJump for {config.host}: {e}",
+        ) from e
+
+
+async def _ssh_config_proxy_jump(config: RemoteSection) -> str | None:
+    """The ProxyJump that remote.ssh_config gives for remote.host, if any."""
+    try:
+        options = await asyncssh.SSHClientConnectionOptions.construct(
+            config=[str(config.ssh_config)], host=config.host, username=config.user,
+            known_hosts=None, client_keys=None, agent_path=None,
+        )
+    except (OSError, ValueError) as e:
+        raise ssh_errors.translate_ssh_config(e, path=config.ssh_config) from e
+    return options.tunnel if isinstance(options.tunnel, str) else None
+
+
+async def _close(conn: asyncssh.SSHClientConnection | None) -> None:
+    if conn is None:
+        return
+    conn.close()
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(conn.wait_closed(), CLOSE_TIMEOUT_S)
