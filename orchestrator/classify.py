@@ -91,6 +91,7 @@ LOCAL_FAULTS: Mapping[str, ErrorCode] = MappingProxyType({
     "instance_lock_held": ErrorCode.DUPLICATE_INSTANCE,
     "provision_push": ErrorCode.PROVISION_FAILED,
     "provision_launch": ErrorCode.PROVISION_FAILED,
+    "service_user_missing": ErrorCode.SERVICE_USER_UNKNOWN,
 })
 
 

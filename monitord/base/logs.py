@@ -4,6 +4,14 @@ JSON lines when stderr is not a terminal (systemd, pipes), a console renderer on
 Event fields used across the project: event, transaction_id, service, area, phase,
 source, destination, generation, error_code.
 
+`level` (`--log-level` of `monitord run`: debug, info, warning, error; default info) drops
+lines below it. When stderr is the journal — `JOURNAL_STREAM` names stderr's device:inode, as
+systemd sets it for a unit's stdout/stderr — each line starts with its syslog priority, the
+sd-daemon(3) prefixes `<3>` error, `<4>` warning, `<6>` info, `<7>` debug (`<2>` critical), so
+that `journalctl -p err -u monitord` shows exactly the error lines. Lines of other libraries
+(asyncio, aiohttp, asyncssh: the standard `logging` module) go through the same renderer and
+prefixes, from WARNING up whatever `level` says (their info chatter is not ours to show).
+
 The one convention: every module takes `log = logs.get_logger(__name__)` (its lines carry
 `logger_name`), and a unit of work binds its identity once (`log.bind(...)`, for a transaction
 `monitord.engine.txn_log.bound(txn)`) instead of retyping it at every call.
@@ -16,20 +24,77 @@ at once, repeats inside the interval are only counted, and the next line carries
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
-from collections.abc import Callable, Hashable
-from typing import Any
+from collections.abc import Callable, Hashable, Mapping
+from typing import IO, Any
 
 import structlog
 
+# `--log-level` names -> logging levels.
+LEVELS: Mapping[str, int] = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+}
+DEFAULT_LEVEL = "info"
+# Log method (structlog) or level name (logging) -> syslog priority prefix (sd-daemon(3)).
+JOURNAL_PRIORITIES: Mapping[str, str] = {
+    "debug": "<7>",
+    "info": "<6>",
+    "warning": "<4>",
+    "warn": "<4>",
+    "error": "<3>",
+    "exception": "<3>",
+    "critical": "<2>",
+    "fatal": "<2>",
+}
+# Other libraries' loggers never speak below this, whatever `level` says.
+FOREIGN_MIN_LEVEL = logging.WARNING
+
+_foreign_handler: logging.Handler | None = None
+
+
+def stderr_is_journal(
+    environ: Mapping[str, str] = os.environ, stream: IO[str] | None = None
+) -> bool:
+    """True when `stream` (stderr) is the journal: `JOURNAL_STREAM` is its `st_dev:st_ino`.
+
+    Comparing device and inode (not just the variable's presence) matters: a child whose
+    stderr was redirected inherits the variable, and must not prefix lines going to a file.
+    """
+    dev, _, ino = environ.get("JOURNAL_STREAM", "").partition(":")
+    try:
+        st = os.fstat((stream or sys.stderr).fileno())
+        return (st.st_dev, st.st_ino) == (int(dev), int(ino))
+    except (ValueError, OSError):  # unset, malformed, or a stream without a descriptor
+        return False
+
+
+def journal_priority(logger: Any, method_name: str, line: str) -> str:
+    """Renderer epilogue: the syslog priority prefix on every line of a rendered entry."""
+    prefix = JOURNAL_PRIORITIES.get(method_name, "<6>")
+    return "\n".join(prefix + part for part in line.split("\n"))
+
+
+def _foreign_logger_name(logger: Any, method_name: str, event_dict: Any) -> Any:
+    record = event_dict.get("_record")
+    if record is not None:
+        event_dict.setdefault("logger_name", record.name)
+    return event_dict
+
 
 def configure(fmt: str = "auto", *, level: int = logging.INFO) -> None:
-    """Configure structlog for the process. `fmt` is auto, json or console."""
+    """Configure logging for the process. `fmt` is auto, json or console; `level` a logging
+    level (see LEVELS). Safe to call again: the previous configuration is replaced."""
+    global _foreign_handler
     use_console = fmt == "console" or (fmt == "auto" and sys.stderr.isatty())
     renderer: Any = (
         structlog.dev.ConsoleRenderer() if use_console else structlog.processors.JSONRenderer()
     )
+    epilogue: list[Any] = [journal_priority] if stderr_is_journal() else []
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -37,11 +102,33 @@ def configure(fmt: str = "auto", *, level: int = logging.INFO) -> None:
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
             renderer,
+            *epilogue,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=False,
     )
+    # The standard library's loggers (asyncio, aiohttp, asyncssh) through the same renderer.
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[
+            _foreign_logger_name,
+            structlog.stdlib.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+        ],
+        processors=[
+            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+            structlog.processors.format_exc_info,
+            renderer,
+            *epilogue,
+        ],
+    ))
+    root = logging.getLogger()
+    if _foreign_handler is not None:
+        root.removeHandler(_foreign_handler)
+    root.addHandler(handler)
+    root.setLevel(max(level, FOREIGN_MIN_LEVEL))
+    _foreign_handler = handler
 
 
 def get_logger(name: str) -> Any:

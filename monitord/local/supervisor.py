@@ -3,9 +3,15 @@
 A root task of `monitord run` ("local supervisor"); the migration engine and the reconciler
 drive it through `set_desired()`, `start_area()` and `stop_area()` and read `inventory()`.
 
-- Each daemon runs in a session of its own (its PID is its process group), with its output
-  appended to `{state_dir}/logs/{area}.log` and two markers in its environment:
-  MONITORD_SUPERVISOR={state_dir} and MONITORD_AREA={area}.
+- Each daemon runs in a session of its own (its PID is its process group), with two markers
+  in its environment: MONITORD_SUPERVISOR={state_dir} and MONITORD_AREA={area}. Its stdout
+  and stderr are a pipe to a log sink (monitord/base/log_sink.py, a process in a session of
+  its own that outlives monitord and ends with the daemon's output), which writes
+  `{state_dir}/logs/{area}.log`, size-capped and rotated.
+- A service with a `user` / `group` runs as them: resolved before each start (unknown:
+  SERVICE_USER_UNKNOWN, retried with backoff), its data dir handed over to them, and the
+  daemon started with setgroups/setgid/setuid and no capabilities
+  (monitord/base/run_as.py).
 - A per-area record `{state_dir}/records/{area}.json` (written atomically right after the
   spawn) names the process by pid + start time + argv, and its generation.
 - A daemon that exits is restarted after a capped exponential backoff that never gives up
@@ -27,13 +33,15 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from monitord.base import atomic_file, logs, proc_identity
+import monitord
+from monitord.base import atomic_file, log_sink, logs, proc_identity, run_as
 from monitord.base.config import ServiceSection
 from monitord.base.proc_identity import ProcessIdentity
 
@@ -57,6 +65,8 @@ class AreaRun:
     data_dir: str
     env: Mapping[str, str] = field(default_factory=dict)
     min_uptime_s: float = 3.0
+    user: str | None = None  # run the daemon as this user / group (None: as monitord)
+    group: str | None = None
 
 
 def expand(template: str, *, area: str, data_dir: str, generation: int, side: str,
@@ -77,7 +87,8 @@ def area_run(*, service: str, section: ServiceSection, area: str, generation: in
         for part in section.command
     )
     return AreaRun(service=service, area=area, generation=generation, command=command,
-                   data_dir=data_dir, env=dict(section.env), min_uptime_s=section.min_uptime_s)
+                   data_dir=data_dir, env=dict(section.env), min_uptime_s=section.min_uptime_s,
+                   user=section.user, group=section.group)
 
 
 @dataclass(frozen=True)
@@ -116,6 +127,7 @@ class _Slot:
     run: AreaRun
     identity: ProcessIdentity | None = None
     popen: subprocess.Popen[bytes] | None = None
+    sink: subprocess.Popen[bytes] | None = None  # the log sink of the daemon we started
     started_mono: float = 0.0
     failures: int = 0
     restarts: int = 0
@@ -146,6 +158,8 @@ class LocalSupervisor:
         backoff_cap_s: float = 60.0,
         tick_s: float = 0.1,
         clock: Callable[[], float] = time.monotonic,
+        log_max_bytes: int = log_sink.DEFAULT_MAX_BYTES,
+        log_keep: int = log_sink.DEFAULT_KEEP,
     ) -> None:
         self.state_dir = state_dir.resolve()
         self.records_dir = self.state_dir / "records"
@@ -155,6 +169,9 @@ class LocalSupervisor:
         self.stop_grace_s = stop_grace_s
         self.backoff_base_s = backoff_base_s
         self.backoff_cap_s = backoff_cap_s
+        self.log_max_bytes = log_max_bytes
+        self.log_keep = log_keep
+        self._sinks_draining: list[subprocess.Popen[bytes]] = []  # reaped by the loop
         self._tick_s = tick_s
         self._clock = clock
         self._desired: dict[str, AreaRun] = {}
@@ -318,6 +335,7 @@ class LocalSupervisor:
     async def _supervise(self) -> None:
         while not self._closed:
             self._wake.clear()
+            self._sinks_draining = [s for s in self._sinks_draining if s.poll() is None]
             for area in sorted(set(self._desired) | set(self._slots)):
                 lock = self._lock(area)
                 if lock.locked():
@@ -363,6 +381,9 @@ class LocalSupervisor:
             slot = self._slots[area] = _Slot(run=want)
         slot.run = want
         if not slot.running() and now >= slot.next_start:
+            if (want.user, want.group) != (None, None):
+                if not await self._hand_over(area, slot) or self._desired.get(area) != want:
+                    return  # failed (retry scheduled), or no longer wanted meanwhile
             self._spawn(area, slot)
 
     def _on_exit(self, area: str, slot: _Slot, *, now: float) -> None:
@@ -371,6 +392,9 @@ class LocalSupervisor:
             # not reaped yet, so its group id is still ours: kill what the daemon left behind
             proc_identity.signal_group(slot.popen.pid, signal.SIGKILL)
             status = slot.popen.wait()
+        if slot.sink is not None:
+            self._sinks_draining.append(slot.sink)  # it ends once it has read the last words
+            slot.sink = None
         ran_s = now - slot.started_mono
         if ran_s >= slot.run.min_uptime_s:
             slot.failures = 0
@@ -393,19 +417,16 @@ class LocalSupervisor:
     def _spawn(self, area: str, slot: _Slot) -> None:
         run = slot.run
         Path(run.data_dir).mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **run.env, SUPERVISOR_ENV: str(self.state_dir), AREA_ENV: area,
-               GENERATION_ENV: str(run.generation)}
         try:
-            with open(self.logs_dir / f"{area}.log", "ab") as out:
-                popen = subprocess.Popen(
-                    list(run.command), cwd=run.data_dir, env=env, stdin=subprocess.DEVNULL,
-                    stdout=out, stderr=out, start_new_session=True, close_fds=True,
-                )
+            who = run_as.resolve(user=run.user, group=run.group)
+            env = {**os.environ, **run_as.login_environment(who), **run.env,
+                   SUPERVISOR_ENV: str(self.state_dir), AREA_ENV: area,
+                   GENERATION_ENV: str(run.generation)}
+            popen, sink = self._start_with_log_sink(area, run, env=env, who=who)
         except OSError as e:
-            self._schedule_retry(slot, now=self._clock())
-            log.error("daemon_spawn_failed", area=area, service=run.service,
-                      generation=run.generation, detail=str(e))
+            self._spawn_failed(area, slot, e)
             return
+        slot.sink = sink
         identity = proc_identity.read(popen.pid) or ProcessIdentity(
             pid=popen.pid, start_ticks=-1, cmdline=run.command
         )
@@ -417,6 +438,8 @@ class LocalSupervisor:
             # An unrecorded daemon could not be adopted by name after a crash: do not keep it.
             proc_identity.signal_group(popen.pid, signal.SIGKILL)
             popen.wait()
+            self._sinks_draining.append(sink)
+            slot.sink = None
             self._schedule_retry(slot, now=self._clock())
             log.error("daemon_record_failed", area=area, error_code="STORE_WRITE_FAILED",
                       detail=f"{e.strerror or e}: {e.filename}")
@@ -427,6 +450,74 @@ class LocalSupervisor:
         slot.started_mono = self._clock()
         log.info("daemon_started", area=area, service=run.service, generation=run.generation,
                  pid=popen.pid, restarts=slot.restarts)
+
+    async def _hand_over(self, area: str, slot: _Slot) -> bool:
+        """Before starting a daemon as its service's user: give its data dir (created if
+        need be) and everything in it to that user, in a thread (it walks the whole dir).
+        False, with a retry scheduled, if that fails (e.g. SERVICE_USER_UNKNOWN)."""
+        run = slot.run
+        try:
+            who = run_as.resolve(user=run.user, group=run.group)
+            assert who is not None
+
+            def make_theirs() -> None:
+                Path(run.data_dir).mkdir(parents=True, exist_ok=True)
+                run_as.hand_over(Path(run.data_dir), who)
+
+            await asyncio.to_thread(make_theirs)
+        except OSError as e:
+            self._spawn_failed(area, slot, e)
+            return False
+        return True
+
+    def _spawn_failed(self, area: str, slot: _Slot, error: OSError) -> None:
+        self._schedule_retry(slot, now=self._clock())
+        code = (error.code if isinstance(error, run_as.ServiceUserUnknown)
+                else "DAEMON_START_FAILED")
+        log.error("daemon_spawn_failed", area=area, service=slot.run.service,
+                  generation=slot.run.generation, error_code=str(code), detail=str(error))
+
+    def _start_with_log_sink(
+        self, area: str, run: AreaRun, *, env: Mapping[str, str], who: run_as.RunAs | None
+    ) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]]:
+        """Start the area's log sink, then the daemon with its stdout and stderr a pipe to
+        it. Neither inherits monitord's capabilities (docs/operations.md)."""
+        run_as.clear_inheritable_capabilities()  # this thread's: the one that forks
+        sink_env = {k: v for k, v in os.environ.items()
+                    if k not in (SUPERVISOR_ENV, AREA_ENV, GENERATION_ENV)}
+        sink_env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (_package_root(), sink_env.get("PYTHONPATH", "")) if p
+        )
+        sink_argv = [sys.executable, "-m", "monitord", "log-sink", *log_sink.arguments(
+            path=self.logs_dir / f"{area}.log", max_bytes=self.log_max_bytes, keep=self.log_keep
+        )]
+        read_end, write_end = os.pipe()
+        try:
+            sink = log_sink.start(sink_argv, stdin_fd=read_end, env=sink_env)
+            try:
+                popen = subprocess.Popen(
+                    list(run.command), cwd=run.data_dir, env=dict(env),
+                    stdin=subprocess.DEVNULL, stdout=write_end, stderr=write_end,
+                    start_new_session=True, close_fds=True, **run_as.popen_kwargs(who),
+                )
+            except OSError:
+                self._sinks_draining.append(sink)  # it ends as soon as our end is closed
+                raise
+        finally:
+            os.close(read_end)
+            os.close(write_end)
+        return popen, sink
+
+    async def _let_sink_finish(self, slot: _Slot, *, timeout_s: float = 2.0) -> None:
+        """After the daemon is verified gone: wait (briefly) until its sink has written the
+        daemon's last words; one still held open by an escaped child is reaped later."""
+        sink, slot.sink = slot.sink, None
+        if sink is None:
+            return
+        try:
+            await asyncio.to_thread(sink.wait, timeout_s)
+        except subprocess.TimeoutExpired:
+            self._sinks_draining.append(sink)
 
     async def _stop_slot(self, area: str, *, grace_s: float | None) -> bool:
         slot = self._slots.get(area)
@@ -445,6 +536,7 @@ class LocalSupervisor:
             return False
         if slot.popen is not None:
             await _reap(slot.popen)
+        await self._let_sink_finish(slot)
         del self._slots[area]
         self._record_path(area).unlink(missing_ok=True)
         log.info("daemon_stopped", area=area, generation=slot.run.generation, pid=pid)
@@ -474,6 +566,11 @@ class LocalSupervisor:
             last_exit_status=slot.last_exit_status if slot else None,
             adopted=slot.adopted if slot else False,
         )
+
+
+def _package_root() -> str:
+    """The sys.path entry that holds `monitord` (the log sink runs `-m monitord` from /)."""
+    return str(Path(next(iter(monitord.__path__))).resolve().parent)
 
 
 async def _reap(popen: subprocess.Popen[bytes], *, timeout_s: float = 2.0) -> None:

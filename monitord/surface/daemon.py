@@ -21,6 +21,9 @@ and the operator facade the HTTP API serves (None: only health and the placement
 long-running task is spawned by name in `RuntimeContext.tasks` (monitord.surface.components);
 if one ends unexpectedly it is logged and the daemon stops the rest (exit 1).
 
+Logging (monitord.base.logs): `--log-level {debug,info,warning,error}` (default info); under
+systemd each line carries its journal priority (`<3>` error ... `<7>` debug).
+
 Exit codes: 0 clean stop, 1 start-up failure / died / forced stop, 2 bad config, 3 duplicate.
 """
 
@@ -355,6 +358,7 @@ class Daemon:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from monitord.base.config import default_path
+    from monitord.base.logs import DEFAULT_LEVEL, LEVELS
 
     parser.add_argument(
         "-c",
@@ -362,6 +366,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         default=None,
         help=f"monitord.toml (default: $MONITORD_CONFIG, then {default_path()})",
+    )
+    parser.add_argument(
+        "--log-level", choices=tuple(LEVELS), default=DEFAULT_LEVEL,
+        help="drop log lines below this level (default %(default)s)",
     )
 
 
@@ -382,7 +390,7 @@ def main(args: argparse.Namespace) -> int:
     loaded = load_config_or_exit(args.config)
     if isinstance(loaded, int):
         return loaded
-    logs.configure(loaded.monitord.log_format)
+    logs.configure(loaded.monitord.log_format, level=logs.LEVELS[args.log_level])
     return asyncio.run(Daemon(loaded).serve())
 
 

@@ -74,7 +74,8 @@ def main(args: argparse.Namespace) -> int:
     log_path = work_dir / LOG_NAME
     with open(log_path, "ab") as log_file, open("/dev/null", "rb") as devnull:
         child = subprocess.Popen(
-            [sys.executable, "-m", "monitord", "run", "-c", str(config_path)],
+            [sys.executable, "-m", "monitord", "run", "-c", str(config_path),
+             "--log-level", args.log_level],
             stdin=devnull,
             stdout=log_file,
             stderr=log_file,

@@ -50,3 +50,21 @@ class TestKeyMaterial:
         assert b"PRIVATE KEY" not in b"".join(members.values())
         assert members["monitord-bundle/ok.txt"] == b"fine"
         assert b"redacted" in members["monitord-bundle/events.log"]
+
+
+class TestVersion:
+    """Every bundle says which monitord and which Python wrote it, before any other section."""
+
+    def test_version_json_comes_first_and_names_monitord_and_python(self) -> None:
+        import json
+        import platform
+
+        from monitord import __version__
+
+        data = bundle.build({"status.json": {"services": {}}})
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+            names = tar.getnames()
+        assert names[0] == "monitord-bundle/version.json"
+        version = json.loads(_members(data)["monitord-bundle/version.json"])
+        assert version["monitord"] == __version__
+        assert version["python"] == platform.python_version()

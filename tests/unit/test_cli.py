@@ -21,6 +21,14 @@ class TestUsage:
         assert result.returncode == 2
         assert "Traceback" not in result.stderr
 
+    def test_version_prints_the_package_version_and_exits_0(self) -> None:
+        from monitord import __version__
+
+        result = run_cli("--version")
+        assert (result.returncode, result.stdout, result.stderr) == (
+            0, f"monitord {__version__}\n", ""
+        )
+
     def test_help_lists_contract_verbs(self) -> None:
         result = run_cli("--help")
         assert result.returncode == 0

@@ -11,6 +11,7 @@ import pytest
 from pydantic import BaseModel
 
 from monitord.base import config
+from orchestrator.errors import ErrorCode
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "config" / "monitord.toml"
 EXAMPLE_CUSTOM_CONFIG = EXAMPLE.with_name("custom_config.json")
@@ -112,3 +113,96 @@ class TestBadConfigThroughTheCli:
         )
         assert result.returncode == 2 and "cannot read" in result.stderr
         assert "Traceback" not in result.stderr
+
+
+def remote_with(tmp_path: Path, **keys: object) -> dict[str, object]:
+    """The TOML data of a minimal [remote] section plus `keys`."""
+    return {"remote": {"host": "vps.example.net", "user": "offload",
+                       "key_file": str(tmp_path / "id_ed25519"),
+                       "known_hosts": str(tmp_path / "known_hosts"), **keys}}
+
+
+def config_error(data: dict[str, object]) -> config.ConfigError:
+    with pytest.raises(config.ConfigError) as caught:
+        config.parse(data)
+    return caught.value
+
+
+class TestProxyJump:
+    """remote.proxy_jump takes OpenSSH's ProxyJump syntax; anything else is CONFIG_INVALID."""
+
+    @pytest.mark.parametrize(
+        ("value", "hops"),
+        [
+            ("bastion", [config.JumpHop(host="bastion")]),
+            ("admin@bastion.example.net:2222",
+             [config.JumpHop(host="bastion.example.net", user="admin", port=2222)]),
+            ("a@j1:22, j2", [config.JumpHop(host="j1", user="a", port=22),
+                             config.JumpHop(host="j2")]),
+            ("ops@[2001:db8::1]:2222", [config.JumpHop(host="2001:db8::1", user="ops",
+                                                       port=2222)]),
+            ("[2001:db8::1]", [config.JumpHop(host="2001:db8::1")]),
+            ("me@corp@bastion", [config.JumpHop(host="bastion", user="me@corp")]),
+            ("none", []),
+        ],
+    )
+    def test_valid_chains_parse_into_hops_first_hop_first(
+        self, tmp_path: Path, value: str, hops: list[config.JumpHop]
+    ) -> None:
+        remote = config.parse(remote_with(tmp_path, proxy_jump=value)).remote
+        assert remote is not None and list(remote.jump_hops() or ()) == hops
+
+    def test_a_hop_prints_back_as_written(self) -> None:
+        chain = "a@j1:22,j2,ops@[2001:db8::1]:2222"
+        assert ",".join(str(hop) for hop in config.parse_proxy_jump(chain)) == chain
+
+    def test_unset_means_the_ssh_config_may_decide(self, tmp_path: Path) -> None:
+        remote = config.parse(remote_with(tmp_path)).remote
+        assert remote is not None and remote.jump_hops() is None
+
+    @pytest.mark.parametrize(
+        ("value", "named"),
+        [
+            ("", "''"), ("a,,b", "''"), ("j1,", "''"), ("@bastion", "'@bastion'"),
+            ("admin@", "'admin@'"), ("bastion:0", "1..65535"), ("bastion:65536", "1..65535"),
+            ("bastion:ssh", "1..65535"), ("bastion:", "1..65535"),
+            ("2001:db8::1", "in brackets"), ("[2001:db8::1", "'[2001:db8::1'"),
+            ("[::1]x", "'[::1]x'"), ("ssh://bastion", "'ssh://bastion'"),
+            ("jump host", "'jump host'"),
+        ],
+    )
+    def test_a_bad_chain_is_config_invalid_naming_the_key_and_the_hop(
+        self, tmp_path: Path, value: str, named: str
+    ) -> None:
+        error = config_error(remote_with(tmp_path, proxy_jump=value))
+        assert error.code == ErrorCode.CONFIG_INVALID
+        assert "key remote.proxy_jump:" in error.detail and named in error.detail
+
+
+class TestSshConfig:
+    """remote.ssh_config must name a readable file; a set port wins over its Port."""
+
+    def test_a_readable_file_is_accepted_and_its_port_may_apply(self, tmp_path: Path) -> None:
+        ssh_config = tmp_path / "ssh_config"
+        ssh_config.write_text("Host vps\n  HostName 192.0.2.7\n  Port 2222\n")
+        remote = config.parse(remote_with(tmp_path, ssh_config=str(ssh_config))).remote
+        assert remote is not None and remote.ssh_config == ssh_config
+        assert not remote.port_is_set()
+        explicit = config.parse(remote_with(tmp_path, ssh_config=str(ssh_config), port=22))
+        assert explicit.remote is not None and explicit.remote.port_is_set()
+
+    def test_without_ssh_config_the_default_port_applies(self, tmp_path: Path) -> None:
+        remote = config.parse(remote_with(tmp_path)).remote
+        assert remote is not None and remote.port_is_set() and remote.port == 22
+
+    @pytest.mark.parametrize("kind", ["missing", "directory"])
+    def test_a_missing_file_or_a_directory_is_config_invalid(
+        self, tmp_path: Path, kind: str
+    ) -> None:
+        path = tmp_path / "ssh_config"
+        if kind == "directory":
+            path.mkdir()
+        error = config_error(remote_with(tmp_path, ssh_config=str(path)))
+        assert error.code == ErrorCode.CONFIG_INVALID
+        expected = f"key remote.ssh_config: {str(path)!r} is not a readable file"
+        assert error.detail == f"<config>: {expected}"

@@ -79,8 +79,9 @@ class TestStatus:
 
 
 class TestPlace:
-    """`monitord place --wait` shows progress and ends 0 when converged, 1 with the code when
-    the service parks."""
+    """`monitord place` says in one line what it started (`--json`: the API's answer);
+    `--wait` shows progress and ends 0 when converged, 1 with the code when the service parks;
+    with `--area` it waits for that area only."""
 
     async def test_place_wait_shows_progress_and_exits_0_once_converged(
         self, stack_factory: StackFactory
@@ -88,7 +89,7 @@ class TestPlace:
         stack = await stack_factory(services={"tg": 2})
         await stack.wait_settled(expect={"tg": "local"}, timeout_s=60)
         result = await run_cli("place", "-c", str(stack.config_path), "tg", "remote", "--wait",
-                               "--timeout", "60")
+                               "--timeout", "60", "--json")
         assert result.code == 0, result.stderr
         accepted = json.loads(result.stdout)
         assert accepted["location"] == "remote" and len(accepted["transaction_ids"]) == 2
@@ -112,6 +113,54 @@ class TestPlace:
         assert result.stderr.splitlines()[-1].startswith(f"tg -> remote: failed: {code} ")
         assert all(e.get("location", "local") == "local" for e in stack.committed().values())
 
+    async def test_place_prints_one_line_naming_the_transactions_it_started(
+        self, stack_factory: StackFactory
+    ) -> None:
+        stack = await stack_factory(services={"tg": 2})
+        await stack.wait_settled(expect={"tg": "local"}, timeout_s=60)
+        result = await run_cli("place", "-c", str(stack.config_path), "tg", "remote")
+        assert result.code == 0, result.stderr
+        ids = [t["transaction_id"] for t in (await stack.status())["transactions"]]
+        assert sorted(ids) == sorted(result.stdout.strip().split(": ", 2)[2].split(", "))
+        assert result.stdout.startswith("tg -> remote: 2 transactions started (2 areas): ")
+        assert len(result.stdout.splitlines()) == 1
+        await stack.wait_settled(expect={"tg": "remote"}, timeout_s=60)
+        again = await run_cli("place", "-c", str(stack.config_path), "tg", "remote")
+        assert again.stdout == "tg -> remote: nothing to move, every area is already there\n"
+
+    async def test_place_area_wait_follows_that_area_only(
+        self, stack_factory: StackFactory
+    ) -> None:
+        # Moves back to the PBX stop at a hold point until released: the other area's move
+        # keeps the service busy for as long as the test wants.
+        stack = await stack_factory(
+            services={"tg": 2}, extra_env={"MONITORD_HOLD_AT": "remote_to_local:SUPPRESS_SOURCE"}
+        )
+        moved, busy = stack.areas["tg"]
+        await stack.wait_settled(expect={"tg": "local"}, timeout_s=60)
+        assert (await stack.request("PUT", f"/v1/areas/{busy}/placement",
+                                    {"location": "remote"}))[0] == 202
+        await stack.wait_settled(timeout_s=60)
+        assert (await stack.request("PUT", f"/v1/areas/{busy}/placement",
+                                    {"location": "local"}))[0] == 202
+        await stack.wait_event("hold_point", timeout_s=30)
+
+        result = await run_cli("place", "-c", str(stack.config_path), "tg", "remote",
+                               "--area", moved, "--wait", "--timeout", "60")
+        assert result.code == 0, result.stderr
+        assert result.stdout.startswith(f"tg area {moved} -> remote: 1 transaction started"
+                                        " (1 area): ")
+        progress = result.stderr.splitlines()
+        label = f"tg/{moved[:8]} -> remote"
+        assert all(line.startswith(label + ": ") for line in progress), progress
+        assert progress[-1] == f"{label}: converged"
+        status = await stack.status()
+        assert status["services"]["tg"]["state"] == "suppressing_source", "still busy"
+        assert stack.committed()[moved]["location"] == "remote"
+        stack.release_hold()
+        await stack.wait_settled(timeout_s=60)
+        assert stack.committed()[busy].get("location", "local") == "local"
+
 
 class TestRetry:
     """`monitord retry` takes a parked service out of PARKED (202)."""
@@ -133,10 +182,13 @@ class TestRetry:
         # would only park again.
         await stack.wait_until(tunnel_up, timeout_s=30, what="tunnel back")
         assert (await stack.status())["services"]["tg"]["state"] == "parked"
-        result = await run_cli("retry", "-c", str(stack.config_path), "tg")
+        result = await run_cli("retry", "-c", str(stack.config_path), "tg", "--json")
         assert result.code == 0, result.stderr
         assert json.loads(result.stdout) == {"service": "tg", "transaction_ids": parked_ids}
         await stack.wait_settled(expect={"tg": "remote"}, timeout_s=60)
+        again = await run_cli("retry", "-c", str(stack.config_path), "tg")
+        assert again.code == 0, again.stderr
+        assert again.stdout == "tg: nothing was parked, nothing to retry\n"
 
 
 class TestBundle:
@@ -185,7 +237,8 @@ class TestBundle:
 
 
 class TestDaemonNotRunning:
-    """Every verb says in one line on stderr that the daemon is not answering, and exits 1."""
+    """Every verb says in one line on stderr, with its code, that the daemon is not answering,
+    and exits 1 — no traceback, no asyncio warning."""
 
     @pytest.mark.parametrize("verb", [
         ["status"], ["status", "--json"], ["place", "tg", "remote"], ["retry", "tg"],
@@ -204,5 +257,7 @@ class TestDaemonNotRunning:
         assert result.code == 1
         assert result.stdout == ""
         assert len(result.stderr.splitlines()) == 1
-        assert result.stderr.startswith("monitord: monitord is not answering at http://127.0.0.1:")
+        assert result.stderr.startswith(
+            "monitord: DAEMON_UNREACHABLE: monitord is not answering at http://127.0.0.1:"
+        )
         assert not (tmp_path / "out.tar.gz").exists()

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import platform
+import time
+from pathlib import Path
+
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from monitord import __version__
 from tests.integration.operator.conftest import StackFactory
+from tests.support import daemon_process
 
 # The families of docs/design.md ("Observability"): duplicate instances, tunnel lease
 # conflicts, migration duration (histogram), rollbacks, cleanup backlog, drift, areas by
@@ -59,3 +65,25 @@ class TestMetrics:
         assert value("monitord_cleanup_backlog") == 0
         assert value("monitord_drift") == 0
         assert value("monitord_duplicate_instances_total") == 0
+
+
+class TestBuildAndProcessMetrics:
+    """/metrics says which monitord runs and carries the standard process metrics."""
+
+    async def test_build_info_and_process_metrics_describe_the_daemon(
+        self, tmp_path: Path
+    ) -> None:
+        async with daemon_process.running_daemon(tmp_path) as daemon:
+            status, text = await daemon.request("GET", "/metrics")
+            assert status == 200
+        samples = {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(text) for s in f.samples
+        }
+        build = ("monitord_build_info",
+                 (("python", platform.python_version()), ("version", __version__)))
+        assert samples[build] == 1
+        assert samples[("process_resident_memory_bytes", ())] > 1_000_000
+        assert samples[("process_open_fds", ())] >= 3
+        assert samples[("process_cpu_seconds_total", ())] > 0
+        assert 0 < samples[("process_start_time_seconds", ())] <= time.time()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from importlib import resources
 from pathlib import Path
 
 from monitord.testing.stack import Stack
@@ -76,6 +78,37 @@ class TestServicesAndCounts:
         offered = buttons(page.one("tr", data_service="tg"))
         assert set(offered) == {"local", "remote"}
         assert offered["local"].disabled and not offered["remote"].disabled
+        assert offered["remote"].attrs["type"] == "button"
+        assert offered["remote"].attrs["aria-label"] == "move tg to remote"
+
+
+class TestPageStructure:
+    """The page is self-contained and safe, and its dialog, live region and error region are
+    in place, closed and empty, before anyone clicks."""
+
+    async def test_the_dialog_live_region_and_error_region_wait_closed_and_empty(
+        self, stack_factory: StackFactory, browser: Browser
+    ) -> None:
+        stack = await stack_factory(services={"tg": 1})
+        page = await render(browser, stack)
+        dialog = page.by_id("confirm-move")
+        assert dialog.tag == "dialog" and "open" not in dialog.attrs
+        choices = {b.text: b for b in dialog.find_all("button")}
+        assert set(choices) == {"Confirm", "Cancel"}
+        assert "autofocus" in choices["Cancel"].attrs, "the safe choice has the focus"
+        changes = page.by_id("changes")
+        assert changes.attrs["aria-live"] == "polite" and changes.text == ""
+        refused = page.by_id("request-error")
+        assert "hidden" in refused.attrs and refused.attrs["role"] == "alert"
+        assert "hidden" in page.by_id("config-error").attrs
+        assert int(page.one("body").attrs["data-refreshes"]) >= 1
+
+    def test_the_source_loads_nothing_external_and_never_writes_data_as_markup(self) -> None:
+        source = resources.files("monitord.surface").joinpath("static/index.html").read_text()
+        for markup_sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write"):
+            assert markup_sink not in source
+        assert not re.search(r"\b(alert|confirm|prompt)\s*\(", source), "no browser pop-ups"
+        assert not re.search(r"\b(src|href)\s*=|@import|url\(", source), "no external assets"
 
 
 class TestErrorBlock:

@@ -70,6 +70,7 @@ REALISTIC: dict[ErrorCode, Observation] = {
     ErrorCode.TRANSACTION_CONFLICT: RequestRefusal("transaction_conflict"),
     ErrorCode.DAEMON_START_FAILED: DaemonControl(operation="start", succeeded=False),
     ErrorCode.DAEMON_STOP_FAILED: DaemonControl(operation="stop", succeeded=False),
+    ErrorCode.SERVICE_USER_UNKNOWN: LocalFault("service_user_missing"),
 }
 
 

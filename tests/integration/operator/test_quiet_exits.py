@@ -1,0 +1,110 @@
+"""Verbs end quietly: no traceback, no asyncio warning, no leaked task or session at exit.
+
+The demo is the check for the shutdown path as a whole. It ends by stopping `monitord run`
+while remote areas keep connections open through the tunnel's reverse forward, which is
+exactly when a disconnect that does not first close its channels makes the VPS side answer
+into a dead socket (asyncio's `socket.send() raised exception.`, a dozen at the end of
+`make demo`). How many show depends on timing, so `TestTunnelShutdown` makes it certain: six
+remote areas, six open channels, and the in-process VPS's own log is read.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integration.operator.conftest import StackFactory
+
+NOISE = (
+    "socket.send() raised exception",
+    "Traceback",
+    "Task was destroyed",
+    "Unclosed",
+    "Exception ignored",
+)
+
+
+def noise_in(*outputs: str) -> list[str]:
+    return [line for text in outputs for line in text.splitlines()
+            if any(marker in line for marker in NOISE)]
+
+
+class TestDemoEndsQuietly:
+    """`monitord demo` passes and its output holds no warning, traceback or leak report."""
+
+    def test_the_demo_output_has_no_shutdown_noise(self, tmp_path: Path) -> None:
+        result = subprocess.run(
+            [sys.executable, "-m", "monitord", "demo", "--dir", str(tmp_path / "demo")],
+            capture_output=True, text=True, timeout=300,
+        )
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        assert "VERDICT: PASS" in result.stdout
+        assert noise_in(result.stdout, result.stderr) == []
+
+    def test_ctrl_c_during_the_demo_is_one_line_and_exit_130(self, tmp_path: Path) -> None:
+        demo = subprocess.Popen(
+            [sys.executable, "-m", "monitord", "demo", "--dir", str(tmp_path / "demo")],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            # A shell gives a foreground command the default SIGINT disposition; so do we.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
+        assert demo.stdout is not None
+        seen = []
+        for line in demo.stdout:
+            seen.append(line)
+            if "step 1:" in line:
+                demo.send_signal(signal.SIGINT)
+                break
+        out, err = demo.communicate(timeout=120)
+        assert demo.returncode == 130, "".join(seen) + out + err
+        assert err.splitlines()[-1] == "monitord: interrupted"
+        assert noise_in("".join(seen), out, err) == []
+
+
+class TestTunnelShutdown:
+    """Stopping monitord closes every tunnel channel before the disconnect: the VPS side never
+    writes into a closed connection."""
+
+    async def test_stopping_with_remote_areas_open_leaves_the_vps_side_quiet(
+        self, stack_factory: StackFactory, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        stack = await stack_factory(services={"tg": 6})
+        await stack.wait_settled(expect={"tg": "local"}, timeout_s=60)
+        await stack.place("tg", "remote")
+        await stack.wait_settled(expect={"tg": "remote"}, timeout_s=120)
+        assert stack.vps is not None
+        vps = stack.vps
+        caplog.set_level(logging.WARNING, logger="asyncio")
+        assert await stack.stop_monitord() == 0
+        await stack.wait_until(lambda: vps.connection_count == 0, timeout_s=10,
+                               what="the VPS side saw the tunnel go")
+        written_after_close = [
+            r.getMessage() for r in caplog.records if "socket.send()" in r.getMessage()
+        ]
+        assert written_after_close == []
+
+
+class TestVerbsWithoutADaemon:
+    """`monitord status` with no daemon: one readable line with the code, exit 1."""
+
+    def test_status_without_a_daemon_is_one_line(self, tmp_path: Path) -> None:
+        from monitord.testing.stack import free_port
+
+        config = tmp_path / "monitord.toml"
+        config.write_text(
+            f'[monitord]\nwork_dir = "{tmp_path}/work"\nspool_dir = "{tmp_path}/spool"\n'
+            f'[http]\nlisten = "127.0.0.1:{free_port()}"\n'
+        )
+        result = subprocess.run(
+            [sys.executable, "-m", "monitord", "status", "-c", str(config)],
+            capture_output=True, text=True, timeout=60,
+        )
+        assert result.returncode == 1
+        assert result.stdout == ""
+        [line] = result.stderr.splitlines()
+        assert line.startswith("monitord: DAEMON_UNREACHABLE: monitord is not answering at ")

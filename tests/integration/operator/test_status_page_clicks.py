@@ -1,0 +1,216 @@
+"""The status page at `/`, clicked in a real headless chromium against a whole installation.
+
+Selenium drives Debian's chromium through /usr/bin/chromedriver (clicking_browser.py); the
+stack is a real `monitord run` with the in-process SSH VPS. Without chromedriver (apt-get
+install chromium chromium-driver) these tests skip, which fails them under CI=true.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from monitord.testing.stack import Stack
+from orchestrator import errors
+from tests.support.stacks import StackFactory
+
+pytest.importorskip("selenium", reason="selenium is in the test extra: pip install -e .[test]")
+
+from tests.integration.operator.clicking_browser import (
+    CHROMEDRIVER,
+    CHROMIUM,
+    ClickingBrowser,
+)
+
+MOVE_TIMEOUT_S = 90.0
+
+
+@pytest.fixture
+async def browser(tmp_path: Path) -> AsyncIterator[ClickingBrowser]:
+    missing = [str(p) for p in (CHROMEDRIVER, CHROMIUM) if not p.exists()]
+    if missing:
+        pytest.skip(f"{', '.join(missing)} missing (apt-get install chromium chromium-driver);"
+                    " CI installs them")
+    clicking = await ClickingBrowser.start(tmp_path / "chromium-profile")
+    try:
+        yield clicking
+    finally:
+        await clicking.quit()
+
+
+def button(service: str, location: str) -> str:
+    return f'tr[data-service="{service}"] button[data-location="{location}"]'
+
+
+def cell(service: str, name: str) -> str:
+    return f'tr[data-service="{service}"] td.{name}'
+
+
+async def open_page(browser: ClickingBrowser, stack: Stack) -> None:
+    await browser.open(f"http://127.0.0.1:{stack.http_port}/")
+    await browser.wait_js("return document.body.dataset.loaded === '1'",
+                          what="the first status document rendered")
+    await browser.sent()  # what loading the page sent is not what a test asks about
+
+
+async def wait_row(browser: ClickingBrowser, service: str, *, timeout_s: float = 30.0,
+                   **cells: str) -> None:
+    """Poll the DOM until the service's row shows these cell texts."""
+    await browser.wait_js(
+        "const row = document.querySelector(`tr[data-service=\"${arguments[0]}\"]`);"
+        "return row !== null && Object.entries(arguments[1]).every("
+        "  ([name, want]) => row.querySelector(`td.${name}`).textContent === want);",
+        service, cells, what=f"{service} showing {cells}", timeout_s=timeout_s,
+    )
+
+
+async def open_dialog(browser: ClickingBrowser, service: str, location: str) -> dict[str, str]:
+    """Click a move button, wait for the confirmation dialog; what it says."""
+    await browser.click(button(service, location))
+    await browser.wait_js("return document.getElementById('confirm-move').open",
+                          what="the confirmation dialog")
+    shown = {
+        key: await browser.text(f"#confirm-move .confirm-{key}")
+        for key in ("service", "location", "count", "total")
+    }
+    assert await browser.alert_open() is False, "a confirmation must be in the page"
+    return shown
+
+
+async def wait_outcome(browser: ClickingBrowser, outcome: str) -> None:
+    await browser.wait_js(
+        "const d = document.getElementById('confirm-move');"
+        "return !d.open && d.dataset.outcome === arguments[0];",
+        outcome, what=f"the dialog closed as {outcome}",
+    )
+
+
+async def changes(browser: ClickingBrowser) -> list[str]:
+    return list(await browser.js(
+        "return [...document.querySelectorAll('#changes p')].map((p) => p.textContent)"
+    ))
+
+
+class TestConfirmedMove:
+    """Moving a whole service asks first in an in-page dialog; only Confirm sends the request,
+    and the page follows the move in place and announces it."""
+
+    async def test_cancel_sends_nothing_and_confirm_moves_the_service_to_idle_on_remote(
+        self, stack_factory: StackFactory, browser: ClickingBrowser
+    ) -> None:
+        stack = await stack_factory(services={"tg": 2, "chats": 1})
+        await stack.wait_settled(expect={"tg": "local", "chats": "local"})
+        await open_page(browser, stack)
+        live = await browser.find("#changes")
+        assert await browser.js("return arguments[0].getAttribute('aria-live')", live) == "polite"
+        assert await changes(browser) == []
+
+        shown = await open_dialog(browser, "tg", "remote")
+        assert shown == {"service": "tg", "location": "remote", "count": "2", "total": "2"}
+        await browser.click("#confirm-move .confirm-cancel")
+        await wait_outcome(browser, "cancelled")
+        assert await browser.sent_changes() == [], "Cancel must send nothing"
+        status = await stack.status()
+        assert status["services"]["tg"]["desired"] == "local" and status["transactions"] == []
+
+        await open_dialog(browser, "tg", "remote")
+        await browser.click("#confirm-move .confirm-ok")
+        await wait_outcome(browser, "confirmed")
+        await wait_row(browser, "tg", desired="remote", state="idle", local="0", remote="2",
+                       migrating="0", timeout_s=MOVE_TIMEOUT_S)
+        [put] = await browser.sent_changes()
+        assert (put.method, put.url.rsplit("/v1/", 1)[1]) == ("PUT", "services/tg/placement")
+        assert json.loads(put.body) == {"location": "remote"}
+        await stack.wait_settled(expect={"tg": "remote", "chats": "local"})
+
+        announced = await changes(browser)
+        assert "move tg to remote: accepted" in announced
+        assert any(re.fullmatch(r"tg: [a-z_]+ → idle on remote", line) for line in announced), \
+            announced
+
+        # Escape, also right after a confirmed move, is a cancel.
+        shown = await open_dialog(browser, "tg", "local")
+        assert shown == {"service": "tg", "location": "local", "count": "2", "total": "2"}
+        await browser.press_escape()
+        await wait_outcome(browser, "cancelled")
+        assert await browser.sent_changes() == []
+        assert (await stack.status())["services"]["tg"]["desired"] == "remote"
+
+
+class TestRefreshInPlace:
+    """A refresh updates the rows in place: keyboard focus and a text selection survive it,
+    also while another service's row changes."""
+
+    async def test_focus_and_selection_survive_refreshes_while_another_service_moves(
+        self, stack_factory: StackFactory, browser: ClickingBrowser
+    ) -> None:
+        stack = await stack_factory(services={"tg": 1, "chats": 1})
+        await stack.wait_settled(expect={"tg": "local", "chats": "local"})
+        await open_page(browser, stack)
+        name_cell = await browser.find(cell("chats", "name"))
+        await browser.js(
+            "const range = document.createRange(); range.selectNodeContents(arguments[0]);"
+            "getSelection().removeAllRanges(); getSelection().addRange(range);", name_cell,
+        )
+        focused = await browser.find(button("chats", "remote"))
+        await browser.js("arguments[0].focus()", focused)
+        assert await browser.active_element() == focused
+
+        await stack.place("tg", "remote")
+        await wait_row(browser, "tg", desired="remote")  # a refresh that changed the table
+        await browser.wait_refreshes(2)
+        assert await browser.active_element() == focused, "a refresh took the keyboard focus"
+        assert await browser.js("return getSelection().toString()") == "chats"
+
+        await wait_row(browser, "tg", state="idle", remote="1", timeout_s=MOVE_TIMEOUT_S)
+        await browser.wait_refreshes(2)
+        assert await browser.active_element() == focused
+        assert await browser.js("return getSelection().toString()") == "chats"
+        await stack.wait_settled(expect={"tg": "remote", "chats": "local"})
+
+
+class TestRefusedRequest:
+    """A refused request shows its stable code and detail in the page's error region, never in
+    an alert(); the state change behind it is announced."""
+
+    async def test_a_placement_refused_while_the_file_is_corrupt_shows_config_corrupt(
+        self, stack_factory: StackFactory, browser: ClickingBrowser
+    ) -> None:
+        stack = await stack_factory(services={"tg": 1})
+        await stack.wait_settled(expect={"tg": "local"})
+        await open_page(browser, stack)
+        custom_config = stack.root / "spool" / "custom_config.json"
+        good = custom_config.read_bytes()
+        custom_config.write_bytes(good[: len(good) // 2])
+
+        await open_dialog(browser, "tg", "remote")
+        await browser.click("#confirm-move .confirm-ok")
+        await browser.wait_js(
+            "const r = document.getElementById('request-error');"
+            "return !r.hidden && r.dataset.code === 'CONFIG_CORRUPT';",
+            what="the refusal in the error region",
+        )
+        assert not await browser.alert_open()
+        code = await browser.text("#request-error .req-code")
+        assert errors.lookup(code).code == "CONFIG_CORRUPT"
+        assert "custom_config.json" in await browser.text("#request-error .req-detail")
+        assert await browser.text("#request-error .req-what") == "move tg to remote"
+        [put] = await browser.sent_changes()
+        assert put.method == "PUT"
+
+        custom_config.write_bytes(good)
+        await browser.wait_js("return document.getElementById('config-error').hidden",
+                              what="the banner gone once the file is readable")
+        announced = await changes(browser)
+        assert "custom_config.json: CONFIG_CORRUPT" in announced, announced
+        assert announced[-1] == "custom_config.json readable again", announced
+        # The refusal stays in view across refreshes until the operator dismisses it.
+        assert await browser.js("return document.getElementById('request-error').hidden") is False
+        await browser.click("#request-error-dismiss")
+        assert await browser.js("return document.getElementById('request-error').hidden") is True
+        assert (await stack.status())["services"]["tg"]["desired"] == "local"
+        await stack.wait_settled(expect={"tg": "local"})

@@ -1,0 +1,116 @@
+"""The systemd units run monitord and its agent as dedicated users with a hardened sandbox,
+and their Documentation= points at documents that ship with the project."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+UNITS = ("monitord.service", "monitord-agent.service")
+DOC_PREFIX = "file:/usr/share/doc/monitord/"  # docs/*.md are installed there (operations.md)
+HARDENING = {
+    "NoNewPrivileges": "yes",
+    "ProtectSystem": "strict",
+    "ProtectHome": "yes",
+    "PrivateDevices": "yes",
+    "ProtectKernelTunables": "yes",
+    "ProtectKernelModules": "yes",
+    "ProtectKernelLogs": "yes",
+    "ProtectControlGroups": "yes",
+    "ProtectClock": "yes",
+    "RestrictSUIDSGID": "yes",
+    "RestrictRealtime": "yes",
+    "RestrictNamespaces": "yes",
+    "LockPersonality": "yes",
+    "SystemCallArchitectures": "native",
+    "UMask": "0077",
+    # the daemons outlive the unit's process and need the same /tmp after a restart
+    "PrivateTmp": "no",
+    "KillMode": "process",
+}
+# What starting daemons as per-service users needs, and nothing more (tests/integration/
+# test_privilege_drop.py runs a non-root monitord and guard with exactly these).
+CAPABILITIES = {
+    "monitord.service": {"CAP_SETUID", "CAP_SETGID", "CAP_CHOWN", "CAP_DAC_OVERRIDE",
+                         "CAP_KILL", "CAP_SYS_PTRACE"},
+    "monitord-agent.service": {"CAP_SETUID", "CAP_SETGID", "CAP_CHOWN", "CAP_DAC_OVERRIDE",
+                               "CAP_KILL"},
+}
+
+
+def parse_unit(path: Path) -> dict[str, dict[str, list[str]]]:
+    """section -> key -> values (a key may be repeated); comments and blanks skipped."""
+    sections: dict[str, dict[str, list[str]]] = {}
+    current: dict[str, list[str]] | None = None
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            current = sections.setdefault(line[1:-1], {})
+            continue
+        assert current is not None, f"{path.name}: {line!r} outside a section"
+        key, sep, value = line.partition("=")
+        assert sep, f"{path.name}: {line!r} is not KEY=VALUE"
+        current.setdefault(key.strip(), []).append(value.strip())
+    return sections
+
+
+def one(unit: dict[str, dict[str, list[str]]], section: str, key: str) -> str:
+    values = unit.get(section, {}).get(key)
+    assert values, f"[{section}] {key}= is not set"
+    assert len(values) == 1, f"[{section}] {key}= is set {len(values)} times"
+    return values[0]
+
+
+@pytest.mark.parametrize("name", UNITS)
+class TestUnits:
+    """Each unit: a non-root user, the hardening keys, capabilities only for the drop."""
+
+    def test_runs_as_a_dedicated_user_not_root(self, name: str) -> None:
+        unit = parse_unit(REPO_ROOT / "systemd" / name)
+        assert one(unit, "Service", "User") not in ("", "root", "0")
+
+    def test_sets_every_hardening_key(self, name: str) -> None:
+        unit = parse_unit(REPO_ROOT / "systemd" / name)
+        wrong = {key: unit["Service"].get(key) for key, value in HARDENING.items()
+                 if unit["Service"].get(key) != [value]}
+        assert wrong == {}, f"{name}: expected {HARDENING}"
+        assert one(unit, "Service", "ReadWritePaths").split()
+        assert one(unit, "Service", "SystemCallFilter").startswith("@system-service")
+
+    def test_holds_only_the_capabilities_the_privilege_drop_needs(self, name: str) -> None:
+        unit = parse_unit(REPO_ROOT / "systemd" / name)
+        ambient = set(one(unit, "Service", "AmbientCapabilities").split())
+        bounding = set(one(unit, "Service", "CapabilityBoundingSet").split())
+        assert ambient == bounding == CAPABILITIES[name]
+
+    def test_documentation_points_at_shipped_documents(self, name: str) -> None:
+        unit = parse_unit(REPO_ROOT / "systemd" / name)
+        urls = one(unit, "Unit", "Documentation").split()
+        files = [url for url in urls if url.startswith("file:")]
+        assert files, urls
+        for url in files:
+            assert url.startswith(DOC_PREFIX), url
+            assert (REPO_ROOT / "docs" / url.removeprefix(DOC_PREFIX)).is_file(), url
+
+
+def test_the_install_steps_put_the_docs_where_the_units_point() -> None:
+    install = (REPO_ROOT / "docs" / "operations.md").read_text()
+    assert DOC_PREFIX.removeprefix("file:").rstrip("/") in install
+
+
+def test_the_agent_units_command_line_is_one_the_agent_accepts() -> None:
+    """ExecStart runs the pyz isolated and with arguments the agent verb parses (a stale
+    option would make it exit 2 at every start, which the unit never retries)."""
+    import shlex
+
+    from monitord.vps import entry
+
+    argv = shlex.split(one(parse_unit(REPO_ROOT / "systemd" / "monitord-agent.service"), "Service",
+                           "ExecStart"))
+    assert argv[:3] == ["/usr/bin/python3", "-I", "/opt/offload/monitord.pyz"]
+    args = entry.build_parser(only=argv[3]).parse_args(argv[3:])
+    assert args.verb == "agent" and str(args.dir) == "/opt/offload"
