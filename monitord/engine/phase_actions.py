@@ -101,6 +101,9 @@ class PhaseActions:
         self.owner_id = owner_id
         self._clock = clock
         self.archive_dir = config.monitord.work_dir / "archive"
+        # What each area's pre-copy staged while its source still ran (by transaction id):
+        # in memory only — lost on a restart, which just means a full copy.
+        self._staged: dict[str, area_copy.Staged] = {}
 
     def _link(self) -> RemoteLink:
         if self.remote is None:
@@ -175,6 +178,7 @@ class PhaseActions:
             free = shutil.disk_usage(target.parent).free
             if free < 64 * 1024 * 1024:
                 raise error_for(ErrorCode.PREFLIGHT_DISK_SPACE, f"only {free} bytes free locally")
+            await self._pre_copy(txn)
             return Outcome.OK
         data = local_data_dir(self._section(txn), area=txn.area, generation=txn.source_generation)
         size = await asyncio.to_thread(_tree_size, data)
@@ -186,6 +190,7 @@ class PhaseActions:
             # Only "startable" failed: the agent is not running but can be; start it.
             await link.ensure_agent()
         if failure is None:
+            await self._pre_copy(txn)
             return Outcome.OK
         raise error_for(failure.code, f"{failure.detail} — {failure.hint}".rstrip(" —"))
 
@@ -223,9 +228,8 @@ class PhaseActions:
                 ours=ours, owner_id=owner_id, owner_label=owner_label
             ),
             forwards_ready=link.forwards_ready(),
-            agent_secret=link.secret,
             auth_error=f"{last.code}: {last.detail}" if last else "",
-            agent_url=link.agent.base_url,
+            agent=link.agent,
         )
 
     # -- stopping (SUPPRESS_SOURCE, FenceDestination) -----------------------------------
@@ -319,8 +323,33 @@ class PhaseActions:
         destination_generation: int,
     ) -> None:
         """Copy the area's data dir from `source` to the other side (staging, manifest,
-        SHA-256 check, atomic rename: monitord.remote.area_copy)."""
+        SHA-256 check, atomic rename: monitord.remote.area_copy); after a pre-copy of the
+        same dirs only what changed since moves."""
         link = self._link()
+        local, remote_dir = self._copy_dirs(
+            txn, source=source, source_generation=source_generation,
+            destination_generation=destination_generation,
+        )
+        staged = self._staged.pop(txn.transaction_id, None)
+        async with link.session() as conn:
+            if source is Side.LOCAL:
+                report = await area_copy.upload(
+                    conn, local_dir=local, remote_dir=remote_dir, staged=staged
+                )
+            else:
+                report = await area_copy.download(
+                    conn, remote_dir=remote_dir, local_dir=local, staged=staged
+                )
+        txn_log.bound(txn).info(
+            "area_copied", from_side=source.value, files=report.files, bytes=report.bytes,
+            reused=report.reused,
+        )
+
+    def _copy_dirs(
+        self, txn: Transaction, *, source: Side, source_generation: int,
+        destination_generation: int,
+    ) -> tuple[Path, str]:
+        """(local data dir, remote data dir) of a copy from `source`."""
         section = self._section(txn)
         local_gen, remote_gen = (
             (source_generation, destination_generation)
@@ -331,14 +360,40 @@ class PhaseActions:
         remote_dir, _ = remote_paths(
             self.config, service=txn.service, area=txn.area, generation=remote_gen
         )
-        async with link.session() as conn:
-            if source is Side.LOCAL:
-                report = await area_copy.upload(conn, local_dir=local, remote_dir=remote_dir)
-            else:
-                report = await area_copy.download(conn, remote_dir=remote_dir, local_dir=local)
-        txn_log.bound(txn).info(
-            "area_copied", from_side=source.value, files=report.files, bytes=report.bytes
+        return local, remote_dir
+
+    async def _pre_copy(self, txn: Transaction) -> None:
+        """Best effort, while the source still runs: stage its data on the destination so
+        that the copy after the stop moves only what changed (monitord.remote.area_copy).
+        Only where the lineage says the copy will happen; any failure just means a full
+        copy later, so it is logged and never fails the move."""
+        plan = lineage.copy_plan(
+            self.state.lineage(txn.area), source=txn.source, destination=txn.destination
         )
+        if plan is not CopyPlan.COPY or self.remote is None or not self.remote.connected():
+            return
+        local, remote_dir = self._copy_dirs(
+            txn, source=txn.source, source_generation=txn.source_generation,
+            destination_generation=txn.generation,
+        )
+        log = txn_log.bound(txn)
+        started = self._clock()
+        try:
+            async with self.remote.session() as conn:
+                if txn.source is Side.LOCAL:
+                    staged = await area_copy.pre_upload(
+                        conn, local_dir=local, remote_dir=remote_dir
+                    )
+                else:
+                    staged = await area_copy.pre_download(
+                        conn, remote_dir=remote_dir, local_dir=local
+                    )
+        except MonitordError as e:
+            log.warning("area_pre_copy_failed", error_code=e.code, detail=e.detail)
+            return
+        self._staged[txn.transaction_id] = staged
+        log.info("area_pre_copied", files=len(staged.files),
+                 seconds=round(self._clock() - started, 3))
 
     # -- ROLLBACK: the destination's newer data back to the source --------------------------
 
@@ -411,7 +466,9 @@ class PhaseActions:
             await link.agent.create(
                 area=area, service=service, generation=generation, owner_id=self.owner_id,
                 lease_ttl_s=link.remote.area_lease_ttl_s, command=command, data_dir=data_dir,
-                env=section.env,
+                env=section.env, user=section.user, group=section.group,
+                log_max_bytes=self.config.monitord.area_log_max_bytes,
+                log_keep=self.config.monitord.area_log_keep,
             )
         except MonitordError as e:
             if self.renewer is not None:

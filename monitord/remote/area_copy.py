@@ -9,6 +9,14 @@ A copy cut at any point leaves at most a staging dir behind (removed by the next
 the destination dir is either the old one or the complete new one, never a mix. A
 mismatch raises COPY_INCOMPLETE; the engine retries or rolls back.
 
+Pre-copy (`pre_upload`, `pre_download`): while the source still runs, its files go into
+the staging dir ahead of time, each hashed from the very bytes sent (`Staged`). The copy
+after the stop, given that `Staged`, sends only the files whose hash changed since, removes
+the ones that are gone, and then checks and promotes exactly as above — so the area is
+down for the bytes that changed, not for all of them, and what is promoted is still
+verified whole against the stopped source. Nothing is ever started from a staging dir; a
+pre-copy that fails or is lost (a restart) only means a full copy.
+
 The VPS is untrusted input. Its listing (step 1 of a download) is read with a size bound
 and validated WHOLE before the staging dir is even created: every line must be
 `<64 hex>  <name>` (or sha256sum's escaped form, a leading backslash with `\\` and `\n` in
@@ -66,6 +74,21 @@ class FileEntry:
 class CopyReport:
     files: int
     bytes: int
+    reused: int = 0  # files a pre-copy had already put in place unchanged
+
+
+@dataclass(frozen=True, slots=True)
+class Staged:
+    """What a pre-copy left in the destination's staging dir: relative path -> SHA-256 of
+    the bytes actually written there (the source was running: not yet the manifest)."""
+
+    local_dir: Path
+    remote_dir: str
+    upload: bool  # True: PBX -> VPS staging; False: VPS -> PBX staging
+    files: dict[str, str]
+
+    def matches(self, *, local_dir: Path, remote_dir: str, upload: bool) -> bool:
+        return (self.local_dir, self.remote_dir, self.upload) == (local_dir, remote_dir, upload)
 
 
 def _hash_file(path: Path) -> str:
@@ -213,6 +236,7 @@ def _fsync_dir(path: Path) -> None:
 
 # Remote side: fixed scripts, values passed as positional parameters (never spliced).
 _PREPARE = 'rm -rf -- "$1" && mkdir -p -- "$1"'
+_PREPARE_KEEP = 'rm -f -- "$1.manifest" && mkdir -p -- "$1"'  # keep what a pre-copy staged
 _VERIFY = (  # counts NUL-terminated names: a name may hold a newline
     'cd -- "$1" && { [ "$3" -eq 0 ] || sha256sum --quiet --strict -c -- "$2" >&2; }'
     """ && test "$(find . -type f -print0 | tr -cd '\\000' | wc -c)" -eq "$3\""""
@@ -236,20 +260,33 @@ async def upload(
     remote_dir: str,
     progress: Progress | None = None,
     timeout_s: float = 600.0,
+    staged: Staged | None = None,
 ) -> CopyReport:
-    """Copy local_dir to remote_dir on the VPS, verified there, swapped in by rename."""
+    """Copy local_dir to remote_dir on the VPS, verified there, swapped in by rename. With
+    `staged` (a pre-copy of the same dirs), only what changed since is sent; if the VPS
+    then finds the staging dir wrong, the copy is redone whole, once."""
+    if staged is not None and not staged.matches(
+        local_dir=local_dir, remote_dir=remote_dir, upload=True
+    ):
+        staged = None
     manifest = await asyncio.to_thread(local_manifest, local_dir)
     for entry in manifest:
         if (problem := name_problem(entry.path)) is not None:
             raise _incomplete(f"cannot copy {local_dir}: {entry.path!r} has {problem}")
     total = sum(e.size for e in manifest)
     staging = remote_dir.rstrip("/") + STAGING_SUFFIX
-    await _script(conn, _PREPARE, staging)
-    done = 0
+    kept = {} if staged is None else staged.files
+    await _script(conn, _PREPARE if staged is None else _PREPARE_KEEP, staging)
+    to_send = [e for e in manifest if kept.get(e.path) != e.sha256]
+    gone = sorted(set(kept) - {e.path for e in manifest})
+    done = total - sum(e.size for e in to_send)
     with _sftp_translated(f"upload to {remote_dir}", timeout_s=timeout_s):
         async with asyncio.timeout(timeout_s), conn.start_sftp_client() as sftp:
+            for rel in gone:
+                with contextlib.suppress(*ssh_errors.SFTP_NO_SUCH_FILE):
+                    await sftp.remove(str(PurePosixPath(staging) / rel))
             made: set[str] = {staging}
-            for entry in manifest:
+            for entry in to_send:
                 target = str(PurePosixPath(staging) / entry.path)
                 parent = str(PurePosixPath(target).parent)
                 if parent not in made:
@@ -263,10 +300,66 @@ async def upload(
                 await f.write(_sha256sum_text(manifest))
     verify = await _script(conn, _VERIFY, staging, staging + ".manifest", str(len(manifest)))
     if not verify.ok:
+        if staged is not None:  # the staging dir changed under us: start it over, whole
+            return await upload(conn, local_dir=local_dir, remote_dir=remote_dir,
+                                progress=progress, timeout_s=timeout_s)
         raise _incomplete(f"the VPS found {remote_dir} incomplete: {verify.stderr_tail()}")
     promoted = await _script(conn, _PROMOTE, remote_dir, staging)
     promoted.raise_for_status(ErrorCode.COPY_INCOMPLETE)
-    return CopyReport(files=len(manifest), bytes=total)
+    return CopyReport(files=len(manifest), bytes=total, reused=len(manifest) - len(to_send))
+
+
+async def pre_upload(
+    conn: asyncssh.SSHClientConnection,
+    *,
+    local_dir: Path,
+    remote_dir: str,
+    timeout_s: float = 600.0,
+) -> Staged:
+    """While the source runs: put local_dir's files into the VPS staging dir, each hashed
+    from the bytes sent. A file that changes meanwhile is simply sent again by `upload`."""
+    listing = await asyncio.to_thread(_local_files, local_dir)
+    staging = remote_dir.rstrip("/") + STAGING_SUFFIX
+    await _script(conn, _PREPARE, staging)
+    files: dict[str, str] = {}
+    with _sftp_translated(f"pre-copy to {remote_dir}", timeout_s=timeout_s):
+        async with asyncio.timeout(timeout_s), conn.start_sftp_client() as sftp:
+            made: set[str] = {staging}
+            for rel in listing:
+                target = str(PurePosixPath(staging) / rel)
+                parent = str(PurePosixPath(target).parent)
+                if parent not in made:
+                    await sftp.makedirs(parent, exist_ok=True)
+                    made.add(parent)
+                digest = hashlib.sha256()
+                try:
+                    source = open(local_dir / rel, "rb")  # noqa: ASYNC230 - one bounded read per chunk
+                except OSError:
+                    continue  # gone since the listing: nothing staged for it
+                with source:
+                    async with sftp.open(target, "wb") as out:
+                        while chunk := await asyncio.to_thread(source.read, _CHUNK):
+                            digest.update(chunk)
+                            await out.write(chunk)
+                files[rel] = digest.hexdigest()
+    return Staged(local_dir=local_dir, remote_dir=remote_dir, upload=True, files=files)
+
+
+def _local_files(root: Path) -> list[str]:
+    """The regular files under root with names a copy can carry (no hashing: a pre-copy
+    hashes what it sends)."""
+    if not root.is_dir():
+        return []
+    found = []
+    for dirpath, _dirs, names in os.walk(root):
+        for name in names:
+            full = Path(dirpath) / name
+            if full.is_symlink() or not full.is_file():
+                continue
+            rel = full.relative_to(root).as_posix()
+            if name_problem(rel) is None:
+                found.append(rel)
+    return sorted(found)
 
 
 async def download(
@@ -276,12 +369,84 @@ async def download(
     local_dir: Path,
     progress: Progress | None = None,
     timeout_s: float = 600.0,
+    staged: Staged | None = None,
 ) -> CopyReport:
-    """Copy remote_dir from the VPS to local_dir, verified here, swapped in by rename.
+    """Copy remote_dir from the VPS to local_dir, verified here, swapped in by rename. With
+    `staged` (a pre-copy of the same dirs), only files whose hash changed are fetched.
 
     The VPS's listing is validated whole before anything is written (a bad one raises
     COPY_INCOMPLETE and leaves local_dir and its staging dir as they were); a file reached
     through a symlink, on either side, fails the copy and removes the staging dir."""
+    if staged is not None and not staged.matches(
+        local_dir=local_dir, remote_dir=remote_dir, upload=False
+    ):
+        staged = None
+    expected = await _remote_listing(conn, remote_dir)
+    staging = local_dir.with_name(local_dir.name + STAGING_SUFFIX)
+    kept = {} if staged is None else staged.files
+    if staged is None:
+        await asyncio.to_thread(_reset_dir, staging)
+    else:
+        kept = {rel: h for rel, h in kept.items() if expected.get(rel) == h}
+        await asyncio.to_thread(_prune_to, staging, set(kept))
+    to_fetch = sorted(rel for rel in expected if kept.get(rel) != expected[rel])
+    done = 0
+    try:
+        with _sftp_translated(f"download of {remote_dir}", timeout_s=timeout_s):
+            async with asyncio.timeout(timeout_s), conn.start_sftp_client() as sftp:
+                remote_root = (await sftp.realpath(remote_dir)).rstrip("/") if expected else ""
+                for rel in to_fetch:
+                    size, _ = await _fetch(sftp, remote_root, rel, staging, where=remote_dir)
+                    done += size
+                    if progress:
+                        progress(done, done)
+    except MonitordError as e:
+        if e.code == ErrorCode.COPY_INCOMPLETE:  # refused, not cut: leave nothing behind
+            await asyncio.to_thread(shutil.rmtree, staging, True)
+        raise
+    got = {e.path: e.sha256 for e in await asyncio.to_thread(local_manifest, staging)}
+    if got != expected:
+        if staged is not None:  # the staging dir changed under us: start it over, whole
+            return await download(conn, remote_dir=remote_dir, local_dir=local_dir,
+                                  progress=progress, timeout_s=timeout_s)
+        bad = sorted(set(got) ^ set(expected) | {p for p in got if got[p] != expected.get(p)})
+        raise _incomplete(f"downloaded copy of {remote_dir} differs in {bad[:5]}")
+    await asyncio.to_thread(_promote_local, staging, local_dir)
+    return CopyReport(files=len(got), bytes=done, reused=len(expected) - len(to_fetch))
+
+
+async def pre_download(
+    conn: asyncssh.SSHClientConnection,
+    *,
+    remote_dir: str,
+    local_dir: Path,
+    timeout_s: float = 600.0,
+) -> Staged:
+    """While the VPS's daemon runs: fetch remote_dir's files into the local staging dir,
+    each hashed from the bytes written. The listing is checked as `download` checks it."""
+    listed = await _remote_listing(conn, remote_dir)
+    staging = local_dir.with_name(local_dir.name + STAGING_SUFFIX)
+    await asyncio.to_thread(_reset_dir, staging)
+    files: dict[str, str] = {}
+    try:
+        with _sftp_translated(f"pre-copy of {remote_dir}", timeout_s=timeout_s):
+            async with asyncio.timeout(timeout_s), conn.start_sftp_client() as sftp:
+                remote_root = (await sftp.realpath(remote_dir)).rstrip("/") if listed else ""
+                for rel in sorted(listed):
+                    try:
+                        _, files[rel] = await _fetch(
+                            sftp, remote_root, rel, staging, where=remote_dir
+                        )
+                    except ssh_errors.SFTP_NO_SUCH_FILE:
+                        continue  # gone since the listing (the daemon runs)
+    except MonitordError as e:
+        if e.code == ErrorCode.COPY_INCOMPLETE:
+            await asyncio.to_thread(shutil.rmtree, staging, True)
+        raise
+    return Staged(local_dir=local_dir, remote_dir=remote_dir, upload=False, files=files)
+
+
+async def _remote_listing(conn: asyncssh.SSHClientConnection, remote_dir: str) -> dict[str, str]:
     listing = await remote_exec.run_script(
         conn, _LIST, args=(remote_dir,), timeout_s=_SCRIPT_TIMEOUT_S,
         max_stdout=_MAX_LISTING_BYTES,
@@ -292,38 +457,39 @@ async def download(
             f" {_MAX_LISTING_BYTES} bytes"
         )
     listing.raise_for_status(ErrorCode.COPY_INCOMPLETE)
-    expected = _parse_listing(listing.stdout)
-    staging = local_dir.with_name(local_dir.name + STAGING_SUFFIX)
-    await asyncio.to_thread(_reset_dir, staging)
-    done = 0
-    try:
-        with _sftp_translated(f"download of {remote_dir}", timeout_s=timeout_s):
-            async with asyncio.timeout(timeout_s), conn.start_sftp_client() as sftp:
-                remote_root = (await sftp.realpath(remote_dir)).rstrip("/") if expected else ""
-                for rel in sorted(expected):
-                    source = f"{remote_root}/{rel}"
-                    if await sftp.realpath(source) != source:
-                        raise _incomplete(
-                            f"refusing {rel!r} from {remote_dir}: a symlink on the VPS"
-                            " leads elsewhere"
-                        )
-                    with _create_inside(staging, rel) as out:
-                        async with sftp.open(source, "rb") as f:
-                            while chunk := await f.read(_CHUNK):
-                                out.write(_as_bytes(chunk))
-                        done += out.tell()
-                    if progress:
-                        progress(done, done)
-    except MonitordError as e:
-        if e.code == ErrorCode.COPY_INCOMPLETE:  # refused, not cut: leave nothing behind
-            await asyncio.to_thread(shutil.rmtree, staging, True)
-        raise
-    got = {e.path: e.sha256 for e in await asyncio.to_thread(local_manifest, staging)}
-    if got != expected:
-        bad = sorted(set(got) ^ set(expected) | {p for p in got if got[p] != expected.get(p)})
-        raise _incomplete(f"downloaded copy of {remote_dir} differs in {bad[:5]}")
-    await asyncio.to_thread(_promote_local, staging, local_dir)
-    return CopyReport(files=len(got), bytes=done)
+    return _parse_listing(listing.stdout)
+
+
+async def _fetch(
+    sftp: asyncssh.SFTPClient, remote_root: str, rel: str, staging: Path, *, where: str
+) -> tuple[int, str]:
+    """Fetch remote_root/rel into staging/rel (never through a symlink on either side):
+    (bytes written, SHA-256 of them)."""
+    source = f"{remote_root}/{rel}"
+    if await sftp.realpath(source) != source:
+        raise _incomplete(f"refusing {rel!r} from {where}: a symlink on the VPS leads elsewhere")
+    digest = hashlib.sha256()
+    with _create_inside(staging, rel) as out:
+        async with sftp.open(source, "rb") as f:
+            while chunk := await f.read(_CHUNK):
+                data = _as_bytes(chunk)
+                digest.update(data)
+                out.write(data)
+        return out.tell(), digest.hexdigest()
+
+
+def _prune_to(root: Path, keep: set[str]) -> None:
+    """Leave under root only the regular files named in `keep` (what a pre-copy staged and
+    is still current); anything else — changed, gone, half-written, a symlink — goes."""
+    if not root.is_dir():
+        root.mkdir(parents=True)
+        return
+    for dirpath, dirs, names in os.walk(root):
+        for name in [*names, *(d for d in dirs if (Path(dirpath) / d).is_symlink())]:
+            full = Path(dirpath) / name
+            rel = full.relative_to(root).as_posix()
+            if rel not in keep or full.is_symlink():
+                full.unlink()
 
 
 def _as_bytes(chunk: bytes | str) -> bytes:

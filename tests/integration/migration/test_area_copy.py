@@ -175,3 +175,79 @@ class TestAwkwardNames:
                 conn, remote_dir=str(tmp_path / "vps" / "never"), local_dir=back
             )
         assert report.files == 0 and back.is_dir() and not any(back.iterdir())
+
+
+def _change_area(root: Path) -> None:
+    """What a running daemon does between the pre-copy and its stop."""
+    (root / "session.db").write_bytes(b"S" * 70_001)  # rewritten
+    (root / "db" / "new.log").write_bytes(b"appended later")  # created
+    (root / "empty").unlink()  # deleted
+
+
+class TestPreCopy:
+    """A pre-copy while the source runs stages its files; the copy after the stop sends
+    only what changed, removes what is gone and still promotes only a verified whole."""
+
+    async def test_upload_after_a_pre_copy_sends_only_what_changed(
+        self, vps: VpsServer, tmp_path: Path
+    ) -> None:
+        src, remote = tmp_path / "src", tmp_path / "vps" / "data" / "a1"
+        _make_area(src)
+        async with vps.connect() as conn:
+            staged = await area_copy.pre_upload(conn, local_dir=src, remote_dir=str(remote))
+            assert not remote.exists()  # staged, never promoted: nothing can start on it
+            assert set(staged.files) == {"session.db", "db/keys.bin", "empty"}
+            _change_area(src)
+            report = await area_copy.upload(
+                conn, local_dir=src, remote_dir=str(remote), staged=staged
+            )
+        assert _tree(remote) == _tree(src)
+        assert (report.files, report.reused) == (3, 1)  # only db/keys.bin was unchanged
+        assert not Path(str(remote) + area_copy.STAGING_SUFFIX).exists()
+
+    async def test_a_staging_dir_changed_on_the_vps_is_copied_over_whole(
+        self, vps: VpsServer, tmp_path: Path
+    ) -> None:
+        src, remote = tmp_path / "src", tmp_path / "vps" / "data" / "a2"
+        _make_area(src)
+        staging = Path(str(remote) + area_copy.STAGING_SUFFIX)
+        async with vps.connect() as conn:
+            staged = await area_copy.pre_upload(conn, local_dir=src, remote_dir=str(remote))
+            (staging / "db" / "keys.bin").write_bytes(b"tampered")
+            (staging / "planted").write_bytes(b"extra")
+            report = await area_copy.upload(
+                conn, local_dir=src, remote_dir=str(remote), staged=staged
+            )
+        assert _tree(remote) == _tree(src)
+        assert report.reused == 0  # redone whole after the VPS refused the staged set
+
+    async def test_download_after_a_pre_copy_fetches_only_what_changed(
+        self, vps: VpsServer, tmp_path: Path
+    ) -> None:
+        remote, back = tmp_path / "vps" / "data" / "a3", tmp_path / "back"
+        _make_area(remote)
+        staging = back.with_name(back.name + area_copy.STAGING_SUFFIX)
+        async with vps.connect() as conn:
+            staged = await area_copy.pre_download(conn, remote_dir=str(remote), local_dir=back)
+            assert not back.exists()
+            _change_area(remote)
+            (staging / "leftover").write_bytes(b"half-written by a cut pre-copy")
+            report = await area_copy.download(
+                conn, remote_dir=str(remote), local_dir=back, staged=staged
+            )
+        assert _tree(back) == _tree(remote)
+        assert (report.files, report.reused) == (3, 1)
+
+    async def test_a_pre_copy_of_other_dirs_is_ignored(
+        self, vps: VpsServer, tmp_path: Path
+    ) -> None:
+        src, remote = tmp_path / "src", tmp_path / "vps" / "data" / "a4"
+        _make_area(src)
+        async with vps.connect() as conn:
+            staged = await area_copy.pre_upload(
+                conn, local_dir=src, remote_dir=str(tmp_path / "vps" / "elsewhere")
+            )
+            report = await area_copy.upload(
+                conn, local_dir=src, remote_dir=str(remote), staged=staged
+            )
+        assert _tree(remote) == _tree(src) and report.reused == 0

@@ -57,3 +57,23 @@ class TestMigration:
             "migrating": False, "resuming": False, "parked": False,
             "fail_count": 0, "last_error": "",
         }
+
+
+class TestPreCopy:
+    """A move stages each area's data while its source still runs; after the stop only what
+    changed moves, and the destination starts on exactly the source's last data."""
+
+    async def test_a_move_and_back_pre_copies_and_reuses_the_staged_files(
+        self, stack_factory: StackFactory
+    ) -> None:
+        stack = await stack_factory(services={"tg": 2}, data_bytes=256 * 1024)
+        await stack.wait_settled(expect={"tg": "local"})
+        await stack.place("tg", "remote")
+        await stack.wait_settled(expect={"tg": "remote"})
+        await stack.place("tg", "local")
+        await stack.wait_settled(expect={"tg": "local"})
+        pre = stack.events("area_pre_copied")
+        copied = stack.events("area_copied")
+        assert len(pre) == len(copied) == 4, (pre, copied)
+        # the fake daemon's bulk data does not change while it runs: it is staged once
+        assert all(event["reused"] >= 1 for event in copied), copied
