@@ -19,6 +19,12 @@ class BenchmarkUnavailable(Exception):
     """Raised by a run() that cannot measure on this machine; the reason is printed."""
 
 
+# Under `python -m benchmarks` this file runs as `__main__`; without the alias a module's
+# `from benchmarks.__main__ import BenchmarkUnavailable` would load a second copy whose class
+# this file's `except` does not catch (the skip became an error and exit status 1).
+sys.modules.setdefault("benchmarks.__main__", sys.modules[__name__])
+
+
 def _modules(filters: list[str]) -> list[str]:
     names = sorted(p.stem for p in Path(__file__).parent.glob("bench_*.py"))
     return [n for n in names if not filters or any(f in n for f in filters)]

@@ -61,8 +61,6 @@ def _config(root: Path, *, areas: int) -> Path:
             "reconnect_backoff_cap_s": 5.0,
             "reverse_forwards": [{"name": "nats", "listen": f"127.0.0.1:{free_port()}",
                                   "target": f"127.0.0.1:{free_port()}"}],
-            "local_forwards": [{"name": "manager", "listen": f"127.0.0.1:{free_port()}",
-                                "target": "127.0.0.1:8225"}],
         },
         "services.tg": {
             "command": ["/bin/sleep", "3600"],

@@ -14,8 +14,21 @@ measure that loop, not monitord.
 p50/p95/p99 of each, and the ratio of each percentile to the idle one. Every answer must be
 a 200 (the figure counts any other). Run as `python -m benchmarks.bench_status_api --load URL
 CLIENTS REQUESTS` it is that load process: it prints `ready`, waits for a line on stdin, runs
-the load and prints its samples as JSON. Called by `python -m benchmarks`; the unit smoke test
-calls `measure()` with small sizes. Not a test: nothing here is pass/fail.
+the load and prints its samples as JSON.
+
+A second figure, on a second fresh stack, is OPEN-LOOP (`status_api_open_loop_during_migration`):
+requests are sent at a fixed rate (`OPEN_RATE_PER_S`) whatever the answers do — each at its
+scheduled time, on as many connections as are outstanding — and each latency counts from its
+SCHEDULED send time, so a stalled server (or a late load process) shows in the figures instead
+of silently sending fewer requests (no coordinated omission). First `OPEN_IDLE_S` on the idle
+daemon, then from the placement request until every area is committed remote. p50/p99/max and
+the non-200 count of each; the ratios are to the idle p99. `send_late_*` says how late the load
+process itself sent (its own share of the latency). Run as `python -m
+benchmarks.bench_status_api --open URL RATE MAX_S` it is that load process: `ready`, then
+`go` starts the sending and `stop` (or MAX_S) ends it; it prints its samples as JSON.
+
+Called by `python -m benchmarks`; the unit smoke test calls `measure()` with small sizes. Not a
+test: nothing here is pass/fail.
 """
 
 from __future__ import annotations
@@ -23,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -39,6 +53,11 @@ REQUESTS_PER_CLIENT = 50
 SERVICE = "tg"
 POLL_S = 0.02
 MIN_UPTIME_S = 0.5
+OPEN_RATE_PER_S = 200.0
+OPEN_IDLE_S = 5.0
+OPEN_MAX_S = 300.0  # the open-loop load stops by itself after this, whatever happens
+OPEN_REQUEST_TIMEOUT_S = 10.0
+GOAL_P99_MS = 20.0  # the target p99 at OPEN_RATE_PER_S while AREAS migrate (2 cores)
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -73,6 +92,60 @@ async def _load_process(url: str, clients: int, requests: int) -> None:
     print("ready", flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
     samples = await _load(url, clients=clients, requests=requests)
+    print(json.dumps(samples), flush=True)
+
+
+# (scheduled monotonic send time, latency from it, HTTP status, how late it was sent)
+OpenSample = tuple[float, float, int, float]
+
+
+async def _open_loop(url: str, *, rate: float, stop: asyncio.Event, max_s: float
+                     ) -> list[OpenSample]:
+    """Send at `rate` per second until `stop` (or `max_s`), never waiting for answers."""
+    import aiohttp
+
+    samples: list[OpenSample] = []
+    # No pool limit: a slow answer must not hold back the next send (that would be closed-loop).
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=OPEN_REQUEST_TIMEOUT_S)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+
+        async def one(scheduled: float) -> None:
+            late = time.monotonic() - scheduled
+            try:
+                async with session.get(url) as resp:
+                    await resp.read()
+                    status = resp.status
+            except (aiohttp.ClientError, OSError, TimeoutError):
+                status = 0
+            samples.append((scheduled, time.monotonic() - scheduled, status, late))
+
+        in_flight: set[asyncio.Task[None]] = set()
+        start = time.monotonic()
+        sent = 0
+        while not stop.is_set():
+            scheduled = start + sent / rate
+            if scheduled - start > max_s:
+                break
+            delay = scheduled - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)  # the schedule's own clock; late sends go at once
+            task = asyncio.create_task(one(scheduled))
+            in_flight.add(task)
+            task.add_done_callback(in_flight.discard)
+            sent += 1
+        await asyncio.gather(*in_flight)
+    return samples
+
+
+async def _open_load_process(url: str, rate: float, max_s: float) -> None:
+    loop = asyncio.get_running_loop()
+    print("ready", flush=True)
+    await loop.run_in_executor(None, sys.stdin.readline)  # "go"
+    stop = asyncio.Event()
+    stopped = loop.run_in_executor(None, sys.stdin.readline)  # "stop" (or EOF)
+    stopped.add_done_callback(lambda _: loop.call_soon_threadsafe(stop.set))
+    samples = await _open_loop(url, rate=rate, stop=stop, max_s=max_s)
     print(json.dumps(samples), flush=True)
 
 
@@ -115,6 +188,116 @@ class _LoadRun:
                 for start, latency, status in json.loads(out)]
 
 
+class _OpenLoadRun:
+    """A started, ready open-loop load process: `go()`, then `stop()`, then `result()`."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self._proc = proc
+
+    @classmethod
+    async def start(cls, url: str, *, rate: float) -> _OpenLoadRun:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "benchmarks.bench_status_api", "--open", url, str(rate),
+            str(OPEN_MAX_S), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            cwd=str(PROJECT_ROOT),
+        )
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(proc.stdout.readline(), 30)
+        if line.strip() != b"ready":
+            proc.kill()
+            await proc.wait()
+            raise RuntimeError(f"open-loop load process did not get ready: {line!r}")
+        return cls(proc)
+
+    def go(self) -> None:
+        assert self._proc.stdin is not None
+        self._proc.stdin.write(b"go\n")
+
+    def stop(self) -> None:
+        assert self._proc.stdin is not None
+        self._proc.stdin.write(b"stop\n")
+
+    async def result(self, *, timeout_s: float) -> list[OpenSample]:
+        try:
+            out, _ = await asyncio.wait_for(self._proc.communicate(), timeout_s)
+        finally:
+            if self._proc.returncode is None:
+                self._proc.kill()
+                await self._proc.wait()
+        return [(float(a), float(b), int(c), float(d)) for a, b, c, d in json.loads(out)]
+
+
+def _open_summary(samples: list[OpenSample]) -> dict[str, float]:
+    latencies = sorted(s[1] for s in samples)
+    late = sorted(s[3] for s in samples)
+    cuts = statistics.quantiles(latencies, n=100, method="inclusive")
+    late_cuts = statistics.quantiles(late, n=100, method="inclusive")
+    return {"p50": cuts[49], "p99": cuts[98], "max": latencies[-1],
+            "late_p99": late_cuts[98], "late_max": late[-1]}
+
+
+async def measure_open_loop(
+    tmp: Path, *, areas: int = AREAS, rate: float = OPEN_RATE_PER_S,
+    idle_s: float = OPEN_IDLE_S,
+) -> dict[str, Any]:
+    """The open-loop figure on a fresh stack: idle for `idle_s`, then while `areas` migrate."""
+    from monitord.base.config import ServiceSection
+    from monitord.testing.stack import Stack, StackOptions
+
+    parallelism = ServiceSection.model_fields["parallelism"].default
+    options = StackOptions(services={SERVICE: areas}, min_uptime_s=MIN_UPTIME_S,
+                           parallelism=parallelism)
+    async with Stack(tmp / "open", options) as stack:
+        url = f"http://127.0.0.1:{stack.http_port}/v1/status"
+        await stack.wait_settled(expect={SERVICE: "local"}, timeout_s=60 + areas)
+
+        idle_run = await _OpenLoadRun.start(url, rate=rate)
+        idle_run.go()
+        await asyncio.sleep(idle_s)
+        idle_run.stop()
+        idle = await idle_run.result(timeout_s=60)
+
+        busy_run = await _OpenLoadRun.start(url, rate=rate)
+        await stack.place(SERVICE, "remote")
+        busy_run.go()
+        committed_at = await _committed_remote_at(stack, timeout_s=120 + 10 * areas)
+        busy_run.stop()
+        busy = await busy_run.result(timeout_s=60)
+        await stack.wait_settled(expect={SERVICE: "remote"}, timeout_s=120)
+        overlaps = len(stack.detector.overlaps())
+
+    during = [s for s in busy if s[0] < committed_at]
+    if len(during) < 2:
+        raise RuntimeError("the migrations finished before the open-loop load began")
+    reference = _open_summary(idle)
+    loaded = _open_summary(during)
+    idle_p99 = reference["p99"]
+    return {
+        "benchmark": "status_api_open_loop_during_migration",
+        "areas_migrating": areas,
+        "parallelism": parallelism,
+        "rate_per_s": rate,
+        "cpus": os.cpu_count(),
+        "requests": len(busy),
+        "requests_during_migration": len(during),
+        "migration_s": round(max(s[0] for s in during) - min(s[0] for s in during), 2),
+        "non_200": sum(1 for s in during if s[2] != 200),
+        "reference_non_200": sum(1 for s in idle if s[2] != 200),
+        "reference": "idle p99: the same open-loop rate on the idle daemon (all areas settled"
+                     " local), same run",
+        **{f"{name}_ms": round(loaded[name] * 1000, 2) for name in ("p50", "p99", "max")},
+        **{f"reference_{name}_ms": round(reference[name] * 1000, 2)
+           for name in ("p50", "p99", "max")},
+        "ratio_p50_to_idle_p99": round(loaded["p50"] / idle_p99, 2),
+        "ratio_max_to_idle_p99": round(loaded["max"] / idle_p99, 2),
+        "ratio": round(loaded["p99"] / idle_p99, 2),
+        "goal_p99_ms": GOAL_P99_MS,
+        "send_late_p99_ms": round(loaded["late_p99"] * 1000, 2),
+        "send_late_max_ms": round(loaded["late_max"] * 1000, 2),
+        "split_brain_overlaps": overlaps,
+    }
+
+
 def _percentiles(latencies: list[float]) -> dict[str, float]:
     cuts = statistics.quantiles(latencies, n=100, method="inclusive")
     return {"p50": cuts[49], "p95": cuts[94], "p99": cuts[98]}
@@ -140,7 +323,20 @@ async def measure(
     areas: int = AREAS,
     clients: int = CLIENTS,
     requests_per_client: int = REQUESTS_PER_CLIENT,
+    open_rate: float = OPEN_RATE_PER_S,
+    open_idle_s: float = OPEN_IDLE_S,
 ) -> list[dict[str, Any]]:
+    """The closed-loop figure, then the open-loop one on a second fresh stack (directory names
+    kept short: the VPS side's Unix socket path must fit 107 bytes)."""
+    closed = await _measure_closed_loop(tmp, areas=areas, clients=clients,
+                                        requests_per_client=requests_per_client)
+    opened = await measure_open_loop(tmp, areas=areas, rate=open_rate, idle_s=open_idle_s)
+    return [closed, opened]
+
+
+async def _measure_closed_loop(
+    tmp: Path, *, areas: int, clients: int, requests_per_client: int
+) -> dict[str, Any]:
     from monitord.base.config import ServiceSection
     from monitord.testing.stack import Stack, StackOptions
 
@@ -186,7 +382,7 @@ async def measure(
         figure[f"reference_{name}_ms"] = round(reference[name] * 1000, 2)
         figure[f"ratio_{name}"] = round(loaded[name] / reference[name], 2)
     figure["ratio"] = figure["ratio_p95"]
-    return [figure]
+    return figure
 
 
 def run() -> list[dict[str, Any]]:
@@ -195,6 +391,18 @@ def run() -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] != ["--load"] or len(sys.argv) != 5:
-        sys.exit("usage: python -m benchmarks.bench_status_api --load URL CLIENTS REQUESTS")
-    asyncio.run(_load_process(sys.argv[2], int(sys.argv[3]), int(sys.argv[4])))
+    if sys.argv[1:2] == ["--open"] and len(sys.argv) == 5:
+        asyncio.run(_open_load_process(sys.argv[2], float(sys.argv[3]), float(sys.argv[4])))
+    elif sys.argv[1:2] == ["--load"] and len(sys.argv) == 5:
+        asyncio.run(_load_process(sys.argv[2], int(sys.argv[3]), int(sys.argv[4])))
+    elif len(sys.argv) == 1:
+        import logging
+
+        from monitord.base import logs
+
+        logs.configure("json", level=logging.WARNING)  # stdout is figures only
+        for figure in run():
+            print(json.dumps(figure, sort_keys=True), flush=True)
+    else:
+        sys.exit("usage: python -m benchmarks.bench_status_api [--load URL CLIENTS REQUESTS"
+                 " | --open URL RATE MAX_S]")

@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from monitord.remote import artifact
+
 RUNS = 5
 STALE_RUNS = 3
 KEEPALIVE_S = 0.5
@@ -89,7 +91,8 @@ async def _measure(tmp: Path) -> list[dict[str, Any]]:
             "host": "127.0.0.1", "port": proxy.port, "user": "root",
             "key_file": sshd.client_key.private_path, "known_hosts": known_hosts,
             "remote_bin_dir": str(remote_dir),
-            "remote_monitord": (sys.executable, "-m", "monitord"),
+            # the tunnel-lease helper as a VPS runs it: the pyz, system python3, -I
+            "remote_monitord": vps_pyz_command(remote_dir),
             "keepalive_interval_s": KEEPALIVE_S, "keepalive_count_max": KEEPALIVE_COUNT,
             "reconnect_backoff_base_s": 0.05, "reconnect_backoff_cap_s": 0.5,
             "reconnect_max_per_minute": 60, "tunnel_lease_ttl_s": 5.0,
@@ -146,6 +149,14 @@ async def _echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
         pass
     writer.close()
 
+
+
+def vps_pyz_command(remote_dir: Path) -> tuple[str, ...]:
+    """The VPS verbs as a VPS runs them: this checkout's monitord.pyz under the system
+    python3 in isolated mode (the interpreter of this process when there is none)."""
+    pyz = artifact.build(Path(remote_dir).parent / "artifact").path
+    python = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
+    return (python, "-I", str(pyz))
 
 def run() -> list[dict[str, Any]]:
     from benchmarks.__main__ import BenchmarkUnavailable

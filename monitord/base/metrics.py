@@ -2,17 +2,31 @@
 
 One `Metrics` object per daemon, with its own registry so that tests and several daemons in
 one process never share counters. Components receive it and update it; nothing reads it back.
+Besides monitord's own families the registry carries `monitord_build_info{version, python} 1`
+and the standard process metrics (`process_cpu_seconds_total`, `process_resident_memory_bytes`,
+`process_open_fds`, `process_start_time_seconds`, ...), which prometheus_client's
+`ProcessCollector` reads from /proc at scrape time.
 """
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
+
+from monitord import __version__
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -40,6 +54,12 @@ class Metrics:
         r = self.registry
         where = work_dir
         r.register(_RefusedStarts(lambda: singleton.refused_starts(where) if where else 0))
+        ProcessCollector(registry=r)
+        self.build_info = Gauge(
+            "monitord_build_info", "Always 1; the labels say what runs",
+            ["version", "python"], registry=r,
+        )
+        self.build_info.labels(version=__version__, python=platform.python_version()).set(1)
         self.tunnel_lease_conflicts = Counter(
             "monitord_tunnel_lease_conflicts", "Tunnel lease held by another owner", registry=r
         )
@@ -65,6 +85,14 @@ class Metrics:
         )
         self.drift = Gauge("monitord_drift", "Differences found by the last reconcile", registry=r)
         self.areas = Gauge("monitord_areas", "Areas by committed side", ["side"], registry=r)
+        # Source stopped -> destination healthy (or the source again, after a rollback).
+        self.area_downtime = Histogram(
+            "monitord_area_downtime_seconds",
+            "Per-area downtime of a move: from the source's stop to the first healthy moment",
+            ["service", "direction"],
+            buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
+            registry=r,
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

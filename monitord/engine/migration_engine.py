@@ -19,16 +19,23 @@ observed outcome back, persisting each new record BEFORE the next step starts (d
 - `park_after_failures` consecutive failures park the service until `retry()`.
 - `stop()` lets each runner finish its current step (bounded), then cancels; every record
   on disk is a valid point to resume from.
+- Every transaction's area downtime is recorded (`DowntimeLog`, table `area_downtime`): from
+  the moment its source lost the permission to run (the SUPPRESS_SOURCE record stored) to the
+  destination's health check passing, or, after a rollback, to the source's first healthy
+  moment (watched by a task the engine owns). docs/design.md, "Observability".
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import statistics
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from monitord.base import logs
@@ -58,6 +65,221 @@ UNREACHABLE_CODES = frozenset(
 )
 # Phases whose own failure sends the record back to itself (retry after a pause).
 SELF_LOOPING = frozenset({Phase.ROLLBACK})
+# After a rollback restarted its source: how long to wait for its first healthy moment (the
+# end of the area's downtime), and the pause between two health checks that did not pass.
+SOURCE_WATCH_S = 600.0
+SOURCE_WATCH_PAUSE_S = 1.0
+OUTCOMES = ("done", "rolled_back", "parked")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AreaDowntime:
+    """One transaction's downtime record (`state.db` table `area_downtime`).
+
+    `stopped_at` (wall) is when the source lost the permission to run; `healthy_at` and
+    `healthy_side` when, and on which side, the area was first healthy again (the destination's
+    health check, or the source's after a rollback); `downtime_s` the time between, on the
+    monotonic clock when both ends happened in this process. `move_id` groups the transactions
+    opened together for one service (one placement request or one tick)."""
+
+    transaction_id: str
+    service: str
+    area: str
+    direction: str
+    move_id: str
+    stopped_at: float | None = None
+    healthy_at: float | None = None
+    healthy_side: str | None = None
+    downtime_s: float | None = None
+    outcome: str | None = None  # done, rolled_back or parked, once the transaction ended
+    finished_at: float | None = None
+
+    @classmethod
+    def first(cls, txn: Transaction, *, move_id: str) -> AreaDowntime:
+        return cls(transaction_id=txn.transaction_id, service=txn.service, area=txn.area,
+                   direction=txn.direction.value, move_id=move_id)
+
+    @classmethod
+    def from_storage(cls, row: Mapping[str, Any]) -> AreaDowntime:
+        fields: dict[str, Any] = {f.name: row.get(f.name) for f in dataclasses.fields(cls)}
+        return cls(**fields)
+
+    def to_storage(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class DowntimeLog:
+    """Per-area downtime of every transaction: written to `state.db` at each mark, observed
+    once in `monitord_area_downtime_seconds` when final, logged as `area_downtime`; and, for
+    the status, the ended records of each service's last move.
+
+    Called by the engine only: `opened` (transaction stored), `source_stopped` (SUPPRESS_SOURCE
+    stored), `healthy` (a health check passed), `rollback_started`, `resumed`, `ended`."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        metrics: Metrics,
+        on_change: Callable[[], None],
+        wall: Callable[[], float],
+        clock: Callable[[], float],
+    ) -> None:
+        self.store = store
+        self.metrics = metrics
+        self._on_change = on_change
+        self._wall = wall
+        self._clock = clock
+        self._records: dict[str, AreaDowntime] = {}  # transactions still in PlacementState
+        self._stopped: dict[str, float] = {}  # transaction_id -> monotonic stop (this process)
+        self._moves: dict[str, tuple[str, dict[str, AreaDowntime]]] = {}  # service -> last move
+
+    async def load(self, active: list[Transaction]) -> None:
+        """The records of the active transactions and each service's last move (start-up)."""
+        for row in await self.store.downtimes([t.transaction_id for t in active]):
+            record = AreaDowntime.from_storage(row)
+            self._records[record.transaction_id] = record
+        for service, rows in (await self.store.last_moves()).items():
+            records = [AreaDowntime.from_storage(r) for r in rows]
+            self._moves[service] = (records[-1].move_id,
+                                    {r.transaction_id: r for r in records})
+        self._on_change()
+
+    def _get(self, txn: Transaction) -> AreaDowntime:
+        found = self._records.get(txn.transaction_id)
+        if found is None:  # a transaction from before downtime records: a move of its own
+            found = AreaDowntime.first(txn, move_id=txn.transaction_id)
+        return found
+
+    async def _put(self, record: AreaDowntime, *, active: bool = True) -> None:
+        await self.store.put_downtime(record.to_storage())
+        if active:
+            self._records[record.transaction_id] = record
+        move = self._moves.get(record.service)
+        if move is not None and record.transaction_id in move[1]:
+            move[1][record.transaction_id] = record
+        self._on_change()
+
+    async def opened(self, txn: Transaction, *, move_id: str) -> None:
+        await self._put(AreaDowntime.first(txn, move_id=move_id))
+
+    async def source_stopped(self, txn: Transaction) -> None:
+        """The source may no longer run: its supervisor or agent stops it from now on."""
+        self._stopped[txn.transaction_id] = self._clock()
+        await self._put(dataclasses.replace(
+            self._get(txn), stopped_at=self._wall(), healthy_at=None, healthy_side=None,
+            downtime_s=None,
+        ))
+
+    async def _ended_record(self, txn: Transaction) -> AreaDowntime:
+        """The record of a transaction that may have ended already (a watched rollback)."""
+        if txn.transaction_id in self._records:
+            return self._records[txn.transaction_id]
+        move = self._moves.get(txn.service)
+        if move is not None and txn.transaction_id in move[1]:
+            return move[1][txn.transaction_id]
+        rows = await self.store.downtimes([txn.transaction_id])
+        return AreaDowntime.from_storage(rows[0]) if rows else self._get(txn)
+
+    async def healthy(self, txn: Transaction, *, side: Side, at: float, now: float) -> None:
+        """`side` passed its health check at wall `at` (monotonic `now`)."""
+        record = await self._ended_record(txn)
+        if record.stopped_at is None:
+            return  # nothing was stopped by this transaction (or not recorded): no downtime
+        stopped = self._stopped.get(txn.transaction_id)
+        downtime = now - stopped if stopped is not None else at - record.stopped_at
+        record = dataclasses.replace(record, healthy_at=at, healthy_side=side.value,
+                                     downtime_s=max(0.0, downtime))
+        ended = record.outcome in ("rolled_back", "parked")  # a rollback's source, watched
+        await self._put(record, active=txn.transaction_id in self._records)
+        if ended:
+            await self._final(record)
+
+    async def rollback_started(self, txn: Transaction) -> None:
+        """A destination that passed its health check is no end of the downtime any more:
+        it now runs until the source is healthy again."""
+        record = self._get(txn)
+        if record.healthy_at is not None:
+            await self._put(dataclasses.replace(record, healthy_at=None, healthy_side=None,
+                                                downtime_s=None))
+
+    async def resumed(self, txn: Transaction, *, fresh: bool) -> None:
+        """A PARKED transaction goes on: a retry from PREFLIGHT (`fresh`: a new attempt with
+        its own downtime) or a rollback resumed (its downtime goes on)."""
+        record = dataclasses.replace(self._get(txn), outcome=None, finished_at=None)
+        if fresh:
+            self._stopped.pop(txn.transaction_id, None)
+            record = dataclasses.replace(record, stopped_at=None, healthy_at=None,
+                                         healthy_side=None, downtime_s=None)
+        await self._put(record)
+
+    async def ended(self, txn: Transaction) -> None:
+        """DONE, ROLLED_BACK or PARKED: the record joins its service's last move."""
+        record = dataclasses.replace(self._get(txn), outcome=txn.phase.value.lower(),
+                                     finished_at=txn.updated_at)
+        await self._put(record, active=txn.is_active)
+        if not txn.is_active:
+            self._records.pop(txn.transaction_id, None)
+            if txn.phase is Phase.DONE:
+                self._stopped.pop(txn.transaction_id, None)
+        move = self._moves.get(record.service)
+        if move is None or (move[0] != record.move_id):
+            rows = await self.store.move_downtimes(record.move_id)
+            move = (record.move_id,
+                    {r.transaction_id: r for r in map(AreaDowntime.from_storage, rows)})
+            self._moves[record.service] = move
+        move[1][record.transaction_id] = record
+        self._on_change()
+        if txn.phase is Phase.DONE and record.downtime_s is not None:
+            await self._final(record)
+
+    def unmeasured(self, txn: Transaction) -> None:
+        """A watched source was not seen healthy: its downtime stays open in its record."""
+        self._stopped.pop(txn.transaction_id, None)
+
+    async def _final(self, record: AreaDowntime) -> None:
+        assert record.downtime_s is not None
+        self._stopped.pop(record.transaction_id, None)
+        self.metrics.area_downtime.labels(
+            service=record.service, direction=record.direction
+        ).observe(record.downtime_s)
+        fields = {"transaction_id": record.transaction_id, "service": record.service,
+                  "area": record.area, "direction": record.direction,
+                  "outcome": record.outcome, "healthy_side": record.healthy_side,
+                  "downtime_s": round(record.downtime_s, 4)}
+        log.info("area_downtime", **fields)
+        await self.store.record_event("area_downtime", fields)
+
+    def last_move(self, service: str) -> dict[str, Any] | None:
+        """The status's `last_move` of a service, or None before its first ended transaction."""
+        move = self._moves.get(service)
+        if move is None:
+            return None
+        move_id, records = move
+        ended = sorted((r for r in records.values() if r.outcome is not None),
+                       key=lambda r: r.finished_at or 0.0)
+        if not ended:
+            return None
+        latest = ended[-1]
+        downtimes = sorted(r.downtime_s for r in ended if r.downtime_s is not None)
+        outcomes = dict.fromkeys(OUTCOMES, 0)
+        for r in ended:
+            outcomes[str(r.outcome)] = outcomes.get(str(r.outcome), 0) + 1
+        return {
+            "move_id": move_id,
+            "transaction_id": latest.transaction_id,
+            "direction": latest.direction,
+            "finished_at": latest.finished_at,
+            "areas": len(ended),
+            "in_flight": sum(1 for r in self._records.values()
+                             if r.move_id == move_id and r.outcome is None),
+            "outcomes": outcomes,
+            "downtime_s": {
+                "max": round(downtimes[-1], 3),
+                "p50": round(statistics.median(downtimes), 3),
+                "measured": len(downtimes),
+            } if downtimes else None,
+        }
 
 
 class MigrationEngine:
@@ -102,6 +324,13 @@ class MigrationEngine:
         self._recovered = False
         self._internal_seen: set[tuple[str, str]] = set()  # logged with a traceback once
         self.last_errors: dict[str, dict[str, Any]] = {}  # service -> last error shown
+        # Grows whenever something the status document shows from the engine (or its
+        # placement state) changed: the status API rebuilds its document only then.
+        self.status_version = 0
+        state.add_listener(self._status_changed)
+        self.downtime = DowntimeLog(store=store, metrics=metrics, on_change=self._status_changed,
+                                    wall=wall, clock=clock)
+        self._watchers: set[asyncio.Task[None]] = set()  # rolled-back sources, until healthy
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -113,6 +342,7 @@ class MigrationEngine:
         if self._recovered:
             return
         self._recovered = True
+        await self.downtime.load(list(self.state.transactions.values()))
         history = await self.store.list_transactions(limit=5000)
         self._count_failures(history)
         for record in history:
@@ -160,6 +390,13 @@ class MigrationEngine:
     def wake(self) -> None:
         self._wake.set()
 
+    def _status_changed(self) -> None:
+        self.status_version += 1
+
+    def last_move(self, service: str) -> dict[str, Any] | None:
+        """The last move of `service` for the status: docs/operator.md, "The status document"."""
+        return self.downtime.last_move(service)
+
     def failures(self, service: str) -> int:
         """Consecutive failed migrations of a service (the remote_state fail_count)."""
         return self._failures.get(service, 0)
@@ -174,6 +411,10 @@ class MigrationEngine:
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
+        watchers = list(self._watchers)
+        for task in watchers:
+            task.cancel()  # a downtime not measured yet stays open in its record
+        await asyncio.gather(*watchers, return_exceptions=True)
 
     # -- intake (HTTP) -------------------------------------------------------------------
 
@@ -234,6 +475,7 @@ class MigrationEngine:
                 await self._advance(txn, Outcome.RETRY_REQUESTED, new_generation=generation)
                 resumed.append(txn.transaction_id)
             self.last_errors.pop(service, None)
+            self._status_changed()
         self._wake.set()
         return resumed
 
@@ -277,6 +519,7 @@ class MigrationEngine:
         parked = self.state.parked_services()
         now = self._clock()
         opened = []
+        moves: dict[str, str] = {}  # service -> the move these transactions make together
         for area in areas:
             if area.service in parked or area.service not in self._slots:
                 continue
@@ -285,10 +528,11 @@ class MigrationEngine:
             wanted = self.state.desired_location(area)
             if wanted is area.location or self._not_before.get(area.uuid, 0.0) > now:
                 continue
-            opened.append(await self._open(area, destination=wanted))
+            move_id = moves.setdefault(area.service, uuid.uuid4().hex)
+            opened.append(await self._open(area, destination=wanted, move_id=move_id))
         return opened
 
-    async def _open(self, area: Area, *, destination: Side) -> str:
+    async def _open(self, area: Area, *, destination: Side, move_id: str) -> str:
         generation = await self.store.issue_generation(area.uuid, floor=area.generation)
         at = self._wall()
         txn = Transaction(
@@ -303,6 +547,7 @@ class MigrationEngine:
             updated_at=at,
         )
         await self.state.save(txn)
+        await self.downtime.opened(txn, move_id=move_id)
         await self._event("transaction_started", txn)
         await crash_points.reached(txn.phase.value, direction=txn.direction.value,
                                    area=txn.area)
@@ -368,6 +613,10 @@ class MigrationEngine:
         outcome, error = await self._perform(txn, actions)
         if outcome is None:
             return False, False
+        if error is None and any(isinstance(a, phases.CheckHealth) for a in actions):
+            # The destination's first healthy moment: the end of the area's downtime.
+            await self.downtime.healthy(txn, side=txn.destination, at=self._wall(),
+                                        now=self._clock())
         lease = None
         if outcome is Outcome.LEASE_EXPIRED:
             # Judge the deadline by the grant waited out, or a later one learnt meanwhile.
@@ -376,7 +625,45 @@ class MigrationEngine:
             later = known is not None and known.acknowledged_at > waited.acknowledged_at
             lease = known if later else waited
         new = await self._advance(txn, outcome, error=error, lease=lease)
+        if error is None and any(isinstance(a, phases.RestartSource) for a in actions):
+            self._watch_source(new)
         return True, error is not None and new.phase is txn.phase and txn.phase in SELF_LOOPING
+
+    # -- downtime after a rollback ----------------------------------------------------------
+
+    def _watch_source(self, txn: Transaction) -> None:
+        """The rollback let its source run again; its downtime ends when the source is first
+        healthy (the same check as HEALTHCHECK_DESTINATION), watched off the runner's path."""
+        task = asyncio.create_task(self._source_healthy(txn),
+                                   name=f"downtime:{txn.service}:{txn.area[:8]}")
+        self._watchers.add(task)
+        task.add_done_callback(self._watcher_done)
+
+    def _watcher_done(self, task: asyncio.Task[None]) -> None:
+        self._watchers.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("downtime_watch_crashed", task=task.get_name(),
+                      exc_info=task.exception())
+
+    async def _source_healthy(self, txn: Transaction) -> None:
+        deadline = self._clock() + SOURCE_WATCH_S
+        while self._clock() < deadline and not self._stopping:
+            current = self.state.transactions.get(txn.area)
+            if current is not None and current.transaction_id != txn.transaction_id \
+                    and current.phase is not Phase.PREFLIGHT:
+                break  # a newer transaction stopped the source again before it was healthy
+            try:
+                await self.actions.check_health(txn, side=txn.source,
+                                                generation=txn.source_generation)
+            except MonitordError:
+                await asyncio.sleep(SOURCE_WATCH_PAUSE_S)  # not healthy (yet): look again
+                continue
+            await self.downtime.healthy(txn, side=txn.source, at=self._wall(),
+                                        now=self._clock())
+            return
+        self.downtime.unmeasured(txn)
+        txn_log.bound(txn).warning("area_downtime_unmeasured",
+                                   reason="the source was not seen healthy after the rollback")
 
     async def _pause(self, seconds: float) -> None:
         # Bounded; stop() cancels a runner that is still pausing after its grace period.
@@ -481,6 +768,7 @@ class MigrationEngine:
         if ended:
             self._count_end(new)  # before saving: the projection written on save shows it
         await self.state.save(new)
+        await self._note_downtime(txn, new, ended=ended)
         await self._event("transaction_phase", new, outcome=outcome.value,
                           previous=txn.phase.value)
         if new.phase is not txn.phase:
@@ -490,11 +778,27 @@ class MigrationEngine:
             self._finished(new)
         return new
 
+    async def _note_downtime(self, old: Transaction, new: Transaction, *, ended: bool) -> None:
+        if new.phase is Phase.SUPPRESS_SOURCE and old.phase is not Phase.SUPPRESS_SOURCE:
+            # Just stored: from now on the source may not run (the supervisor stops a local
+            # one at once, SuppressSource stops a remote one). The downtime starts here.
+            await self.downtime.source_stopped(new)
+        elif new.phase is Phase.ROLLBACK and old.phase is not Phase.ROLLBACK:
+            if old.phase is Phase.PARKED:
+                await self.downtime.resumed(new, fresh=False)
+            else:
+                await self.downtime.rollback_started(new)
+        elif old.phase is Phase.PARKED and new.phase is not Phase.PARKED:
+            await self.downtime.resumed(new, fresh=True)
+        if ended:
+            await self.downtime.ended(new)
+
     def _count_end(self, txn: Transaction) -> None:
         """Consecutive failures per service, and the back-off before this area tries again."""
         if txn.phase is Phase.DONE:
             self._failures[txn.service] = 0
             self.last_errors.pop(txn.service, None)
+            self._status_changed()
         elif txn.last_error_code is not None:
             self._failures[txn.service] += 1
             count = self._failures[txn.service]
@@ -536,6 +840,7 @@ class MigrationEngine:
             "at": self._wall(),
             "action": action,
         }
+        self._status_changed()
         txn_log.bound(txn).warning(
             "phase_failed", phase=txn.phase.value, error_code=str(error.code), detail=error.detail
         )

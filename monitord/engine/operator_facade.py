@@ -8,6 +8,7 @@ tunnel directly; it calls these methods:
     retry(service)                              leave PARKED with fresh generations
     discard_remote_data(service, area)          a waiting rollback gives the newer data up
     snapshot()                                  the status document (GET /v1/status)
+    status_key()                                what the status document is built from
     transactions(limit) / cleanup(limit)        history and the cleanup queue
     metrics_text()                              the Prometheus exposition
     bundle_sections()                           what a diagnostic bundle holds
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from monitord import __version__
 from monitord.base.config import Config
 from monitord.base.metrics import Metrics
 from monitord.engine.cleanup_worker import CleanupWorker
@@ -95,6 +97,7 @@ class OperatorFacade:
         return {
             "owner_id": self.owner_id,
             "owner_label": self.config.monitord.owner_label,
+            "version": __version__,
             "at": time.time(),
             "accepting": self.accepting(),
             "config_error": {"code": str(corrupt.code), "detail": corrupt.detail}
@@ -110,6 +113,24 @@ class OperatorFacade:
             "cleanup": {"backlog": self.cleanup_worker.backlog, "stuck": self.cleanup_worker.stuck},
             "drift": last.to_dict() if last else {"before": 0, "after": 0},
         }
+
+    def status_key(self) -> tuple[Any, ...]:
+        """Everything `snapshot()` reads that can change, as one comparable value: while it
+        stays equal, the document is the same but for `at` (the status API serves the one it
+        built). A new field of the snapshot that reads anything else must add it here."""
+        tunnel = self.link.keeper.status() if self.link else None
+        return (
+            self.engine.status_version,  # every placement change, the engine's errors, moves
+            self.accepting(),
+            self.state.corrupt,  # these two change without a placement notification
+            self.state.quarantined,
+            tunnel,
+            self.reconciler.last,
+            tuple(sorted(self.reconciler.orphans_by_service.items())),
+            self.cleanup_worker.backlog,
+            self.cleanup_worker.stuck,
+            tuple(sorted(self.cleanup_worker.backlog_by_service.items())),
+        )
 
     async def transactions(self, *, limit: int) -> list[dict[str, Any]]:
         return await self.store.list_transactions(limit=limit)
@@ -207,4 +228,5 @@ class OperatorFacade:
                 for a in areas
             ],
             "last_error": self.engine.last_errors.get(service) or view.last_error,
+            "last_move": self.engine.last_move(service),
         }

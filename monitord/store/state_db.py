@@ -1,7 +1,8 @@
 """monitord's own durable state: one SQLite database `state.db` in work_dir.
 
 Holds migration transactions, the highest generation issued per area (never reused), the
-cleanup queue, a capped ring of recent events and the operator's desired placement.
+cleanup queue, a capped ring of recent events, the operator's desired placement, the data
+lineage per area and the downtime of each transaction's area.
 
 Durability: WAL journal with `synchronous=FULL`, so a write whose coroutine has returned is on
 disk and survives `kill -9` or power loss. Every statement runs on ONE dedicated thread that
@@ -70,6 +71,20 @@ CLEANUP_COLUMNS = (
     "next_attempt_at",
     "last_error",
     "created_at",
+)
+
+DOWNTIME_COLUMNS = (
+    "transaction_id",
+    "service",
+    "area",
+    "direction",
+    "move_id",
+    "stopped_at",
+    "healthy_at",
+    "healthy_side",
+    "downtime_s",
+    "outcome",
+    "finished_at",
 )
 
 # Forward-only schema migrations: entry i (a tuple of statements, applied in one transaction)
@@ -162,6 +177,28 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             updated_at REAL NOT NULL
         )
         """,
+    ),
+    # v4: per-area downtime of every transaction (source stopped -> a side healthy again),
+    # in a table of its own: the transaction rows and what older versions read stay as they
+    # were. `move_id` groups the transactions one placement request (or tick) opened.
+    (
+        """
+        CREATE TABLE area_downtime (
+            transaction_id TEXT PRIMARY KEY,
+            service TEXT NOT NULL,
+            area TEXT NOT NULL,
+            direction TEXT NOT NULL,
+            move_id TEXT NOT NULL,
+            stopped_at REAL,
+            healthy_at REAL,
+            healthy_side TEXT,
+            downtime_s REAL,
+            outcome TEXT,
+            finished_at REAL
+        )
+        """,
+        "CREATE INDEX area_downtime_by_move ON area_downtime (move_id)",
+        "CREATE INDEX area_downtime_by_end ON area_downtime (service, finished_at)",
     ),
 )
 
@@ -586,6 +623,77 @@ class Store:
                 {"area": r["area"], "holders": json.loads(r["holders"]), "epoch": r["epoch"]}
                 for r in rows
             ]
+
+        return await self._run(read)
+
+    # --- per-area downtime ----------------------------------------------------------------
+
+    async def put_downtime(self, record: Mapping[str, Any]) -> None:
+        """Insert or replace one transaction's downtime record (keyed by transaction_id)."""
+        row = {c: record.get(c) for c in DOWNTIME_COLUMNS}
+
+        def write() -> None:
+            columns = ", ".join(row)
+            marks = ", ".join(f":{c}" for c in row)
+            with _Tx(self._db()) as db:
+                db.execute(
+                    f"INSERT OR REPLACE INTO area_downtime ({columns}) VALUES ({marks})", row
+                )
+
+        await self._run(write)
+
+    async def downtimes(self, transaction_ids: list[str]) -> list[dict[str, Any]]:
+        """The downtime records of these transactions (those that have one)."""
+
+        def read() -> list[dict[str, Any]]:
+            found: list[dict[str, Any]] = []
+            for start in range(0, len(transaction_ids), 500):  # SQLite's parameter limit
+                chunk = transaction_ids[start:start + 500]
+                rows = self._db().execute(
+                    "SELECT * FROM area_downtime WHERE transaction_id IN"
+                    f" ({', '.join('?' * len(chunk))})",
+                    chunk,
+                )
+                found.extend(dict(r) for r in rows)
+            return found
+
+        return await self._run(read)
+
+    async def move_downtimes(self, move_id: str) -> list[dict[str, Any]]:
+        """The records of one move's transactions that have ended (an index look-up)."""
+
+        def read() -> list[dict[str, Any]]:
+            rows = self._db().execute(
+                "SELECT * FROM area_downtime WHERE move_id = ? AND finished_at IS NOT NULL"
+                " ORDER BY finished_at",
+                (move_id,),
+            )
+            return [dict(r) for r in rows]
+
+        return await self._run(read)
+
+    async def last_moves(self) -> dict[str, list[dict[str, Any]]]:
+        """Per service, the ended records of the move whose transaction ended last."""
+
+        def read() -> dict[str, list[dict[str, Any]]]:
+            db = self._db()
+            services = [r[0] for r in db.execute("SELECT DISTINCT service FROM area_downtime")]
+            moves: dict[str, list[dict[str, Any]]] = {}
+            for service in services:
+                latest = db.execute(
+                    "SELECT move_id FROM area_downtime WHERE service = ?"
+                    " AND finished_at IS NOT NULL ORDER BY finished_at DESC LIMIT 1",
+                    (service,),
+                ).fetchone()
+                if latest is None:
+                    continue
+                rows = db.execute(
+                    "SELECT * FROM area_downtime WHERE move_id = ? AND finished_at IS NOT NULL"
+                    " ORDER BY finished_at",
+                    (latest[0],),
+                )
+                moves[service] = [dict(r) for r in rows]
+            return moves
 
         return await self._run(read)
 

@@ -2,7 +2,13 @@
 
 Called by `monitord.surface.cli`. They are plain synchronous HTTP clients (stdlib urllib, short
 timeouts) so that they work the same from a shell, a PHP `exec()` or a support script.
-Exit codes: 0 ok, 1 the operation failed or the daemon is unreachable, 2 bad usage/config.
+Exit codes: 0 ok, 1 the operation failed or the daemon is unreachable (one line on stderr:
+`monitord: DAEMON_UNREACHABLE: ...`), 2 bad usage/config.
+
+`status --check` is a monitoring plugin instead (Nagios/Icinga convention): one line on stdout
+and 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN (daemon unreachable, bad config, unusable answer);
+the classification is `orchestrator.health_check`. `place` and `retry` print one human line,
+or the API's JSON document with `--json`.
 """
 
 from __future__ import annotations
@@ -67,7 +73,12 @@ def _add_config(parser: argparse.ArgumentParser) -> None:
 
 def add_status_arguments(parser: argparse.ArgumentParser) -> None:
     _add_config(parser)
-    parser.add_argument("--json", action="store_true", help="print the raw status document")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--json", action="store_true", help="print the raw status document")
+    mode.add_argument(
+        "--check", action="store_true",
+        help="monitoring check: one line, exit 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN",
+    )
 
 
 def add_place_arguments(parser: argparse.ArgumentParser) -> None:
@@ -75,13 +86,18 @@ def add_place_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("service", help="service name, e.g. tg")
     parser.add_argument("location", choices=("local", "remote"))
     parser.add_argument("--area", help="move only this area (UUID) instead of the whole service")
-    parser.add_argument("--wait", action="store_true", help="show progress until it converges")
+    parser.add_argument(
+        "--wait", action="store_true",
+        help="show progress until it converges (with --area: until that area has)",
+    )
     parser.add_argument("--timeout", type=float, default=600.0, help="--wait limit in seconds")
+    parser.add_argument("--json", action="store_true", help="print the API's answer as JSON")
 
 
 def add_retry_arguments(parser: argparse.ArgumentParser) -> None:
     _add_config(parser)
     parser.add_argument("service")
+    parser.add_argument("--json", action="store_true", help="print the API's answer as JSON")
 
 
 def add_rollback_arguments(parser: argparse.ArgumentParser) -> None:
@@ -137,7 +153,12 @@ class Client:
 
     def json(self, method: str, path: str, body: Any = None) -> Any:
         _, payload = self.request(method, path, body)
-        return json.loads(payload) if payload else None
+        try:
+            return json.loads(payload) if payload else None
+        except ValueError as e:  # something else answers on that port
+            raise DaemonUnreachable(
+                f"{self.base_url}{path} does not answer like monitord (not JSON: {e})"
+            ) from e
 
 
 def _load(args: argparse.Namespace) -> config_mod.Config:
@@ -155,7 +176,7 @@ def _guarded(func: Any) -> Any:
             print(f"monitord: {e}", file=sys.stderr)
             return EXIT_USAGE
         except DaemonUnreachable as e:
-            print(f"monitord: {e}", file=sys.stderr)
+            print(f"monitord: {e.code}: {e}", file=sys.stderr)
             return EXIT_FAILED
         except ApiError as e:
             print(f"monitord: {e.code}: {e.detail}", file=sys.stderr)
@@ -164,8 +185,31 @@ def _guarded(func: Any) -> Any:
     return wrapper
 
 
-@_guarded
 def main_status(args: argparse.Namespace) -> int:
+    if args.check:
+        return _check(args)
+    shown: int = _show_status(args)
+    return shown
+
+
+def _check(args: argparse.Namespace) -> int:
+    """`status --check`: every outcome, failures included, is one line and a plugin code."""
+    from orchestrator import health_check
+
+    try:
+        verdict = health_check.classify(Client.from_config(_load(args)).json("GET", "/v1/status"))
+    except DaemonUnreachable as e:
+        verdict = health_check.unreachable(str(e))
+    except config_mod.ConfigError as e:
+        verdict = health_check.unusable(f"{ErrorCode.CONFIG_INVALID}: {e}")
+    except ApiError as e:
+        verdict = health_check.unusable(f"{e.code}: {e.detail}")
+    print(verdict.line())
+    return verdict.exit_code
+
+
+@_guarded
+def _show_status(args: argparse.Namespace) -> int:
     status = Client.from_config(_load(args)).json("GET", "/v1/status")
     if args.json:
         print(json.dumps(status, indent=2, sort_keys=True))
@@ -179,8 +223,32 @@ def main_status(args: argparse.Namespace) -> int:
 @_guarded
 def main_retry(args: argparse.Namespace) -> int:
     result = Client.from_config(_load(args)).json("POST", f"/v1/services/{args.service}/retry")
-    print(json.dumps(result))
+    print(json.dumps(result) if args.json else retry_line(result))
     return EXIT_OK
+
+
+def _transactions(ids: list[str]) -> str:
+    return f"{len(ids)} transaction{'s' if len(ids) != 1 else ''}"
+
+
+def retry_line(result: dict[str, Any]) -> str:
+    """`tg: 2 transactions resumed: ID, ID` (or that nothing was parked)."""
+    ids = list(result.get("transaction_ids") or [])
+    if not ids:
+        return f"{result.get('service')}: nothing was parked, nothing to retry"
+    return f"{result.get('service')}: {_transactions(ids)} resumed: {', '.join(ids)}"
+
+
+def placement_line(accepted: dict[str, Any]) -> str:
+    """`tg -> remote: 2 transactions started (2 areas): ID, ID` for a 202 placement answer."""
+    service, area = accepted.get("service"), accepted.get("area")
+    what = f"{service} area {area}" if area else str(service)
+    ids = list(accepted.get("transaction_ids") or [])
+    head = f"{what} -> {accepted.get('location')}"
+    if not ids:
+        return f"{head}: nothing to move, {'it is' if area else 'every area is'} already there"
+    areas = f"{len(ids)} area{'s' if len(ids) != 1 else ''}"
+    return f"{head}: {_transactions(ids)} started ({areas}): {', '.join(ids)}"
 
 
 @_guarded
@@ -202,12 +270,17 @@ def main_place(args: argparse.Namespace) -> int:
         else f"/v1/services/{args.service}/placement"
     )
     accepted = client.json("PUT", path, {"location": args.location})
-    print(json.dumps(accepted))
+    print(json.dumps(accepted) if args.json else placement_line(accepted))
     if not args.wait:
         return EXIT_OK
-    return _wait_converged(
-        client, service=args.service, location=args.location, timeout=args.timeout
-    )
+    # The answer names the area's own service (the SERVICE argument may be any for --area).
+    service = str(accepted.get("service") or args.service)
+    if args.area:
+        return _wait_area(
+            client, service=service, area=args.area, location=args.location,
+            timeout=args.timeout,
+        )
+    return _wait_converged(client, service=service, location=args.location, timeout=args.timeout)
 
 
 def placement_outcome(status: dict[str, Any], *, service: str, location: str) -> str | None:
@@ -244,6 +317,55 @@ def _wait_converged(client: Client, *, service: str, location: str, timeout: flo
                 progress.finish(f"still not converged after {timeout:.0f} s")
                 return EXIT_FAILED
             time.sleep(0.5)
+
+
+def area_progress(
+    status: dict[str, Any], *, service: str, area: str, location: str
+) -> tuple[str | None, str]:
+    """(outcome, line) for one area: outcome 'done', 'failed' or None (still working), the
+    line what `place --area --wait` prints about it now."""
+    label = f"{service}/{area[:8]} -> {location}"
+    svc = status.get("services", {}).get(service) or {}
+    view = next((a for a in svc.get("areas", []) if a.get("uuid") == area), None)
+    if view is None:
+        return "failed", f"{label}: failed: UNKNOWN_AREA the area is no longer listed"
+    txn: dict[str, Any] = next(
+        (t for t in status.get("transactions", []) if t.get("area") == area), {}
+    )
+    phase, where = view.get("phase"), view.get("location")
+    if phase is None:
+        if where == location:
+            return "done", f"{label}: converged"
+        err = svc.get("last_error") or {}
+        return "failed", (f"{label}: failed: rolled back to {where}"
+                          + (f" ({err.get('code')}: {err.get('detail', '')})" if err else ""))
+    if phase == "PARKED":
+        code = txn.get("last_error_code") or (svc.get("last_error") or {}).get("code", "UNKNOWN")
+        detail = txn.get("last_error_detail") or (svc.get("last_error") or {}).get("detail", "")
+        return "failed", f"{label}: failed: {code} {detail}".rstrip()
+    attempt = f", attempt {txn['attempt']}" if txn.get("attempt") else ""
+    return None, f"{label}: phase {phase}{attempt}, on {where}"
+
+
+def _wait_area(
+    client: Client, *, service: str, area: str, location: str, timeout: float
+) -> int:
+    deadline = time.monotonic() + timeout
+    last = ""
+    while True:
+        outcome, line = area_progress(
+            client.json("GET", "/v1/status"), service=service, area=area, location=location
+        )
+        if line != last:
+            print(line, file=sys.stderr, flush=True)
+            last = line
+        if outcome is not None:
+            return EXIT_OK if outcome == "done" else EXIT_FAILED
+        if time.monotonic() > deadline:
+            print(f"{service}/{area[:8]} -> {location}: still not converged after"
+                  f" {timeout:.0f} s", file=sys.stderr)
+            return EXIT_FAILED
+        time.sleep(0.5)
 
 
 @_guarded

@@ -9,6 +9,11 @@ Host, Origin and Content-Type were checked by `http_api.guard` before any handle
 are read with `http_api.read_json` (deep nesting, non-UTF-8: 400, never a 500).
 Called by `monitord.surface.daemon`, which serves these routes whenever an engine is behind
 the API.
+
+`GET /v1/status` is served from one pre-serialised document (`StatusDocument`), rebuilt at the
+first request after anything it is built from changed (`OperatorFacade.status_key()`), so a
+poll costs a key comparison, not a rebuild, and requests while nothing changed get identical
+bytes; `at` is then when the document was built.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from __future__ import annotations
 import json
 import time
 from importlib import resources
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -37,8 +42,27 @@ def _operator(request: web.Request) -> OperatorFacade:
 # -- handlers ----------------------------------------------------------------------------------
 
 
-async def get_status(request: web.Request) -> web.Response:
-    return web.json_response(_operator(request).snapshot())
+class StatusDocument:
+    """The status document as bytes, rebuilt only when its key changed (one per app).
+
+    The key is read before the document is built, and both happen without an await in
+    between, so the bytes served always belong to the key stored with them: a change made
+    before a request is in the answer to that request."""
+
+    def __init__(self) -> None:
+        self._key: tuple[Any, ...] | None = None
+        self._body = b""
+
+    def body(self, operator: OperatorFacade) -> bytes:
+        key = operator.status_key()
+        if self._key is None or key != self._key:
+            self._body = json.dumps(operator.snapshot()).encode()
+            self._key = key
+        return self._body
+
+    async def get(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.body(_operator(request)),
+                            content_type="application/json", charset="utf-8")
 
 
 async def get_transactions(request: web.Request) -> web.Response:
@@ -151,9 +175,10 @@ async def get_page(request: web.Request) -> web.Response:
 
 
 def routes() -> list[web.RouteDef]:
+    status = StatusDocument()
     return [
         web.get("/", get_page),
-        web.get("/v1/status", get_status),
+        web.get("/v1/status", status.get),
         web.get("/v1/transactions", get_transactions),
         web.get("/v1/cleanup", get_cleanup),
         web.post("/v1/services/{service}/retry", post_retry),

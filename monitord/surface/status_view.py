@@ -78,6 +78,32 @@ def error_lines(status: dict[str, Any]) -> list[str]:
     return lines
 
 
+def last_move_lines(status: dict[str, Any]) -> list[str]:
+    """Each service's last move: direction, areas and outcomes, when, per-area downtime."""
+    lines = []
+    for name, svc in sorted(status.get("services", {}).items()):
+        move = svc.get("last_move")
+        if not isinstance(move, dict):
+            continue
+        outcomes = ", ".join(
+            f"{outcome} {count}" for outcome, count in (move.get("outcomes") or {}).items()
+            if count
+        )
+        downtime = move.get("downtime_s")
+        down = (
+            f"downtime max {downtime['max']:.2f} s, p50 {downtime['p50']:.2f} s"
+            f" ({downtime['measured']} measured)"
+            if isinstance(downtime, dict) else "downtime not measured"
+        )
+        in_flight = f", {move['in_flight']} in flight" if move.get("in_flight") else ""
+        lines.append(
+            f"{name}: last move {str(move.get('direction', '')).replace('_', ' ')}"
+            f", {move.get('areas', 0)} areas ({outcomes}){in_flight}"
+            f", ended {_when(move.get('finished_at'))}, {down}"
+        )
+    return lines
+
+
 def summary_lines(status: dict[str, Any]) -> list[str]:
     tunnel = status.get("tunnel") or {}
     counts = status.get("counts", {})
@@ -116,7 +142,7 @@ def print_status(status: dict[str, Any], *, console: Console | None = None) -> N
     for line in summary_lines(status):
         console.print(line, highlight=False, soft_wrap=True)
     console.print(services_table(status))
-    for line in error_lines(status):
+    for line in (*last_move_lines(status), *error_lines(status)):
         console.print(line, highlight=False, soft_wrap=True)
 
 

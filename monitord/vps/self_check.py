@@ -138,7 +138,8 @@ def check_socket(base: Path) -> Outcome:
         return (False, f"{path} is {len(os.fsencode(str(path)))} bytes, more than a Unix "
                 f"socket address holds ({MAX_SOCKET_PATH})",
                 "choose a shorter remote.remote_bin_dir (for example /opt/offload)")
-    with tempfile.TemporaryDirectory(dir=base, prefix=".sock-check.") as scratch:
+    # ".sXXXXXXXX/s" is shorter than "api/agent.sock": a path that fits passes the probe
+    with tempfile.TemporaryDirectory(dir=base, prefix=".s") as scratch:
         probe = Path(scratch) / "s"
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:

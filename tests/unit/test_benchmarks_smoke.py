@@ -5,10 +5,14 @@ never pass/fail on their values (docs/benchmarks.md)."""
 from __future__ import annotations
 
 import asyncio
+import shutil
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from benchmarks import (
+    bench_autossh,
     bench_cleanup_queue,
     bench_idle_rss,
     bench_migration,
@@ -16,6 +20,7 @@ from benchmarks import (
     bench_rollback,
     bench_status_api,
 )
+from tests.support.sshd import can_run_sshd
 
 
 def assert_figures(figures: list[dict[str, Any]], *, names: set[str], count: int) -> None:
@@ -55,12 +60,16 @@ class TestWholeInstallationBenchmarks:
     async def test_migration_and_status_latency_on_tiny_stacks(self, tmp_path: Path) -> None:
         # Two independent stacks side by side: the smoke run stays short.
         migration, status = await asyncio.gather(
-            bench_migration.measure(tmp_path / "migration", sizes=(1,), data_bytes=4096),
+            # The smallest downtime case: one area of 256 KiB.
+            bench_migration.measure(tmp_path / "migration", cases=((1, 256 * 1024),)),
             bench_status_api.measure(tmp_path / "status", areas=2, clients=2,
-                                     requests_per_client=5),
+                                     requests_per_client=5, open_rate=20.0,
+                                     open_idle_s=0.5),
         )
-        assert_figures(migration, count=1, names={"migration_local_to_remote"})
-        assert_figures(status, count=1, names={"status_api_latency_during_migration"})
+        assert_figures(migration, count=2, names={"migration_local_to_remote",
+                                                  "area_downtime_local_to_remote"})
+        assert_figures(status, count=2, names={"status_api_latency_during_migration",
+                                               "status_api_open_loop_during_migration"})
 
     async def test_rollback_copy_back_of_one_area_under_both_policies(
         self, tmp_path: Path
@@ -69,3 +78,22 @@ class TestWholeInstallationBenchmarks:
         figures = await bench_rollback.measure(tmp_path, cases=((1, 256 * 1024),))
         assert_figures(figures, count=2, names={"rollback_copy_back"})
         assert [f["rollback_data"] for f in figures] == ["preserve", "discard"]
+
+
+@pytest.mark.root
+@pytest.mark.skipif(not can_run_sshd(), reason="needs root and /usr/sbin/sshd")
+@pytest.mark.skipif(shutil.which("autossh") is None,
+                    reason="autossh is not installed (apt-get install -y autossh)")
+class TestAutosshComparison:
+    """monitord's tunnel keeper and autossh give side-by-side figures on one real sshd."""
+
+    async def test_one_kill_one_stale_session_and_a_short_storm_window(
+        self, tmp_path: Path
+    ) -> None:
+        figures = await bench_autossh.measure(tmp_path, runs=1, stale_runs=1, window_s=6.0,
+                                              pacings=("bench",), polls=(30,))
+        assert_figures(figures, count=3, names={
+            "autossh_vs_monitord_session_kill",
+            "autossh_vs_monitord_stale_session_monitord",
+            "autossh_vs_monitord_stale_session_autossh",
+        })

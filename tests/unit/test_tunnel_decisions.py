@@ -215,6 +215,30 @@ class TestReconnectBackoff:
         backoff.record_success()
         assert backoff.delay(0.0) == 0.0
 
+    def test_the_first_retry_after_a_proven_connection_is_immediate_then_jittered(
+        self,
+    ) -> None:
+        backoff = ReconnectBackoff(base_s=1.0, cap_s=30.0, max_attempts_per_window=1000,
+                                   rng=random.Random(3))
+        backoff.record_success()
+        backoff.record_failure(now=0.0)  # the VPS dropped a working session
+        assert backoff.delay(0.0) == 0.0
+        delays = []
+        for _ in range(20):  # it keeps failing: jitter below the exponential ceiling again
+            backoff.record_failure(now=0.0)
+            delays.append(backoff.delay(0.0))
+        assert any(d > 0 for d in delays) and all(0 <= d <= 30.0 for d in delays)
+        fresh = ReconnectBackoff(base_s=1.0, cap_s=30.0, max_attempts_per_window=1000,
+                                 rng=random.Random(3))
+        fresh.record_failure(now=0.0)  # never connected yet: no free retry
+        assert 0.0 < fresh.delay(0.0) <= 1.0
+
+    def test_a_slow_retry_a_cause_asks_for_wins_over_the_free_one(self) -> None:
+        backoff = ReconnectBackoff(base_s=1.0, cap_s=30.0, max_attempts_per_window=100)
+        backoff.record_success()
+        backoff.record_failure(at_least_s=20.0, now=100.0)
+        assert backoff.delay(100.0) >= 20.0
+
     def test_a_cause_can_ask_for_a_slow_retry(self) -> None:
         backoff = ReconnectBackoff(base_s=0.01, cap_s=0.05, max_attempts_per_window=100)
         backoff.record_failure(at_least_s=20.0, now=100.0)

@@ -1,6 +1,11 @@
 """Reconnect pacing for the tunnel keeper: exponential backoff with full jitter, capped,
 plus a hard cap on attempts per sliding window (default one minute) so no fault can turn
 into a reconnect storm. The clock is passed in (`now`), so tests drive it with a fake one.
+
+The first retry after a connection that was up and proven goes at once: a session the VPS
+killed (a restart of its sshd, an idle timeout) is the common case, and waiting a random
+part of the base delay only lengthens every area's outage. From the second consecutive
+failure on the jitter applies, and the per-window cap bounds a link that keeps flapping.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ class ReconnectBackoff:
         self.window_s = window_s
         self._rng = rng or random.Random()
         self._failures = 0
+        self._was_up = False  # the last connection came up and was proven
         self._attempts: deque[float] = deque()
         self._not_before = 0.0
 
@@ -42,18 +48,21 @@ class ReconnectBackoff:
         """One more consecutive failure; `at_least_s` is a floor the cause asks for (e.g. a
         lease conflict asks to come back slowly)."""
         self._failures += 1
+        if self._failures > 1:
+            self._was_up = False
         self._not_before = now + at_least_s if at_least_s > 0 else 0.0
 
     def record_success(self) -> None:
         """A connection came up and was proven: the exponential part starts over (the
         per-window cap does not)."""
         self._failures = 0
+        self._was_up = True
         self._not_before = 0.0
 
     def delay(self, now: float) -> float:
         """Seconds to wait from `now` before the next attempt."""
         self._forget_before(now - self.window_s)
-        if self._failures == 0:
+        if self._failures == 0 or (self._failures == 1 and self._was_up):
             jittered = 0.0
         else:
             ceiling = min(self.cap_s, self.base_s * 2 ** min(self._failures - 1, 30))
