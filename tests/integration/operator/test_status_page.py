@@ -90,6 +90,9 @@ class TestPageStructure:
         self, stack_factory: StackFactory, browser: Browser
     ) -> None:
         stack = await stack_factory(services={"tg": 1})
+        # Nothing may change while the page renders: a tunnel coming up meanwhile is a real
+        # change and would (rightly) be announced.
+        await stack.wait_settled(expect={"tg": "local"})
         page = await render(browser, stack)
         dialog = page.by_id("confirm-move")
         assert dialog.tag == "dialog" and "open" not in dialog.attrs
