@@ -15,13 +15,13 @@ from __future__ import annotations
 import asyncio
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from monitord.remote import artifact
+from monitord.testing.stack import SYSTEM_PYTHON
 
 RUNS = 5
 STALE_RUNS = 3
@@ -155,8 +155,7 @@ def vps_pyz_command(remote_dir: Path) -> tuple[str, ...]:
     """The VPS verbs as a VPS runs them: this checkout's monitord.pyz under the system
     python3 in isolated mode (the interpreter of this process when there is none)."""
     pyz = artifact.build(Path(remote_dir).parent / "artifact").path
-    python = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
-    return (python, "-I", str(pyz))
+    return (SYSTEM_PYTHON, "-I", str(pyz))
 
 def run() -> list[dict[str, Any]]:
     from benchmarks.__main__ import BenchmarkUnavailable

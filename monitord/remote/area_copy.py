@@ -36,7 +36,7 @@ import hashlib
 import os
 import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -99,18 +99,22 @@ def _hash_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def local_manifest(root: Path) -> tuple[FileEntry, ...]:
-    """Every regular file under root (sorted), with size and SHA-256. Missing root: empty."""
+def _regular_files(root: Path) -> Iterator[tuple[str, Path]]:
+    """(relative POSIX path, path) of every regular file under root, symlinks skipped; none
+    when root is missing."""
     if not root.is_dir():
-        return ()
-    entries = []
+        return
     for dirpath, _dirs, files in os.walk(root):
         for name in files:
             full = Path(dirpath) / name
-            if full.is_symlink() or not full.is_file():
-                continue
-            rel = full.relative_to(root).as_posix()
-            entries.append(FileEntry(rel, full.stat().st_size, _hash_file(full)))
+            if not full.is_symlink() and full.is_file():
+                yield full.relative_to(root).as_posix(), full
+
+
+def local_manifest(root: Path) -> tuple[FileEntry, ...]:
+    """Every regular file under root (sorted), with size and SHA-256. Missing root: empty."""
+    entries = [FileEntry(rel, full.stat().st_size, _hash_file(full))
+               for rel, full in _regular_files(root)]
     return tuple(sorted(entries, key=lambda e: e.path))
 
 
@@ -348,18 +352,7 @@ async def pre_upload(
 def _local_files(root: Path) -> list[str]:
     """The regular files under root with names a copy can carry (no hashing: a pre-copy
     hashes what it sends)."""
-    if not root.is_dir():
-        return []
-    found = []
-    for dirpath, _dirs, names in os.walk(root):
-        for name in names:
-            full = Path(dirpath) / name
-            if full.is_symlink() or not full.is_file():
-                continue
-            rel = full.relative_to(root).as_posix()
-            if name_problem(rel) is None:
-                found.append(rel)
-    return sorted(found)
+    return sorted(rel for rel, _ in _regular_files(root) if name_problem(rel) is None)
 
 
 async def download(

@@ -25,9 +25,9 @@ from monitord.testing.vps_server import VpsServer
 from orchestrator.tunnel_lease import LeaseRecord, SessionIdentity
 from tests.integration.operator.conftest import CliResult, run_cli
 from tests.support import ssh_keys
+from tests.support.agent_process import SYSTEM_PYTHON
 from tests.support.sshd import can_run_sshd, running_sshd
 
-SYSTEM_PYTHON = "/usr/bin/python3"  # what a bare Debian/Ubuntu VPS has
 TIMEOUT_S = 30.0
 VALID_AREA = "5b0c6f1e-8d2a-4c1b-9e77-0a1b2c3d4e5f"
 CHECKS = ("auth", "sftp", "arch", "bin_dir", "disk_space", "write_test", "agent", "artifacts",

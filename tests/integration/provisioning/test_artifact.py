@@ -10,8 +10,7 @@ from pathlib import Path
 
 from monitord.base.config import RemoteSection
 from monitord.remote import artifact
-
-SYSTEM_PYTHON = "/usr/bin/python3"
+from tests.support.agent_process import SYSTEM_PYTHON
 
 
 def run_pyz(pyz: Path, *args: str) -> subprocess.CompletedProcess[str]:

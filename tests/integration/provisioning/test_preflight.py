@@ -25,11 +25,11 @@ from monitord.remote.preflight import CheckStatus, PreflightReport, TunnelOwnerV
 from monitord.remote.provisioning import LocalArtifact
 from monitord.testing.vps_server import VpsServer
 from orchestrator.errors import ErrorCode
+from tests.support.agent_process import SYSTEM_PYTHON
 
 TIMEOUT = 30.0
 SERVICE = "tg"
 ALL_FORWARDS_READY = {"nats": True, "license": True}
-SYSTEM_PYTHON = "/usr/bin/python3"
 
 
 @dataclass

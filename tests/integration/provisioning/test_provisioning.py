@@ -19,6 +19,7 @@ from monitord.remote import artifact, provisioning, remote_exec
 from monitord.remote.provisioning import ArtifactAction, LocalArtifact, ProvisionProgress
 from monitord.testing.vps_server import VpsServer
 from orchestrator.errors import ErrorCode, MonitordError
+from tests.support.agent_process import SYSTEM_PYTHON
 
 TIMEOUT = 30.0
 
@@ -292,7 +293,7 @@ class TestPushedArtifactRuns:
     ) -> None:
         await provision(conn, remote, artifacts, new_secret())
         pyz = f"{remote.remote_bin_dir}/monitord.pyz"
-        python = ["/usr/bin/python3", "-I"]
+        python = [SYSTEM_PYTHON, "-I"]
         top = await remote_exec.run(conn, [*python, pyz, "--help"], timeout_s=TIMEOUT)
         agent = await remote_exec.run(conn, [*python, pyz, "agent", "--help"], timeout_s=TIMEOUT)
         assert top.raise_for_status(ErrorCode.PROVISION_FAILED).text.startswith("usage: monitord")

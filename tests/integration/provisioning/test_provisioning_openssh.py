@@ -17,6 +17,7 @@ from monitord.base.config import RemoteSection
 from monitord.remote import provisioning, remote_exec
 from monitord.remote.provisioning import ArtifactAction, LocalArtifact, ProvisionProgress
 from orchestrator.errors import ErrorCode, MonitordError
+from tests.support.agent_process import SYSTEM_PYTHON
 from tests.support.sshd import Sshd, can_run_sshd, running_sshd
 
 pytestmark = [
@@ -79,7 +80,7 @@ class TestProvisioningOverOpenSsh:
                 TIMEOUT,
             )
             helped = await remote_exec.run(
-                conn, ["/usr/bin/python3", "-I", f"{bin_dir}/monitord.pyz", "--help"],
+                conn, [SYSTEM_PYTHON, "-I", f"{bin_dir}/monitord.pyz", "--help"],
                 timeout_s=TIMEOUT,
             )
         assert first.stale_temp_files_removed >= 1
