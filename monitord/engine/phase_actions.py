@@ -31,7 +31,7 @@ from monitord.engine import crash_points, txn_log
 from monitord.engine.lease_renewer import LeaseRenewer
 from monitord.engine.placement_state import PlacementState
 from monitord.local.supervisor import AreaRun, LocalSupervisor, area_run, expand
-from monitord.remote import area_copy
+from monitord.remote import area_copy, artifact
 from monitord.remote import preflight as preflight_checks
 from monitord.remote.remote_link import RemoteLink
 from monitord.store.state_db import Store
@@ -334,16 +334,23 @@ class PhaseActions:
         async with link.session() as conn:
             if source is Side.LOCAL:
                 report = await area_copy.upload(
-                    conn, local_dir=local, remote_dir=remote_dir, staged=staged
+                    conn, local_dir=local, remote_dir=remote_dir, staged=staged,
+                    vps_command=self._vps_command(),
                 )
             else:
                 report = await area_copy.download(
-                    conn, remote_dir=remote_dir, local_dir=local, staged=staged
+                    conn, remote_dir=remote_dir, local_dir=local, staged=staged,
+                    vps_command=self._vps_command(),
                 )
         txn_log.bound(txn).info(
             "area_copied", from_side=source.value, files=report.files, bytes=report.bytes,
             reused=report.reused,
         )
+
+    def _vps_command(self) -> tuple[str, ...]:
+        """The argv that runs monitord.pyz on the VPS (its tree-digest verb)."""
+        assert self.config.remote is not None
+        return artifact.remote_command(self.config.remote)
 
     def _copy_dirs(
         self, txn: Transaction, *, source: Side, source_generation: int,
@@ -382,11 +389,13 @@ class PhaseActions:
             async with self.remote.session() as conn:
                 if txn.source is Side.LOCAL:
                     staged = await area_copy.pre_upload(
-                        conn, local_dir=local, remote_dir=remote_dir
+                        conn, local_dir=local, remote_dir=remote_dir,
+                        vps_command=self._vps_command(),
                     )
                 else:
                     staged = await area_copy.pre_download(
-                        conn, remote_dir=remote_dir, local_dir=local
+                        conn, remote_dir=remote_dir, local_dir=local,
+                        vps_command=self._vps_command(),
                     )
         except MonitordError as e:
             log.warning("area_pre_copy_failed", error_code=e.code, detail=e.detail)

@@ -3,8 +3,10 @@
 Called by the migration engine. Both directions follow the same protocol:
   1. the sender lists its files with size and SHA-256 (the manifest);
   2. the files go over SFTP into a fresh staging dir next to the destination dir;
-  3. the RECEIVING side checks every hash and that no file is missing or extra;
+  3. the RECEIVING side digests the staging dir (every file fsynced) and the two lists must
+     be equal: every hash, no file missing, none extra;
   4. only then the staging dir replaces the destination dir by rename (and is fsynced).
+The VPS side of steps 1 and 3 is `monitord.pyz tree-digest` (monitord.base.tree_digest).
 A copy cut at any point leaves at most a staging dir behind (removed by the next try);
 the destination dir is either the old one or the complete new one, never a mix. A
 mismatch raises COPY_INCOMPLETE; the engine retries or rolls back.
@@ -16,6 +18,14 @@ the ones that are gone, and then checks and promotes exactly as above — so the
 down for the bytes that changed, not for all of them, and what is promoted is still
 verified whole against the stopped source. Nothing is ever started from a staging dir; a
 pre-copy that fails or is lost (a restart) only means a full copy.
+
+Hashing is what made a large area's downtime long, so both sides keep digest caches
+(monitord.base.tree_digest): a file is re-read after the stop only if its stat identity
+(inode, size, mtime, ctime) changed since it was hashed during the pre-copy, or it was
+changed too recently for a stat to tell. The PBX keeps its caches in `Staged`; the VPS
+keeps one per tree in `<dir>.digests` beside it (moved with a promoted staging dir, removed
+with the dir). A cache only ever skips re-reading a file whose identity is unchanged, so
+the lists compared in step 3 still describe the bytes on disk.
 
 The VPS is untrusted input. Its listing (step 1 of a download) is read with a size bound
 and validated WHOLE before the staging dir is even created: every line must be
@@ -36,7 +46,7 @@ import hashlib
 import os
 import re
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -44,10 +54,12 @@ from typing import BinaryIO
 
 import asyncssh
 
+from monitord.base import tree_digest
 from monitord.remote import remote_exec, ssh_errors
 from orchestrator.errors import ErrorCode, MonitordError, error_for
 
 STAGING_SUFFIX = ".staging"
+DIGESTS_SUFFIX = ".digests"  # the VPS's digest cache of a tree, beside it
 _CHUNK = 1 << 20
 _SCRIPT_TIMEOUT_S = 60.0
 # Bounds on a VPS listing. An area's data dir (one messenger account's session, keys,
@@ -80,54 +92,26 @@ class CopyReport:
 @dataclass(frozen=True, slots=True)
 class Staged:
     """What a pre-copy left in the destination's staging dir: relative path -> SHA-256 of
-    the bytes actually written there (the source was running: not yet the manifest)."""
+    the bytes actually written there (the source was running: not yet the manifest), and
+    the PBX's digest cache of the local tree it read (upload) or wrote (download)."""
 
     local_dir: Path
     remote_dir: str
     upload: bool  # True: PBX -> VPS staging; False: VPS -> PBX staging
     files: dict[str, str]
+    cache: tree_digest.Cache
 
     def matches(self, *, local_dir: Path, remote_dir: str, upload: bool) -> bool:
         return (self.local_dir, self.remote_dir, self.upload) == (local_dir, remote_dir, upload)
 
 
-def _hash_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _regular_files(root: Path) -> Iterator[tuple[str, Path]]:
-    """(relative POSIX path, path) of every regular file under root, symlinks skipped; none
-    when root is missing."""
-    if not root.is_dir():
-        return
-    for dirpath, _dirs, files in os.walk(root):
-        for name in files:
-            full = Path(dirpath) / name
-            if not full.is_symlink() and full.is_file():
-                yield full.relative_to(root).as_posix(), full
-
-
-def local_manifest(root: Path) -> tuple[FileEntry, ...]:
-    """Every regular file under root (sorted), with size and SHA-256. Missing root: empty."""
-    entries = [FileEntry(rel, full.stat().st_size, _hash_file(full))
-               for rel, full in _regular_files(root)]
-    return tuple(sorted(entries, key=lambda e: e.path))
-
-
-def _sha256sum_line(entry: FileEntry) -> str:
-    """One `sha256sum -c` line; a name with a backslash or newline in GNU's escaped form."""
-    if "\\" in entry.path or "\n" in entry.path:
-        escaped = entry.path.replace("\\", "\\\\").replace("\n", "\\n")
-        return f"\\{entry.sha256}  ./{escaped}\n"
-    return f"{entry.sha256}  ./{entry.path}\n"
-
-
-def _sha256sum_text(manifest: tuple[FileEntry, ...]) -> bytes:
-    return "".join(_sha256sum_line(e) for e in manifest).encode()
+def local_manifest(
+    root: Path, cache: tree_digest.Cache | None = None
+) -> tuple[FileEntry, ...]:
+    """Every regular file under root (sorted), with size and SHA-256; a file unchanged since
+    `cache` recorded it is not read again. Missing root: empty."""
+    found, _ = tree_digest.digest_tree(root, cache)
+    return tuple(FileEntry(rel, size, sha) for rel, (size, sha) in sorted(found.items()))
 
 
 def name_problem(rel: str) -> str | None:
@@ -238,23 +222,19 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-# Remote side: fixed scripts, values passed as positional parameters (never spliced).
-_PREPARE = 'rm -rf -- "$1" && mkdir -p -- "$1"'
-_PREPARE_KEEP = 'rm -f -- "$1.manifest" && mkdir -p -- "$1"'  # keep what a pre-copy staged
-_VERIFY = (  # counts NUL-terminated names: a name may hold a newline
-    'cd -- "$1" && { [ "$3" -eq 0 ] || sha256sum --quiet --strict -c -- "$2" >&2; }'
-    """ && test "$(find . -type f -print0 | tr -cd '\\000' | wc -c)" -eq "$3\""""
-)
+# Remote side: fixed scripts, values passed as positional parameters (never spliced); the
+# digest scripts take the dir, then the argv that runs monitord.pyz on the VPS.
+_PREPARE = 'rm -rf -- "$1" "$1.digests" && mkdir -p -- "$1"'
+_PREPARE_KEEP = 'mkdir -p -- "$1"'  # keep what a pre-copy staged, and its digests
+_VERIFY = 'd=$1; shift; "$@" tree-digest --dir "$d" --cache "$d.digests" --sync'
 _PROMOTE = (
     'set -e; dst=$1; stg=$2; mkdir -p -- "$(dirname -- "$dst")";'
     ' if [ -e "$dst" ]; then rm -rf -- "$dst.old"; mv -- "$dst" "$dst.old"; fi;'
-    ' mv -- "$stg" "$dst"; rm -rf -- "$dst.old" "$stg.manifest";'
+    ' mv -- "$stg" "$dst"; rm -rf -- "$dst.old" "$dst.digests";'
+    ' if [ -e "$stg.digests" ]; then mv -- "$stg.digests" "$dst.digests"; fi;'
     ' sync -- "$dst" "$(dirname -- "$dst")"'
 )
-_LIST = (
-    'if [ -d "$1" ]; then cd -- "$1" && find . -type f -print0 | sort -z'
-    " | xargs -0 -r sha256sum; fi"
-)
+_LIST = 'd=$1; shift; "$@" tree-digest --dir "$d" --cache "$d.digests"'
 
 
 async def upload(
@@ -262,18 +242,22 @@ async def upload(
     *,
     local_dir: Path,
     remote_dir: str,
+    vps_command: Sequence[str],
     progress: Progress | None = None,
     timeout_s: float = 600.0,
     staged: Staged | None = None,
 ) -> CopyReport:
     """Copy local_dir to remote_dir on the VPS, verified there, swapped in by rename. With
     `staged` (a pre-copy of the same dirs), only what changed since is sent; if the VPS
-    then finds the staging dir wrong, the copy is redone whole, once."""
+    then finds the staging dir wrong, the copy is redone whole, once. `vps_command` runs
+    monitord.pyz on the VPS (its tree-digest verb checks the staging dir)."""
     if staged is not None and not staged.matches(
         local_dir=local_dir, remote_dir=remote_dir, upload=True
     ):
         staged = None
-    manifest = await asyncio.to_thread(local_manifest, local_dir)
+    manifest = await asyncio.to_thread(
+        local_manifest, local_dir, None if staged is None else staged.cache
+    )
     for entry in manifest:
         if (problem := name_problem(entry.path)) is not None:
             raise _incomplete(f"cannot copy {local_dir}: {entry.path!r} has {problem}")
@@ -300,14 +284,14 @@ async def upload(
                 done += entry.size
                 if progress:
                     progress(done, total)
-            async with sftp.open(staging + ".manifest", "wb") as f:
-                await f.write(_sha256sum_text(manifest))
-    verify = await _script(conn, _VERIFY, staging, staging + ".manifest", str(len(manifest)))
-    if not verify.ok:
+    found = await _digest(conn, _VERIFY, staging, vps_command, during=f"upload to {remote_dir}")
+    expected = {e.path: e.sha256 for e in manifest}
+    if found != expected:
         if staged is not None:  # the staging dir changed under us: start it over, whole
             return await upload(conn, local_dir=local_dir, remote_dir=remote_dir,
-                                progress=progress, timeout_s=timeout_s)
-        raise _incomplete(f"the VPS found {remote_dir} incomplete: {verify.stderr_tail()}")
+                                vps_command=vps_command, progress=progress, timeout_s=timeout_s)
+        raise _incomplete(f"the VPS found {remote_dir} incomplete: it differs in"
+                          f" {_differences(found, expected)}")
     promoted = await _script(conn, _PROMOTE, remote_dir, staging)
     promoted.raise_for_status(ErrorCode.COPY_INCOMPLETE)
     return CopyReport(files=len(manifest), bytes=total, reused=len(manifest) - len(to_send))
@@ -318,41 +302,73 @@ async def pre_upload(
     *,
     local_dir: Path,
     remote_dir: str,
+    vps_command: Sequence[str],
     timeout_s: float = 600.0,
 ) -> Staged:
     """While the source runs: put local_dir's files into the VPS staging dir, each hashed
-    from the bytes sent. A file that changes meanwhile is simply sent again by `upload`."""
-    listing = await asyncio.to_thread(_local_files, local_dir)
+    from the bytes sent, then let the VPS digest (and fsync) what arrived, so that the copy
+    after the stop re-reads only what changed on either side. A file that changes meanwhile
+    is simply sent again by `upload`."""
+    sent: dict[str, str] = {}
+    cache: tree_digest.Cache = {}
     staging = remote_dir.rstrip("/") + STAGING_SUFFIX
     await _script(conn, _PREPARE, staging)
-    files: dict[str, str] = {}
-    with _sftp_translated(f"pre-copy to {remote_dir}", timeout_s=timeout_s):
-        async with asyncio.timeout(timeout_s), conn.start_sftp_client() as sftp:
-            made: set[str] = {staging}
-            for rel in listing:
-                target = str(PurePosixPath(staging) / rel)
-                parent = str(PurePosixPath(target).parent)
-                if parent not in made:
-                    await sftp.makedirs(parent, exist_ok=True)
-                    made.add(parent)
-                digest = hashlib.sha256()
-                try:
-                    source = open(local_dir / rel, "rb")  # noqa: ASYNC230 - one bounded read per chunk
-                except OSError:
-                    continue  # gone since the listing: nothing staged for it
-                with source:
-                    async with sftp.open(target, "wb") as out:
-                        while chunk := await asyncio.to_thread(source.read, _CHUNK):
-                            digest.update(chunk)
-                            await out.write(chunk)
-                files[rel] = digest.hexdigest()
-    return Staged(local_dir=local_dir, remote_dir=remote_dir, upload=True, files=files)
+    epoch, listing = await asyncio.to_thread(_pre_listing, local_dir)
+    if listing:
+        with _sftp_translated(f"pre-copy to {remote_dir}", timeout_s=timeout_s):
+            async with asyncio.timeout(timeout_s), conn.start_sftp_client() as sftp:
+                made: set[str] = {staging}
+                for rel in listing:
+                    target = str(PurePosixPath(staging) / rel)
+                    parent = str(PurePosixPath(target).parent)
+                    if parent not in made:
+                        await sftp.makedirs(parent, exist_ok=True)
+                        made.add(parent)
+                    staged_file = await _send_hashed(sftp, local_dir / rel, target, epoch)
+                    if staged_file is not None:
+                        sent[rel], identity = staged_file
+                        if identity is not None:
+                            cache[rel] = (identity, sent[rel])
+    found = await _digest(conn, _VERIFY, staging, vps_command, during=f"pre-copy to {remote_dir}")
+    files = {rel: sha for rel, sha in sent.items() if found.get(rel) == sha}
+    return Staged(local_dir=local_dir, remote_dir=remote_dir, upload=True, files=files,
+                  cache=cache)
 
 
-def _local_files(root: Path) -> list[str]:
-    """The regular files under root with names a copy can carry (no hashing: a pre-copy
-    hashes what it sends)."""
-    return sorted(rel for rel, _ in _regular_files(root) if name_problem(rel) is None)
+async def _send_hashed(
+    sftp: asyncssh.SFTPClient, source_path: Path, target: str, epoch: int
+) -> tuple[str, tree_digest.Identity | None] | None:
+    """Send one file of a running source: (SHA-256 of the bytes sent, the identity under
+    which that hash describes the source file, if any); None if it is gone."""
+    try:
+        fd = os.open(source_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None  # gone (or replaced by a symlink) since the listing: nothing staged
+    digest = hashlib.sha256()
+    with os.fdopen(fd, "rb") as source:
+        before = os.fstat(fd)
+        async with sftp.open(target, "wb") as out:
+            while chunk := await asyncio.to_thread(source.read, _CHUNK):
+                digest.update(chunk)
+                await out.write(chunk)
+        after = os.fstat(fd)
+    return digest.hexdigest(), tree_digest.cacheable(before, after, epoch)
+
+
+def _pre_listing(root: Path) -> tuple[int, list[str]]:
+    """(the epoch of root's filesystem, taken before anything is read; the regular files
+    under root with names a copy can carry). No hashing: a pre-copy hashes what it sends."""
+    if not root.is_dir():
+        return 0, []
+    epoch = tree_digest.epoch_ns(root.parent)
+    return epoch, sorted(rel for rel, _, _ in tree_digest.regular_files(root)
+                         if name_problem(rel) is None)
+
+
+def _differences(found: dict[str, str], expected: dict[str, str]) -> list[str]:
+    """Up to five names that are missing, extra or different between two listings."""
+    names = set(found) ^ set(expected) | {p for p in found if found[p] != expected.get(p)}
+    return sorted(names)[:5]
 
 
 async def download(
@@ -360,6 +376,7 @@ async def download(
     *,
     remote_dir: str,
     local_dir: Path,
+    vps_command: Sequence[str],
     progress: Progress | None = None,
     timeout_s: float = 600.0,
     staged: Staged | None = None,
@@ -374,7 +391,7 @@ async def download(
         local_dir=local_dir, remote_dir=remote_dir, upload=False
     ):
         staged = None
-    expected = await _remote_listing(conn, remote_dir)
+    expected = await _remote_listing(conn, remote_dir, vps_command)
     staging = local_dir.with_name(local_dir.name + STAGING_SUFFIX)
     kept = {} if staged is None else staged.files
     if staged is None:
@@ -389,21 +406,25 @@ async def download(
             async with asyncio.timeout(timeout_s), conn.start_sftp_client() as sftp:
                 remote_root = (await sftp.realpath(remote_dir)).rstrip("/") if expected else ""
                 for rel in to_fetch:
-                    size, _ = await _fetch(sftp, remote_root, rel, staging, where=remote_dir)
-                    done += size
+                    fetched = await _fetch(sftp, remote_root, rel, staging, where=remote_dir)
+                    done += fetched.size
                     if progress:
                         progress(done, done)
     except MonitordError as e:
         if e.code == ErrorCode.COPY_INCOMPLETE:  # refused, not cut: leave nothing behind
             await asyncio.to_thread(shutil.rmtree, staging, True)
         raise
-    got = {e.path: e.sha256 for e in await asyncio.to_thread(local_manifest, staging)}
+    manifest = await asyncio.to_thread(
+        local_manifest, staging, None if staged is None else staged.cache
+    )
+    got = {e.path: e.sha256 for e in manifest}
     if got != expected:
         if staged is not None:  # the staging dir changed under us: start it over, whole
             return await download(conn, remote_dir=remote_dir, local_dir=local_dir,
-                                  progress=progress, timeout_s=timeout_s)
-        bad = sorted(set(got) ^ set(expected) | {p for p in got if got[p] != expected.get(p)})
-        raise _incomplete(f"downloaded copy of {remote_dir} differs in {bad[:5]}")
+                                  vps_command=vps_command, progress=progress,
+                                  timeout_s=timeout_s)
+        raise _incomplete(f"downloaded copy of {remote_dir} differs in"
+                          f" {_differences(got, expected)}")
     await asyncio.to_thread(_promote_local, staging, local_dir)
     return CopyReport(files=len(got), bytes=done, reused=len(expected) - len(to_fetch))
 
@@ -413,21 +434,23 @@ async def pre_download(
     *,
     remote_dir: str,
     local_dir: Path,
+    vps_command: Sequence[str],
     timeout_s: float = 600.0,
 ) -> Staged:
     """While the VPS's daemon runs: fetch remote_dir's files into the local staging dir,
-    each hashed from the bytes written. The listing is checked as `download` checks it."""
-    listed = await _remote_listing(conn, remote_dir)
+    each hashed from the bytes written, and fsync them. The listing is checked as
+    `download` checks it (and leaves the VPS a digest cache of the running tree)."""
+    listed = await _remote_listing(conn, remote_dir, vps_command)
     staging = local_dir.with_name(local_dir.name + STAGING_SUFFIX)
     await asyncio.to_thread(_reset_dir, staging)
-    files: dict[str, str] = {}
+    fetched: dict[str, _Fetched] = {}
     try:
         with _sftp_translated(f"pre-copy of {remote_dir}", timeout_s=timeout_s):
             async with asyncio.timeout(timeout_s), conn.start_sftp_client() as sftp:
                 remote_root = (await sftp.realpath(remote_dir)).rstrip("/") if listed else ""
                 for rel in sorted(listed):
                     try:
-                        _, files[rel] = await _fetch(
+                        fetched[rel] = await _fetch(
                             sftp, remote_root, rel, staging, where=remote_dir
                         )
                     except ssh_errors.SFTP_NO_SUCH_FILE:
@@ -436,28 +459,59 @@ async def pre_download(
         if e.code == ErrorCode.COPY_INCOMPLETE:
             await asyncio.to_thread(shutil.rmtree, staging, True)
         raise
-    return Staged(local_dir=local_dir, remote_dir=remote_dir, upload=False, files=files)
+    cache = await asyncio.to_thread(_settle, staging, fetched)
+    return Staged(local_dir=local_dir, remote_dir=remote_dir, upload=False,
+                  files={rel: f.sha256 for rel, f in fetched.items()}, cache=cache)
 
 
-async def _remote_listing(conn: asyncssh.SSHClientConnection, remote_dir: str) -> dict[str, str]:
+def _settle(staging: Path, fetched: dict[str, _Fetched]) -> tree_digest.Cache:
+    """fsync what a pre-copy wrote (off the downtime) and cache each file's hash under the
+    identity it had when written — if it still has it and was not written too recently for
+    a stat to tell (the epoch is taken after the last write)."""
+    _fsync_tree(staging)
+    epoch = tree_digest.epoch_ns(staging.parent)
+    cache: tree_digest.Cache = {}
+    for rel, f in fetched.items():
+        with contextlib.suppress(FileNotFoundError):
+            ident = tree_digest.cacheable(f.written, os.lstat(staging / rel), epoch)
+            if ident is not None:
+                cache[rel] = (ident, f.sha256)
+    return cache
+
+
+async def _remote_listing(
+    conn: asyncssh.SSHClientConnection, remote_dir: str, vps_command: Sequence[str]
+) -> dict[str, str]:
+    return await _digest(conn, _LIST, remote_dir, vps_command,
+                         during=f"the VPS's file listing of {remote_dir}")
+
+
+async def _digest(
+    conn: asyncssh.SSHClientConnection, script: str, remote_dir: str,
+    vps_command: Sequence[str], *, during: str,
+) -> dict[str, str]:
+    """A VPS tree's digest ({relative name: SHA-256}), validated whole (_parse_listing)."""
     listing = await remote_exec.run_script(
-        conn, _LIST, args=(remote_dir,), timeout_s=_SCRIPT_TIMEOUT_S,
+        conn, script, args=(remote_dir, *vps_command), timeout_s=_SCRIPT_TIMEOUT_S,
         max_stdout=_MAX_LISTING_BYTES,
     )
     if listing.stdout_truncated:
-        raise _incomplete(
-            f"refusing the VPS's file listing of {remote_dir}: more than"
-            f" {_MAX_LISTING_BYTES} bytes"
-        )
+        raise _incomplete(f"refusing {during}: more than {_MAX_LISTING_BYTES} bytes")
     listing.raise_for_status(ErrorCode.COPY_INCOMPLETE)
     return _parse_listing(listing.stdout)
 
 
+@dataclass(frozen=True, slots=True)
+class _Fetched:
+    size: int
+    sha256: str
+    written: os.stat_result  # the file's stat right after its last byte was written
+
+
 async def _fetch(
     sftp: asyncssh.SFTPClient, remote_root: str, rel: str, staging: Path, *, where: str
-) -> tuple[int, str]:
-    """Fetch remote_root/rel into staging/rel (never through a symlink on either side):
-    (bytes written, SHA-256 of them)."""
+) -> _Fetched:
+    """Fetch remote_root/rel into staging/rel (never through a symlink on either side)."""
     source = f"{remote_root}/{rel}"
     if await sftp.realpath(source) != source:
         raise _incomplete(f"refusing {rel!r} from {where}: a symlink on the VPS leads elsewhere")
@@ -468,7 +522,8 @@ async def _fetch(
                 data = _as_bytes(chunk)
                 digest.update(data)
                 out.write(data)
-        return out.tell(), digest.hexdigest()
+        out.flush()
+        return _Fetched(out.tell(), digest.hexdigest(), os.fstat(out.fileno()))
 
 
 def _prune_to(root: Path, keep: set[str]) -> None:
@@ -558,7 +613,7 @@ def _promote_local(staging: Path, final: Path) -> None:
 async def remove_remote_leftovers(conn: asyncssh.SSHClientConnection, *, remote_dir: str) -> None:
     """Remove a staging dir (and its manifest) a cut copy left on the VPS."""
     staging = remote_dir.rstrip("/") + STAGING_SUFFIX
-    await _script(conn, 'rm -rf -- "$1" "$1.manifest"', staging)
+    await _script(conn, 'rm -rf -- "$1" "$1.digests"', staging)
 
 
 async def _script(

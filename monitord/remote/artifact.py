@@ -40,6 +40,7 @@ PORTABLE_MODULES = (
     "monitord/base/proc_identity.py",
     "monitord/base/run_as.py",
     "monitord/base/singleton.py",
+    "monitord/base/tree_digest.py",
     "orchestrator/__init__.py",
     "orchestrator/errors.py",
     "orchestrator/names.py",

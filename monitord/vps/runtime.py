@@ -18,6 +18,8 @@ or restart does not interrupt areas, and a daemon still stops when its lease lap
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import shutil
 import time
 from collections.abc import Callable, Mapping
@@ -244,6 +246,9 @@ class AgentRuntime:
                         detail=f"area {area}: cannot remove {data_dir}: {e.strerror or e}",
                         status=500,
                     ) from e
+                # the digest cache a copy leaves beside the dir (monitord.base.tree_digest)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(f"{data_dir}.digests")
             self.runner.revoke(area)
             del self._entries[area]
             spool_cache.save(self.cache_path, self._entries.values())

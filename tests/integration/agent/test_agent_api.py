@@ -165,11 +165,13 @@ class TestStopAndDelete:
         body = area_body(agent, detector, area=AREA, generation=7)
         await agent.request("PUT", f"/v1/areas/{AREA}", json_body=body)
         assert await detector.wait_for(lambda d: d.alive(AREA), timeout_s=10)
+        digests = Path(body["data_dir"] + ".digests")  # what a copy's digest leaves beside it
+        digests.write_bytes(b"{}")
         status, answer = await agent.request("DELETE", f"/v1/areas/{AREA}?generation=7")
         assert (status, answer["result"]) == (200, "deleted")
         inventory = await agent.inventory()
         assert (inventory["entries"], inventory["processes"]) == ([], [])
-        assert not Path(body["data_dir"]).exists()
+        assert not Path(body["data_dir"]).exists() and not digests.exists()
         assert detector.alive(AREA) == []
         status, answer = await agent.request("DELETE", f"/v1/areas/{AREA}?generation=7")
         assert (status, answer["result"]) == (200, "absent")

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import subprocess
 from pathlib import Path
 
 import pytest
 
+from monitord.base import tree_digest
 from monitord.remote import area_copy
 from monitord.testing.vps_server import VpsServer
 from orchestrator.errors import ErrorCode, MonitordError
+from tests.support.agent_process import vps_command
+from tests.support.stat_tricks import aged, stealthy_rewrite
 
 
 def _tree(root: Path) -> dict[str, str]:
@@ -43,12 +48,14 @@ class TestRoundTrip:
         seen: list[tuple[int, int]] = []
         async with vps.connect() as conn:
             up = await area_copy.upload(
-                conn,
+                conn, vps_command=vps_command(),
                 local_dir=src,
                 remote_dir=str(remote),
                 progress=lambda d, t: seen.append((d, t)),
             )
-            down = await area_copy.download(conn, remote_dir=str(remote), local_dir=back)
+            down = await area_copy.download(
+                conn, vps_command=vps_command(), remote_dir=str(remote), local_dir=back
+            )
         assert _tree(remote) == _tree(src) == _tree(back)
         assert up.files == down.files == 3 and up.bytes == down.bytes
         assert seen[-1] == (up.bytes, up.bytes)
@@ -60,7 +67,8 @@ class TestRoundTrip:
         remote = tmp_path / "vps" / "a2"
         async with vps.connect() as conn:
             report = await area_copy.upload(
-                conn, local_dir=tmp_path / "nothing", remote_dir=str(remote)
+                conn, vps_command=vps_command(),
+                local_dir=tmp_path / "nothing", remote_dir=str(remote)
             )
         assert report.files == 0 and remote.is_dir() and not any(remote.iterdir())
 
@@ -82,10 +90,13 @@ class TestVerification:
             arrived.write_bytes(arrived.read_bytes()[:-1] + b"X")
 
         async with vps.connect() as conn:
-            await area_copy.upload(conn, local_dir=src, remote_dir=str(remote))
+            await area_copy.upload(
+                conn, vps_command=vps_command(), local_dir=src, remote_dir=str(remote)
+            )
             with pytest.raises(MonitordError) as err:
                 await area_copy.download(
-                    conn, remote_dir=str(remote), local_dir=back, progress=corrupt_first_arrival
+                    conn, vps_command=vps_command(),
+                    remote_dir=str(remote), local_dir=back, progress=corrupt_first_arrival
                 )
         assert err.value.code == ErrorCode.COPY_INCOMPLETE
         assert _tree(back) == {"keep": hashlib.sha256(b"old").hexdigest()}
@@ -107,7 +118,8 @@ class TestVerification:
         async with vps.connect() as conn:
             with pytest.raises(MonitordError) as err:
                 await area_copy.upload(
-                    conn, local_dir=src, remote_dir=str(remote), progress=corrupt_on_the_vps
+                    conn, vps_command=vps_command(),
+                    local_dir=src, remote_dir=str(remote), progress=corrupt_on_the_vps
                 )
         assert err.value.code == ErrorCode.COPY_INCOMPLETE
         assert _tree(remote) == {"previous": hashlib.sha256(b"generation 3").hexdigest()}
@@ -125,10 +137,15 @@ class TestVerification:
 
         async with vps.connect() as conn:
             with pytest.raises(MonitordError):
-                await area_copy.upload(conn, local_dir=src, remote_dir=str(remote), progress=cut)
+                await area_copy.upload(
+                    conn, vps_command=vps_command(),
+                    local_dir=src, remote_dir=str(remote), progress=cut
+                )
         assert (remote / "previous").read_bytes() == b"old"
         async with vps.connect() as conn:
-            await area_copy.upload(conn, local_dir=src, remote_dir=str(remote))
+            await area_copy.upload(
+                conn, vps_command=vps_command(), local_dir=src, remote_dir=str(remote)
+            )
         assert _tree(remote) == _tree(src)
 
 
@@ -145,8 +162,12 @@ class TestAwkwardNames:
         (src / "db" / "new\nline").write_bytes(b"two")
         (src / "both\\n\nx").write_bytes(b"three")
         async with vps.connect() as conn:
-            up = await area_copy.upload(conn, local_dir=src, remote_dir=str(remote))
-            down = await area_copy.download(conn, remote_dir=str(remote), local_dir=back)
+            up = await area_copy.upload(
+                conn, vps_command=vps_command(), local_dir=src, remote_dir=str(remote)
+            )
+            down = await area_copy.download(
+                conn, vps_command=vps_command(), remote_dir=str(remote), local_dir=back
+            )
         assert _tree(remote) == _tree(src) == _tree(back)
         assert up.files == down.files == 6
 
@@ -160,7 +181,9 @@ class TestAwkwardNames:
         (remote / "previous").write_bytes(b"old")
         async with vps.connect() as conn:
             with pytest.raises(MonitordError) as err:
-                await area_copy.upload(conn, local_dir=src, remote_dir=str(remote))
+                await area_copy.upload(
+                    conn, vps_command=vps_command(), local_dir=src, remote_dir=str(remote)
+                )
         assert err.value.code == ErrorCode.COPY_INCOMPLETE
         assert "carriage return" in err.value.detail
         assert _tree(remote) == {"previous": hashlib.sha256(b"old").hexdigest()}
@@ -172,7 +195,8 @@ class TestAwkwardNames:
         back = tmp_path / "back"
         async with vps.connect() as conn:
             report = await area_copy.download(
-                conn, remote_dir=str(tmp_path / "vps" / "never"), local_dir=back
+                conn, vps_command=vps_command(),
+                remote_dir=str(tmp_path / "vps" / "never"), local_dir=back
             )
         assert report.files == 0 and back.is_dir() and not any(back.iterdir())
 
@@ -194,12 +218,15 @@ class TestPreCopy:
         src, remote = tmp_path / "src", tmp_path / "vps" / "data" / "a1"
         _make_area(src)
         async with vps.connect() as conn:
-            staged = await area_copy.pre_upload(conn, local_dir=src, remote_dir=str(remote))
+            staged = await area_copy.pre_upload(
+                conn, vps_command=vps_command(), local_dir=src, remote_dir=str(remote)
+            )
             assert not remote.exists()  # staged, never promoted: nothing can start on it
             assert set(staged.files) == {"session.db", "db/keys.bin", "empty"}
             _change_area(src)
             report = await area_copy.upload(
-                conn, local_dir=src, remote_dir=str(remote), staged=staged
+                conn, vps_command=vps_command(),
+                local_dir=src, remote_dir=str(remote), staged=staged
             )
         assert _tree(remote) == _tree(src)
         assert (report.files, report.reused) == (3, 1)  # only db/keys.bin was unchanged
@@ -212,11 +239,14 @@ class TestPreCopy:
         _make_area(src)
         staging = Path(str(remote) + area_copy.STAGING_SUFFIX)
         async with vps.connect() as conn:
-            staged = await area_copy.pre_upload(conn, local_dir=src, remote_dir=str(remote))
+            staged = await area_copy.pre_upload(
+                conn, vps_command=vps_command(), local_dir=src, remote_dir=str(remote)
+            )
             (staging / "db" / "keys.bin").write_bytes(b"tampered")
             (staging / "planted").write_bytes(b"extra")
             report = await area_copy.upload(
-                conn, local_dir=src, remote_dir=str(remote), staged=staged
+                conn, vps_command=vps_command(),
+                local_dir=src, remote_dir=str(remote), staged=staged
             )
         assert _tree(remote) == _tree(src)
         assert report.reused == 0  # redone whole after the VPS refused the staged set
@@ -228,12 +258,15 @@ class TestPreCopy:
         _make_area(remote)
         staging = back.with_name(back.name + area_copy.STAGING_SUFFIX)
         async with vps.connect() as conn:
-            staged = await area_copy.pre_download(conn, remote_dir=str(remote), local_dir=back)
+            staged = await area_copy.pre_download(
+                conn, vps_command=vps_command(), remote_dir=str(remote), local_dir=back
+            )
             assert not back.exists()
             _change_area(remote)
             (staging / "leftover").write_bytes(b"half-written by a cut pre-copy")
             report = await area_copy.download(
-                conn, remote_dir=str(remote), local_dir=back, staged=staged
+                conn, vps_command=vps_command(),
+                remote_dir=str(remote), local_dir=back, staged=staged
             )
         assert _tree(back) == _tree(remote)
         assert (report.files, report.reused) == (3, 1)
@@ -245,9 +278,104 @@ class TestPreCopy:
         _make_area(src)
         async with vps.connect() as conn:
             staged = await area_copy.pre_upload(
-                conn, local_dir=src, remote_dir=str(tmp_path / "vps" / "elsewhere")
+                conn, vps_command=vps_command(),
+                local_dir=src, remote_dir=str(tmp_path / "vps" / "elsewhere")
             )
             report = await area_copy.upload(
-                conn, local_dir=src, remote_dir=str(remote), staged=staged
+                conn, vps_command=vps_command(),
+                local_dir=src, remote_dir=str(remote), staged=staged
             )
         assert _tree(remote) == _tree(src) and report.reused == 0
+
+
+class TestDigestCaches:
+    """After a pre-copy both sides re-read only files whose stat identity changed; a change
+    that keeps size and mtime (only ctime tells) is still found, on either side."""
+
+    async def test_a_stealthy_change_to_the_source_after_a_pre_copy_is_sent(
+        self, vps: VpsServer, tmp_path: Path
+    ) -> None:
+        src, remote = tmp_path / "src", tmp_path / "vps" / "data" / "c1"
+        _make_area(src)
+        aged(src / "session.db")
+        async with vps.connect() as conn:
+            staged = await area_copy.pre_upload(
+                conn, vps_command=vps_command(), local_dir=src, remote_dir=str(remote)
+            )
+            assert "session.db" in staged.cache  # hashed while running, cached
+            stealthy_rewrite(src / "session.db", b"t" * 70_000)
+            await area_copy.upload(
+                conn, vps_command=vps_command(),
+                local_dir=src, remote_dir=str(remote), staged=staged
+            )
+        assert _tree(remote) == _tree(src)
+
+    async def test_a_stealthy_change_to_the_vps_staging_dir_is_found(
+        self, vps: VpsServer, tmp_path: Path
+    ) -> None:
+        src, remote = tmp_path / "src", tmp_path / "vps" / "data" / "c2"
+        _make_area(src)
+        staging = Path(str(remote) + area_copy.STAGING_SUFFIX)
+        async with vps.connect() as conn:
+            staged = await area_copy.pre_upload(
+                conn, vps_command=vps_command(), local_dir=src, remote_dir=str(remote)
+            )
+            # the VPS digested the staging dir; once more after the clock moved on, so that
+            # even a file written in that digest's own tick is cached now
+            aged(staging / "session.db")
+            await asyncio.to_thread(
+                subprocess.run, [*vps_command(), "tree-digest", "--dir", str(staging),
+                                 "--cache", f"{staging}{area_copy.DIGESTS_SUFFIX}"],
+                check=True, capture_output=True,
+            )
+            cached = tree_digest.load_cache(Path(str(staging) + area_copy.DIGESTS_SUFFIX))
+            assert "session.db" in cached
+            stealthy_rewrite(staging / "session.db", b"t" * 70_000)
+            report = await area_copy.upload(
+                conn, vps_command=vps_command(),
+                local_dir=src, remote_dir=str(remote), staged=staged
+            )
+        assert _tree(remote) == _tree(src)
+        assert report.reused == 0  # the VPS's digest differed: redone whole
+        digests = tree_digest.load_cache(Path(str(remote) + area_copy.DIGESTS_SUFFIX))
+        assert set(digests) <= {"session.db", "db/keys.bin", "empty"}  # moved with the dir
+
+    async def test_a_stealthy_change_on_the_vps_after_a_pre_copy_is_fetched(
+        self, vps: VpsServer, tmp_path: Path
+    ) -> None:
+        remote, back = tmp_path / "vps" / "data" / "c3", tmp_path / "back"
+        _make_area(remote)
+        aged(remote / "session.db")
+        async with vps.connect() as conn:
+            staged = await area_copy.pre_download(
+                conn, vps_command=vps_command(), remote_dir=str(remote), local_dir=back
+            )
+            cached = tree_digest.load_cache(Path(str(remote) + area_copy.DIGESTS_SUFFIX))
+            assert "session.db" in cached
+            stealthy_rewrite(remote / "session.db", b"t" * 70_000)
+            await area_copy.download(
+                conn, vps_command=vps_command(),
+                remote_dir=str(remote), local_dir=back, staged=staged
+            )
+        assert _tree(back) == _tree(remote)
+
+    async def test_a_stealthy_change_to_the_local_staging_dir_is_found(
+        self, vps: VpsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        # every file written counts as old enough to cache: only its identity can tell
+        monkeypatch.setattr(tree_digest, "epoch_ns", lambda _directory: 2**62)
+        remote, back = tmp_path / "vps" / "data" / "c4", tmp_path / "back"
+        _make_area(remote)
+        staging = back.with_name(back.name + area_copy.STAGING_SUFFIX)
+        async with vps.connect() as conn:
+            staged = await area_copy.pre_download(
+                conn, vps_command=vps_command(), remote_dir=str(remote), local_dir=back
+            )
+            assert "session.db" in staged.cache
+            stealthy_rewrite(staging / "session.db", b"t" * 70_000)
+            report = await area_copy.download(
+                conn, vps_command=vps_command(),
+                remote_dir=str(remote), local_dir=back, staged=staged
+            )
+        assert _tree(back) == _tree(remote)
+        assert report.reused == 0

@@ -19,6 +19,7 @@ import pytest
 from monitord.remote import area_copy
 from monitord.testing.vps_server import VpsServer
 from orchestrator.errors import ErrorCode, MonitordError
+from tests.support.agent_process import vps_command
 
 PWNED = b"written by a hostile VPS"
 
@@ -72,7 +73,10 @@ class Scene:
     async def download_fails(self, vps: VpsServer) -> MonitordError:
         async with vps.connect() as conn:
             with pytest.raises(MonitordError) as err:
-                await area_copy.download(conn, remote_dir=str(self.remote), local_dir=self.local)
+                await area_copy.download(
+                    conn, vps_command=vps_command(),
+                    remote_dir=str(self.remote), local_dir=self.local
+                )
         return err.value
 
     def assert_untouched(self) -> None:
@@ -204,7 +208,7 @@ class TestSymlinksInTheRemoteTree:
         self._link_out(scene)
         async with vps.connect() as conn:
             report = await area_copy.download(
-                conn, remote_dir=str(scene.remote), local_dir=scene.local
+                conn, vps_command=vps_command(), remote_dir=str(scene.remote), local_dir=scene.local
             )
         assert report.files == 1
         assert _snapshot(scene.local) == {"session.db": _sha(b"honest data")}
@@ -283,7 +287,8 @@ class TestStagingIsNeverFollowed:
         async with vps.connect() as conn:
             with pytest.raises(MonitordError) as err:
                 await area_copy.download(
-                    conn, remote_dir=str(scene.remote), local_dir=scene.local
+                    conn, vps_command=vps_command(),
+                    remote_dir=str(scene.remote), local_dir=scene.local
                 )
         assert err.value.code == ErrorCode.COPY_INCOMPLETE
         assert not (scene.victim / "x").exists()

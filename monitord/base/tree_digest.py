@@ -1,0 +1,195 @@
+"""SHA-256 of every regular file under a directory, re-hashing only the files that changed.
+
+A digest cache remembers, per file, the stat identity it had when it was hashed (device,
+inode, size, mtime, ctime) and the hash; the next digest of the same tree takes the hash of a
+file whose identity is unchanged instead of reading it. Any write, truncation, rename over
+it, chmod or touch changes the identity: ctime is set by the kernel on every change and
+cannot be set back by a user.
+
+One case escapes a stat comparison: a write in the same timestamp tick as the hash was
+taken leaves mtime and ctime as they were. So a hash is cached only for a file whose mtime
+and ctime are strictly older than the EPOCH — the mtime of a file created in the same
+directory just before hashing began, read from the same filesystem clock at the same
+granularity. Every later write stamps at least the epoch, so it differs (this is git's
+"racy clean" rule with the reference taken before the hash, not after).
+
+Used on both sides: the PBX keeps caches in memory across one move (pre-copy, then the copy
+after the stop); the VPS keeps one per tree in a file beside it (`monitord.pyz tree-digest
+--dir D --cache D.digests`), rewritten atomically. A cache that is missing, unreadable or of
+another format is simply empty. Standard library only, Python >= 3.9: it runs on the VPS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import stat
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from monitord.base.atomic_file import atomic_write_bytes
+
+_CHUNK = 1 << 20
+_FORMAT = 1
+# (st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns)
+Identity = tuple[int, int, int, int, int]
+# relative POSIX path -> (identity when hashed, SHA-256)
+Cache = dict[str, tuple[Identity, str]]
+# relative POSIX path -> (size, SHA-256)
+Digests = dict[str, tuple[int, str]]
+
+
+def identity(st: os.stat_result) -> Identity:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def epoch_ns(directory: Path) -> int:
+    """The filesystem's idea of 'now' in `directory` (see the module docstring)."""
+    fd, name = tempfile.mkstemp(prefix=".epoch.", dir=directory)
+    try:
+        return os.fstat(fd).st_mtime_ns
+    finally:
+        os.close(fd)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name)
+
+
+def cacheable(before: os.stat_result, after: os.stat_result, epoch: int) -> Identity | None:
+    """The identity under which a hash read between `before` and `after` may be reused, or
+    None: the file changed while it was read, or recently enough to be racy."""
+    if identity(after) != identity(before):
+        return None
+    if max(before.st_mtime_ns, before.st_ctime_ns) >= epoch:
+        return None
+    return identity(before)
+
+
+def regular_files(root: Path) -> Iterator[tuple[str, Path, os.stat_result]]:
+    """(relative POSIX path, path, lstat) of every regular file under root, symlinks
+    neither followed nor listed; none when root is missing."""
+    if not root.is_dir():
+        return
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            full = Path(dirpath) / name
+            try:
+                st = os.lstat(full)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                yield full.relative_to(root).as_posix(), full, st
+
+
+def hash_file(path: Path, *, epoch: int, sync: bool = False) -> tuple[int, str, Identity | None]:
+    """(bytes read, SHA-256, identity to cache it under or None), never through a symlink."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        before = os.fstat(fd)
+        digest = hashlib.sha256()
+        size = 0
+        while True:
+            chunk = f.read(_CHUNK)
+            if not chunk:
+                break
+            digest.update(chunk)
+            size += len(chunk)
+        if sync:
+            os.fsync(fd)
+        after = os.fstat(fd)
+    return size, digest.hexdigest(), cacheable(before, after, epoch)
+
+
+def digest_tree(root: Path, cache: Cache | None = None, *,
+                sync: bool = False) -> tuple[Digests, Cache]:
+    """(size and SHA-256 of every regular file under root, the cache for the next call).
+
+    A file whose identity matches its cache entry is not read. With `sync`, every file and
+    directory is fsynced too (an unchanged one costs a system call, not a write)."""
+    old = cache or {}
+    found: Digests = {}
+    fresh: Cache = {}
+    if not root.is_dir():
+        return found, fresh
+    epoch = epoch_ns(root.parent)
+    for rel, full, st in regular_files(root):
+        hit = old.get(rel)
+        if hit is not None and hit[0] == identity(st):
+            if sync:
+                _fsync_path(full)
+            found[rel] = (st.st_size, hit[1])
+            fresh[rel] = hit
+            continue
+        try:
+            size, sha, ident = hash_file(full, epoch=epoch, sync=sync)
+        except FileNotFoundError:
+            continue  # gone since the walk
+        found[rel] = (size, sha)
+        if ident is not None:
+            fresh[rel] = (ident, sha)
+    if sync:
+        for dirpath, _dirs, _files in os.walk(root):
+            _fsync_path(Path(dirpath))
+    return found, fresh
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def load_cache(path: Path) -> Cache:
+    try:
+        doc = json.loads(path.read_bytes())
+        if doc.get("format") != _FORMAT:
+            return {}
+        return {str(rel): (tuple(int(x) for x in ident), str(sha))  # type: ignore[misc]
+                for rel, (ident, sha) in doc["files"].items() if len(ident) == 5}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return {}
+
+
+def save_cache(path: Path, cache: Cache) -> None:
+    doc = {"format": _FORMAT, "files": {rel: [list(ident), sha] for rel, (ident, sha) in
+                                         sorted(cache.items())}}
+    atomic_write_bytes(path, json.dumps(doc, separators=(",", ":")).encode(), mode=0o600)
+
+
+def sha256sum_line(rel: str, sha: str) -> bytes:
+    """One line as coreutils' `sha256sum` writes it for `./rel` (a name holding a backslash
+    or a newline in its escaped form, flagged by a leading backslash)."""
+    name = os.fsencode(rel)
+    if b"\\" in name or b"\n" in name:
+        name = name.replace(b"\\", b"\\\\").replace(b"\n", b"\\n")
+        return b"\\" + sha.encode() + b"  ./" + name + b"\n"
+    return sha.encode() + b"  ./" + name + b"\n"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dir", required=True, type=Path, help="the tree to digest")
+    parser.add_argument("--cache", type=Path, help="the digest cache file to use and update")
+    parser.add_argument("--sync", action="store_true", help="fsync every file and directory")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print `sha256sum`-format lines for every regular file under --dir, sorted by name;
+    nothing (exit 0) when --dir does not exist."""
+    cache = load_cache(args.cache) if args.cache is not None else None
+    found, fresh = digest_tree(args.dir, cache, sync=args.sync)
+    if args.cache is not None and args.dir.is_dir():
+        save_cache(args.cache, fresh)
+    out = sys.stdout.buffer
+    for rel in sorted(found, key=os.fsencode):
+        out.write(sha256sum_line(rel, found[rel][1]))
+    out.flush()
+    return 0
+
+
+VERBS = {"tree-digest": (add_arguments, run)}

@@ -1,0 +1,116 @@
+"""A digest cache skips re-reading only files whose stat identity is unchanged, never a file
+that changed since it was hashed — even keeping its size and mtime — and the VPS verb prints
+exactly what coreutils' sha256sum prints (real files, the built pyz under the system Python)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import time
+from pathlib import Path
+
+from monitord.base import tree_digest
+from tests.support.agent_process import vps_command
+from tests.support.stat_tricks import aged, stealthy_rewrite
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class TestCache:
+    def test_an_unchanged_file_is_taken_from_the_cache(self, tmp_path: Path) -> None:
+        root = tmp_path / "area"
+        root.mkdir()
+        (root / "db").write_bytes(b"a" * 1000)
+        aged(root / "db")
+        found, cache = tree_digest.digest_tree(root)
+        assert found == {"db": (1000, _sha(b"a" * 1000))} and set(cache) == {"db"}
+        # a cache entry with a wrong hash is believed exactly while the identity holds
+        cache = {"db": (cache["db"][0], "f" * 64)}
+        found, _ = tree_digest.digest_tree(root, cache)
+        assert found["db"][1] == "f" * 64
+
+    def test_a_same_size_rewrite_with_its_mtime_put_back_is_hashed_again(
+        self, tmp_path: Path
+    ) -> None:
+        root = tmp_path / "area"
+        root.mkdir()
+        (root / "db").write_bytes(b"a" * 1000)
+        aged(root / "db")
+        _, cache = tree_digest.digest_tree(root)
+        stealthy_rewrite(root / "db", b"b" * 1000)
+        found, _ = tree_digest.digest_tree(root, cache)
+        assert found["db"] == (1000, _sha(b"b" * 1000))
+
+    def test_a_file_replaced_by_another_is_hashed_again(self, tmp_path: Path) -> None:
+        root = tmp_path / "area"
+        root.mkdir()
+        (root / "db").write_bytes(b"a" * 10)
+        aged(root / "db")
+        _, cache = tree_digest.digest_tree(root)
+        (root / "other").write_bytes(b"b" * 10)
+        os.replace(root / "other", root / "db")
+        found, _ = tree_digest.digest_tree(root, cache)
+        assert found == {"db": (10, _sha(b"b" * 10))}
+
+    def test_a_file_changed_since_the_epoch_is_never_cached(self, tmp_path: Path) -> None:
+        root = tmp_path / "area"
+        root.mkdir()
+        (root / "db").write_bytes(b"a")
+        future = time.time_ns() + 3_600 * 10**9  # as a write in the hash's own tick looks
+        os.utime(root / "db", ns=(future, future))
+        found, cache = tree_digest.digest_tree(root)
+        assert found == {"db": (1, _sha(b"a"))} and cache == {}
+
+    def test_symlinks_are_neither_followed_nor_listed(self, tmp_path: Path) -> None:
+        root = tmp_path / "area"
+        (root / "d").mkdir(parents=True)
+        (tmp_path / "outside").write_bytes(b"secret")
+        (root / "link").symlink_to(tmp_path / "outside")
+        (root / "dirlink").symlink_to(tmp_path)
+        (root / "d" / "f").write_bytes(b"x")
+        found, _ = tree_digest.digest_tree(root)
+        assert set(found) == {"d/f"}
+
+    def test_a_cache_file_that_is_damaged_counts_as_empty(self, tmp_path: Path) -> None:
+        for text in (b"", b"{", b'{"format": 1, "files": {"a": [[1], "x"]}}', b"[]",
+                     b'{"format": 99, "files": {}}'):
+            (tmp_path / "c").write_bytes(text)
+            assert tree_digest.load_cache(tmp_path / "c") == {}
+        assert tree_digest.load_cache(tmp_path / "missing") == {}
+
+
+class TestTheVerb:
+    def test_it_prints_what_sha256sum_prints_and_keeps_a_cache(self, tmp_path: Path) -> None:
+        root = tmp_path / "area"
+        (root / "sub dir").mkdir(parents=True)
+        for name, data in [("plain", b"1"), ("back\\slash", b"2"), ("new\nline", b"3"),
+                           ("sub dir/ü", b"4"), ("empty", b"")]:
+            (root / name).write_bytes(data)
+        (root / "link").symlink_to(root / "plain")
+        coreutils = subprocess.run(
+            "find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum",
+            shell=True, cwd=root, capture_output=True, check=True,
+        ).stdout
+        cache = tmp_path / "area.digests"
+        ours = subprocess.run(
+            [*vps_command(), "tree-digest", "--dir", str(root), "--cache", str(cache), "--sync"],
+            capture_output=True, check=True,
+        ).stdout
+        assert ours == coreutils
+        assert cache.stat().st_mode & 0o777 == 0o600
+        again = subprocess.run(
+            [*vps_command(), "tree-digest", "--dir", str(root), "--cache", str(cache)],
+            capture_output=True, check=True,
+        ).stdout
+        assert again == coreutils
+
+    def test_a_missing_dir_prints_nothing(self, tmp_path: Path) -> None:
+        done = subprocess.run(
+            [*vps_command(), "tree-digest", "--dir", str(tmp_path / "nope"),
+             "--cache", str(tmp_path / "nope.digests")],
+            capture_output=True, check=True,
+        )
+        assert done.stdout == b"" and not (tmp_path / "nope.digests").exists()
