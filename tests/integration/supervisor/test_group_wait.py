@@ -1,0 +1,72 @@
+"""Waiting for process groups to empty: real processes, real /proc. Many waiters share one
+/proc scan, and no waiter ever takes a group for gone from a scan older than its signal."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+
+import pytest
+
+from monitord.base import proc_identity
+
+
+def _group(*argv: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(argv, start_new_session=True)
+
+
+async def test_a_scan_older_than_the_signal_never_says_gone() -> None:
+    # a fresh picture of /proc taken before the group exists...
+    proc_identity._live_groups(taken_after=float("-inf"), max_age_s=60.0)
+    child = _group("sleep", "30")  # ...and a group that ignores nothing but lives on
+    try:
+        assert not await proc_identity._wait_group_empty(child.pid, timeout_s=0.2, poll_s=0.02)
+    finally:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+
+
+async def test_many_groups_stopping_at_once_share_the_scans(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    children = [_group("sh", "-c", "trap 'sleep 0.3; exit 0' TERM; sleep 30 & wait")
+                for _ in range(10)]
+    scans = 0
+    listdir = os.listdir
+
+    def counting(path: object) -> list[str]:
+        nonlocal scans
+        scans += 1
+        return listdir(path)  # type: ignore[call-overload,no-any-return]
+
+    monkeypatch.setattr(proc_identity.os, "listdir", counting)
+    try:
+        await asyncio.sleep(0.1)  # the traps are set
+        gone = await asyncio.gather(*(
+            proc_identity.terminate_group(c.pid, grace_s=5.0, poll_s=0.02) for c in children
+        ))
+        assert all(gone)
+        # each waiter polls ~15 times in 0.3 s; alone, 10 waiters would scan ~150 times
+        assert scans < 60, scans
+    finally:
+        for c in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(c.pid, signal.SIGKILL)
+            c.wait()
+
+
+async def test_a_member_outliving_its_leader_is_still_waited_for_and_killed() -> None:
+    # the leader exits at SIGTERM; its child ignores SIGTERM and stays in the group
+    child = _group("sh", "-c", "sh -c 'trap \"\" TERM; exec sleep 30' & trap 'exit 0' TERM; wait")
+    try:
+        await asyncio.sleep(0.2)  # both are up, the traps set
+        assert len(proc_identity.group_members(child.pid)) == 2
+        assert await proc_identity.terminate_group(child.pid, grace_s=0.5, poll_s=0.02)
+        assert proc_identity.group_members(child.pid) == []
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
