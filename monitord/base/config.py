@@ -194,6 +194,9 @@ class RemoteSection(_Section):
     reconnect_backoff_base_s: float = Field(default=1.0, gt=0)
     reconnect_backoff_cap_s: float = Field(default=30.0, gt=0)
     reconnect_max_per_minute: int = Field(default=6, ge=1)
+    # A second, idle connection kept logged in so that a reconnect after one connection
+    # dies skips the login (monitord/remote/tunnel/standby.py).
+    standby_connection: bool = True
     tunnel_lease_ttl_s: float = Field(default=30.0, gt=0)
     area_lease_ttl_s: float = Field(default=30.0, gt=0)
     lease_clock_margin: float = Field(default=0.1, ge=0)

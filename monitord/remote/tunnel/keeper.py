@@ -44,6 +44,7 @@ from monitord.remote.tunnel.lease_client import (
     LeaseSession,
     command_prefix,
 )
+from monitord.remote.tunnel.standby import PROMOTE_TIMEOUT_S, Standby
 from orchestrator.errors import ErrorCode, MonitordError, TransientError, error_for
 from orchestrator.tunnel_lease import LeaseRecord
 
@@ -171,6 +172,10 @@ class TunnelKeeper:
         self._attempt_task: asyncio.Task[None] | None = None
         self._hooks = _Hooks()
         self._log = logs.get_logger(__name__).bind(owner_label=owner_label)
+        self._standby = Standby(
+            connect=self._connect, open_helper=self._lease_client.open_session,
+            retry_s=config.reconnect_backoff_cap_s, log=self._log,
+        ) if config.standby_connection else None
         self._last_logged: tuple[str, str, float, int] | None = None
         detect_s = config.keepalive_interval_s * config.keepalive_count_max
         if detect_s >= config.tunnel_lease_ttl_s:
@@ -233,6 +238,8 @@ class TunnelKeeper:
                         raise  # run() itself is being cancelled
         finally:
             await self._cancel_hooks()
+            if self._standby is not None:
+                await self._standby.close()
             await self._publish(state=TunnelState.STOPPED, next_retry_at=None, forwards=())
 
     async def close(self) -> None:
@@ -280,17 +287,43 @@ class TunnelKeeper:
         self.attempt_times.append(now)
         await self._publish(state=TunnelState.CONNECTING, attempts=self._status.attempts + 1,
                             next_retry_at=None)
+        ready = await self._standby.take() if self._standby is not None else None
+        if ready is not None:
+            if await self._run_on(ready.conn, ready.helper):
+                return
+            self._log.info("tunnel_standby_unusable")
         try:
             conn = await self._connect()
         except MonitordError as e:
             await self._failed(e)
             return
+        await self._run_on(conn, None)
+
+    async def _run_on(
+        self, conn: asyncssh.SSHClientConnection, standby_helper: LeaseSession | None
+    ) -> bool:
+        """Lease, provisioning, forwards, proof, then hold: the rest of an attempt on `conn`
+        (which it closes). With `standby_helper` (a promoted standby connection) it returns
+        False, having published nothing, if that connection turns out dead before the lease
+        is held — the caller then connects afresh."""
         self._conn = conn
         forwards: ForwardSet | None = None
+        dead_standby = False
         try:
-            helper, prepared = await self._open_helper_bootstrapping(conn)
-            self._helper = helper
-            answer = await self._acquire_lease(helper)
+            if standby_helper is None:
+                helper, prepared = await self._open_helper_bootstrapping(conn)
+                self._helper = helper
+                answer = await self._acquire_lease(helper)
+            else:
+                helper, prepared = standby_helper, False
+                self._helper = helper
+                try:
+                    answer = await self._acquire_lease(helper, timeout_s=PROMOTE_TIMEOUT_S)
+                except MonitordError as e:
+                    if e.code not in (ErrorCode.SSH_UNREACHABLE, ErrorCode.SSH_TIMEOUT):
+                        raise
+                    dead_standby = True
+                    return False
             if not prepared:
                 await self._prepare_vps(conn)
             forwards = self._forward_set(conn, helper=helper, answer=answer)
@@ -299,6 +332,8 @@ class TunnelKeeper:
             await self._connected(
                 conn, answer=answer, statuses=statuses, fenced=len(forwards.fenced)
             )
+            if self._standby is not None:
+                self._standby.start()
             await self._hold(conn, helper)
         except MonitordError as e:
             await self._failed(e)
@@ -308,9 +343,13 @@ class TunnelKeeper:
             if self._helper is not None:
                 self._helper.close()
             self._conn = self._helper = None
-            conn.close()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(conn.wait_closed(), 2.0)
+            if dead_standby:
+                conn.abort()  # nothing to say goodbye to: do not wait for the peer
+            else:
+                conn.close()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(conn.wait_closed(), 2.0)
+        return True
 
     async def _connect(self) -> asyncssh.SSHClientConnection:
         # Jump hosts, ssh_config, the timeout and translated errors: ssh_connect.py.
@@ -340,8 +379,10 @@ class TunnelKeeper:
         except ssh_errors.SSH_ERRORS as e:
             raise ssh_errors.translate_connect(e, during="preparing the VPS") from e
 
-    async def _acquire_lease(self, helper: LeaseSession) -> LeaseAnswer:
-        answer = await helper.acquire()
+    async def _acquire_lease(
+        self, helper: LeaseSession, *, timeout_s: float | None = None
+    ) -> LeaseAnswer:
+        answer = await helper.acquire(timeout_s=timeout_s)
         if answer.ok:
             return answer
         holder = answer.holder

@@ -230,8 +230,8 @@ class LeaseSession:
                 self._process.stdin.write(json.dumps({"op": op, **fields}).encode() + b"\n")
             return await self.read_reply(op, timeout_s=timeout_s)
 
-    async def acquire(self) -> LeaseAnswer:
-        return _answer(await self.request("acquire"))
+    async def acquire(self, *, timeout_s: float | None = None) -> LeaseAnswer:
+        return _answer(await self.request("acquire", timeout_s=timeout_s))
 
     async def renew(self) -> LeaseAnswer:
         return _answer(await self.request("renew"))

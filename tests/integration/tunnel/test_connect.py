@@ -79,8 +79,9 @@ class TestNoKeyMaterial:
     ) -> None:
         config = remote_section(vps, reverse=(reverse_to(echo),))
         async with running_keeper(config, captured=captured) as keeper:
-            await keeper.wait_connected(timeout_s=20)
-            vps.sshd.kill_session(vps.sshd.session_pids()[0])
+            status = await keeper.wait_connected(timeout_s=20)
+            assert status.lease is not None
+            vps.sshd.kill_session(status.lease.session.sshd_pid)  # not the standby's
             await keeper.wait_for(lambda s: s.reconnects == 2, timeout_s=20)
         text = captured.all_text()
         assert "tunnel_connected" in text and "owner-a" in text, "the scan saw real output"

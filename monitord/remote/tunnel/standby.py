@@ -1,0 +1,113 @@
+"""The standby connection: a second SSH connection to the VPS, logged in, with its
+`tunnel-lease serve` helper already running, and holding nothing — no lease, no forward.
+
+When the tunnel's connection ends while the VPS and the path to it stay up (the VPS kills
+that one sshd session, a NAT or firewall drops that one flow, an sshd session process is
+OOM-killed), the keeper's next attempt takes the standby instead of connecting: the key
+exchange, the login and the helper's start — most of a reconnect — are already done, and
+what is left is the lease (one JSON line each way) and the forwards. Only then is a new
+standby made. When the standby turns out dead too (the whole path is gone), the attempt
+finds out within `PROMOTE_TIMEOUT_S` and connects afresh, as it would have without one.
+
+The standby never takes the lease by itself and never opens a forward, so it cannot be a
+second owner; the lease decides between our own sessions exactly as after any reconnect
+(tunnel.md). Its connect attempts are paced by `retry_s` (the backoff cap) after a failure,
+so it cannot storm. Owned by the keeper: started after each proven connection, closed with
+the keeper.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import asyncssh
+
+from monitord.remote.tunnel.lease_client import LeaseSession
+from orchestrator.errors import MonitordError
+
+# How long a promoted standby's first answer may take before it counts as dead: a live
+# helper answers within a few round trips; a dead path would otherwise cost a full
+# request timeout before the fresh connect that is needed anyway.
+PROMOTE_TIMEOUT_S = 1.0
+
+
+@dataclass(frozen=True)
+class Ready:
+    conn: asyncssh.SSHClientConnection
+    helper: LeaseSession
+
+
+class Standby:
+    """Keeps one `Ready` connection in reserve; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        connect: Callable[[], Awaitable[asyncssh.SSHClientConnection]],
+        open_helper: Callable[[asyncssh.SSHClientConnection], Awaitable[LeaseSession]],
+        retry_s: float,
+        log: Any,
+    ) -> None:
+        self._connect = connect
+        self._open_helper = open_helper
+        self._retry_s = retry_s
+        self._log = log
+        self._ready: Ready | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Make (and then keep) a standby, unless one is being kept already."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._keep(), name="tunnel keeper: standby")
+
+    async def take(self) -> Ready | None:
+        """The standby, now the caller's to use and close; None if none is ready. Stops
+        keeping one until `start()` is called again."""
+        ready, self._ready = self._ready, None
+        await self._stop()
+        return ready
+
+    async def close(self) -> None:
+        await self._stop()
+        ready, self._ready = self._ready, None
+        if ready is not None:
+            ready.helper.close()
+            ready.conn.close()
+
+    async def _stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _keep(self) -> None:
+        while True:
+            await self._one()
+            await asyncio.sleep(self._retry_s)
+
+    async def _one(self) -> None:
+        """Connect, start the helper, then wait until the connection ends or is taken."""
+        try:
+            conn = await self._connect()
+        except MonitordError as e:
+            self._log.info("tunnel_standby_failed", error_code=e.code, detail=e.detail)
+            return
+        ready: Ready | None = None
+        try:
+            ready = Ready(conn, await self._open_helper(conn))
+            self._ready = ready
+            self._log.debug("tunnel_standby_ready")
+            await conn.wait_closed()
+            self._log.info("tunnel_standby_lost")
+        except MonitordError as e:
+            self._log.info("tunnel_standby_failed", error_code=e.code, detail=e.detail)
+        finally:
+            if ready is None:  # never offered
+                conn.close()
+            elif self._ready is ready:  # offered and not taken: still ours to close
+                self._ready = None
+                ready.helper.close()
+                conn.close()
