@@ -34,6 +34,7 @@ from monitord.local.supervisor import AreaRun, LocalSupervisor, area_run, expand
 from monitord.remote import area_copy, artifact
 from monitord.remote import preflight as preflight_checks
 from monitord.remote.remote_link import RemoteLink
+from monitord.remote.shared_facts import SharedFacts
 from monitord.store.state_db import Store
 from orchestrator import lineage, phases
 from orchestrator.errors import ErrorCode, MonitordError, error_for
@@ -104,6 +105,8 @@ class PhaseActions:
         # What each area's pre-copy staged while its source still ran (by transaction id):
         # in memory only — lost on a restart, which just means a full copy.
         self._staged: dict[str, area_copy.Staged] = {}
+        # One probe and one self-check of the VPS for the areas whose preflights run together.
+        self._preflight_facts = SharedFacts()
 
     def _link(self) -> RemoteLink:
         if self.remote is None:
@@ -230,6 +233,7 @@ class PhaseActions:
             forwards_ready=link.forwards_ready(),
             auth_error=f"{last.code}: {last.detail}" if last else "",
             agent=link.agent,
+            shared=self._preflight_facts,
         )
 
     # -- stopping (SUPPRESS_SOURCE, FenceDestination) -----------------------------------

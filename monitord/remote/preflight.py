@@ -45,6 +45,7 @@ from monitord.base.config import Config, RemoteSection
 from monitord.remote import artifact, remote_exec
 from monitord.remote.agent_client import AgentClient
 from monitord.remote.provisioning import LocalArtifact
+from monitord.remote.shared_facts import SharedFacts
 from orchestrator import classify
 from orchestrator.errors import ErrorCode, MonitordError, lookup
 
@@ -171,8 +172,12 @@ async def run_preflight(
     agent: AgentClient | None,
     auth_error: str = "",
     timeout_s: float = 10.0,
+    shared: SharedFacts | None = None,
 ) -> PreflightReport:
-    """Run every check once (see the module doc); never raises for a failed check."""
+    """Run every check once (see the module doc); never raises for a failed check. With
+    `shared`, the VPS-side facts (probe, self-check) come from one fetch for every preflight
+    over the same connection within its max age (monitord/remote/shared_facts.py)."""
+    shared = shared or SharedFacts(max_age_s=0.0)
     remote = config.remote
     if remote is None:
         raise ValueError("preflight needs a [remote] section")
@@ -183,7 +188,10 @@ async def run_preflight(
         results["auth"] = _failed("auth", auth_error or "no SSH connection to the VPS")
     else:
         try:
-            facts = await _probe(conn, remote=remote, artifacts=artifacts, timeout_s=timeout_s)
+            probe_key = ("probe", id(conn), tuple((a.name, a.sha256) for a in artifacts))
+            facts = await shared.get(probe_key, lambda: _probe(
+                conn, remote=remote, artifacts=artifacts, timeout_s=timeout_s
+            ))
         except MonitordError as e:
             results["auth"] = _failed("auth", f"the SSH session cannot run commands: {e}")
         else:
@@ -205,7 +213,11 @@ async def run_preflight(
             "agent", f"the self-check needs this monitord's {pyz.name} on the VPS (artifacts)"
         )
     else:
-        self_check = await _self_check(conn, remote=remote, timeout_s=timeout_s)
+        self_check = await shared.get(
+            ("self-check", id(conn), pyz.sha256 if pyz else ""),
+            lambda: _self_check(conn, remote=remote, timeout_s=timeout_s),
+            keep=lambda lines: not isinstance(lines, str),  # could not run: ask again
+        )
         results["agent"] = _judge_agent(alive_detail, self_check)
     if alive_detail is None and agent is not None:
         results["remote_config"] = await _remote_config(config, service=service, agent=agent)

@@ -23,6 +23,7 @@ from monitord.remote import agent_channel, provisioning
 from monitord.remote.agent_client import AgentClient
 from monitord.remote.preflight import CheckStatus, PreflightReport, TunnelOwnerView, run_preflight
 from monitord.remote.provisioning import LocalArtifact
+from monitord.remote.shared_facts import SharedFacts
 from monitord.testing.vps_server import VpsServer
 from orchestrator.errors import ErrorCode
 from tests.support.agent_process import SYSTEM_PYTHON
@@ -180,6 +181,16 @@ class TestHealthyVps:
         # the facts script and the pyz's self-check
         assert len(vps.command_log) - commands_before == 2
         assert "self-check passed (cpython 3." in report.result("agent").detail
+
+    async def test_preflights_of_areas_moving_together_ask_the_vps_once(
+        self, preflight: PreflightRunner, vps: VpsServer
+    ) -> None:
+        commands_before = len(vps.command_log)
+        shared = SharedFacts()
+        reports = await asyncio.gather(*(preflight(shared=shared) for _ in range(10)))
+        assert all(report.ok for report in reports), [r.failures for r in reports]
+        # one facts script and one self-check for all ten (each alone: two apiece)
+        assert len(vps.command_log) - commands_before == 2
 
     async def test_the_agent_is_asked_over_the_ssh_connection(
         self, preflight: PreflightRunner, agent: StandInAgent
