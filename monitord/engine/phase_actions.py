@@ -45,6 +45,8 @@ from orchestrator.phases import Outcome
 log = logs.get_logger(__name__)
 
 POLL_S = 0.1
+# Past the end of a health window, so that one look finds it over (clocks tick unevenly).
+HEALTH_SLACK_S = 0.02
 # Why a tunnel is not up, as the preflight reports it (anything else: SSH_UNREACHABLE).
 TUNNEL_STATE_CODES = {
     "auth_failed": ErrorCode.PREFLIGHT_AUTH,
@@ -73,6 +75,18 @@ def remote_paths(
         for part in template
     )
     return data_dir, command
+
+
+def _next_health_look(uptime: float | None, min_uptime_s: float, left_s: float) -> float:
+    """How long to wait before looking at a starting destination again: once it runs, until
+    the moment its health window is over (each look is an agent call; an area is down
+    until the window closes, so a fixed poll would add up to one period to its downtime);
+    before it runs, the poll period. Never past the deadline."""
+    if uptime is not None and uptime < min_uptime_s:
+        wait = min_uptime_s - uptime + HEALTH_SLACK_S
+    else:
+        wait = POLL_S
+    return max(0.0, min(wait, left_s))
 
 
 def local_data_dir(section: ServiceSection, *, area: str, generation: int) -> Path:
@@ -509,13 +523,14 @@ class PhaseActions:
             if uptime is not None and uptime >= section.min_uptime_s:
                 if await self._probe(section, txn, side=side):
                     return
-            if self._clock() >= deadline:
+            now = self._clock()
+            if now >= deadline:
                 raise error_for(
                     ErrorCode.HEALTHCHECK_TIMEOUT,
                     f"{txn.area} did not stay up {section.min_uptime_s:g} s on {side.value}"
                     f" within {section.min_uptime_s + section.healthcheck_timeout_s:g} s",
                 )
-            await asyncio.sleep(POLL_S if side is Side.LOCAL else 0.5)
+            await asyncio.sleep(_next_health_look(uptime, section.min_uptime_s, deadline - now))
 
     async def _uptime(self, area: str, *, side: Side, generation: int) -> float | None:
         if side is Side.LOCAL:
