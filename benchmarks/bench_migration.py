@@ -19,7 +19,9 @@ the agent, the area lease and its guard process, the commit write and the source
 `ratio` = migration wall time / floor wall time.
 
 Each figure also says how many transactions were retried or rolled back on the way, and how
-many split-brain overlaps the detector saw, so an odd figure explains itself.
+many split-brain overlaps the detector saw, so an odd figure explains itself; the wall figure
+gives the median of each stretch around the downtime too (`preflight_p50_s`: preflight and
+pre-copy; `commit_p50_s`; `cleanup_p50_s`: the source's archive).
 
 The same run gives a second figure, `area_downtime_local_to_remote`: each area's downtime as
 monitord recorded it (its `area_downtime` events: from the moment the source may no longer run
@@ -264,22 +266,32 @@ DOWNTIME_STRETCHES = (
     ("create", "CREATE_DESTINATION", "HEALTHCHECK_DESTINATION"),
     ("healthcheck", "HEALTHCHECK_DESTINATION", "COMMIT_LOCATION"),
 )
+# The rest of one transaction's wall time, around the downtime (the wall figure's stretches).
+WALL_STRETCHES = (
+    ("preflight", "PREFLIGHT", "SUPPRESS_SOURCE"),  # preflight and the pre-copy
+    ("commit", "COMMIT_LOCATION", "CLEANUP_SOURCE"),
+    ("cleanup", "CLEANUP_SOURCE", "DONE"),
+)
 
 
-def _stretches(stack: Stack, since: int) -> dict[str, float]:
-    """p50 over the areas of each stretch of the downtime, from monitord's phase events."""
+def _stretches(
+    stack: Stack, since: int, table: tuple[tuple[str, str, str], ...] = DOWNTIME_STRETCHES
+) -> dict[str, float]:
+    """p50 over the areas of each stretch in `table`, from monitord's phase events."""
     entered: dict[str, dict[str, float]] = {}
     for line in stack.log_lines[since:]:
-        if '"transaction_phase"' not in line:
+        if '"transaction_phase"' not in line and '"transaction_started"' not in line:
             continue
         with contextlib.suppress(ValueError, KeyError, TypeError):
             record = json.loads(line)
-            if record.get("event") != "transaction_phase":
+            event = record.get("event")
+            if event not in ("transaction_phase", "transaction_started"):
                 continue
+            phase = "PREFLIGHT" if event == "transaction_started" else record["phase"]
             at = datetime.fromisoformat(record["timestamp"]).timestamp()
-            entered.setdefault(record["transaction_id"], {}).setdefault(record["phase"], at)
+            entered.setdefault(record["transaction_id"], {}).setdefault(phase, at)
     result = {}
-    for name, start, end in DOWNTIME_STRETCHES:
+    for name, start, end in table:
         spans = [phases[end] - phases[start] for phases in entered.values()
                  if start in phases and end in phases]
         if spans:
@@ -357,6 +369,7 @@ async def _one_case(root: Path, *, areas: int, data_bytes: int) -> list[dict[str
         wall_s = time.perf_counter() - clock
         downtimes = await _all_downtimes(stack, since, areas=areas)
         stretches = _stretches(stack, since)
+        wall_stretches = _stretches(stack, since, WALL_STRETCHES)
         rolled_back = _downtimes(stack, since, outcome="rolled_back")
         last_move = (await stack.status())["services"][SERVICE]["last_move"]
         started = _count(stack, since, "transaction_started")
@@ -382,6 +395,7 @@ async def _one_case(root: Path, *, areas: int, data_bytes: int) -> list[dict[str
         "rollbacks": rollbacks,
         "step_retries": step_retries,
         "split_brain_overlaps": overlaps,
+        **wall_stretches,
     }
     downtime = _downtime_figure(
         areas=areas, data_bytes=data_bytes, parallelism=parallelism, measured=downtimes,

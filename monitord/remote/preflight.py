@@ -33,6 +33,7 @@ Called by the migration engine in the PREFLIGHT phase and by `monitord demo`.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -53,6 +54,10 @@ log = logs.get_logger(__name__)
 
 WANTED_ARCH = "x86_64"
 WRITE_TEST_NAME = ".preflight-write-test"
+# The self-check proves what the VPS's Python and system can do for this pyz: that does not
+# change under a running connection, and it costs a Python start with every module imported
+# (about 0.25 s) — so one answer serves every preflight over the connection for this long.
+SELF_CHECK_MAX_AGE_S = 3600.0
 
 
 class CheckStatus(StrEnum):
@@ -183,19 +188,41 @@ async def run_preflight(
         raise ValueError("preflight needs a [remote] section")
     results: dict[str, CheckResult] = {}
 
-    facts: _RemoteFacts | None = None
+    pyz = next((a for a in artifacts if a.name == artifact.PYZ_NAME), None)
+
+    async def probe() -> _RemoteFacts | MonitordError | None:
+        if conn is None:
+            return None
+        try:
+            return await shared.get(
+                ("probe", _conn_key(conn), tuple((a.name, a.sha256) for a in artifacts)),
+                lambda: _probe(conn, remote=remote, artifacts=artifacts, timeout_s=timeout_s),
+            )
+        except MonitordError as e:
+            return e
+
+    async def self_check() -> tuple[SelfCheckLine, ...] | str:
+        # Run alongside the probe; its answer counts only if the probe finds our pyz there.
+        if conn is None:
+            return "no SSH connection"
+        return await shared.get(
+            ("self-check", _conn_key(conn), pyz.sha256 if pyz else ""),
+            lambda: _self_check(conn, remote=remote, timeout_s=timeout_s),
+            keep=lambda lines: not isinstance(lines, str),  # could not run: ask again
+            max_age_s=SELF_CHECK_MAX_AGE_S,
+        )
+
+    # Independent round trips, at once: a preflight is part of every move's wall time.
+    probed, alive_detail, checked = await asyncio.gather(
+        probe(), _agent_alive(agent), self_check()
+    )
+    facts = probed if isinstance(probed, _RemoteFacts) else None
     if conn is None:
         results["auth"] = _failed("auth", auth_error or "no SSH connection to the VPS")
+    elif facts is None:
+        results["auth"] = _failed("auth", f"the SSH session cannot run commands: {probed}")
     else:
-        try:
-            probe_key = ("probe", id(conn), tuple((a.name, a.sha256) for a in artifacts))
-            facts = await shared.get(probe_key, lambda: _probe(
-                conn, remote=remote, artifacts=artifacts, timeout_s=timeout_s
-            ))
-        except MonitordError as e:
-            results["auth"] = _failed("auth", f"the SSH session cannot run commands: {e}")
-        else:
-            results["auth"] = _ok("auth", f"{facts.user}@{remote.host}:{remote.port}")
+        results["auth"] = _ok("auth", f"{facts.user}@{remote.host}:{remote.port}")
 
     if facts is None:
         for check in ("arch", "bin_dir", "disk_space", "write_test", "artifacts"):
@@ -204,8 +231,6 @@ async def run_preflight(
         results.update(_judge_facts(facts, remote=remote, artifacts=artifacts,
                                     area_data_bytes=area_data_bytes))
 
-    alive_detail = await _agent_alive(agent)
-    pyz = next((a for a in artifacts if a.name == artifact.PYZ_NAME), None)
     if facts is None:
         results["agent"] = _skipped("agent", "the self-check needs a working SSH session")
     elif pyz is not None and facts.hashes.get(pyz.name) != pyz.sha256:
@@ -213,12 +238,7 @@ async def run_preflight(
             "agent", f"the self-check needs this monitord's {pyz.name} on the VPS (artifacts)"
         )
     else:
-        self_check = await shared.get(
-            ("self-check", id(conn), pyz.sha256 if pyz else ""),
-            lambda: _self_check(conn, remote=remote, timeout_s=timeout_s),
-            keep=lambda lines: not isinstance(lines, str),  # could not run: ask again
-        )
-        results["agent"] = _judge_agent(alive_detail, self_check)
+        results["agent"] = _judge_agent(alive_detail, checked)
     if alive_detail is None and agent is not None:
         results["remote_config"] = await _remote_config(config, service=service, agent=agent)
     else:
@@ -252,6 +272,11 @@ async def run_preflight(
         skipped=[r.check for r in report.results if r.status is CheckStatus.SKIPPED],
     )
     return report
+
+
+def _conn_key(conn: asyncssh.SSHClientConnection) -> tuple[int, object]:
+    """One connection among those that come and go (an id alone may be reused)."""
+    return id(conn), conn.get_extra_info("sockname")
 
 
 async def _probe(

@@ -37,10 +37,14 @@ class SharedFacts:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._max_age_s = max_age_s
         self._clock = clock
-        self._entries: dict[Hashable, tuple[float, asyncio.Future[Any]]] = {}
+        # key -> (when its fetch started, how long it is good for, the result)
+        self._entries: dict[Hashable, tuple[float, float, asyncio.Future[Any]]] = {}
 
     async def get(self, key: Hashable, make: Callable[[], Awaitable[T]],
-                  *, keep: Callable[[T], bool] = lambda _value: True) -> T:
+                  *, keep: Callable[[T], bool] = lambda _value: True,
+                  max_age_s: float | None = None) -> T:
+        """`make()`'s result, shared (see the module docstring); `max_age_s` overrides the
+        instance's for this key."""
         while True:
             now = self._clock()
             self._prune(now)
@@ -48,12 +52,12 @@ class SharedFacts:
             if hit is None:
                 break
             try:
-                value: T = await asyncio.shield(hit[1])
+                value: T = await asyncio.shield(hit[2])
                 return value
             except _ProducerGone:
                 continue  # its producer was cancelled: produce it here
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._entries[key] = (now, future)
+        self._entries[key] = (now, self._max_age_s if max_age_s is None else max_age_s, future)
         try:
             value = await make()
         except asyncio.CancelledError:
@@ -69,12 +73,12 @@ class SharedFacts:
 
     def _prune(self, now: float) -> None:
         """Drop the finished entries too old to use (keys name connections: they come and go)."""
-        for key, (started, future) in list(self._entries.items()):
-            if future.done() and now - started > self._max_age_s:
+        for key, (started, max_age_s, future) in list(self._entries.items()):
+            if future.done() and now - started > max_age_s:
                 del self._entries[key]
 
     def _forget(self, key: Hashable, future: asyncio.Future[Any], error: BaseException) -> None:
-        if self._entries.get(key, (0.0, None))[1] is future:
+        if self._entries.get(key, (0.0, 0.0, None))[2] is future:
             del self._entries[key]
         future.set_exception(error)
         future.exception()  # whoever waits gets it; nobody waiting is not an error

@@ -109,3 +109,21 @@ async def test_a_cancelled_producer_leaves_its_waiter_to_fetch() -> None:
     with pytest.raises(asyncio.CancelledError):
         await producer
     assert await waiter == 5 and calls == 2
+
+
+async def test_a_key_may_be_kept_longer_than_the_default() -> None:
+    clock = Clock()
+    calls = 0
+
+    async def make() -> int:
+        nonlocal calls
+        calls += 1
+        return calls
+
+    facts = SharedFacts(max_age_s=10.0, clock=clock)
+    assert await facts.get("long", make, max_age_s=3600.0) == 1
+    clock.now += 600.0
+    assert await facts.get("long", make, max_age_s=3600.0) == 1
+    assert await facts.get("short", make) == 2
+    clock.now += 20.0
+    assert await facts.get("short", make) == 3  # the default still applies to other keys
