@@ -27,7 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from monitord.base import log_sink, proc_identity
+from monitord.base import log_sink, proc_identity, run_as
 from monitord.vps import event_log, lease_file, lease_table, spool_cache
 from monitord.vps.area_runner import AreaRunner, GuardHandle
 from monitord.vps.lease_table import AreaEntry, AreaSpec, CreateVerdict, GenerationCheck
@@ -221,8 +221,25 @@ class AgentRuntime:
             self._entries[area] = replace(entry, run_wanted=False)
             spool_cache.save(self.cache_path, self._entries.values())
             await self._stop_process(area, fence=False)
+            await asyncio.to_thread(self._hand_back, entry.spec)
             log.info("area_stopped", area=area, generation=generation)
             return {"area": area, "result": "stopped", "generation": generation}
+
+    def _hand_back(self, spec: AreaSpec) -> None:
+        """After a verified stop, give a service user's data back to the agent's own user:
+        the copy that follows (over SFTP, as the SSH user the agent runs as) must read files
+        the daemon created 0600. The next start hands it over again (area_runner)."""
+        data_dir = Path(spec.data_dir)
+        if spec.user is None and spec.group is None or not data_dir.is_dir():
+            return
+        if not data_dir.is_relative_to(self.base_dir) or data_dir == self.base_dir:
+            return
+        agent = run_as.RunAs(uid=os.getuid(), gid=os.getgid(), groups=())
+        try:
+            run_as.hand_over(data_dir, agent)
+        except OSError as e:  # no CAP_CHOWN: the copy will say what it cannot read
+            log.warning("area_hand_back_failed", area=spec.area, data_dir=str(data_dir),
+                        detail=e.strerror or str(e))
 
     async def delete(self, area: str, *, generation: int) -> dict[str, Any]:
         """DELETE /v1/areas/{area}: stop, then remove the data, the lease and the entry.

@@ -360,6 +360,29 @@ class TestTheAgentsApiCarriesTheUser:
             status, _ = await agent.request("POST", f"/v1/areas/{AREA}/stop?generation=1")
             assert status == 200
 
+    async def test_a_stop_hands_the_data_back_so_the_copy_can_read_it(
+        self, tmp_path: Path, service_user: str
+    ) -> None:
+        """The copy after a stop runs over SFTP as the agent's (the SSH) user: a file the
+        daemon created 0600 as its service user is the agent's again once it is stopped."""
+        from tests.support.agent_process import running_agent
+
+        async with running_agent(tmp_path / "vps") as agent:
+            data_dir = agent.base_dir / "data" / "tg" / AREA
+            script = "umask 077; mkdir -p db; echo secret > db/session; exec sleep 600"
+            body = {"service": "tg", "generation": 1, "owner_id": "owner", "lease_ttl_s": 30,
+                    "command": ["/bin/sh", "-c", script], "data_dir": str(data_dir),
+                    "env": {}, "user": service_user}
+            status, answer = await agent.request("PUT", f"/v1/areas/{AREA}", json_body=body)
+            assert status == 201, answer
+            written = data_dir / "db" / "session"
+            await wait_until(written.exists, timeout_s=20, what="the daemon to write")
+            assert owner(written) == service_user and written.stat().st_mode & 0o077 == 0
+            status, _ = await agent.request("POST", f"/v1/areas/{AREA}/stop?generation=1")
+            assert status == 200
+            me = pwd.getpwuid(os.getuid()).pw_name
+            assert {owner(p) for p in (data_dir, data_dir / "db", written)} == {me}
+
     async def test_a_user_that_is_not_a_name_is_refused_with_400(
         self, tmp_path: Path
     ) -> None:
