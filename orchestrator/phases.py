@@ -177,10 +177,13 @@ class Action:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunPreflight(Action):
-    """The preflight checks (monitord/remote/preflight.py); no side effects on either side."""
+    """The preflight checks (monitord/remote/preflight.py); no side effects on either side.
+    `again`: the checks once more, without the pre-copy, right before the source stops
+    (after the area waited for its turn to move)."""
 
     source: Side
     destination: Side
+    again: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -440,7 +443,8 @@ def next_actions(txn: Transaction, ctx: StepContext) -> tuple[Action, ...]:
     src_side, src_gen = txn.source, txn.source_generation
     match txn.phase:
         case Phase.PREFLIGHT:
-            return (RunPreflight(**ids, source=txn.source, destination=txn.destination),)
+            return (RunPreflight(transaction_id=txn.transaction_id, service=txn.service,
+                                 area=txn.area, source=txn.source, destination=txn.destination),)
         case Phase.SUPPRESS_SOURCE:
             return (SuppressSource(**ids, side=src_side, generation=src_gen),)
         case Phase.COPY:

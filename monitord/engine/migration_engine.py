@@ -13,7 +13,8 @@ observed outcome back, persisting each new record BEFORE the next step starts (d
 - On start-up, `recover()` applies `rules.recovery_outcome` to every unfinished record: the
   committed location in custom_config.json decides roll-forward or roll-back.
 - Services run independently; areas of one service with bounded parallelism
-  (`services.<name>.parallelism`).
+  (`services.<name>.parallelism` out of service at once, as many more preparing:
+  monitord/engine/move_slots.py).
 - A wish reversed mid-transaction becomes a rollback at the next step boundary
   (`rules.reversal`); after the commit it becomes a new transaction.
 - `park_after_failures` consecutive failures park the service until `retry()`.
@@ -42,6 +43,7 @@ from monitord.base import logs
 from monitord.base.metrics import Metrics
 from monitord.engine import crash_points, txn_log
 from monitord.engine.lease_renewer import LeaseRenewer
+from monitord.engine.move_slots import Held, MoveSlots
 from monitord.engine.phase_actions import PhaseActions
 from monitord.engine.placement_state import PlacementState
 from monitord.store.state_db import Store
@@ -314,7 +316,7 @@ class MigrationEngine:
         self.on_finished = on_finished
         self._wall = wall
         self._clock = clock
-        self._slots = {name: asyncio.Semaphore(n) for name, n in parallelism.items()}
+        self._slots = {name: MoveSlots(n) for name, n in parallelism.items()}
         self._runners: dict[str, asyncio.Task[None]] = {}
         self._failures: dict[str, int] = defaultdict(int)  # consecutive, per service
         self._not_before: dict[str, float] = {}  # area -> monotonic time of the next try
@@ -578,14 +580,15 @@ class MigrationEngine:
         txn = self.state.transactions.get(area)
         if txn is None:
             return
-        async with self._slots[txn.service]:
+        preparing = txn.phase is Phase.PREFLIGHT
+        async with self._slots[txn.service].held(preparing=preparing) as slot:
             pause = STEP_RETRY_BASE_S
             while not self._stopping:
                 txn = self.state.transactions.get(area)
                 if txn is None or txn.phase is Phase.PARKED:
                     return
                 try:
-                    progressed, failed = await self._step(txn)
+                    progressed, failed = await self._step(txn, slot)
                 except phases.IllegalTransition as e:
                     # The table refused what we observed (e.g. a lease deadline moved while
                     # we waited): nothing was written; decide again from the stored record.
@@ -601,8 +604,10 @@ class MigrationEngine:
                 else:
                     pause = STEP_RETRY_BASE_S
 
-    async def _step(self, txn: Transaction) -> tuple[bool, bool]:
-        """One step of one record: (something happened, it failed and looped back)."""
+    async def _step(self, txn: Transaction, slot: Held) -> tuple[bool, bool]:
+        """One step of one record: (something happened, it failed and looped back). A
+        passed preflight takes its move slot before the next phase is stored, and checks
+        again if that meant waiting (monitord/engine/move_slots.py)."""
         committed = self.state.committed.get(txn.area)
         if committed is not None:
             reversal = rules.reversal(txn, desired=self.state.desired_location(committed))
@@ -613,6 +618,13 @@ class MigrationEngine:
         outcome, error = await self._perform(txn, actions)
         if outcome is None:
             return False, False
+        if txn.phase is Phase.PREFLIGHT and error is None and outcome is Outcome.OK:
+            if await slot.to_move():
+                again = tuple(dataclasses.replace(a, again=True) for a in actions
+                              if isinstance(a, phases.RunPreflight))
+                outcome, error = await self._perform(txn, again)
+                if outcome is None:
+                    return False, False
         if error is None and any(isinstance(a, phases.CheckHealth) for a in actions):
             # The destination's first healthy moment: the end of the area's downtime.
             await self.downtime.healthy(txn, side=txn.destination, at=self._wall(),

@@ -122,6 +122,11 @@ class PhaseActions:
         # One probe and one self-check of the VPS for the areas whose preflights run together.
         self._preflight_facts = SharedFacts()
 
+    def forget(self, txn: Transaction) -> None:
+        """A transaction ended: what its pre-copy staged is of no use any more (a rollback
+        after the pre-copy, or a preflight that failed when checked again)."""
+        self._staged.pop(txn.transaction_id, None)
+
     def _link(self) -> RemoteLink:
         if self.remote is None:
             raise error_for(ErrorCode.PREFLIGHT_REMOTE_CONFIG, "no [remote] section configured")
@@ -134,8 +139,8 @@ class PhaseActions:
 
     async def perform(self, txn: Transaction, action: phases.Action) -> Outcome:
         match action:
-            case phases.RunPreflight():
-                return await self.preflight(txn)
+            case phases.RunPreflight(again=again):
+                return await self.preflight(txn, pre_copy=not again)
             case phases.SuppressSource(side=side, generation=generation):
                 await self.stop_side(txn, side=side, generation=generation, keep_entry=True)
                 return Outcome.OK
@@ -179,8 +184,9 @@ class PhaseActions:
 
     # -- PREFLIGHT -----------------------------------------------------------------------
 
-    async def preflight(self, txn: Transaction) -> Outcome:
-        """Every preflight check for a move to the VPS; reachability + local space back.
+    async def preflight(self, txn: Transaction, *, pre_copy: bool = True) -> Outcome:
+        """Every preflight check for a move to the VPS; reachability + local space back;
+        then (`pre_copy`) the pre-copy.
 
         First of all the authoritative file: nothing stops while custom_config.json is
         corrupt (the commit could not be written, and the move would only roll back)."""
@@ -195,7 +201,8 @@ class PhaseActions:
             free = shutil.disk_usage(target.parent).free
             if free < 64 * 1024 * 1024:
                 raise error_for(ErrorCode.PREFLIGHT_DISK_SPACE, f"only {free} bytes free locally")
-            await self._pre_copy(txn)
+            if pre_copy:
+                await self._pre_copy(txn)
             return Outcome.OK
         data = local_data_dir(self._section(txn), area=txn.area, generation=txn.source_generation)
         size = await asyncio.to_thread(_tree_size, data)
@@ -207,7 +214,8 @@ class PhaseActions:
             # Only "startable" failed: the agent is not running but can be; start it.
             await link.ensure_agent()
         if failure is None:
-            await self._pre_copy(txn)
+            if pre_copy:
+                await self._pre_copy(txn)
             return Outcome.OK
         raise error_for(failure.code, f"{failure.detail} — {failure.hint}".rstrip(" —"))
 

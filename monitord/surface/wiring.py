@@ -267,6 +267,7 @@ class Orchestration:
         self.remote_state.publish(self.operator.remote_state_rows())
 
     def _transaction_finished(self, txn: Transaction) -> None:
+        self.actions.forget(txn)
         self.reconciler.wake()
         self.cleanup.wake()
 
