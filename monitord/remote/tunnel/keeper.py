@@ -287,7 +287,8 @@ class TunnelKeeper:
         self.attempt_times.append(now)
         await self._publish(state=TunnelState.CONNECTING, attempts=self._status.attempts + 1,
                             next_retry_at=None)
-        ready = await self._standby.take() if self._standby is not None else None
+        ready = (await self._standby.take(wait_s=self._config.connect_timeout_s)
+                 if self._standby is not None else None)
         if ready is not None:
             if await self._run_on(ready.conn, ready.helper):
                 return

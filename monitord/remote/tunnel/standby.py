@@ -19,6 +19,7 @@ the keeper.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -57,15 +58,23 @@ class Standby:
         self._log = log
         self._ready: Ready | None = None
         self._task: asyncio.Task[None] | None = None
+        # Set while no standby is on its way: none is ready, or an attempt just ended.
+        self._settled = asyncio.Event()
+        self._settled.set()
 
     def start(self) -> None:
         """Make (and then keep) a standby, unless one is being kept already."""
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._keep(), name="tunnel keeper: standby")
 
-    async def take(self) -> Ready | None:
-        """The standby, now the caller's to use and close; None if none is ready. Stops
-        keeping one until `start()` is called again."""
+    async def take(self, *, wait_s: float) -> Ready | None:
+        """The standby, now the caller's to use and close; None if none is ready. One that
+        is logging in right now is waited for (up to `wait_s`): it is further along than a
+        fresh connection would be. Stops keeping one until `start()` is called again."""
+        if self._ready is None and self._task is not None and not self._task.done():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait_s):
+                    await self._settled.wait()
         ready, self._ready = self._ready, None
         await self._stop()
         return ready
@@ -90,24 +99,24 @@ class Standby:
 
     async def _one(self) -> None:
         """Connect, start the helper, then wait until the connection ends or is taken."""
-        try:
-            conn = await self._connect()
-        except MonitordError as e:
-            self._log.info("tunnel_standby_failed", error_code=e.code, detail=e.detail)
-            return
+        self._settled.clear()
+        conn: asyncssh.SSHClientConnection | None = None
         ready: Ready | None = None
         try:
+            conn = await self._connect()
             ready = Ready(conn, await self._open_helper(conn))
             self._ready = ready
+            self._settled.set()
             self._log.debug("tunnel_standby_ready")
             await conn.wait_closed()
             self._log.info("tunnel_standby_lost")
         except MonitordError as e:
             self._log.info("tunnel_standby_failed", error_code=e.code, detail=e.detail)
         finally:
-            if ready is None:  # never offered
+            self._settled.set()
+            if conn is not None and ready is None:  # never offered
                 conn.close()
-            elif self._ready is ready:  # offered and not taken: still ours to close
+            elif ready is not None and self._ready is ready:  # offered, not taken: ours
                 self._ready = None
                 ready.helper.close()
-                conn.close()
+                ready.conn.close()
