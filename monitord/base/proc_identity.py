@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import signal
 import subprocess
@@ -118,7 +119,9 @@ def children_of(parents: set[int]) -> dict[int, list[int]]:
     return found
 
 
+@functools.lru_cache(maxsize=1)
 def _boot_time() -> float:
+    """When the machine booted (constant: read once; /proc/stat is long)."""
     for line in (_PROC / "stat").read_text().splitlines():
         if line.startswith("btime "):
             return float(line.split()[1])
@@ -130,11 +133,16 @@ def started_at(identity: ProcessIdentity) -> float:
     return _boot_time() + identity.start_ticks / _CLOCK_TICKS
 
 
-def uptime_s(identity: ProcessIdentity) -> float:
-    """Seconds the process has been running, from the kernel's own start time."""
+def seconds_since_boot() -> float:
     with (_PROC / "uptime").open() as f:
-        since_boot = float(f.read().split()[0])
-    return max(0.0, since_boot - identity.start_ticks / _CLOCK_TICKS)
+        return float(f.read().split()[0])
+
+
+def uptime_s(identity: ProcessIdentity, *, since_boot: float | None = None) -> float:
+    """Seconds the process has been running, from the kernel's own start time (`since_boot`:
+    a `seconds_since_boot()` the caller read once for many processes)."""
+    now = seconds_since_boot() if since_boot is None else since_boot
+    return max(0.0, now - identity.start_ticks / _CLOCK_TICKS)
 
 
 def child_has_exited(child: subprocess.Popen[bytes]) -> bool:

@@ -191,9 +191,21 @@ class AreaRunner:
         self._sinks = [sink for sink in self._sinks if sink.poll() is None]
 
     def daemon_pids(self, handles: list[GuardHandle]) -> dict[int, int | None]:
-        """guard pid -> its daemon's pid (None when the daemon is not running)."""
-        found = proc_identity.children_of({h.pid for h in handles})
-        return {guard: (kids[0] if kids else None) for guard, kids in found.items()}
+        """guard pid -> its daemon's pid (None when the daemon is not running). A daemon
+        already learnt and still that very process (pid, start time, argv) is taken as it
+        is; only the others cost a scan of /proc (one for all of them) — the inventory asks
+        this for every area, often, while areas start."""
+        result: dict[int, int | None] = {}
+        unknown: set[int] = set()
+        for handle in handles:
+            if handle.daemon is not None and proc_identity.is_same_process(handle.daemon):
+                result[handle.pid] = handle.daemon.pid
+            else:
+                unknown.add(handle.pid)
+        if unknown:
+            found = proc_identity.children_of(unknown)
+            result.update({guard: (kids[0] if kids else None) for guard, kids in found.items()})
+        return result
 
     def learn_daemons(self, handles: list[GuardHandle]) -> None:
         """Remember each guard's daemon identity, so that it can still be found (and

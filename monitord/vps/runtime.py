@@ -444,6 +444,7 @@ class AgentRuntime:
         now = self._clock()
         handles = [h for h in self._handles.values() if not h.exited()]
         daemons = self.runner.daemon_pids(handles)
+        since_boot = proc_identity.seconds_since_boot()
         processes: list[dict[str, Any]] = []
         for handle in handles:
             daemon_pid = daemons.get(handle.pid)
@@ -457,7 +458,8 @@ class AgentRuntime:
                     # the daemon; the guard while the daemon is not (yet, or no longer) up
                     "pid": identity.pid if identity else handle.pid,
                     "started_at": proc_identity.started_at(identity) if identity else None,
-                    "uptime_s": round(proc_identity.uptime_s(identity), 3) if identity else 0.0,
+                    "uptime_s": round(proc_identity.uptime_s(identity, since_boot=since_boot), 3)
+                    if identity else 0.0,
                     "alive": identity is not None,
                     "adopted": handle.adopted,
                 }
