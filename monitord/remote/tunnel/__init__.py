@@ -1,6 +1,7 @@
 """The SSH tunnel to the VPS (docs/design.md, "Tunnel and forwards").
 
 - keeper.py        the "tunnel keeper" root task: one asyncssh connection, backoff, status
+- standby.py       a second, idle connection logged in to take over when that one dies
 - ssh_connect.py   opens that connection, through jump hosts (proxy_jump, ssh_config) if any
 - lease_client.py  runs the VPS-side verb `monitord tunnel-lease` (monitord/vps/tunnel_lease.py)
                    over SSH exec and parses its JSON

@@ -1,4 +1,5 @@
-"""The tunnel keeper: the root task that owns monitord's one SSH connection to the VPS.
+"""The tunnel keeper: the root task that owns monitord's one working SSH connection to the
+VPS (and the idle standby beside it that an attempt takes first: standby.py).
 
 Lifecycle of one attempt: connect (host key checked against known_hosts, keepalive on)
 -> acquire the tunnel lease on the VPS -> `before_forwards(conn)` (provisioning; on first
