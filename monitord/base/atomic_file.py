@@ -13,8 +13,11 @@ import tempfile
 from pathlib import Path
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+def fsync_path(path: Path, *, follow_symlinks: bool = True) -> None:
+    """fsync a file, or a directory (its entries), by path. With `follow_symlinks=False` a
+    symlink there is refused (ELOOP), never followed."""
+    flags = os.O_RDONLY | os.O_CLOEXEC | (0 if follow_symlinks else os.O_NOFOLLOW)
+    fd = os.open(path, flags)
     try:
         os.fsync(fd)
     finally:
@@ -48,7 +51,7 @@ def atomic_write_bytes(
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
         raise
-    _fsync_dir(directory)
+    fsync_path(directory)
 
 
 def _fchown(fd: int, owner: tuple[int, int]) -> None:

@@ -32,7 +32,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from monitord.base.atomic_file import atomic_write_bytes
+from monitord.base.atomic_file import atomic_write_bytes, fsync_path
 
 _CHUNK = 1 << 20
 _FORMAT = 1
@@ -120,7 +120,7 @@ def digest_tree(root: Path, cache: Cache | None = None, *,
         hit = old.get(rel)
         if hit is not None and hit[0] == identity(st):
             if sync:
-                _fsync_path(full)
+                fsync_path(full, follow_symlinks=False)
             found[rel] = (st.st_size, hit[1])
             fresh[rel] = hit
             continue
@@ -133,16 +133,8 @@ def digest_tree(root: Path, cache: Cache | None = None, *,
             fresh[rel] = (ident, sha)
     if sync:
         for dirpath, _dirs, _files in os.walk(root):
-            _fsync_path(Path(dirpath))
+            fsync_path(Path(dirpath), follow_symlinks=False)
     return found, fresh
-
-
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def load_cache(path: Path) -> Cache:

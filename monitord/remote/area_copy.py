@@ -55,6 +55,7 @@ from typing import BinaryIO
 import asyncssh
 
 from monitord.base import tree_digest
+from monitord.base.atomic_file import fsync_path
 from monitord.remote import remote_exec, ssh_errors
 from orchestrator.errors import ErrorCode, MonitordError, error_for
 
@@ -212,14 +213,6 @@ def _sftp_translated(during: str, *, timeout_s: float) -> AbstractContextManager
         code=ErrorCode.SSH_UNREACHABLE, during=during,
         timeout_code=ErrorCode.COPY_INCOMPLETE, timeout_s=timeout_s,
     )
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # Remote side: fixed scripts, values passed as positional parameters (never spliced); the
@@ -596,7 +589,7 @@ def _fsync_tree(root: Path) -> None:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        _fsync_dir(Path(dirpath))
+        fsync_path(Path(dirpath))
 
 
 def _promote_local(staging: Path, final: Path) -> None:
@@ -606,7 +599,7 @@ def _promote_local(staging: Path, final: Path) -> None:
     if final.exists():
         final.rename(old)
     staging.rename(final)
-    _fsync_dir(final.parent)
+    fsync_path(final.parent)
     shutil.rmtree(old, ignore_errors=True)
 
 

@@ -314,18 +314,20 @@ class TunnelKeeper:
         try:
             if standby_helper is None:
                 helper, prepared = await self._open_helper_bootstrapping(conn)
-                self._helper = helper
-                answer = await self._acquire_lease(helper)
             else:
                 helper, prepared = standby_helper, False
-                self._helper = helper
-                try:
-                    answer = await self._acquire_lease(helper, timeout_s=PROMOTE_TIMEOUT_S)
-                except MonitordError as e:
-                    if e.code not in (ErrorCode.SSH_UNREACHABLE, ErrorCode.SSH_TIMEOUT):
-                        raise
-                    dead_standby = True
-                    return False
+            self._helper = helper
+            try:
+                answer = await self._acquire_lease(
+                    helper, timeout_s=None if standby_helper is None else PROMOTE_TIMEOUT_S
+                )
+            except MonitordError as e:
+                if standby_helper is None or e.code not in (
+                    ErrorCode.SSH_UNREACHABLE, ErrorCode.SSH_TIMEOUT
+                ):
+                    raise
+                dead_standby = True
+                return False
             if not prepared:
                 await self._prepare_vps(conn)
             forwards = self._forward_set(conn, helper=helper, answer=answer)
