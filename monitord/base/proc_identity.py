@@ -1,21 +1,22 @@
-"""Process identity and process-group termination, read from Linux /proc.
+"""Process identity, read from Linux /proc.
 
 A PID alone names nothing durable: PIDs are reused. A `ProcessIdentity` is the PID plus
 the process start time (clock ticks since boot, field 22 of /proc/PID/stat) plus its
 command line; two identities are the same process only if all three agree. Zombies count
 as gone. Used by the local supervisor (adopting survivors of a previous instance), the
 remote agent (adopting lease guards after an agent restart) and the lease guard itself.
+
+No asyncio here: the lease guard imports this module and starts once per remote daemon,
+so every import is paid in each daemon's start (asyncio alone costs it about 50 ms).
+Stopping a process group, which waits, is monitord.base.group_stop.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import functools
 import os
 import signal
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -166,96 +167,15 @@ def signal_group(pgid: int, sig: signal.Signals) -> bool:
     return True
 
 
-async def terminate_group(
-    pgid: int, *, grace_s: float, kill_wait_s: float = 2.0, poll_s: float = 0.02
-) -> bool:
-    """SIGTERM a process group, wait `grace_s` for it to empty, SIGKILL what is left, then
-    verify the group is gone. Returns True once no live member remains.
-
-    The caller reaps its own children (a zombie is not a live member)."""
-    if not group_members(pgid):
-        return True
-    with _LeaderWatch(pgid) as leader:
-        signal_group(pgid, signal.SIGTERM)
-        if await _wait_group_empty(pgid, timeout_s=grace_s, poll_s=poll_s, leader=leader):
-            return True
-        signal_group(pgid, signal.SIGKILL)
-        return await _wait_group_empty(pgid, timeout_s=kill_wait_s, poll_s=poll_s,
-                                       leader=leader)
-
-
-# While the group's leader lives, the group is not empty: rather than scanning /proc every
-# poll, wait for the leader's pidfd to become readable (it exits) and scan then — scanning
-# anyway this often, so that a leader already gone and its pid reused costs time, never a
-# wrong answer (only the scan decides).
-_LEADER_RESCAN_S = 0.25
-
-
-class _LeaderWatch:
-    """An event set when the process `pid` exits (pidfd, Linux >= 5.3); `None` inside the
-    `with` where pidfds are not available."""
-
-    def __init__(self, pid: int) -> None:
-        self._pid = pid
-        self._fd: int | None = None
-        self.exited: asyncio.Event | None = None
-
-    def __enter__(self) -> asyncio.Event | None:
-        try:
-            self._fd = os.pidfd_open(self._pid)
-        except (AttributeError, OSError):  # no pidfd here, or the leader is already gone
-            return None
-        self.exited = asyncio.Event()
-        asyncio.get_running_loop().add_reader(self._fd, self.exited.set)
-        return self.exited
-
-    def __exit__(self, *_: object) -> None:
-        if self._fd is not None:
-            asyncio.get_running_loop().remove_reader(self._fd)
-            os.close(self._fd)
-
-
-async def _wait_group_empty(
-    pgid: int, *, timeout_s: float, poll_s: float, leader: asyncio.Event | None = None
-) -> bool:
-    signalled = time.monotonic()
-    deadline = signalled + timeout_s
-    while True:
-        if pgid not in _live_groups(taken_after=signalled, max_age_s=poll_s):
-            return True
-        now = time.monotonic()
-        if now >= deadline:
-            return False
-        if leader is None or leader.is_set():
-            await asyncio.sleep(poll_s)
-            continue
-        with contextlib.suppress(asyncio.TimeoutError):  # 3.9: not yet the builtin
-            await asyncio.wait_for(leader.wait(), min(_LEADER_RESCAN_S, deadline - now))
-
-
-# One scan of /proc answers every group being waited for: with many areas stopping at once
-# (a whole service moving) each waiter polling /proc itself was most of the event loop's
-# time. A waiter only uses a scan taken after its own signal was sent, so a group that was
-# alive then is never reported gone from an older picture.
-_scan: tuple[float, frozenset[int]] = (float("-inf"), frozenset())  # (when, groups): one object
-
-
-def _live_groups(*, taken_after: float, max_age_s: float) -> frozenset[int]:
-    """The process groups with a live member, from a scan taken after `taken_after` and at
-    most `max_age_s` ago (a new scan if there is none such)."""
-    global _scan
-    taken, groups = _scan
-    now = time.monotonic()
-    if taken <= taken_after or now - taken > max_age_s:
-        found: set[int] = set()
-        for name in os.listdir(_PROC):
-            if name.isdigit():
-                stat = _read_stat(int(name))
-                if stat is not None and stat.state not in ("Z", "X"):
-                    found.add(stat.pgrp)
-        groups = frozenset(found)
-        _scan = (now, groups)
-    return groups
+def live_groups() -> frozenset[int]:
+    """The process groups that have a live (not zombie) member now: one scan of /proc."""
+    found: set[int] = set()
+    for name in os.listdir(_PROC):
+        if name.isdigit():
+            stat = _read_stat(int(name))
+            if stat is not None and stat.state not in ("Z", "X"):
+                found.add(stat.pgrp)
+    return frozenset(found)
 
 
 def find_by_environ(key: str, value: str) -> list[tuple[ProcessIdentity, dict[str, str]]]:

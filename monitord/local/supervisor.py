@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import monitord
-from monitord.base import atomic_file, log_sink, logs, proc_identity, run_as
+from monitord.base import atomic_file, group_stop, log_sink, logs, proc_identity, run_as
 from monitord.base.config import ServiceSection
 from monitord.base.proc_identity import ProcessIdentity
 
@@ -282,7 +282,7 @@ class LocalSupervisor:
                 log.info("survivor_adopted", area=area, generation=generation,
                          pid=identity.pid)
                 continue
-            gone = await proc_identity.terminate_group(identity.pid, grace_s=self.stop_grace_s)
+            gone = await group_stop.terminate_group(identity.pid, grace_s=self.stop_grace_s)
             (stopped if gone else stuck).append(area)
             log.warning("survivor_stopped", area=area, generation=generation,
                         pid=identity.pid, verified_gone=gone, recorded=record is not None)
@@ -526,7 +526,7 @@ class LocalSupervisor:
                 del self._slots[area]
             return True
         pid = slot.identity.pid
-        gone = await proc_identity.terminate_group(
+        gone = await group_stop.terminate_group(
             pid, grace_s=self.stop_grace_s if grace_s is None else grace_s
         )
         if slot.popen is not None:

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import monitord
-from monitord.base import atomic_file, log_sink, proc_identity, run_as
+from monitord.base import atomic_file, group_stop, log_sink, proc_identity, run_as
 from monitord.base.proc_identity import ProcessIdentity
 from monitord.vps import lease_file
 from monitord.vps.lease_table import AreaSpec
@@ -226,7 +226,7 @@ class AreaRunner:
         daemon = handle.daemon
         if daemon is None or not proc_identity.is_same_process(daemon):
             return True
-        return await proc_identity.terminate_group(daemon.pid, grace_s=0.0)
+        return await group_stop.terminate_group(daemon.pid, grace_s=0.0)
 
     async def stop(self, handle: GuardHandle, *, fence: bool) -> bool:
         """Stop a guard and its daemon; True once both are verified gone.

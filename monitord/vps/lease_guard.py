@@ -3,8 +3,11 @@
 The agent starts one guard per remote daemon, in a session of its own (so it neither shares
 the agent's fate nor its signals). The guard starts the daemon as its child, in its own
 process group, with PR_SET_PDEATHSIG=SIGKILL so the daemon dies if the guard dies. Then it
-watches two things every 50 ms: the daemon, and the lease file. When the lease lapses (or
-the file disappears, or the guard gets SIGTERM) it fences: SIGTERM to the daemon's process
+watches two things: the daemon, and the lease file. It sleeps until the first of: the
+daemon exits (its pidfd), a signal arrives, the lease's own expiry, or `LOOK_S` has passed
+(to see a renewed or removed lease file) — so a hundred idle guards cost the VPS a few
+wake-ups a second each, not twenty. When the lease lapses (or the file disappears, or the
+guard gets SIGTERM) it fences: SIGTERM to the daemon's process
 group, a grace period (`--fence-grace` on a lapse, `--stop-grace` on SIGTERM), then
 SIGKILL, and exits. When the daemon exits on its own, the
 guard exits with the same status. The guard never starts a daemon on a lapsed lease.
@@ -21,9 +24,11 @@ zipapp: the agent runs it as `sys.executable [-I] monitord.pyz lease-guard ...`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -35,7 +40,10 @@ from types import FrameType
 from monitord.base import proc_identity, run_as
 from monitord.vps import lease_file
 
-POLL_S = 0.05
+POLL_S = 0.05  # without pidfds (Linux < 5.3): how often the daemon is looked at
+# How often the lease file is looked at between the daemon's, a signal's and the lease's
+# own wake-ups: it bounds how late a removed lease (the agent's fence) is seen, not a lapse.
+LOOK_S = 0.25
 EXIT_LEASE_LAPSED = 75  # EX_TEMPFAIL: the lease was not (or no longer) current
 _PR_SET_PDEATHSIG = 1
 
@@ -66,6 +74,41 @@ class _LeaseWatch:
         return record is not None and record.is_current(
             wall=time.time(), boot=lease_file.boottime()
         )
+
+    def seconds_left(self) -> float:
+        """Until the lease last read lapses on the first of its two clocks (0 if it has)."""
+        record = self._record
+        if record is None:
+            return 0.0
+        return max(0.0, min(record.expires_at_wall - time.time(),
+                            record.expires_at_boottime - lease_file.boottime()))
+
+
+class _Sleeper:
+    """Sleeps until the daemon exits, a signal arrives or a timeout passes. Signals reach
+    it through `signal.set_wakeup_fd` (a handler alone would not cut a `select` short:
+    Python retries it); the daemon's exit through its pidfd, when the kernel has them."""
+
+    def __init__(self, child_pid: int) -> None:
+        self._wake_r, self._wake_w = os.pipe()
+        for fd in (self._wake_r, self._wake_w):
+            os.set_blocking(fd, False)
+        signal.set_wakeup_fd(self._wake_w)
+        try:
+            self._pidfd: int | None = os.pidfd_open(child_pid)
+        except (AttributeError, OSError):  # no pidfd here (or the daemon is gone already)
+            self._pidfd = None
+
+    @property
+    def longest_s(self) -> float:
+        return LOOK_S if self._pidfd is not None else POLL_S
+
+    def sleep(self, timeout_s: float) -> None:
+        fds = [self._wake_r] if self._pidfd is None else [self._wake_r, self._pidfd]
+        ready, _, _ = select.select(fds, [], [], max(0.0, timeout_s))
+        if self._wake_r in ready:
+            with contextlib.suppress(BlockingIOError):
+                os.read(self._wake_r, 512)
 
 
 def _die_with_parent(libc: ctypes.CDLL, parent_pid: int) -> None:
@@ -155,6 +198,7 @@ def run(
         _say("spawn_failed", error=str(e), argv=list(argv), uid=uid, gid=gid)
         return 127
     _say("started", child_pid=child.pid, argv=list(argv), uid=uid, gid=gid)
+    sleeper = _Sleeper(child.pid)
     while True:
         if proc_identity.child_has_exited(child):
             _kill_group(child.pid, signal.SIGKILL)  # leftovers of a daemon that exited
@@ -179,7 +223,8 @@ def run(
                 reason="lease_lapsed",
             )
             return EXIT_LEASE_LAPSED
-        time.sleep(POLL_S)
+        # Just past the expiry, so that the look it wakes for finds the lease lapsed.
+        sleeper.sleep(min(sleeper.longest_s, watch.seconds_left() + 0.001))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from monitord.base import proc_identity
+from monitord.base import group_stop, proc_identity
 
 
 def _group(*argv: str) -> subprocess.Popen[bytes]:
@@ -20,10 +20,10 @@ def _group(*argv: str) -> subprocess.Popen[bytes]:
 
 async def test_a_scan_older_than_the_signal_never_says_gone() -> None:
     # a fresh picture of /proc taken before the group exists...
-    proc_identity._live_groups(taken_after=float("-inf"), max_age_s=60.0)
+    group_stop._live_groups(taken_after=float("-inf"), max_age_s=60.0)
     child = _group("sleep", "30")  # ...and a group that ignores nothing but lives on
     try:
-        assert not await proc_identity._wait_group_empty(child.pid, timeout_s=0.2, poll_s=0.02)
+        assert not await group_stop._wait_group_empty(child.pid, timeout_s=0.2, poll_s=0.02)
     finally:
         os.killpg(child.pid, signal.SIGKILL)
         child.wait()
@@ -46,7 +46,7 @@ async def test_many_groups_stopping_at_once_share_the_scans(
     try:
         await asyncio.sleep(0.1)  # the traps are set
         gone = await asyncio.gather(*(
-            proc_identity.terminate_group(c.pid, grace_s=5.0, poll_s=0.02) for c in children
+            group_stop.terminate_group(c.pid, grace_s=5.0, poll_s=0.02) for c in children
         ))
         assert all(gone)
         # each waiter polls ~15 times in 0.3 s; alone, 10 waiters would scan ~150 times
@@ -64,7 +64,7 @@ async def test_a_member_outliving_its_leader_is_still_waited_for_and_killed() ->
     try:
         await asyncio.sleep(0.2)  # both are up, the traps set
         assert len(proc_identity.group_members(child.pid)) == 2
-        assert await proc_identity.terminate_group(child.pid, grace_s=0.5, poll_s=0.02)
+        assert await group_stop.terminate_group(child.pid, grace_s=0.5, poll_s=0.02)
         assert proc_identity.group_members(child.pid) == []
     finally:
         with contextlib.suppress(ProcessLookupError):

@@ -1,0 +1,102 @@
+"""Stopping a process group and verifying it is gone (Linux /proc, pidfds).
+
+Used by the local supervisor and the remote agent, which run on an event loop; kept apart
+from monitord.base.proc_identity so that what starts once per remote daemon (the lease
+guard) does not import asyncio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+
+from monitord.base import proc_identity
+
+
+async def terminate_group(
+    pgid: int, *, grace_s: float, kill_wait_s: float = 2.0, poll_s: float = 0.02
+) -> bool:
+    """SIGTERM a process group, wait `grace_s` for it to empty, SIGKILL what is left, then
+    verify the group is gone. Returns True once no live member remains.
+
+    The caller reaps its own children (a zombie is not a live member)."""
+    if not proc_identity.group_members(pgid):
+        return True
+    with _LeaderWatch(pgid) as leader:
+        proc_identity.signal_group(pgid, signal.SIGTERM)
+        if await _wait_group_empty(pgid, timeout_s=grace_s, poll_s=poll_s, leader=leader):
+            return True
+        proc_identity.signal_group(pgid, signal.SIGKILL)
+        return await _wait_group_empty(pgid, timeout_s=kill_wait_s, poll_s=poll_s,
+                                       leader=leader)
+
+
+# While the group's leader lives, the group is not empty: rather than scanning /proc every
+# poll, wait for the leader's pidfd to become readable (it exits) and scan then — scanning
+# anyway this often, so that a leader already gone and its pid reused costs time, never a
+# wrong answer (only the scan decides).
+_LEADER_RESCAN_S = 0.25
+
+
+class _LeaderWatch:
+    """An event set when the process `pid` exits (pidfd, Linux >= 5.3); `None` inside the
+    `with` where pidfds are not available."""
+
+    def __init__(self, pid: int) -> None:
+        self._pid = pid
+        self._fd: int | None = None
+        self.exited: asyncio.Event | None = None
+
+    def __enter__(self) -> asyncio.Event | None:
+        try:
+            self._fd = os.pidfd_open(self._pid)
+        except (AttributeError, OSError):  # no pidfd here, or the leader is already gone
+            return None
+        self.exited = asyncio.Event()
+        asyncio.get_running_loop().add_reader(self._fd, self.exited.set)
+        return self.exited
+
+    def __exit__(self, *_: object) -> None:
+        if self._fd is not None:
+            asyncio.get_running_loop().remove_reader(self._fd)
+            os.close(self._fd)
+
+
+async def _wait_group_empty(
+    pgid: int, *, timeout_s: float, poll_s: float, leader: asyncio.Event | None = None
+) -> bool:
+    signalled = time.monotonic()
+    deadline = signalled + timeout_s
+    while True:
+        if pgid not in _live_groups(taken_after=signalled, max_age_s=poll_s):
+            return True
+        now = time.monotonic()
+        if now >= deadline:
+            return False
+        if leader is None or leader.is_set():
+            await asyncio.sleep(poll_s)
+            continue
+        with contextlib.suppress(asyncio.TimeoutError):  # 3.9: not yet the builtin
+            await asyncio.wait_for(leader.wait(), min(_LEADER_RESCAN_S, deadline - now))
+
+
+# One scan of /proc answers every group being waited for: with many areas stopping at once
+# (a whole service moving) each waiter polling /proc itself was most of the event loop's
+# time. A waiter only uses a scan taken after its own signal was sent, so a group that was
+# alive then is never reported gone from an older picture.
+_scan: tuple[float, frozenset[int]] = (float("-inf"), frozenset())  # (when, groups): one object
+
+
+def _live_groups(*, taken_after: float, max_age_s: float) -> frozenset[int]:
+    """The process groups with a live member, from a scan taken after `taken_after` and at
+    most `max_age_s` ago (a new scan if there is none such)."""
+    global _scan
+    taken, groups = _scan
+    now = time.monotonic()
+    if taken <= taken_after or now - taken > max_age_s:
+        groups = proc_identity.live_groups()
+        _scan = (now, groups)
+    return groups
