@@ -164,23 +164,37 @@ def sha256sum_line(rel: str, sha: str) -> bytes:
     return sha.encode() + b"  ./" + name + b"\n"
 
 
+def listing(digests: dict[str, str]) -> bytes:
+    """The `sha256sum`-format listing of {relative name: SHA-256}, sorted by name: what
+    `tree-digest` prints for a tree holding exactly those files."""
+    return b"".join(sha256sum_line(rel, digests[rel]) for rel in sorted(digests, key=os.fsencode))
+
+
+EXIT_DIFFERS = 3  # --expect: the listing is not the one expected (it is printed all the same)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dir", required=True, type=Path, help="the tree to digest")
     parser.add_argument("--cache", type=Path, help="the digest cache file to use and update")
     parser.add_argument("--sync", action="store_true", help="fsync every file and directory")
+    parser.add_argument("--expect", metavar="SHA256",
+                        help=f"exit {EXIT_DIFFERS} unless the listing's own SHA-256 is this")
 
 
 def run(args: argparse.Namespace) -> int:
     """Print `sha256sum`-format lines for every regular file under --dir, sorted by name;
-    nothing (exit 0) when --dir does not exist."""
+    nothing (exit 0) when --dir does not exist. With --expect, the exit status says whether
+    those lines are exactly the expected ones (so a script can act on the answer without
+    another round trip)."""
     cache = load_cache(args.cache) if args.cache is not None else None
     found, fresh = digest_tree(args.dir, cache, sync=args.sync)
     if args.cache is not None and args.dir.is_dir():
         save_cache(args.cache, fresh)
-    out = sys.stdout.buffer
-    for rel in sorted(found, key=os.fsencode):
-        out.write(sha256sum_line(rel, found[rel][1]))
-    out.flush()
+    text = listing({rel: sha for rel, (_, sha) in found.items()})
+    sys.stdout.buffer.write(text)
+    sys.stdout.buffer.flush()
+    if args.expect is not None and hashlib.sha256(text).hexdigest() != args.expect:
+        return EXIT_DIFFERS
     return 0
 
 

@@ -7,6 +7,9 @@ Called by the migration engine. Both directions follow the same protocol:
      be equal: every hash, no file missing, none extra;
   4. only then the staging dir replaces the destination dir by rename (and is fsynced).
 The VPS side of steps 1 and 3 is `monitord.pyz tree-digest` (monitord.base.tree_digest).
+On an upload, steps 3 and 4 are one exec: the PBX passes the SHA-256 of the listing it
+expects, and the VPS renames only if its own listing hashes the same (`--expect`); the PBX
+still parses what the VPS found, to name the differences.
 A copy cut at any point leaves at most a staging dir behind (removed by the next try);
 the destination dir is either the old one or the complete new one, never a mix. A
 mismatch raises COPY_INCOMPLETE; the engine retries or rolls back.
@@ -218,14 +221,22 @@ def _sftp_translated(during: str, *, timeout_s: float) -> AbstractContextManager
 # Remote side: fixed scripts, values passed as positional parameters (never spliced); the
 # digest scripts take the dir, then the argv that runs monitord.pyz on the VPS.
 _PREPARE = 'rm -rf -- "$1" "$1.digests" && mkdir -p -- "$1"'
-_PREPARE_KEEP = 'mkdir -p -- "$1"'  # keep what a pre-copy staged, and its digests
 _VERIFY = 'd=$1; shift; "$@" tree-digest --dir "$d" --cache "$d.digests" --sync'
-_PROMOTE = (
-    'set -e; dst=$1; stg=$2; mkdir -p -- "$(dirname -- "$dst")";'
+_PROMOTE_STEPS = (  # (an empty area's staging dir may never have been made: it is empty)
+    ' mkdir -p -- "$stg" "$(dirname -- "$dst")";'
     ' if [ -e "$dst" ]; then rm -rf -- "$dst.old"; mv -- "$dst" "$dst.old"; fi;'
     ' mv -- "$stg" "$dst"; rm -rf -- "$dst.old" "$dst.digests";'
     ' if [ -e "$stg.digests" ]; then mv -- "$stg.digests" "$dst.digests"; fi;'
     ' sync -- "$dst" "$(dirname -- "$dst")"'
+)
+_PROMOTE = 'set -e; dst=$1; stg=$2;' + _PROMOTE_STEPS
+# The check and the swap in one exec (one round trip while the area is down): the swap runs
+# only if the staging dir's listing is byte for byte the expected one, whose SHA-256 the PBX
+# passes; otherwise tree-digest exits EXIT_DIFFERS, having printed what it found.
+_VERIFY_PROMOTE = (
+    'set -e; dst=$1; stg=$2; want=$3; shift 3;'
+    ' "$@" tree-digest --dir "$stg" --cache "$stg.digests" --sync --expect "$want";'
+    + _PROMOTE_STEPS
 )
 _LIST = 'd=$1; shift; "$@" tree-digest --dir "$d" --cache "$d.digests"'
 
@@ -257,37 +268,72 @@ async def upload(
     total = sum(e.size for e in manifest)
     staging = remote_dir.rstrip("/") + STAGING_SUFFIX
     kept = {} if staged is None else staged.files
-    await _script(conn, _PREPARE if staged is None else _PREPARE_KEEP, staging)
+    if staged is None:  # a pre-copy made the staging dir: no round trip to make it again
+        await _script(conn, _PREPARE, staging)
     to_send = [e for e in manifest if kept.get(e.path) != e.sha256]
     gone = sorted(set(kept) - {e.path for e in manifest})
     done = total - sum(e.size for e in to_send)
+    staged_lost = False
     with _sftp_translated(f"upload to {remote_dir}", timeout_s=timeout_s):
-        async with asyncio.timeout(timeout_s), conn.start_sftp_client() as sftp:
-            for rel in gone:
-                with contextlib.suppress(*ssh_errors.SFTP_NO_SUCH_FILE):
-                    await sftp.remove(str(PurePosixPath(staging) / rel))
-            made: set[str] = {staging}
-            for entry in to_send:
-                target = str(PurePosixPath(staging) / entry.path)
-                parent = str(PurePosixPath(target).parent)
-                if parent not in made:
-                    await sftp.makedirs(parent, exist_ok=True)
-                    made.add(parent)
-                await sftp.put(str(local_dir / entry.path), target)
-                done += entry.size
-                if progress:
-                    progress(done, total)
-    found = await _digest(conn, _VERIFY, staging, vps_command, during=f"upload to {remote_dir}")
+        try:
+            async with asyncio.timeout(timeout_s), conn.start_sftp_client() as sftp:
+                for rel in gone:
+                    with contextlib.suppress(*ssh_errors.SFTP_NO_SUCH_FILE):
+                        await sftp.remove(str(PurePosixPath(staging) / rel))
+                made: set[str] = {staging}
+                for entry in to_send:
+                    target = str(PurePosixPath(staging) / entry.path)
+                    parent = str(PurePosixPath(target).parent)
+                    if parent not in made:
+                        await sftp.makedirs(parent, exist_ok=True)
+                        made.add(parent)
+                    await sftp.put(str(local_dir / entry.path), target)
+                    done += entry.size
+                    if progress:
+                        progress(done, total)
+        except ssh_errors.SFTP_NO_SUCH_FILE:
+            if staged is None:
+                raise
+            staged_lost = True  # the pre-copy's staging dir went away on the VPS
     expected = {e.path: e.sha256 for e in manifest}
+    if not staged_lost:
+        found = await _verify_and_promote(conn, remote_dir=remote_dir, staging=staging,
+                                          expected=expected, vps_command=vps_command)
+        if found is None:
+            return CopyReport(files=len(manifest), bytes=total,
+                              reused=len(manifest) - len(to_send))
+        if staged is None:
+            raise _incomplete(f"the VPS found {remote_dir} incomplete: it differs in"
+                              f" {_differences(found, expected)}")
+    # the staging dir changed under us since the pre-copy: start it over, whole
+    return await upload(conn, local_dir=local_dir, remote_dir=remote_dir,
+                        vps_command=vps_command, progress=progress, timeout_s=timeout_s)
+
+
+async def _verify_and_promote(
+    conn: asyncssh.SSHClientConnection, *, remote_dir: str, staging: str,
+    expected: dict[str, str], vps_command: Sequence[str],
+) -> dict[str, str] | None:
+    """Steps 3 and 4 of an upload, on the VPS: None once the staging dir, found to hold
+    exactly `expected`, has replaced remote_dir; else what it holds (and nothing changed)."""
+    during = f"upload to {remote_dir}"
+    want = hashlib.sha256(tree_digest.listing(expected)).hexdigest()
+    result = await remote_exec.run_script(
+        conn, _VERIFY_PROMOTE, args=(remote_dir, staging, want, *vps_command),
+        timeout_s=_SCRIPT_TIMEOUT_S, max_stdout=_MAX_LISTING_BYTES,
+    )
+    if result.stdout_truncated:
+        raise _incomplete(f"refusing {during}: more than {_MAX_LISTING_BYTES} bytes")
+    if result.exit_status != tree_digest.EXIT_DIFFERS:
+        result.raise_for_status(ErrorCode.COPY_INCOMPLETE)
+        return None
+    found = _parse_listing(result.stdout)
     if found != expected:
-        if staged is not None:  # the staging dir changed under us: start it over, whole
-            return await upload(conn, local_dir=local_dir, remote_dir=remote_dir,
-                                vps_command=vps_command, progress=progress, timeout_s=timeout_s)
-        raise _incomplete(f"the VPS found {remote_dir} incomplete: it differs in"
-                          f" {_differences(found, expected)}")
+        return found
+    # The same files, listed in other bytes (a VPS whose name order differs): swap it apart.
     promoted = await _script(conn, _PROMOTE, remote_dir, staging)
     promoted.raise_for_status(ErrorCode.COPY_INCOMPLETE)
-    return CopyReport(files=len(manifest), bytes=total, reused=len(manifest) - len(to_send))
+    return None
 
 
 async def pre_upload(

@@ -106,6 +106,26 @@ class TestTheVerb:
             capture_output=True, check=True,
         ).stdout
         assert again == coreutils
+        # what the PBX expects for the same files is the same bytes (the upload's --expect)
+        digests, _ = tree_digest.digest_tree(root)
+        assert tree_digest.listing({rel: sha for rel, (_, sha) in digests.items()}) == coreutils
+
+    def test_expect_says_whether_the_listing_is_the_expected_one(self, tmp_path: Path) -> None:
+        root = tmp_path / "area"
+        root.mkdir()
+        (root / "a").write_bytes(b"1")
+        listing = tree_digest.listing({"a": hashlib.sha256(b"1").hexdigest()})
+
+        def digest(expect: bytes) -> subprocess.CompletedProcess[bytes]:
+            return subprocess.run(
+                [*vps_command(), "tree-digest", "--dir", str(root),
+                 "--expect", hashlib.sha256(expect).hexdigest()], capture_output=True,
+            )
+
+        same = digest(listing)
+        assert (same.returncode, same.stdout) == (0, listing)
+        other = digest(listing + listing)
+        assert (other.returncode, other.stdout) == (tree_digest.EXIT_DIFFERS, listing)
 
     def test_a_missing_dir_prints_nothing(self, tmp_path: Path) -> None:
         done = subprocess.run(

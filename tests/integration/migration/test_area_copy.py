@@ -251,6 +251,45 @@ class TestPreCopy:
         assert _tree(remote) == _tree(src)
         assert report.reused == 0  # redone whole after the VPS refused the staged set
 
+    async def test_a_staging_dir_removed_on_the_vps_is_copied_over_whole(
+        self, vps: VpsServer, tmp_path: Path
+    ) -> None:
+        # The copy after the stop does not make the staging dir again (a round trip while
+        # the area is down): a staging dir that went away meanwhile means a whole copy.
+        src, remote = tmp_path / "src", tmp_path / "vps" / "data" / "a6"
+        _make_area(src)
+        staging = Path(str(remote) + area_copy.STAGING_SUFFIX)
+        async with vps.connect() as conn:
+            staged = await area_copy.pre_upload(
+                conn, vps_command=vps_command(), local_dir=src, remote_dir=str(remote)
+            )
+            subprocess.run(["rm", "-rf", "--", str(staging)], check=True)
+            (src / "session.db").write_bytes(b"S" * 70_001)  # to be sent into the gone dir
+            report = await area_copy.upload(
+                conn, vps_command=vps_command(),
+                local_dir=src, remote_dir=str(remote), staged=staged
+            )
+        assert _tree(remote) == _tree(src)
+        assert report.reused == 0
+
+    async def test_a_pre_copied_empty_area_whose_staging_dir_went_away_is_promoted_empty(
+        self, vps: VpsServer, tmp_path: Path
+    ) -> None:
+        src, remote = tmp_path / "src", tmp_path / "vps" / "data" / "a7"
+        src.mkdir()
+        staging = Path(str(remote) + area_copy.STAGING_SUFFIX)
+        async with vps.connect() as conn:
+            staged = await area_copy.pre_upload(
+                conn, vps_command=vps_command(), local_dir=src, remote_dir=str(remote)
+            )
+            staging.rmdir()
+            report = await area_copy.upload(
+                conn, vps_command=vps_command(),
+                local_dir=src, remote_dir=str(remote), staged=staged
+            )
+        assert remote.is_dir() and _tree(remote) == {}
+        assert report.files == 0
+
     async def test_download_after_a_pre_copy_fetches_only_what_changed(
         self, vps: VpsServer, tmp_path: Path
     ) -> None:
