@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -263,7 +264,7 @@ class TestPreCopy:
             staged = await area_copy.pre_upload(
                 conn, vps_command=vps_command(), local_dir=src, remote_dir=str(remote)
             )
-            subprocess.run(["rm", "-rf", "--", str(staging)], check=True)
+            shutil.rmtree(staging)
             (src / "session.db").write_bytes(b"S" * 70_001)  # to be sent into the gone dir
             report = await area_copy.upload(
                 conn, vps_command=vps_command(),
