@@ -25,9 +25,13 @@ def fsync_path(path: Path, *, follow_symlinks: bool = True) -> None:
 
 
 def atomic_write_bytes(
-    path: Path, data: bytes, *, mode: int = 0o644, owner: tuple[int, int] | None = None
+    path: Path, data: bytes, *, mode: int = 0o644, owner: tuple[int, int] | None = None,
+    durable: bool = True,
 ) -> None:
     """Replace `path` with `data` atomically and durably; on any failure the old file stays.
+    `durable=False` leaves out both fsyncs: still atomic for every reader while the machine
+    runs, but a crash of the machine may leave the old bytes (or none) — only for a file
+    whose readers cannot outlive the machine.
 
     The temp file is created 0600 (mkstemp) and, before any byte is written, given `owner`
     (uid, gid; None: the caller's) and then `mode`, both through its descriptor: the target
@@ -45,13 +49,15 @@ def atomic_write_bytes(
             os.fchmod(tmp.fileno(), mode)  # after chown, which may clear set-id bits
             tmp.write(data)
             tmp.flush()
-            os.fsync(tmp.fileno())
+            if durable:
+                os.fsync(tmp.fileno())
         os.replace(tmp_path, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
         raise
-    fsync_path(directory)
+    if durable:
+        fsync_path(directory)
 
 
 def _fchown(fd: int, owner: tuple[int, int]) -> None:

@@ -23,7 +23,7 @@ async def terminate_group(
     verify the group is gone. Returns True once no live member remains.
 
     The caller reaps its own children (a zombie is not a live member)."""
-    if not proc_identity.group_members(pgid):
+    if not proc_identity.group_exists(pgid):  # (zombies only: the first scan says gone)
         return True
     with _LeaderWatch(pgid) as leader:
         proc_identity.signal_group(pgid, signal.SIGTERM)

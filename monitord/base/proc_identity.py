@@ -108,6 +108,17 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
+def group_exists(pgid: int) -> bool:
+    """Whether any process (a zombie too) is in the process group: a signal 0, no scan."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # there is one, of another user
+        return True
+    return True
+
+
 def children_of(parents: set[int]) -> dict[int, list[int]]:
     """parent pid -> pids of its live children, for the given parents; one scan of /proc."""
     found: dict[int, list[int]] = {pid: [] for pid in parents}

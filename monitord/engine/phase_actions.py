@@ -121,6 +121,7 @@ class PhaseActions:
         self._staged: dict[str, area_copy.Staged] = {}
         # One probe and one self-check of the VPS for the areas whose preflights run together.
         self._preflight_facts = SharedFacts()
+        self._local_runs = LocalRuns(config)
 
     def forget(self, txn: Transaction) -> None:
         """A transaction ended: what its pre-copy staged is of no use any more (a rollback
@@ -270,7 +271,7 @@ class PhaseActions:
         the entry, at that generation only.
         """
         if side is Side.LOCAL:
-            self.supervisor.set_desired(self._local_runs())
+            self.supervisor.set_desired(self.local_runs())
             if not await self.supervisor.stop_area(txn.area, grace_s=STOP_GRACE_S):
                 raise error_for(ErrorCode.DAEMON_STOP_FAILED, f"{txn.area} would not stop")
             if not keep_entry:
@@ -483,7 +484,7 @@ class PhaseActions:
         if side is Side.LOCAL:
             run = area_run(service=txn.service, section=self._section(txn), area=txn.area,
                            generation=generation)
-            self.supervisor.set_desired(self._local_runs())
+            self.supervisor.set_desired(self.local_runs())
             view = await self.supervisor.start_area(run)
             if view.generation != generation:
                 raise error_for(ErrorCode.DAEMON_START_FAILED, f"{txn.area} did not start")
@@ -516,7 +517,7 @@ class PhaseActions:
         """Let the source run again: locally the supervisor feed does it; remotely, a grant."""
         await self.state.claim_data(txn.area, side)
         if side is Side.LOCAL:
-            self.supervisor.set_desired(self._local_runs())
+            self.supervisor.set_desired(self.local_runs())
             return
         await self.restart_remote(service=txn.service, area=txn.area, generation=generation)
 
@@ -585,22 +586,37 @@ class PhaseActions:
 
     # -- helpers --------------------------------------------------------------------------
 
-    def _local_runs(self) -> dict[str, AreaRun]:
-        return local_runs(self.config, self.state)
+    def local_runs(self) -> dict[str, AreaRun]:
+        """What may run locally now (the supervisor's wanted set)."""
+        return self._local_runs(self.state)
 
 
-def local_runs(config: Config, state: PlacementState) -> dict[str, AreaRun]:
-    """The supervisor's wanted set: every area that may run locally, as AreaRuns."""
-    runs: dict[str, AreaRun] = {}
-    for area, generation in state.runs(Side.LOCAL).items():
-        committed = state.committed.get(area)
-        txn = state.transactions.get(area)
-        service = txn.service if txn else committed.service if committed else None
-        if service is None or service not in config.services:
-            continue
-        runs[area] = area_run(service=service, section=config.services[service], area=area,
-                              generation=generation)
-    return runs
+class LocalRuns:
+    """The supervisor's wanted set: every area that may run locally, as AreaRuns. Asked on
+    every change of the placement state (each phase of each area), so an AreaRun is built
+    once per (area, service, generation) and reused while that stays what may run."""
+
+    def __init__(self, config: Config) -> None:
+        self._config = config
+        self._built: dict[tuple[str, str, int], AreaRun] = {}
+
+    def __call__(self, state: PlacementState) -> dict[str, AreaRun]:
+        runs: dict[str, AreaRun] = {}
+        built: dict[tuple[str, str, int], AreaRun] = {}
+        for area, generation in state.runs(Side.LOCAL).items():
+            committed = state.committed.get(area)
+            txn = state.transactions.get(area)
+            service = txn.service if txn else committed.service if committed else None
+            if service is None or service not in self._config.services:
+                continue
+            key = (area, service, generation)
+            run = self._built.get(key)
+            if run is None:
+                run = area_run(service=service, section=self._config.services[service],
+                               area=area, generation=generation)
+            runs[area] = built[key] = run
+        self._built = built
+        return runs
 
 
 def _tree_size(root: Path) -> int:

@@ -35,7 +35,7 @@ from monitord.engine.cleanup_worker import CleanupWorker
 from monitord.engine.lease_renewer import LeaseRenewer
 from monitord.engine.migration_engine import MigrationEngine
 from monitord.engine.operator_facade import OperatorFacade
-from monitord.engine.phase_actions import PhaseActions, local_runs
+from monitord.engine.phase_actions import PhaseActions
 from monitord.engine.placement_state import PlacementState
 from monitord.engine.reconciler import Reconciler
 from monitord.local.supervisor import LocalSupervisor
@@ -198,7 +198,7 @@ class Orchestration:
         # stored) before the supervisor adopts, stops or starts anything, so both read the
         # same records through the same rule (orchestrator.rules.desired_runs).
         await self.engine.recover()
-        report = await self.supervisor.adopt_or_stop_survivors(local_runs(self.config, self.state))
+        report = await self.supervisor.adopt_or_stop_survivors(self.actions.local_runs())
         log.info("survivors_handled", adopted=list(report.adopted), stopped=list(report.stopped),
                  stuck=list(report.stuck))
         self.state.add_listener(self._state_changed)
@@ -259,7 +259,7 @@ class Orchestration:
         self._last_state = status.state
 
     def _state_changed(self) -> None:
-        self.supervisor.set_desired(local_runs(self.config, self.state))
+        self.supervisor.set_desired(self.actions.local_runs())
         self.engine.wake()
         counts = self.operator.side_counts()
         for side in ("local", "remote"):

@@ -52,7 +52,12 @@ def write(path: Path, *, area: str, generation: int, owner_id: str, ttl_s: float
         "expires_at_wall": record.expires_at_wall,
         "expires_at_boottime": record.expires_at_boottime,
     }
-    atomic_file.atomic_write_bytes(path, json.dumps(document).encode(), mode=0o600)
+    # Not fsynced: every renewal rewrites every area's file (a hundred fsyncs per renewal
+    # held up the agent's loop), and no reader can use a file a crash took back — the
+    # guards die with the machine, and after a boot nothing starts without a new grant,
+    # which writes a new file. The rename still keeps a running guard from a torn read.
+    atomic_file.atomic_write_bytes(path, json.dumps(document).encode(), mode=0o600,
+                                   durable=False)
     return record
 
 
