@@ -48,6 +48,9 @@ class AreaSpec:
     log_keep: int = -1
 
 
+RENEWAL_REWRITE_FRACTION = 0.1  # of the TTL: a smaller extension is not written
+
+
 @dataclass(frozen=True)
 class AreaEntry:
     """One area in the table. `lease_expires` is on the agent's monotonic clock; None means
@@ -73,6 +76,19 @@ class AreaEntry:
 
     def granted(self, *, now: float, ttl_s: float) -> AreaEntry:
         return replace(self, lease_expires=now + ttl_s)
+
+    def worth_a_rewrite(self, *, now: float, ttl_s: float) -> bool:
+        """Whether a renewal of `ttl_s` at `now` must rewrite the lease file. One that would
+        extend a current lease by less than a tenth of its TTL need not: the lease then
+        stays as the last rewrite set it — shorter than the renewal asked for, never
+        longer, so fencing only comes sooner — and it is still at least 0.9 TTL ahead.
+        (The owner renews every TTL/3 and at once on every change of placement, naming all
+        its areas: without this, moving a hundred areas rewrote a hundred files several
+        times a second.) A renewal that would shorten the lease is always written."""
+        if self.lease_expires is None or not self.lease_current(now):
+            return True
+        extension = now + ttl_s - self.lease_expires
+        return extension < 0 or extension >= ttl_s * RENEWAL_REWRITE_FRACTION
 
     def lapsed(self) -> AreaEntry:
         return replace(self, lease_expires=None)

@@ -292,8 +292,9 @@ class AgentRuntime:
             view: dict[str, Any] = {"result": outcome.value}
             if existing is not None and outcome is lease_table.RenewOutcome.RENEWED:
                 now = self._clock()
-                self.runner.grant(existing.spec, ttl_s=ttl_s)
-                self._entries[area] = existing.granted(now=now, ttl_s=ttl_s)
+                if existing.worth_a_rewrite(now=now, ttl_s=ttl_s):
+                    self.runner.grant(existing.spec, ttl_s=ttl_s)
+                    self._entries[area] = existing.granted(now=now, ttl_s=ttl_s)
                 self._start_if_due(area)
                 view.update(self._lease_view(self._entries[area], now=now))
             elif existing is not None:

@@ -83,3 +83,25 @@ class TestEntryState:
     def test_restart_delay_grows_and_is_capped(self) -> None:
         delays = [restart_delay_s(n, base_s=0.5, cap_s=4.0) for n in range(1, 7)]
         assert delays == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
+
+
+class TestRenewalRewrite:
+    """A renewal rewrites the lease file unless it would extend a current lease by less
+    than a tenth of its TTL; the lease on disk is never longer than the owner asked for."""
+
+    @pytest.mark.parametrize(
+        ("lease_left", "ttl_s", "rewrite"),
+        [
+            (None, 3.0, True),  # never granted (or lapsed): always
+            (-0.1, 3.0, True),  # lapsed
+            (3.0, 3.0, False),  # renewed again at once: it would not move
+            (2.8, 3.0, False),  # by 0.2 s < 0.3 s
+            (2.6, 3.0, True),  # by more than a tenth
+            (2.0, 3.0, True),  # the regular renewal, every TTL/3
+            (10.0, 3.0, True),  # shorter than what is held: must be written
+        ],
+    )
+    def test_when_a_renewal_rewrites(
+        self, lease_left: float | None, ttl_s: float, rewrite: bool
+    ) -> None:
+        assert entry(lease_left=lease_left).worth_a_rewrite(now=NOW, ttl_s=ttl_s) is rewrite

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from monitord.base import proc_identity
 from monitord.testing.split_brain import Detector
+from monitord.vps import lease_table
 from tests.integration.agent.conftest import OWNER, area_body
 from tests.support.agent_process import AgentProcess, running_agent, wait_until
 
@@ -71,6 +72,30 @@ class TestLeaseLapse:
             assert 0 < answer["areas"][AREA]["lease_expires_in_s"] <= TTL_S
             await detector.wait_for(lambda d: not d.alive(AREA), timeout_s=TTL_S / 4)
         assert [key.pid for key in detector.alive(AREA)] == [pid]
+
+    async def test_a_renewal_right_after_another_leaves_the_lease_file_alone(
+        self, agent: AgentProcess, detector: Detector
+    ) -> None:
+        # The owner renews all its areas on every change of placement; rewriting every
+        # lease file each time was most of the agent's work while a service moved.
+        await _create(agent, detector, AREA)
+        lease = agent.base_dir / "leases" / f"{AREA}.json"
+        renew = {"owner_id": OWNER, "ttl_s": TTL_S, "areas": {AREA: 1}}
+
+        async def renewed() -> tuple[int, bytes, float]:
+            status, answer = await agent.request("POST", "/v1/leases/renew", json_body=renew)
+            assert status == 200 and answer["areas"][AREA]["result"] == "renewed"
+            return (lease.stat().st_ino, lease.read_bytes(),
+                    answer["areas"][AREA]["lease_expires_in_s"])
+
+        first = await renewed()
+        again = await renewed()
+        assert again[:2] == first[:2]  # not rewritten
+        assert again[2] <= first[2]  # and the owner is told the lease as it stands
+        await asyncio.sleep(TTL_S * lease_table.RENEWAL_REWRITE_FRACTION + 0.1)
+        later = await renewed()
+        assert later[:2] != first[:2]
+        assert later[2] > again[2]
 
     async def test_one_bad_name_never_fails_the_batch(
         self, agent: AgentProcess, detector: Detector
