@@ -108,6 +108,14 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
+def parent_of(pid: int) -> int | None:
+    """The parent pid of a live (not zombie) process; None if there is no such process."""
+    stat = _read_stat(pid)
+    if stat is None or stat.state in ("Z", "X"):
+        return None
+    return stat.ppid
+
+
 def group_exists(pgid: int) -> bool:
     """Whether any process (a zombie too) is in the process group: a signal 0, no scan."""
     try:

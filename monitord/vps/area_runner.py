@@ -2,7 +2,9 @@
 
 Layout under the agent's dir: `leases/{area}.json` (the lease file each guard watches),
 `run/{area}.json` (the guard's identity: pid + start time + argv, the generation and owner,
-so that a restarted agent can adopt or stop it — never by PID alone) and
+so that a restarted agent can adopt or stop it — never by PID alone), `run/{area}.daemon`
+(the daemon's pid, written by the guard once it started it: believed only while that pid is
+a live child of the guard, it spares the agent a scan of /proc per look) and
 `logs/{area}.log` (guard and daemon output, through a log sink that caps and rotates it:
 monitord/base/log_sink.py; the sink runs in a session of its own and ends with that output).
 A service's `user` / `group` (spawn's `user=`, `group=`) is resolved here, the data dir is
@@ -36,6 +38,9 @@ from monitord.vps import lease_file
 from monitord.vps.lease_table import AreaSpec
 
 _POLL_S = 0.02
+# A guard we started reports its daemon's pid; one that has not after this long (it could
+# not write the file) is looked for by a scan of /proc, as an adopted one always is.
+_REPORT_WAIT_S = 2.0
 
 
 def package_root() -> str:
@@ -74,6 +79,9 @@ class GuardHandle:
     adopted: bool
     daemon: ProcessIdentity | None = None  # learnt once the guard has started it
     sink: subprocess.Popen[bytes] | None = None  # its log sink, when we started the guard
+    # Where the guard writes its daemon's pid (guards we started; adopted ones may predate it)
+    daemon_file: Path | None = None
+    spawned_at: float = 0.0  # time.monotonic() of the spawn
 
     @property
     def pid(self) -> int:
@@ -107,6 +115,9 @@ class AreaRunner:
 
     def _record_path(self, area: str) -> Path:
         return self.run_dir / f"{area}.json"
+
+    def _daemon_path(self, area: str) -> Path:
+        return self.run_dir / f"{area}.daemon"  # (not *.json: those are guard records)
 
     def grant(self, spec: AreaSpec, *, ttl_s: float) -> None:
         lease_file.write(
@@ -146,9 +157,12 @@ class AreaRunner:
             "--fence-grace",
             str(self.fence_grace_s),
             *_run_as_arguments(who),
+            "--daemon-file",
+            str(self._daemon_path(spec.area)),
             "--",
             *spec.command,
         )
+        self._daemon_path(spec.area).unlink(missing_ok=True)
         env = vps_environment({**os.environ, **run_as.login_environment(who), **spec.env})
         self._reap_sinks()
         read_end, write_end = os.pipe()
@@ -184,7 +198,9 @@ class AreaRunner:
             "guard": identity.to_json(),
         }
         atomic_file.atomic_write_bytes(self._record_path(spec.area), json.dumps(record).encode())
-        return GuardHandle(spec=spec, identity=identity, popen=popen, adopted=False, sink=sink)
+        return GuardHandle(spec=spec, identity=identity, popen=popen, adopted=False, sink=sink,
+                           daemon_file=self._daemon_path(spec.area),
+                           spawned_at=time.monotonic())
 
     def _reap_sinks(self) -> None:
         """Collect the exit status of log sinks that ended (they end with their daemon)."""
@@ -193,13 +209,19 @@ class AreaRunner:
     def daemon_pids(self, handles: list[GuardHandle]) -> dict[int, int | None]:
         """guard pid -> its daemon's pid (None when the daemon is not running). A daemon
         already learnt and still that very process (pid, start time, argv) is taken as it
-        is; only the others cost a scan of /proc (one for all of them) — the inventory asks
+        is; then the pid the guard reported (if its parent is that guard); only the others
+        cost a scan of /proc (one for all of them) — the inventory and the lease loop ask
         this for every area, often, while areas start."""
         result: dict[int, int | None] = {}
         unknown: set[int] = set()
+        now = time.monotonic()
         for handle in handles:
             if handle.daemon is not None and proc_identity.is_same_process(handle.daemon):
                 result[handle.pid] = handle.daemon.pid
+            elif (reported := _reported_daemon(handle)) is not None:
+                result[handle.pid] = reported
+            elif handle.daemon_file is not None and now - handle.spawned_at < _REPORT_WAIT_S:
+                result[handle.pid] = None  # still starting: it reports its daemon itself
             else:
                 unknown.add(handle.pid)
         if unknown:
@@ -256,6 +278,7 @@ class AreaRunner:
             gone = gone and not proc_identity.group_members(daemon_pid)
         if gone:
             self._record_path(handle.spec.area).unlink(missing_ok=True)
+            self._daemon_path(handle.spec.area).unlink(missing_ok=True)
         return gone
 
     async def _wait_exited(self, handle: GuardHandle, *, timeout_s: float) -> bool:
@@ -269,6 +292,7 @@ class AreaRunner:
     def forget(self, area: str) -> None:
         """Drop the record of a guard that exited by itself."""
         self._record_path(area).unlink(missing_ok=True)
+        self._daemon_path(area).unlink(missing_ok=True)
 
     def survivors(self) -> list[tuple[dict[str, Any], ProcessIdentity | None]]:
         """Records left by a previous agent: (record, the guard's identity if it still lives)."""
@@ -293,6 +317,17 @@ class AreaRunner:
             area=area, service="", generation=-1, owner_id="", command=(), data_dir=""
         )
         return await self.stop(self.adopt(spec, identity), fence=True)
+
+
+def _reported_daemon(handle: GuardHandle) -> int | None:
+    """The daemon pid the guard wrote, if it is a live child of that guard."""
+    if handle.daemon_file is None:
+        return None
+    try:
+        pid = int(handle.daemon_file.read_text())
+    except (OSError, ValueError):
+        return None
+    return pid if proc_identity.parent_of(pid) == handle.pid else None
 
 
 def _run_as_arguments(who: run_as.RunAs | None) -> list[str]:

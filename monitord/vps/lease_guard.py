@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
-from monitord.base import proc_identity, run_as
+from monitord.base import atomic_file, proc_identity, run_as
 from monitord.vps import lease_file
 
 POLL_S = 0.05  # without pidfds (Linux < 5.3): how often the daemon is looked at
@@ -168,8 +168,11 @@ def run(
     uid: int | None = None,
     gid: int | None = None,
     groups: Sequence[int] | None = None,
+    daemon_file: Path | None = None,
 ) -> int:
-    """Guard one daemon; with `uid` / `gid` / `groups` it runs as them (the guard does not)."""
+    """Guard one daemon; with `uid` / `gid` / `groups` it runs as them (the guard does not).
+    With `daemon_file`, the daemon's pid is written there once it is started (the agent
+    reads it instead of scanning /proc for the guard's child)."""
     stop_requested = False
 
     def _request_stop(signum: int, frame: FrameType | None) -> None:
@@ -198,6 +201,8 @@ def run(
         _say("spawn_failed", error=str(e), argv=list(argv), uid=uid, gid=gid)
         return 127
     _say("started", child_pid=child.pid, argv=list(argv), uid=uid, gid=gid)
+    if daemon_file is not None:
+        _report_daemon(daemon_file, child.pid)
     sleeper = _Sleeper(child.pid)
     while True:
         if proc_identity.child_has_exited(child):
@@ -227,6 +232,15 @@ def run(
         sleeper.sleep(min(sleeper.longest_s, watch.seconds_left() + 0.001))
 
 
+def _report_daemon(path: Path, pid: int) -> None:
+    """The daemon's pid, for the agent; not being able to write it only costs the agent a
+    scan of /proc (it checks the pid's parent is this guard before believing it)."""
+    try:
+        atomic_file.atomic_write_bytes(path, f"{pid}\n".encode(), mode=0o600, durable=False)
+    except OSError as e:
+        _say("daemon_file_not_written", path=str(path), error=str(e))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="lease_guard", description=__doc__.splitlines()[0])
     parser.add_argument("--lease-file", type=Path, required=True)
@@ -235,6 +249,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--uid", type=int, default=None, help="run the daemon as this user")
     parser.add_argument("--gid", type=int, default=None, help="... and group")
     parser.add_argument("--groups", default=None, help="... and supplementary groups: 1,2,3")
+    parser.add_argument("--daemon-file", type=Path, default=None,
+                        help="write the daemon's pid here once it is started")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -248,6 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         uid=args.uid,
         gid=args.gid,
         groups=None if args.groups is None else [int(g) for g in args.groups.split(",") if g],
+        daemon_file=args.daemon_file,
     )
 
 

@@ -4,6 +4,8 @@ lease file, a signal, the daemon's exit."""
 
 from __future__ import annotations
 
+import asyncio
+import os
 import signal
 import subprocess
 import sys
@@ -15,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from monitord.base import proc_identity
-from monitord.vps import lease_file, lease_guard
+from monitord.vps import area_runner, lease_file, lease_guard
+from monitord.vps.lease_table import AreaSpec
 
 AREA = "9a7e0c2e-0000-4000-8000-00000000000c"
 
@@ -113,3 +116,52 @@ def test_a_daemon_that_exits_ends_the_guard_with_its_status(guarded: _Guarded) -
     proc_identity.signal_group(daemon, signal.SIGKILL)
     assert guarded.guard.wait(timeout=10) == 128 + signal.SIGKILL
 
+
+
+def test_it_reports_its_daemon_pid_when_asked(tmp_path: Path) -> None:
+    lease, reported = tmp_path / "lease.json", tmp_path / "area.daemon"
+    lease_file.write(lease, area=AREA, generation=1, owner_id="o", ttl_s=60.0)
+    guard = subprocess.Popen(
+        [sys.executable, "-m", "monitord.vps.lease_guard", "--lease-file", str(lease),
+         "--daemon-file", str(reported), "--", "sleep", "60"],
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while not reported.exists():
+            assert time.monotonic() < deadline, "the guard wrote no daemon file"
+            time.sleep(0.02)
+        pid = int(reported.read_text())
+        assert proc_identity.parent_of(pid) == guard.pid
+        assert proc_identity.children_of({guard.pid})[guard.pid] == [pid]
+    finally:
+        guard.kill()
+        guard.wait(timeout=10)
+
+
+async def test_the_agent_believes_a_reported_pid_only_from_the_guards_own_child(
+    tmp_path: Path,
+) -> None:
+    runner = area_runner.AreaRunner(base_dir=tmp_path / "agent", stop_grace_s=2.0,
+                                    fence_grace_s=0.5)
+    spec = AreaSpec(area=AREA, service="tg", generation=1, owner_id="o",
+                    command=("sleep", "60"), data_dir=str(tmp_path / "data"))
+    runner.grant(spec, ttl_s=60.0)
+    handle = runner.spawn(spec)
+    try:
+        deadline = time.monotonic() + 10
+        while (daemon := runner.daemon_pids([handle])[handle.pid]) is None:
+            assert time.monotonic() < deadline, "the daemon was never found"
+            await asyncio.sleep(0.02)
+        assert proc_identity.parent_of(daemon) == handle.pid
+        assert handle.daemon_file is not None
+        handle.daemon_file.write_text(f"{os.getpid()}\n")  # a pid that is not its child
+        assert runner.daemon_pids([handle])[handle.pid] in (None, daemon)
+        assert await runner.stop(handle, fence=False)
+        assert not handle.daemon_file.exists()
+    finally:
+        if not handle.exited():
+            proc_identity.signal_group(handle.pid, signal.SIGKILL)
+        for process in (handle.popen, handle.sink):  # reaped, as the agent's tick does
+            if process is not None:
+                process.wait(timeout=10)
