@@ -1,12 +1,15 @@
 """Area-lease renewal: the local owner's grants that let the VPS run areas.
 
 A root task ("lease renewer"). Every TTL/3, and at once when the placement changes, it sends
-the agent ONE batch renewal naming every area that may run remote right now
-(`PlacementState.runs(REMOTE)`), and records, per (area, generation), the local monotonic
-time at which the agent's acknowledgement arrived. That time is what
-`orchestrator.area_leases.expired_at()` counts from, so the rollback rule ("restart the
-source only after the destination's lease provably expired") rests on acknowledgements
-actually received, never on requests merely sent.
+the agent ONE batch renewal naming the areas that may run remote right now
+(`PlacementState.runs(REMOTE)`) and need it — all of them, except those acknowledged less
+than TTL/6 ago: a move changes the placement many times a second, and naming every area
+each time rewrote every lease file on the VPS that often. An area left out is named again
+by the time its grant is TTL/3 old, as with the regular renewal. It records, per (area,
+generation), the local monotonic time at which the agent's acknowledgement arrived. That
+time is what `orchestrator.area_leases.expired_at()` counts from, so the rollback rule
+("restart the source only after the destination's lease provably expired") rests on
+acknowledgements actually received, never on requests merely sent.
 
 After a restart nothing is known about earlier acknowledgements; `lease_for()` then answers
 with `area_leases.after_restart()` (as if acknowledged at start-up), which is conservative.
@@ -142,11 +145,26 @@ class LeaseRenewer:
         interval = self.policy.ttl_s / 3
         while True:
             self._wake.clear()
-            await self.renew_once()
+            next_due_s = await self.renew_once()
             await self._end_long_uncertainty()
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(interval):
+                async with asyncio.timeout(min(interval, next_due_s)):
                     await self._wake.wait()
+
+    def _split_due(self, grants: dict[str, int]) -> tuple[dict[str, int], float]:
+        """(the grants a renewal names now; seconds until the first one left out is due,
+        at TTL/3 of age). Left out: acknowledged, not uncertain, less than TTL/6 ago."""
+        now, fresh_s, due_age_s = self._clock(), self.policy.ttl_s / 6, self.policy.ttl_s / 3
+        named: dict[str, int] = {}
+        next_due_s = due_age_s
+        for area, generation in grants.items():
+            key = (area, generation)
+            acked = self._acks.get(key)
+            if acked is None or key in self._uncertain or now - acked >= fresh_s:
+                named[area] = generation
+            else:
+                next_due_s = min(next_due_s, acked + due_age_s - now)
+        return named, next_due_s
 
     async def _end_long_uncertainty(self) -> None:
         self._resolve()
@@ -158,11 +176,13 @@ class LeaseRenewer:
                         waited_s=round(self._clock() - oldest, 1))
             await self._recycle()
 
-    async def renew_once(self) -> None:
+    async def renew_once(self) -> float:
+        """One batch renewal of the areas that need it; returns the seconds until one left
+        out will need it."""
         agent = self._agent()
-        grants = dict(self._state.runs(Side.REMOTE))
+        grants, next_due_s = self._split_due(dict(self._state.runs(Side.REMOTE)))
         if agent is None or not grants:
-            return
+            return next_due_s
         epoch = self._epoch()
         try:
             answers = await agent.renew(
@@ -174,7 +194,7 @@ class LeaseRenewer:
             if self.last_error is None or self.last_error.code != e.code:
                 log.warning("lease_renewal_failed", error_code=e.code, detail=e.detail)
             self.last_error = e
-            return
+            return next_due_s
         arrived = self._clock()
         self.last_error = None
         for area, answer in answers.items():
@@ -183,3 +203,4 @@ class LeaseRenewer:
                 self.rejected.pop(area, None)
             else:
                 self.rejected[area] = answer.result
+        return next_due_s

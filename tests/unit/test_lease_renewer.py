@@ -8,7 +8,7 @@ import pytest
 
 from monitord.engine.lease_renewer import LeaseRenewer
 from monitord.engine.placement_state import PlacementState
-from monitord.remote.agent_client import AgentUnreachable
+from monitord.remote.agent_client import AgentUnreachable, RenewResult
 from monitord.store.state_db import Store
 from orchestrator import area_leases
 from orchestrator.area_leases import LeasePolicy
@@ -89,3 +89,60 @@ class TestUncertainGrants:
         await r._end_long_uncertainty()
         assert world.recycled == 1
         assert _deadline(r) == world.now + 13  # resolved by the epoch change, from now on
+
+
+class _Agent:
+    """Answers every renewal `renewed` and remembers what each one named."""
+
+    def __init__(self) -> None:
+        self.named: list[dict[str, int]] = []
+
+    async def renew(self, *, owner_id: str, ttl_s: float,
+                    areas: dict[str, int]) -> dict[str, RenewResult]:
+        self.named.append(dict(areas))
+        return {a: RenewResult(area=a, renewed=True, result="renewed", generation=g)
+                for a, g in areas.items()}
+
+
+class TestWhatARenewalNames:
+    """A placement change renews at once, but only the areas that need it: one never
+    acknowledged, an uncertain one, one acknowledged TTL/6 ago or more."""
+
+    @pytest.fixture
+    async def setup(self, tmp_path: Path):  # type: ignore[no-untyped-def]
+        world, agent = World(), _Agent()
+        async with await Store.open(tmp_path) as store:
+            state = PlacementState(store=store, custom_config_path=tmp_path / "c.json")
+            runs = {"a": 3, "b": 4}
+            state.runs = lambda side: runs  # type: ignore[method-assign]
+            renewer = LeaseRenewer(
+                state=state, agent=lambda: agent, owner_id="me",  # type: ignore[arg-type, return-value]
+                policy=POLICY, tunnel_connected=lambda: world.connected,
+                connection_epoch=lambda: world.epoch, clock=lambda: world.now,
+            )
+            yield world, agent, renewer, runs
+
+    async def test_a_renewal_right_after_another_names_only_the_new_area(self, setup) -> None:  # type: ignore[no-untyped-def]
+        world, agent, renewer, runs = setup
+        await renewer.renew_once()
+        world.now += 0.5
+        runs["c"] = 1  # placed remote meanwhile
+        next_due_s = await renewer.renew_once()
+        assert agent.named == [{"a": 3, "b": 4}, {"c": 1}]
+        assert next_due_s == pytest.approx(POLICY.ttl_s / 3 - 0.5)  # when a and b are due
+
+    async def test_an_area_acknowledged_a_sixth_of_the_ttl_ago_is_named_again(self, setup) -> None:  # type: ignore[no-untyped-def]
+        world, agent, renewer, _ = setup
+        await renewer.renew_once()
+        world.now += POLICY.ttl_s / 6
+        await renewer.renew_once()
+        assert agent.named[1] == {"a": 3, "b": 4}
+
+    async def test_an_uncertain_grant_is_always_named(self, setup) -> None:  # type: ignore[no-untyped-def]
+        world, agent, renewer, _ = setup
+        await renewer.renew_once()
+        renewer.grant_failed("a", 3, epoch=world.epoch,
+                             error=AgentUnreachable("reset", maybe_delivered=True))
+        world.now += 0.1
+        await renewer.renew_once()
+        assert agent.named[1] == {"a": 3}
