@@ -70,17 +70,26 @@ async def _wait_group_empty(
 ) -> bool:
     signalled = time.monotonic()
     deadline = signalled + timeout_s
+    # A live leader is a live member: while its pidfd says it lives (and for at most
+    # _LEADER_RESCAN_S at a time) there is nothing a scan could tell.
+    looked = signalled
     while True:
+        now = time.monotonic()
+        if leader is not None and not leader.is_set() and now - looked < _LEADER_RESCAN_S:
+            if now >= deadline:
+                return False
+            with contextlib.suppress(asyncio.TimeoutError):  # 3.9: not yet the builtin
+                await asyncio.wait_for(
+                    leader.wait(), min(_LEADER_RESCAN_S - (now - looked), deadline - now)
+                )
+            continue
         if pgid not in _live_groups(taken_after=signalled, max_age_s=poll_s):
             return True
-        now = time.monotonic()
+        looked = now = time.monotonic()
         if now >= deadline:
             return False
         if leader is None or leader.is_set():
             await asyncio.sleep(poll_s)
-            continue
-        with contextlib.suppress(asyncio.TimeoutError):  # 3.9: not yet the builtin
-            await asyncio.wait_for(leader.wait(), min(_LEADER_RESCAN_S, deadline - now))
 
 
 # One scan of /proc answers every group being waited for: with many areas stopping at once

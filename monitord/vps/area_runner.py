@@ -207,17 +207,22 @@ class AreaRunner:
         self._sinks = [sink for sink in self._sinks if sink.poll() is None]
 
     def daemon_pids(self, handles: list[GuardHandle]) -> dict[int, int | None]:
-        """guard pid -> its daemon's pid (None when the daemon is not running). A daemon
+        """guard pid -> its daemon's pid (None when the daemon is not running)."""
+        return {guard: None if daemon is None else daemon.pid
+                for guard, daemon in self.daemons(handles).items()}
+
+    def daemons(self, handles: list[GuardHandle]) -> dict[int, ProcessIdentity | None]:
+        """guard pid -> its daemon's identity (None when the daemon is not running). A daemon
         already learnt and still that very process (pid, start time, argv) is taken as it
         is; then the pid the guard reported (if its parent is that guard); only the others
         cost a scan of /proc (one for all of them) — the inventory and the lease loop ask
         this for every area, often, while areas start."""
-        result: dict[int, int | None] = {}
+        result: dict[int, ProcessIdentity | None] = {}
         unknown: set[int] = set()
         now = time.monotonic()
         for handle in handles:
-            if handle.daemon is not None and proc_identity.is_same_process(handle.daemon):
-                result[handle.pid] = handle.daemon.pid
+            if handle.daemon is not None and proc_identity.read(handle.daemon.pid) == handle.daemon:
+                result[handle.pid] = handle.daemon
             elif (reported := _reported_daemon(handle)) is not None:
                 result[handle.pid] = reported
             elif handle.daemon_file is not None and now - handle.spawned_at < _REPORT_WAIT_S:
@@ -225,8 +230,8 @@ class AreaRunner:
             else:
                 unknown.add(handle.pid)
         if unknown:
-            found = proc_identity.children_of(unknown)
-            result.update({guard: (kids[0] if kids else None) for guard, kids in found.items()})
+            for guard, kids in proc_identity.children_of(unknown).items():
+                result[guard] = proc_identity.read(kids[0]) if kids else None
         return result
 
     def learn_daemons(self, handles: list[GuardHandle]) -> None:
@@ -236,11 +241,9 @@ class AreaRunner:
         waiting = [h for h in handles if h.daemon is None and not h.exited()]
         if not waiting:
             return
-        found = self.daemon_pids(waiting)  # one scan of /proc for all of them
+        found = self.daemons(waiting)
         for handle in waiting:
-            pid = found.get(handle.pid)
-            if pid is not None:
-                handle.daemon = proc_identity.read(pid)
+            handle.daemon = found.get(handle.pid) or handle.daemon
 
     async def reap_orphaned_daemon(self, handle: GuardHandle) -> bool:
         """After a guard exited: make sure its daemon is gone too (it dies by PDEATHSIG;
@@ -319,15 +322,15 @@ class AreaRunner:
         return await self.stop(self.adopt(spec, identity), fence=True)
 
 
-def _reported_daemon(handle: GuardHandle) -> int | None:
-    """The daemon pid the guard wrote, if it is a live child of that guard."""
+def _reported_daemon(handle: GuardHandle) -> ProcessIdentity | None:
+    """The daemon the guard reported, if that pid is a live child of that guard."""
     if handle.daemon_file is None:
         return None
     try:
         pid = int(handle.daemon_file.read_text())
     except (OSError, ValueError):
         return None
-    return pid if proc_identity.parent_of(pid) == handle.pid else None
+    return proc_identity.read(pid) if proc_identity.parent_of(pid) == handle.pid else None
 
 
 def _run_as_arguments(who: run_as.RunAs | None) -> list[str]:

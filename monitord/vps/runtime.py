@@ -444,12 +444,11 @@ class AgentRuntime:
         """GET /v1/inventory: entries with their lease, and the processes actually running."""
         now = self._clock()
         handles = [h for h in self._handles.values() if not h.exited()]
-        daemons = self.runner.daemon_pids(handles)
+        daemons = self.runner.daemons(handles)
         since_boot = proc_identity.seconds_since_boot()
         processes: list[dict[str, Any]] = []
         for handle in handles:
-            daemon_pid = daemons.get(handle.pid)
-            identity = proc_identity.read(daemon_pid) if daemon_pid is not None else None
+            identity = daemons.get(handle.pid)
             processes.append(
                 {
                     "area": handle.spec.area,
