@@ -220,6 +220,15 @@ class PhaseActions:
             return Outcome.OK
         raise error_for(failure.code, f"{failure.detail} — {failure.hint}".rstrip(" —"))
 
+    async def warm_preflight(self, conn: object) -> None:
+        """A connection just came up: fetch what every preflight over it will ask first
+        (monitord.remote.preflight.warm), so that the first move need not wait for it."""
+        link = self._link()
+        await preflight_checks.warm(
+            conn,  # type: ignore[arg-type]
+            config=self.config, artifacts=link.artifacts, shared=self._preflight_facts,
+        )
+
     async def _wait_for_tunnel(self, link: RemoteLink) -> None:
         """A (re)connecting tunnel gets a moment; a VPS that stays away fails the preflight."""
         if link.connected():

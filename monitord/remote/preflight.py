@@ -205,12 +205,8 @@ async def run_preflight(
         # Run alongside the probe; its answer counts only if the probe finds our pyz there.
         if conn is None:
             return "no SSH connection"
-        return await shared.get(
-            ("self-check", _conn_key(conn), pyz.sha256 if pyz else ""),
-            lambda: _self_check(conn, remote=remote, timeout_s=timeout_s),
-            keep=lambda lines: not isinstance(lines, str),  # could not run: ask again
-            max_age_s=SELF_CHECK_MAX_AGE_S,
-        )
+        return await _shared_self_check(conn, remote=remote, artifacts=artifacts,
+                                        shared=shared, timeout_s=timeout_s)
 
     # Independent round trips, at once: a preflight is part of every move's wall time.
     probed, alive_detail, checked = await asyncio.gather(
@@ -272,6 +268,33 @@ async def run_preflight(
         skipped=[r.check for r in report.results if r.status is CheckStatus.SKIPPED],
     )
     return report
+
+
+async def warm(
+    conn: asyncssh.SSHClientConnection, *, config: Config,
+    artifacts: Sequence[LocalArtifact], shared: SharedFacts,
+    timeout_s: float = 10.0,
+) -> None:
+    """Fetch, on a connection just made, the fact every later preflight over it needs and
+    that keeps longest: the VPS's self-check (a Python start there). So the first move after
+    a connect does not wait for it. A self-check that could not run is not kept; the
+    preflight asks again and reports it."""
+    if config.remote is not None:
+        await _shared_self_check(conn, remote=config.remote, artifacts=artifacts,
+                                 shared=shared, timeout_s=timeout_s)
+
+
+async def _shared_self_check(
+    conn: asyncssh.SSHClientConnection, *, remote: RemoteSection,
+    artifacts: Sequence[LocalArtifact], shared: SharedFacts, timeout_s: float,
+) -> tuple[SelfCheckLine, ...] | str:
+    pyz = next((a for a in artifacts if a.name == artifact.PYZ_NAME), None)
+    return await shared.get(
+        ("self-check", _conn_key(conn), pyz.sha256 if pyz else ""),
+        lambda: _self_check(conn, remote=remote, timeout_s=timeout_s),
+        keep=lambda lines: not isinstance(lines, str),  # could not run: ask again
+        max_age_s=SELF_CHECK_MAX_AGE_S,
+    )
 
 
 def _conn_key(conn: asyncssh.SSHClientConnection) -> tuple[int, object]:

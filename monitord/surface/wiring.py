@@ -208,6 +208,7 @@ class Orchestration:
         tasks.spawn("local supervisor", self.supervisor.run())
         if self.link is not None:
             self.link.keeper.add_reconnect_hook("cleanup worker", self._after_connect)
+            self.link.keeper.add_reconnect_hook("preflight facts", self.actions.warm_preflight)
             tasks.spawn("tunnel keeper", self.link.keeper.run())
         if self.renewer is not None:
             tasks.spawn("lease renewer", self.renewer.run())

@@ -21,7 +21,13 @@ from aiohttp import web
 from monitord.base.config import Config, RemoteSection, ServiceSection
 from monitord.remote import agent_channel, provisioning
 from monitord.remote.agent_client import AgentClient
-from monitord.remote.preflight import CheckStatus, PreflightReport, TunnelOwnerView, run_preflight
+from monitord.remote.preflight import (
+    CheckStatus,
+    PreflightReport,
+    TunnelOwnerView,
+    run_preflight,
+    warm,
+)
 from monitord.remote.provisioning import LocalArtifact
 from monitord.remote.shared_facts import SharedFacts
 from monitord.testing.vps_server import VpsServer
@@ -191,6 +197,20 @@ class TestHealthyVps:
         assert all(report.ok for report in reports), [r.failures for r in reports]
         # one facts script and one self-check for all ten (each alone: two apiece)
         assert len(vps.command_log) - commands_before == 2
+
+    async def test_a_warmed_connection_spares_the_first_preflight_its_self_check(
+        self, preflight: PreflightRunner, vps: VpsServer, conn: asyncssh.SSHClientConnection,
+        config: Config, provisioned: list[LocalArtifact],
+    ) -> None:
+        shared = SharedFacts()
+        await asyncio.wait_for(
+            warm(conn, config=config, artifacts=provisioned, shared=shared), TIMEOUT
+        )
+        commands_before = len(vps.command_log)
+        report = await preflight(shared=shared)
+        assert report.ok, report.failures
+        assert "self-check passed" in report.result("agent").detail
+        assert len(vps.command_log) - commands_before == 1  # the facts script only
 
     async def test_the_agent_is_asked_over_the_ssh_connection(
         self, preflight: PreflightRunner, agent: StandInAgent
