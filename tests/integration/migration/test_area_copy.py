@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -209,6 +210,22 @@ def _change_area(root: Path) -> None:
     (root / "empty").unlink()  # deleted
 
 
+async def _pre_copy_then_upload(
+    vps: VpsServer, src: Path, remote: Path, *, meddle: Callable[[Path], None]
+) -> area_copy.CopyReport:
+    """Pre-copy src to remote, let `meddle` (given the VPS staging dir) change something,
+    then copy after the stop."""
+    async with vps.connect() as conn:
+        staged = await area_copy.pre_upload(
+            conn, vps_command=vps_command(), local_dir=src, remote_dir=str(remote)
+        )
+        meddle(Path(str(remote) + area_copy.STAGING_SUFFIX))
+        return await area_copy.upload(
+            conn, vps_command=vps_command(), local_dir=src, remote_dir=str(remote),
+            staged=staged,
+        )
+
+
 class TestPreCopy:
     """A pre-copy while the source runs stages its files; the copy after the stop sends
     only what changed, removes what is gone and still promotes only a verified whole."""
@@ -238,17 +255,12 @@ class TestPreCopy:
     ) -> None:
         src, remote = tmp_path / "src", tmp_path / "vps" / "data" / "a2"
         _make_area(src)
-        staging = Path(str(remote) + area_copy.STAGING_SUFFIX)
-        async with vps.connect() as conn:
-            staged = await area_copy.pre_upload(
-                conn, vps_command=vps_command(), local_dir=src, remote_dir=str(remote)
-            )
+
+        def tamper(staging: Path) -> None:
             (staging / "db" / "keys.bin").write_bytes(b"tampered")
             (staging / "planted").write_bytes(b"extra")
-            report = await area_copy.upload(
-                conn, vps_command=vps_command(),
-                local_dir=src, remote_dir=str(remote), staged=staged
-            )
+
+        report = await _pre_copy_then_upload(vps, src, remote, meddle=tamper)
         assert _tree(remote) == _tree(src)
         assert report.reused == 0  # redone whole after the VPS refused the staged set
 
@@ -259,17 +271,12 @@ class TestPreCopy:
         # the area is down): a staging dir that went away meanwhile means a whole copy.
         src, remote = tmp_path / "src", tmp_path / "vps" / "data" / "a6"
         _make_area(src)
-        staging = Path(str(remote) + area_copy.STAGING_SUFFIX)
-        async with vps.connect() as conn:
-            staged = await area_copy.pre_upload(
-                conn, vps_command=vps_command(), local_dir=src, remote_dir=str(remote)
-            )
+
+        def remove(staging: Path) -> None:
             shutil.rmtree(staging)
             (src / "session.db").write_bytes(b"S" * 70_001)  # to be sent into the gone dir
-            report = await area_copy.upload(
-                conn, vps_command=vps_command(),
-                local_dir=src, remote_dir=str(remote), staged=staged
-            )
+
+        report = await _pre_copy_then_upload(vps, src, remote, meddle=remove)
         assert _tree(remote) == _tree(src)
         assert report.reused == 0
 
@@ -278,16 +285,7 @@ class TestPreCopy:
     ) -> None:
         src, remote = tmp_path / "src", tmp_path / "vps" / "data" / "a7"
         src.mkdir()
-        staging = Path(str(remote) + area_copy.STAGING_SUFFIX)
-        async with vps.connect() as conn:
-            staged = await area_copy.pre_upload(
-                conn, vps_command=vps_command(), local_dir=src, remote_dir=str(remote)
-            )
-            staging.rmdir()
-            report = await area_copy.upload(
-                conn, vps_command=vps_command(),
-                local_dir=src, remote_dir=str(remote), staged=staged
-            )
+        report = await _pre_copy_then_upload(vps, src, remote, meddle=Path.rmdir)
         assert remote.is_dir() and _tree(remote) == {}
         assert report.files == 0
 
