@@ -464,7 +464,10 @@ async def download(
                                   timeout_s=timeout_s)
         raise _incomplete(f"downloaded copy of {remote_dir} differs in"
                           f" {_differences(got, expected)}")
-    await asyncio.to_thread(_promote_local, staging, local_dir)
+    # What a pre-copy staged was fsynced before the stop: only what was written since costs
+    # an fsync while the area is down.
+    await asyncio.to_thread(_promote_local, staging, local_dir,
+                            settled=None if staged is None else staged.cache)
     return CopyReport(files=len(got), bytes=done, reused=len(expected) - len(to_fetch))
 
 
@@ -506,9 +509,11 @@ async def pre_download(
 def _settle(staging: Path, fetched: dict[str, _Fetched]) -> tree_digest.Cache:
     """fsync what a pre-copy wrote (off the downtime) and cache each file's hash under the
     identity it had when written — if it still has it and was not written too recently for
-    a stat to tell (the epoch is taken after the last write)."""
-    _fsync_tree(staging)
+    a stat to tell. The epoch is taken after the last write and before the fsync, so that
+    an identity in the cache also proves the file unchanged since it was fsynced (the
+    promote fsyncs only the others)."""
     epoch = tree_digest.epoch_ns(staging.parent)
+    _fsync_tree(staging)
     cache: tree_digest.Cache = {}
     for rel, f in fetched.items():
         with contextlib.suppress(FileNotFoundError):
@@ -627,10 +632,18 @@ def _reset_dir(path: Path) -> None:
     path.mkdir(parents=True)
 
 
-def _fsync_tree(root: Path) -> None:
+def _fsync_tree(root: Path, settled: tree_digest.Cache | None = None) -> None:
+    """fsync every directory under root and its files — but a file `settled` records with
+    the identity it still has: it was fsynced then and not changed since (its ctime would
+    say so; it cannot be set back)."""
     for dirpath, _dirs, files in os.walk(root):
         for name in files:
-            fd = os.open(Path(dirpath) / name, os.O_RDONLY)
+            path = Path(dirpath) / name
+            if settled:
+                known = settled.get(path.relative_to(root).as_posix())
+                if known is not None and known[0] == tree_digest.identity(os.lstat(path)):
+                    continue
+            fd = os.open(path, os.O_RDONLY)
             try:
                 os.fsync(fd)
             finally:
@@ -638,8 +651,11 @@ def _fsync_tree(root: Path) -> None:
         fsync_path(Path(dirpath))
 
 
-def _promote_local(staging: Path, final: Path) -> None:
-    _fsync_tree(staging)
+def _promote_local(staging: Path, final: Path, *,
+                   settled: tree_digest.Cache | None = None) -> None:
+    """Swap staging in for final, durably; the files a pre-copy settled (fsynced) and that
+    are unchanged since are not fsynced again."""
+    _fsync_tree(staging, settled)
     old = final.with_name(final.name + ".old")
     shutil.rmtree(old, ignore_errors=True)
     if final.exists():
