@@ -130,9 +130,13 @@ def build(dest: Path) -> ArtifactInfo:
 
 
 def remote_command(remote: RemoteSection) -> tuple[str, ...]:
-    """`remote.remote_monitord` with {remote_python} and {remote_bin_dir} filled in."""
-    values = {"remote_python": remote.remote_python, "remote_bin_dir": remote.remote_bin_dir}
-    return tuple(part.format_map(values) for part in remote.remote_monitord)
+    """`remote.remote_monitord` with {remote_python} and {remote_bin_dir} filled in; any
+    other brace is left as written (an argument may hold one)."""
+    return tuple(
+        part.replace("{remote_python}", remote.remote_python)
+        .replace("{remote_bin_dir}", remote.remote_bin_dir)
+        for part in remote.remote_monitord
+    )
 
 
 def _add(archive: zipfile.ZipFile, arcname: str, data: bytes) -> None:

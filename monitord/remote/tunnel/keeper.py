@@ -35,16 +35,11 @@ import asyncssh
 
 from monitord.base import logs
 from monitord.base.config import RemoteSection
-from monitord.remote import ssh_errors
+from monitord.remote import artifact, ssh_errors
 from monitord.remote.tunnel import ssh_connect
 from monitord.remote.tunnel.backoff import ReconnectBackoff
 from monitord.remote.tunnel.forwards import ForwardSet, ForwardStatus
-from monitord.remote.tunnel.lease_client import (
-    LeaseAnswer,
-    LeaseClient,
-    LeaseSession,
-    command_prefix,
-)
+from monitord.remote.tunnel.lease_client import LeaseAnswer, LeaseClient, LeaseSession
 from monitord.remote.tunnel.standby import PROMOTE_TIMEOUT_S, Standby
 from orchestrator.errors import ErrorCode, MonitordError, TransientError, error_for
 from orchestrator.tunnel_lease import LeaseRecord
@@ -146,11 +141,7 @@ class TunnelKeeper:
         self.owner_id = owner_id
         self.owner_label = owner_label
         self._lease_client = LeaseClient(
-            prefix=command_prefix(
-                remote_monitord=config.remote_monitord,
-                remote_python=config.remote_python,
-                remote_bin_dir=config.remote_bin_dir,
-            ),
+            prefix=artifact.remote_command(config),
             remote_dir=config.remote_bin_dir,
             owner_id=owner_id,
             owner_label=owner_label,

@@ -46,15 +46,6 @@ class LeaseAnswer:
     fenced_pid: int | None = None
 
 
-def command_prefix(*, remote_monitord: Sequence[str], remote_python: str,
-                   remote_bin_dir: str) -> tuple[str, ...]:
-    """remote_monitord with its {remote_python}/{remote_bin_dir} placeholders filled in."""
-    return tuple(
-        part.replace("{remote_python}", remote_python).replace("{remote_bin_dir}", remote_bin_dir)
-        for part in remote_monitord
-    )
-
-
 class LeaseClient:
     """Lease operations for one owner against one VPS directory."""
 

@@ -94,3 +94,15 @@ class TestRemoteCommand:
         assert artifact.remote_command(remote) == (
             "/usr/bin/python3.11", "-I", "/srv/offload/monitord.pyz"
         )
+
+    def test_other_braces_are_left_as_written(self, tmp_path: Path) -> None:
+        # One expansion for every caller (the tunnel's lease helper too): an argument that
+        # holds a brace of its own is neither an error nor changed.
+        remote = RemoteSection(
+            host="vps", user="offload", key_file=tmp_path / "k", accept_any_host_key=True,
+            remote_bin_dir="/srv/offload",
+            remote_monitord=("env", "TAG={x}", "{remote_python}", "{remote_bin_dir}/m.pyz"),
+        )
+        assert artifact.remote_command(remote) == (
+            "env", "TAG={x}", "python3", "/srv/offload/m.pyz"
+        )
