@@ -153,16 +153,18 @@ async def _open_load_process(url: str, rate: float, max_s: float) -> None:
 
 
 class _LoadRun:
-    """A started, ready load process; `go()` starts the load, `result()` collects it."""
+    """A started, ready load process (`--load URL CLIENTS REQUESTS` or `--open URL RATE
+    MAX_S`): `go()`, for the open loop `stop()`, then `rows()` — its samples as it printed
+    them (each caller knows their shape)."""
 
     def __init__(self, proc: asyncio.subprocess.Process) -> None:
         self._proc = proc
 
     @classmethod
-    async def start(cls, url: str, *, clients: int, requests: int) -> _LoadRun:
+    async def start(cls, *args: str) -> _LoadRun:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "benchmarks.bench_status_api", "--load", url, str(clients),
-            str(requests), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            sys.executable, "-m", "benchmarks.bench_status_api", *args,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             cwd=str(PROJECT_ROOT),
         )
         assert proc.stdout is not None
@@ -170,61 +172,37 @@ class _LoadRun:
         if line.strip() != b"ready":
             proc.kill()
             await proc.wait()
-            raise RuntimeError(f"load process did not get ready: {line!r}")
+            raise RuntimeError(f"load process {args[0]} did not get ready: {line!r}")
         return cls(proc)
 
     def go(self) -> None:
-        assert self._proc.stdin is not None
-        self._proc.stdin.write(b"go\n")
-
-    async def result(self, *, timeout_s: float) -> list[tuple[float, float, int]]:
-        try:
-            out, _ = await asyncio.wait_for(self._proc.communicate(), timeout_s)
-        finally:
-            if self._proc.returncode is None:
-                self._proc.kill()
-                await self._proc.wait()
-        return [(float(start), float(latency), int(status))
-                for start, latency, status in json.loads(out)]
-
-
-class _OpenLoadRun:
-    """A started, ready open-loop load process: `go()`, then `stop()`, then `result()`."""
-
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self._proc = proc
-
-    @classmethod
-    async def start(cls, url: str, *, rate: float) -> _OpenLoadRun:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "benchmarks.bench_status_api", "--open", url, str(rate),
-            str(OPEN_MAX_S), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            cwd=str(PROJECT_ROOT),
-        )
-        assert proc.stdout is not None
-        line = await asyncio.wait_for(proc.stdout.readline(), 30)
-        if line.strip() != b"ready":
-            proc.kill()
-            await proc.wait()
-            raise RuntimeError(f"open-loop load process did not get ready: {line!r}")
-        return cls(proc)
-
-    def go(self) -> None:
-        assert self._proc.stdin is not None
-        self._proc.stdin.write(b"go\n")
+        self._say(b"go\n")
 
     def stop(self) -> None:
-        assert self._proc.stdin is not None
-        self._proc.stdin.write(b"stop\n")
+        self._say(b"stop\n")
 
-    async def result(self, *, timeout_s: float) -> list[OpenSample]:
+    def _say(self, line: bytes) -> None:
+        assert self._proc.stdin is not None
+        self._proc.stdin.write(line)
+
+    async def rows(self, *, timeout_s: float) -> list[list[Any]]:
         try:
             out, _ = await asyncio.wait_for(self._proc.communicate(), timeout_s)
         finally:
             if self._proc.returncode is None:
                 self._proc.kill()
                 await self._proc.wait()
-        return [(float(a), float(b), int(c), float(d)) for a, b, c, d in json.loads(out)]
+        rows: list[list[Any]] = json.loads(out)
+        return rows
+
+
+async def _open_samples(run: _LoadRun, *, timeout_s: float) -> list[OpenSample]:
+    return [(float(a), float(b), int(c), float(d))
+            for a, b, c, d in await run.rows(timeout_s=timeout_s)]
+
+
+async def _closed_samples(run: _LoadRun, *, timeout_s: float) -> list[tuple[float, float, int]]:
+    return [(float(a), float(b), int(c)) for a, b, c in await run.rows(timeout_s=timeout_s)]
 
 
 def _open_summary(samples: list[OpenSample]) -> dict[str, float]:
@@ -251,18 +229,18 @@ async def measure_open_loop(
         url = f"http://127.0.0.1:{stack.http_port}/v1/status"
         await stack.wait_settled(expect={SERVICE: "local"}, timeout_s=60 + areas)
 
-        idle_run = await _OpenLoadRun.start(url, rate=rate)
+        idle_run = await _LoadRun.start("--open", url, str(rate), str(OPEN_MAX_S))
         idle_run.go()
         await asyncio.sleep(idle_s)
         idle_run.stop()
-        idle = await idle_run.result(timeout_s=60)
+        idle = await _open_samples(idle_run, timeout_s=60)
 
-        busy_run = await _OpenLoadRun.start(url, rate=rate)
+        busy_run = await _LoadRun.start("--open", url, str(rate), str(OPEN_MAX_S))
         await stack.place(SERVICE, "remote")
         busy_run.go()
         committed_at = await _committed_remote_at(stack, timeout_s=120 + 10 * areas)
         busy_run.stop()
-        busy = await busy_run.result(timeout_s=60)
+        busy = await _open_samples(busy_run, timeout_s=60)
         await stack.wait_settled(expect={SERVICE: "remote"}, timeout_s=120)
         overlaps = len(stack.detector.overlaps())
 
@@ -347,16 +325,16 @@ async def _measure_closed_loop(
         url = f"http://127.0.0.1:{stack.http_port}/v1/status"
         await stack.wait_settled(expect={SERVICE: "local"}, timeout_s=60 + areas)
 
-        idle_run = await _LoadRun.start(url, clients=clients, requests=requests_per_client)
+        idle_run = await _LoadRun.start("--load", url, str(clients), str(requests_per_client))
         idle_run.go()
-        idle = await idle_run.result(timeout_s=300)
+        idle = await _closed_samples(idle_run, timeout_s=300)
 
-        busy_run = await _LoadRun.start(url, clients=clients, requests=requests_per_client)
+        busy_run = await _LoadRun.start("--load", url, str(clients), str(requests_per_client))
         await stack.place(SERVICE, "remote")
         busy_run.go()
         committed_at, busy = await asyncio.gather(
             _committed_remote_at(stack, timeout_s=120 + 10 * areas),
-            busy_run.result(timeout_s=300),
+            _closed_samples(busy_run, timeout_s=300),
         )
         await stack.wait_settled(expect={SERVICE: "remote"}, timeout_s=120)
         overlaps = len(stack.detector.overlaps())
