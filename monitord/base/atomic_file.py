@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 from pathlib import Path
 
 
@@ -39,6 +38,11 @@ def atomic_write_bytes(
     chown this process may not do (not root) is an error unless the temp already has that
     owner.
     """
+    # Imported here, not above: the VPS verbs that start once per operation (the lease
+    # guard, tunnel-lease) import this module, several for fsync_path alone, and tempfile
+    # (with random and shutil) is a tenth of such a start.
+    import tempfile
+
     directory = path.parent
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
     tmp_path = Path(tmp_name)

@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from monitord.base.atomic_file import atomic_write_bytes, fsync_path
 from orchestrator.errors import PermanentError
 from orchestrator.tunnel_lease import PROBE_PREFIX, PROBE_REPLY
 
@@ -108,7 +109,7 @@ def _lease_op(args: argparse.Namespace, path: Path) -> dict[str, Any]:
         if decision.action is tunnel_lease.LeaseAction.RELEASE:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
-            _fsync_dir(path.parent)
+            fsync_path(path.parent)
         return {**base, "ok": True, "action": decision.action.value, "reason": decision.reason,
                 "lease": None, "holder": _as_dict(decision.holder)}
     session = _caller_session()
@@ -169,21 +170,11 @@ def _read_record(path: Path) -> Any:
 
 
 def _write_record(path: Path, record: Any) -> None:
-    from monitord.base.atomic_file import atomic_write_bytes
-
     data = json.dumps(record.to_dict(), sort_keys=True, indent=2).encode() + b"\n"
     try:
         atomic_write_bytes(path, data, mode=0o600)
     except OSError as e:
         raise LeaseCommandError("STORE_WRITE_FAILED", f"cannot write {path}: {e}") from e
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 @contextlib.contextmanager
