@@ -45,6 +45,9 @@ from orchestrator.phases import Outcome
 log = logs.get_logger(__name__)
 
 POLL_S = 0.1
+# The longest one health question to the agent is held open (it answers when the window
+# closes); several are asked in turn up to the health check's deadline.
+HEALTH_WAIT_S = 5.0
 # Past the end of a health window, so that one look finds it over (clocks tick unevenly).
 HEALTH_SLACK_S = 0.02
 # Why a tunnel is not up, as the preflight reports it (anything else: SSH_UNREACHABLE).
@@ -536,6 +539,8 @@ class PhaseActions:
         """The destination runs at `generation` for min_uptime_s (and its probe passes)."""
         section = self._section(txn)
         deadline = self._clock() + section.min_uptime_s + section.healthcheck_timeout_s
+        if side is Side.REMOTE and await self._remote_healthy(txn, generation, deadline):
+            return
         while True:
             uptime = await self._uptime(txn.area, side=side, generation=generation)
             if uptime is not None and uptime >= section.min_uptime_s:
@@ -549,6 +554,37 @@ class PhaseActions:
                     f" within {section.min_uptime_s + section.healthcheck_timeout_s:g} s",
                 )
             await asyncio.sleep(_next_health_look(uptime, section.min_uptime_s, deadline - now))
+
+    async def _remote_healthy(self, txn: Transaction, generation: int, deadline: float) -> bool:
+        """Ask the agent until `deadline` whether the destination has run min_uptime_s: it
+        answers the moment the window closes (one question held open instead of a poll of
+        its whole inventory). False only for an agent without that question (an older
+        one): the caller then looks at the inventory; a timeout raises as there."""
+        section = self._section(txn)
+        agent = self._link().agent
+        while True:
+            asked = self._clock()
+            wait_s = max(0.0, min(deadline - asked, HEALTH_WAIT_S))
+            try:
+                answer = await agent.health(
+                    area=txn.area, generation=generation, min_uptime_s=section.min_uptime_s,
+                    wait_s=wait_s,
+                )
+            except MonitordError as e:
+                if e.code == ErrorCode.UNKNOWN_AREA:  # no such route on this agent
+                    return False
+                raise
+            if answer.healthy:
+                return True
+            now = self._clock()
+            if now >= deadline:
+                raise error_for(
+                    ErrorCode.HEALTHCHECK_TIMEOUT,
+                    f"{txn.area} did not stay up {section.min_uptime_s:g} s on remote within"
+                    f" {section.min_uptime_s + section.healthcheck_timeout_s:g} s",
+                )
+            if now - asked < wait_s:  # an early "no" (it should wait): never a busy loop
+                await asyncio.sleep(min(POLL_S, deadline - now))
 
     async def _uptime(self, area: str, *, side: Side, generation: int) -> float | None:
         if side is Side.LOCAL:

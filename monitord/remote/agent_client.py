@@ -116,6 +116,14 @@ class RenewResult:
     generation: int | None
 
 
+@dataclass(frozen=True, slots=True)
+class AreaHealth:
+    """The agent's answer to "has this area's daemon run for min_uptime_s?"."""
+
+    healthy: bool
+    uptime_s: float | None  # None: no daemon of that generation runs
+
+
 class AgentClient:
     """The manager API, one channel per request."""
 
@@ -135,17 +143,19 @@ class AgentClient:
         body: Any = None,
         params: Mapping[str, str] | None = None,
         limit: int | None = None,
+        timeout_s: float | None = None,
     ) -> Any:
         """The parsed JSON body of a 2xx answer (None when it is not JSON); raises otherwise.
 
         The agent never redirects: a redirect, like any status that is neither 2xx nor
         4xx/5xx, is AGENT_UNREACHABLE."""
         where = f"{method} {path}"
+        timeout_s = self._timeout_s if timeout_s is None else timeout_s
         target = quote(path) + (f"?{urlencode(params)}" if params else "")
         payload_bytes = b"" if body is None else json.dumps(body).encode()
         limit = MAX_RESPONSE_BYTES if limit is None else limit
         try:
-            async with asyncio.timeout(self._timeout_s), self._channel() as (reader, writer):
+            async with asyncio.timeout(timeout_s), self._channel() as (reader, writer):
                 status, raw = await _exchange(
                     reader, writer, method=method, target=target,
                     authorization=self._authorization, body=payload_bytes,
@@ -155,7 +165,7 @@ class AgentClient:
             raise
         except TimeoutError as e:
             raise AgentUnreachable(
-                f"{where}: no answer within {self._timeout_s:g} s", maybe_delivered=True
+                f"{where}: no answer within {timeout_s:g} s", maybe_delivered=True
             ) from e
         payload = _parse_json(raw)
         if 200 <= status < 300:
@@ -211,6 +221,32 @@ class AgentClient:
         answer = await self._call("PUT", f"/v1/areas/{area}", body=body)
         result: dict[str, Any] = _object(answer, where=where)
         return result
+
+    async def health(
+        self, *, area: str, generation: int, min_uptime_s: float, wait_s: float
+    ) -> AreaHealth:
+        """Whether the area's daemon at `generation` has run for `min_uptime_s`; the agent
+        holds the question up to `wait_s` for that moment. An agent without this route
+        (an older one) answers UNKNOWN_AREA."""
+        where = f"GET /v1/areas/{area}/health"
+        doc = _object(await self._call(
+            "GET", f"/v1/areas/{area}/health",
+            params={"generation": str(generation), "min_uptime_s": repr(float(min_uptime_s)),
+                    "wait_s": f"{wait_s:.3f}"},
+            timeout_s=wait_s + self._timeout_s,
+        ), where=where)
+        healthy, uptime = doc.get("healthy"), doc.get("uptime_s")
+        if not isinstance(healthy, bool):
+            raise _malformed(where, f"healthy is {type(healthy).__name__}, not a boolean")
+        if uptime is not None and (isinstance(uptime, bool)
+                                   or not isinstance(uptime, (int, float))
+                                   or not 0 <= uptime < float("inf")):
+            raise _malformed(where, f"uptime_s is {uptime!r:.40}")
+        if doc.get("generation") != generation:
+            raise _malformed(where, f"it answers for generation {doc.get('generation')!r:.20}")
+        if healthy and (uptime is None or uptime + 0.001 < min_uptime_s):  # (rounded to ms)
+            raise _malformed(where, f"healthy with an uptime of {uptime!r:.20} s")
+        return AreaHealth(healthy=healthy, uptime_s=None if uptime is None else float(uptime))
 
     async def stop(self, *, area: str, generation: int) -> str:
         """Stop the process at `generation`, keep the entry: 'stopped' or 'absent'."""

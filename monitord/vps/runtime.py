@@ -35,6 +35,8 @@ from orchestrator import names
 from orchestrator.errors import PermanentError
 
 _RESET_BACKOFF_AFTER_S = 10.0
+MAX_HEALTH_WAIT_S = 10.0  # the longest a health question is held open
+_HEALTH_POLL_S = 0.02  # while the daemon is not up yet: a look at /proc, no network
 
 log = event_log.get_logger(__name__)
 
@@ -469,6 +471,39 @@ class AgentRuntime:
             "entries": [self._entry_view(area, now=now) for area in sorted(self._entries)],
             "processes": processes,
         }
+
+    async def health(
+        self, area: str, *, generation: int, min_uptime_s: float, wait_s: float
+    ) -> dict[str, Any]:
+        """GET /v1/areas/{area}/health: whether the area's daemon at `generation` has run
+        for `min_uptime_s`, waiting up to `wait_s` (at most MAX_HEALTH_WAIT_S) for that.
+        The agent sleeps until the moment the daemon's own start time says the window
+        closes, then looks again; so the answer comes then, not at the asker's next poll,
+        and one question replaces a full inventory per look."""
+        deadline = self._clock() + max(0.0, min(wait_s, MAX_HEALTH_WAIT_S))
+        while True:
+            daemon = self._daemon_at(area, generation)
+            uptime = None if daemon is None else proc_identity.uptime_s(daemon)
+            healthy = uptime is not None and uptime >= min_uptime_s
+            now = self._clock()
+            if healthy or now >= deadline:
+                return {
+                    "area": area,
+                    "generation": generation,
+                    "running": daemon is not None,
+                    "pid": None if daemon is None else daemon.pid,
+                    "uptime_s": None if uptime is None else round(uptime, 3),
+                    "healthy": healthy,
+                }
+            wait = _HEALTH_POLL_S if uptime is None else min_uptime_s - uptime
+            await asyncio.sleep(max(0.0, min(wait, deadline - now)))
+
+    def _daemon_at(self, area: str, generation: int) -> proc_identity.ProcessIdentity | None:
+        """The running daemon of `area` at exactly `generation`, if any."""
+        handle = self._handles.get(area)
+        if handle is None or handle.spec.generation != generation or handle.exited():
+            return None
+        return self.runner.daemons([handle]).get(handle.pid)
 
     def entry(self, area: str) -> dict[str, Any] | None:
         if area not in self._entries:

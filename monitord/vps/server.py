@@ -28,7 +28,13 @@ from typing import Any, Callable, Optional
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from monitord.vps.lease_table import AreaSpec
-from monitord.vps.runtime import AgentError, AgentRuntime, bad_request, check_name
+from monitord.vps.runtime import (
+    MAX_HEALTH_WAIT_S,
+    AgentError,
+    AgentRuntime,
+    bad_request,
+    check_name,
+)
 
 SECRET_NAME = "agent.secret"
 SOCKET_DIR = "api"  # 0700: only the agent's user may reach the socket at all
@@ -207,6 +213,27 @@ async def get_area(runtime: AgentRuntime, request: Request, name: str | None) ->
     return Response(200, view)
 
 
+def _seconds_param(request: Request, key: str, *, maximum: float) -> float:
+    raw = request.query.get(key, "")
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= maximum:  # (also refuses nan and inf)
+        raise bad_request(f"query parameter {key}=S (seconds, 0 to {maximum:g}) is required")
+    return value
+
+
+async def area_health(runtime: AgentRuntime, request: Request, name: str | None) -> Response:
+    area = _area(name)
+    return Response(200, await runtime.health(
+        area,
+        generation=_generation_param(request),
+        min_uptime_s=_seconds_param(request, "min_uptime_s", maximum=86400.0),
+        wait_s=_seconds_param(request, "wait_s", maximum=MAX_HEALTH_WAIT_S),
+    ))
+
+
 async def put_area(runtime: AgentRuntime, request: Request, name: str | None) -> Response:
     area = _area(name)
     body = parse_create(request.body)
@@ -251,6 +278,7 @@ ROUTES: tuple[tuple[str, re.Pattern[str], Handler], ...] = (
     ("GET", re.compile(r"/readyz"), readyz),
     ("GET", re.compile(r"/v1/inventory"), inventory),
     ("GET", re.compile(_AREA), get_area),
+    ("GET", re.compile(_AREA + r"/health"), area_health),
     ("PUT", re.compile(_AREA), put_area),
     ("POST", re.compile(_AREA + r"/stop"), stop_area),
     ("DELETE", re.compile(_AREA), delete_area),

@@ -19,7 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from monitord.remote import agent_client
-from monitord.remote.agent_client import AgentClient, RenewResult, tcp_channel
+from monitord.remote.agent_client import AgentClient, AreaHealth, RenewResult, tcp_channel
 from orchestrator.errors import ErrorCode, MonitordError
 from orchestrator.models import RemoteInventory
 
@@ -35,6 +35,8 @@ VALID = {
     "delete": {"result": "deleted"},
     "renew": {"areas": {"a1": {"result": "renewed", "generation": 3}}},
     "livez": {"status": "alive"},
+    "health": {"area": "a1", "generation": 3, "running": True, "pid": 42, "uptime_s": 0.6,
+               "healthy": True},
 }
 METHODS = list(VALID) + ["inventory_raw"]
 # The limits as shipped, fixed here: the demo below switches the client's off.
@@ -171,6 +173,8 @@ async def call(client: AgentClient, method: str) -> Any:
         return await client.delete(area="a1", generation=3)
     if method == "renew":
         return await client.renew(owner_id="o", ttl_s=30, areas={"a1": 3})
+    if method == "health":
+        return await client.health(area="a1", generation=3, min_uptime_s=0.5, wait_s=0.1)
     return await client.livez()
 
 
@@ -181,6 +185,10 @@ def _well_typed(method: str, value: Any) -> bool:
         return isinstance(value, dict)
     if method in ("stop", "delete"):
         return isinstance(value, str)
+    if method == "health":
+        return isinstance(value, AreaHealth) and isinstance(value.healthy, bool) and (
+            value.uptime_s is None or isinstance(value.uptime_s, float)) and (
+            not value.healthy or (value.uptime_s is not None and value.uptime_s >= 0.499))
     if method == "renew":
         return isinstance(value, dict) and all(
             isinstance(k, str) and isinstance(v, RenewResult) and isinstance(v.result, str)

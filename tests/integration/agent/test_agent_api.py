@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from monitord.base import proc_identity
@@ -175,3 +176,50 @@ class TestStopAndDelete:
         assert detector.alive(AREA) == []
         status, answer = await agent.request("DELETE", f"/v1/areas/{AREA}?generation=7")
         assert (status, answer["result"]) == (200, "absent")
+
+
+class TestHealth:
+    """GET /v1/areas/{area}/health answers when the daemon's window closes, never before,
+    and only for the generation asked about."""
+
+    async def test_it_answers_healthy_once_the_daemon_has_run_for_the_window(
+        self, agent: AgentProcess, detector: Detector
+    ) -> None:
+        body = area_body(agent, detector, area=AREA, generation=3)
+        status, _ = await agent.request("PUT", f"/v1/areas/{AREA}", json_body=body)
+        assert status == 201
+        status, answer = await agent.request(
+            "GET", f"/v1/areas/{AREA}/health?generation=3&min_uptime_s=0.8&wait_s=5"
+        )
+        assert status == 200, answer
+        assert answer["healthy"] is True and answer["running"] is True
+        assert answer["uptime_s"] >= 0.8
+        # the kernel's own start time of that process, as the inventory reports it
+        process = next(p for p in (await agent.inventory())["processes"] if p["area"] == AREA)
+        assert answer["pid"] == process["pid"]
+
+    async def test_another_generation_is_not_running_and_the_wait_is_held(
+        self, agent: AgentProcess, detector: Detector
+    ) -> None:
+        body = area_body(agent, detector, area=AREA, generation=3)
+        await agent.request("PUT", f"/v1/areas/{AREA}", json_body=body)
+        started = time.monotonic()
+        status, answer = await agent.request(
+            "GET", f"/v1/areas/{AREA}/health?generation=4&min_uptime_s=0&wait_s=0.5"
+        )
+        assert status == 200, answer
+        assert (answer["running"], answer["healthy"], answer["uptime_s"]) == (False, False, None)
+        assert time.monotonic() - started >= 0.5  # held until wait_s, not answered at once
+
+    async def test_an_unknown_area_is_not_running(self, agent: AgentProcess) -> None:
+        status, answer = await agent.request(
+            "GET", f"/v1/areas/{AREA}/health?generation=1&min_uptime_s=0&wait_s=0"
+        )
+        assert (status, answer["running"], answer["healthy"]) == (200, False, False)
+
+    async def test_bad_parameters_are_refused_with_400(self, agent: AgentProcess) -> None:
+        for query in ("generation=1&min_uptime_s=0", "generation=1&min_uptime_s=nan&wait_s=1",
+                      "generation=1&min_uptime_s=1&wait_s=11", "min_uptime_s=1&wait_s=1",
+                      "generation=1&min_uptime_s=-1&wait_s=1"):
+            status, answer = await agent.request("GET", f"/v1/areas/{AREA}/health?{query}")
+            assert status == 400, (query, answer)
