@@ -3,7 +3,8 @@
 A root task ("lease renewer"). Every TTL/3, and at once when the placement changes, it sends
 the agent ONE batch renewal naming the areas that may run remote right now
 (`PlacementState.runs(REMOTE)`) and need it — all of them, except those acknowledged less
-than TTL/6 ago: a move changes the placement many times a second, and naming every area
+than TTL/6 ago over the same SSH connection: a move changes the placement many times a
+second, and naming every area
 each time rewrote every lease file on the VPS that often. An area left out is named again
 by the time its grant is TTL/3 old, as with the regular renewal. It records, per (area,
 generation), the local monotonic time at which the agent's acknowledgement arrived. That
@@ -69,6 +70,7 @@ class LeaseRenewer:
         self._clock = clock
         self.started_at = clock()
         self._acks: dict[Key, float] = {}
+        self._acked_over: dict[Key, int] = {}  # the connection epoch of each acknowledgement
         self._uncertain: dict[Key, int] = {}  # grant -> epoch of the connection carrying it
         self._uncertain_since: dict[Key, float] = {}
         self._wake = asyncio.Event()
@@ -107,6 +109,7 @@ class LeaseRenewer:
         """Record a grant the agent confirmed (also used by CREATE_DESTINATION)."""
         key = (area, generation)
         self._acks[key] = self._clock() if at is None else at
+        self._acked_over[key] = self._epoch()
         self._uncertain.pop(key, None)
         self._uncertain_since.pop(key, None)
 
@@ -153,14 +156,18 @@ class LeaseRenewer:
 
     def _split_due(self, grants: dict[str, int]) -> tuple[dict[str, int], float]:
         """(the grants a renewal names now; seconds until the first one left out is due,
-        at TTL/3 of age). Left out: acknowledged, not uncertain, less than TTL/6 ago."""
+        at TTL/3 of age). Left out: acknowledged less than TTL/6 ago over this very
+        connection, and not uncertain. After a reconnect every grant is named: the VPS may
+        have restarted, and its agent starts nothing until it is granted again."""
         now, fresh_s, due_age_s = self._clock(), self.policy.ttl_s / 6, self.policy.ttl_s / 3
+        epoch = self._epoch()
         named: dict[str, int] = {}
         next_due_s = due_age_s
         for area, generation in grants.items():
             key = (area, generation)
             acked = self._acks.get(key)
-            if acked is None or key in self._uncertain or now - acked >= fresh_s:
+            if (acked is None or key in self._uncertain or now - acked >= fresh_s
+                    or self._acked_over.get(key) != epoch):
                 named[area] = generation
             else:
                 next_due_s = min(next_due_s, acked + due_age_s - now)

@@ -146,3 +146,12 @@ class TestWhatARenewalNames:
         world.now += 0.1
         await renewer.renew_once()
         assert agent.named[1] == {"a": 3}
+
+    async def test_after_a_reconnect_every_grant_is_named(self, setup) -> None:  # type: ignore[no-untyped-def]
+        # The VPS may have restarted: its agent starts nothing until it is granted again.
+        world, agent, renewer, _ = setup
+        await renewer.renew_once()
+        world.epoch += 1
+        world.now += 0.1
+        await renewer.renew_once()
+        assert agent.named[1] == {"a": 3, "b": 4}
