@@ -4,9 +4,9 @@ A root task ("lease renewer"). Every TTL/3, and at once when the placement chang
 the agent ONE batch renewal naming the areas that may run remote right now
 (`PlacementState.runs(REMOTE)`) and need it — all of them, except those acknowledged less
 than TTL/6 ago over the same SSH connection: a move changes the placement many times a
-second, and naming every area
-each time rewrote every lease file on the VPS that often. An area left out is named again
-by the time its grant is TTL/3 old, as with the regular renewal. It records, per (area,
+second, and naming every area each time rewrote every lease file on the VPS that often. An
+area left out is named again by the time its grant is TTL/3 old, as with the regular
+renewal. It records, per (area,
 generation), the local monotonic time at which the agent's acknowledgement arrived. That
 time is what `orchestrator.area_leases.expired_at()` counts from, so the rollback rule
 ("restart the source only after the destination's lease provably expired") rests on
