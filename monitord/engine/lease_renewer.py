@@ -6,11 +6,11 @@ the agent ONE batch renewal naming the areas that may run remote right now
 than TTL/6 ago over the same SSH connection: a move changes the placement many times a
 second, and naming every area each time rewrote every lease file on the VPS that often. An
 area left out is named again by the time its grant is TTL/3 old, as with the regular
-renewal. It records, per (area,
-generation), the local monotonic time at which the agent's acknowledgement arrived. That
-time is what `orchestrator.area_leases.expired_at()` counts from, so the rollback rule
-("restart the source only after the destination's lease provably expired") rests on
-acknowledgements actually received, never on requests merely sent.
+renewal. It records, per (area, generation), the local monotonic time at which the agent's
+acknowledgement arrived. That time is what `orchestrator.area_leases.expired_at()` counts
+from, so the rollback rule ("restart the source only after the destination's lease
+provably expired") rests on acknowledgements actually received, never on requests merely
+sent.
 
 After a restart nothing is known about earlier acknowledgements; `lease_for()` then answers
 with `area_leases.after_restart()` (as if acknowledged at start-up), which is conservative.
