@@ -92,6 +92,14 @@ def _next_health_look(uptime: float | None, min_uptime_s: float, left_s: float) 
     return max(0.0, min(wait, left_s))
 
 
+def _health_timeout(txn: Transaction, section: ServiceSection, side: Side) -> MonitordError:
+    return error_for(
+        ErrorCode.HEALTHCHECK_TIMEOUT,
+        f"{txn.area} did not stay up {section.min_uptime_s:g} s on {side.value}"
+        f" within {section.min_uptime_s + section.healthcheck_timeout_s:g} s",
+    )
+
+
 def local_data_dir(section: ServiceSection, *, area: str, generation: int) -> Path:
     return Path(expand(section.local_data_dir, area=area, data_dir="", generation=generation,
                        side="local"))
@@ -548,11 +556,7 @@ class PhaseActions:
                     return
             now = self._clock()
             if now >= deadline:
-                raise error_for(
-                    ErrorCode.HEALTHCHECK_TIMEOUT,
-                    f"{txn.area} did not stay up {section.min_uptime_s:g} s on {side.value}"
-                    f" within {section.min_uptime_s + section.healthcheck_timeout_s:g} s",
-                )
+                raise _health_timeout(txn, section, side)
             await asyncio.sleep(_next_health_look(uptime, section.min_uptime_s, deadline - now))
 
     async def _remote_healthy(self, txn: Transaction, generation: int, deadline: float) -> bool:
@@ -578,11 +582,7 @@ class PhaseActions:
                 return True
             now = self._clock()
             if now >= deadline:
-                raise error_for(
-                    ErrorCode.HEALTHCHECK_TIMEOUT,
-                    f"{txn.area} did not stay up {section.min_uptime_s:g} s on remote within"
-                    f" {section.min_uptime_s + section.healthcheck_timeout_s:g} s",
-                )
+                raise _health_timeout(txn, section, Side.REMOTE)
             if now - asked < wait_s:  # an early "no" (it should wait): never a busy loop
                 await asyncio.sleep(min(POLL_S, deadline - now))
 
