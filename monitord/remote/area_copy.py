@@ -643,11 +643,7 @@ def _fsync_tree(root: Path, settled: tree_digest.Cache | None = None) -> None:
                 known = settled.get(path.relative_to(root).as_posix())
                 if known is not None and known[0] == tree_digest.identity(os.lstat(path)):
                     continue
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            fsync_path(path)
         fsync_path(Path(dirpath))
 
 

@@ -188,7 +188,7 @@ async def run_preflight(
         raise ValueError("preflight needs a [remote] section")
     results: dict[str, CheckResult] = {}
 
-    pyz = next((a for a in artifacts if a.name == artifact.PYZ_NAME), None)
+    pyz = _pyz_of(artifacts)
 
     async def probe() -> _RemoteFacts | MonitordError | None:
         if conn is None:
@@ -288,13 +288,17 @@ async def _shared_self_check(
     conn: asyncssh.SSHClientConnection, *, remote: RemoteSection,
     artifacts: Sequence[LocalArtifact], shared: SharedFacts, timeout_s: float,
 ) -> tuple[SelfCheckLine, ...] | str:
-    pyz = next((a for a in artifacts if a.name == artifact.PYZ_NAME), None)
+    pyz = _pyz_of(artifacts)
     return await shared.get(
         ("self-check", _conn_key(conn), pyz.sha256 if pyz else ""),
         lambda: _self_check(conn, remote=remote, timeout_s=timeout_s),
         keep=lambda lines: not isinstance(lines, str),  # could not run: ask again
         max_age_s=SELF_CHECK_MAX_AGE_S,
     )
+
+
+def _pyz_of(artifacts: Sequence[LocalArtifact]) -> LocalArtifact | None:
+    return next((a for a in artifacts if a.name == artifact.PYZ_NAME), None)
 
 
 def _conn_key(conn: asyncssh.SSHClientConnection) -> tuple[int, object]:

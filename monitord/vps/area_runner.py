@@ -221,7 +221,7 @@ class AreaRunner:
         unknown: set[int] = set()
         now = time.monotonic()
         for handle in handles:
-            if handle.daemon is not None and proc_identity.read(handle.daemon.pid) == handle.daemon:
+            if handle.daemon is not None and proc_identity.is_same_process(handle.daemon):
                 result[handle.pid] = handle.daemon
             elif (reported := _reported_daemon(handle)) is not None:
                 result[handle.pid] = reported

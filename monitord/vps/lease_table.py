@@ -82,9 +82,10 @@ class AreaEntry:
         extend a current lease by less than a tenth of its TTL need not: the lease then
         stays as the last rewrite set it — shorter than the renewal asked for, never
         longer, so fencing only comes sooner — and it is still at least 0.9 TTL ahead.
-        (The owner renews every TTL/3 and at once on every change of placement, naming all
-        its areas: without this, moving a hundred areas rewrote a hundred files several
-        times a second.) A renewal that would shorten the lease is always written."""
+        (The owner renews every TTL/3 and at once on changes of placement; an owner that
+        names areas it renewed a moment ago — an older one, or two renewals in flight —
+        would otherwise have every such file rewritten each time, and a rename over a file
+        costs ext4 a flush.) A renewal that would shorten the lease is always written."""
         if self.lease_expires is None or not self.lease_current(now):
             return True
         extension = now + ttl_s - self.lease_expires

@@ -42,13 +42,15 @@ class _Guarded:
 
 
 @contextmanager
-def _guard(tmp_path: Path, *, ttl_s: float) -> Iterator[_Guarded]:
+def _guard(tmp_path: Path, *, ttl_s: float,
+           daemon_file: Path | None = None) -> Iterator[_Guarded]:
     """A guard over `sleep 60` on a lease of `ttl_s`, its daemon started."""
     lease = tmp_path / "lease.json"
     lease_file.write(lease, area=AREA, generation=1, owner_id="o", ttl_s=ttl_s)
+    report = [] if daemon_file is None else ["--daemon-file", str(daemon_file)]
     guard = subprocess.Popen(
         [sys.executable, "-m", "monitord.vps.lease_guard", "--lease-file", str(lease),
-         "--stop-grace", "2", "--fence-grace", "0.5", "--", "sleep", "60"],
+         "--stop-grace", "2", "--fence-grace", "0.5", *report, "--", "sleep", "60"],
         stderr=subprocess.DEVNULL,
     )
     guarded = _Guarded(guard, lease)
@@ -117,26 +119,16 @@ def test_a_daemon_that_exits_ends_the_guard_with_its_status(guarded: _Guarded) -
     assert guarded.guard.wait(timeout=10) == 128 + signal.SIGKILL
 
 
-
 def test_it_reports_its_daemon_pid_when_asked(tmp_path: Path) -> None:
-    lease, reported = tmp_path / "lease.json", tmp_path / "area.daemon"
-    lease_file.write(lease, area=AREA, generation=1, owner_id="o", ttl_s=60.0)
-    guard = subprocess.Popen(
-        [sys.executable, "-m", "monitord.vps.lease_guard", "--lease-file", str(lease),
-         "--daemon-file", str(reported), "--", "sleep", "60"],
-        stderr=subprocess.DEVNULL,
-    )
-    try:
+    reported = tmp_path / "area.daemon"
+    with _guard(tmp_path, ttl_s=60.0, daemon_file=reported) as guarded:
         deadline = time.monotonic() + 10
         while not reported.exists():
             assert time.monotonic() < deadline, "the guard wrote no daemon file"
             time.sleep(0.02)
         pid = int(reported.read_text())
-        assert proc_identity.parent_of(pid) == guard.pid
-        assert proc_identity.children_of({guard.pid})[guard.pid] == [pid]
-    finally:
-        guard.kill()
-        guard.wait(timeout=10)
+        assert proc_identity.parent_of(pid) == guarded.guard.pid
+        assert proc_identity.children_of({guarded.guard.pid})[guarded.guard.pid] == [pid]
 
 
 async def test_the_agent_believes_a_reported_pid_only_from_the_guards_own_child(
