@@ -213,6 +213,7 @@ class Detector:
         self._connections: set[asyncio.Task[None]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
         self._changed = asyncio.Event()
+        self._closing = False
         self.port = 0
 
     async def __aenter__(self) -> Detector:
@@ -232,6 +233,7 @@ class Detector:
 
     async def close(self) -> None:
         if self._server is not None:
+            self._closing = True
             self._server.close()
             # End each handler by closing its connection (its readline then returns), so
             # no handler task is cancelled mid-read; cancel only what does not end in time.
@@ -258,7 +260,9 @@ class Detector:
         self._connections.add(task)
         self._writers.add(writer)
         try:
-            while line := await reader.readline():
+            # a connection accepted just before close() gets its handler after close() has
+            # looked at the handlers: it ends on its own
+            while not self._closing and (line := await reader.readline()):
                 try:
                     self.log.record(json.loads(line), at=self._clock())
                 except (ValueError, MalformedHeartbeat):

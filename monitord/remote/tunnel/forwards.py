@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import asyncssh
+from asyncssh.forward import SSHForwarder
 
 from monitord.base.config import ForwardSpec
 from monitord.base.hostport import split_hostport
@@ -158,7 +159,7 @@ class ForwardSet:
             probe = self._probes.get(orig_port)
             if probe is not None:
                 return _ProbeSession(probe)
-            return self._conn.forward_connection(target_host, target_port)
+            return self._to_target(target_host, target_port)
 
         for _ in range(MAX_DIAGNOSES):
             try:
@@ -179,6 +180,17 @@ class ForwardSet:
             f"reverse forward {spec.name} ({spec.listen}) still denied after"
             f" {MAX_DIAGNOSES} diagnoses",
         )
+
+    async def _to_target(self, host: str, port: int) -> SSHForwarder:
+        """The session piping one forwarded connection to its PBX target.
+
+        asyncssh drops, without closing it, a session whose SSH connection closed while the
+        target's connect was under way: the target would keep a connection nobody reads.
+        So one that comes too late is closed here; asyncssh then refuses the channel."""
+        session = await self._conn.forward_connection(host, port)
+        if self._conn.is_closed():
+            session.close()
+        return session
 
     async def _diagnose_denial(self, spec: ForwardSpec, port: int) -> None:
         observation = await port_holder.observe(self._conn, port, timeout_s=self._timeout_s)

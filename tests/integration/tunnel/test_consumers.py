@@ -4,6 +4,7 @@ hooks run after every (re)connect."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import sys
 
 import asyncssh
@@ -133,3 +134,59 @@ class TestClose:
             started = asyncio.get_running_loop().time()
         assert asyncio.get_running_loop().time() - started < 5.0
         assert keeper.status().state.value == "stopped"
+
+
+def _syn_sent_to(port: int) -> bool:
+    """Whether a TCP connect to 127.0.0.1:port is still waiting for its handshake."""
+    wanted = f"0100007F:{port:04X}"
+    with open("/proc/net/tcp") as table:
+        return any(f.split()[2] == wanted and f.split()[3] == "02" for f in list(table)[1:])
+
+
+class TestTargetConnections:
+    """A connection to a reverse forward's target never outlives the SSH connection that
+    carried it, even one whose connect was still under way when the tunnel went."""
+
+    async def test_a_target_connect_finishing_after_the_tunnel_dropped_is_closed(
+        self, vps: Vps, captured: Captured
+    ) -> None:
+        # A target whose accept queue is full: the kernel drops the forward's SYN, so its
+        # connect stays under way (the SYN is resent after 1 s) until the queue drains.
+        target = socket.socket()
+        target.bind(("127.0.0.1", 0))
+        target.listen(0)
+        target_port = target.getsockname()[1]
+        filler = socket.create_connection(("127.0.0.1", target_port))
+        spec = ForwardSpec(name="nats", listen=f"127.0.0.1:{free_port()}",
+                           target=f"127.0.0.1:{target_port}")
+        config = remote_section(vps, reverse=(spec,))
+        visitor = socket.socket()
+        accepted: list[socket.socket] = []
+        try:
+            async with running_keeper(config, captured=captured) as keeper:
+                await keeper.wait_connected(timeout_s=20)
+                visitor.connect(("127.0.0.1", int(spec.listen.rpartition(":")[2])))
+                await poll(lambda: _syn_sent_to(target_port), timeout_s=5,
+                           what="the forward's connect to its target")
+                await vps.proxy.cut()
+                await keeper.wait_for(lambda s: not s.connected, timeout_s=10)
+                target.settimeout(5)
+                accepted.append(target.accept()[0])  # the filler: the queue drains
+                accepted.append(target.accept()[0])  # the forward's resent SYN lands
+                late = accepted[-1]
+                late.setblocking(False)
+                ended = await poll(lambda: _peer_ended(late), timeout_s=5,
+                                   what="the late target connection to be closed")
+                assert ended
+        finally:
+            for sock in (target, filler, visitor, *accepted):
+                sock.close()
+
+
+def _peer_ended(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(1) == b""
+    except BlockingIOError:
+        return False
+    except ConnectionError:
+        return True
