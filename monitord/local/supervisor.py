@@ -345,6 +345,9 @@ class LocalSupervisor:
                         await self._converge(area)
                     except Exception as e:  # one area's failure never stops the others
                         self._report_internal(area, e)
+                # A start is synchronous (two forks, an fsynced record): let the API, the
+                # keepalives and the lease renewals run between areas, not after them all.
+                await asyncio.sleep(0)
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=self._tick_s)
             except TimeoutError:
@@ -384,7 +387,7 @@ class LocalSupervisor:
             if (want.user, want.group) != (None, None):
                 if not await self._hand_over(area, slot) or self._desired.get(area) != want:
                     return  # failed (retry scheduled), or no longer wanted meanwhile
-            self._spawn(area, slot)
+            await self._spawn(area, slot)
 
     def _on_exit(self, area: str, slot: _Slot, *, now: float) -> None:
         status = None
@@ -414,7 +417,7 @@ class LocalSupervisor:
         slot.next_start = now + delay
         return delay
 
-    def _spawn(self, area: str, slot: _Slot) -> None:
+    async def _spawn(self, area: str, slot: _Slot) -> None:
         run = slot.run
         Path(run.data_dir).mkdir(parents=True, exist_ok=True)
         try:
@@ -426,28 +429,31 @@ class LocalSupervisor:
         except OSError as e:
             self._spawn_failed(area, slot, e)
             return
-        slot.sink = sink
         identity = proc_identity.read(popen.pid) or ProcessIdentity(
             pid=popen.pid, start_ticks=-1, cmdline=run.command
         )
+        # The slot knows the daemon before its record is written, so that a cancelled
+        # write (a shutdown) never leaves a daemon this instance does not know.
+        if slot.started_mono:
+            slot.restarts += 1
+        slot.identity, slot.popen, slot.adopted, slot.sink = identity, popen, False, sink
+        slot.started_mono = self._clock()
         record = {"area": area, "service": run.service, "generation": run.generation,
                   "identity": identity.to_json()}
         try:
-            atomic_file.atomic_write_bytes(self._record_path(area), json.dumps(record).encode())
+            # in a thread: its fsyncs are most of a start's time, and the loop goes on
+            await asyncio.to_thread(atomic_file.atomic_write_bytes, self._record_path(area),
+                                    json.dumps(record).encode())
         except OSError as e:
             # An unrecorded daemon could not be adopted by name after a crash: do not keep it.
             proc_identity.signal_group(popen.pid, signal.SIGKILL)
             popen.wait()
             self._sinks_draining.append(sink)
-            slot.sink = None
+            slot.identity, slot.popen, slot.sink = None, None, None
             self._schedule_retry(slot, now=self._clock())
             log.error("daemon_record_failed", area=area, error_code="STORE_WRITE_FAILED",
                       detail=f"{e.strerror or e}: {e.filename}")
             return
-        if slot.started_mono:
-            slot.restarts += 1
-        slot.identity, slot.popen, slot.adopted = identity, popen, False
-        slot.started_mono = self._clock()
         log.info("daemon_started", area=area, service=run.service, generation=run.generation,
                  pid=popen.pid, restarts=slot.restarts)
 

@@ -171,3 +171,31 @@ class TestGenerationCheckedStop:
         assert proc_identity.read(view.pid or 0) is not None
         assert await supervisor.stop_area_at(AREA, 2)
         assert all(v.pid is None for v in supervisor.inventory())
+
+
+class TestLoopStaysResponsive:
+    """Converging many areas (a daemon start with every area local, a batch of moves home)
+    never holds the event loop for more than one area at a time: the HTTP API, the tunnel's
+    keepalives and the lease renewals run between the starts."""
+
+    async def test_other_tasks_run_between_the_starts_of_many_areas(
+        self, supervisor: LocalSupervisor, detector: Detector, tmp_path: Path
+    ) -> None:
+        areas = [f"0a0a0a0a-0000-4000-8000-{n:012d}" for n in range(10, 16)]
+        seen: list[int] = []  # how many daemons were started, at each turn of the loop
+
+        async def watch() -> None:
+            while True:
+                seen.append(sum(v.pid is not None for v in supervisor.inventory()))
+                await asyncio.sleep(0)
+
+        watcher = asyncio.create_task(watch())
+        try:
+            supervisor.set_desired({a: fake_run(detector, tmp_path, area=a) for a in areas})
+            await supervisor.start()
+            await wait_until(lambda: all(v.pid for v in supervisor.inventory()), timeout_s=20,
+                             what="every area started")
+        finally:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+        assert set(range(1, len(areas))) <= set(seen), f"the loop waited for a batch: {seen}"
