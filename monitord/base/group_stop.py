@@ -12,26 +12,35 @@ import contextlib
 import os
 import signal
 import time
+from typing import Callable, Optional
 
 from monitord.base import proc_identity
 
+Reap = Optional[Callable[[], object]]  # (3.9: no `X | None` at run time)
+
 
 async def terminate_group(
-    pgid: int, *, grace_s: float, kill_wait_s: float = 2.0, poll_s: float = 0.02
+    pgid: int, *, grace_s: float, kill_wait_s: float = 2.0, poll_s: float = 0.02,
+    reap: Reap = None,
 ) -> bool:
     """SIGTERM a process group, wait `grace_s` for it to empty, SIGKILL what is left, then
     verify the group is gone. Returns True once no live member remains.
 
-    The caller reaps its own children (a zombie is not a live member)."""
+    The caller reaps its own children (a zombie is not a live member). A caller whose child
+    the leader is passes `reap` (its `Popen.poll`): called once the leader exited, so that
+    a group with no other member is known gone from one signal 0 instead of a /proc scan
+    (which reads every process's stat). A reaped leader's pid is not handed out again
+    before the pid counter wraps, so the signal 0 right after names our group."""
     if not proc_identity.group_exists(pgid):  # (zombies only: the first scan says gone)
         return True
     with _LeaderWatch(pgid) as leader:
         proc_identity.signal_group(pgid, signal.SIGTERM)
-        if await _wait_group_empty(pgid, timeout_s=grace_s, poll_s=poll_s, leader=leader):
+        if await _wait_group_empty(pgid, timeout_s=grace_s, poll_s=poll_s, leader=leader,
+                                   reap=reap):
             return True
         proc_identity.signal_group(pgid, signal.SIGKILL)
         return await _wait_group_empty(pgid, timeout_s=kill_wait_s, poll_s=poll_s,
-                                       leader=leader)
+                                       leader=leader, reap=reap)
 
 
 # While the group's leader lives, the group is not empty: rather than scanning /proc every
@@ -66,7 +75,8 @@ class _LeaderWatch:
 
 
 async def _wait_group_empty(
-    pgid: int, *, timeout_s: float, poll_s: float, leader: asyncio.Event | None = None
+    pgid: int, *, timeout_s: float, poll_s: float, leader: asyncio.Event | None = None,
+    reap: Reap = None,
 ) -> bool:
     signalled = time.monotonic()
     deadline = signalled + timeout_s
@@ -83,6 +93,10 @@ async def _wait_group_empty(
                     leader.wait(), min(_LEADER_RESCAN_S - (now - looked), deadline - now)
                 )
             continue
+        if reap is not None and (leader is None or leader.is_set()):
+            reap()
+        if not proc_identity.group_exists(pgid):  # no member at all, not even a zombie
+            return True
         if pgid not in _live_groups(taken_after=signalled, max_age_s=poll_s):
             return True
         looked = now = time.monotonic()

@@ -419,13 +419,8 @@ class LocalSupervisor:
 
     async def _spawn(self, area: str, slot: _Slot) -> None:
         run = slot.run
-        Path(run.data_dir).mkdir(parents=True, exist_ok=True)
         try:
-            who = run_as.resolve(user=run.user, group=run.group)
-            env = {**os.environ, **run_as.login_environment(who), **run.env,
-                   SUPERVISOR_ENV: str(self.state_dir), AREA_ENV: area,
-                   GENERATION_ENV: str(run.generation)}
-            popen, sink = self._start_with_log_sink(area, run, env=env, who=who)
+            popen, sink = self._start(area, run)
         except OSError as e:
             self._spawn_failed(area, slot, e)
             return
@@ -456,6 +451,17 @@ class LocalSupervisor:
             return
         log.info("daemon_started", area=area, service=run.service, generation=run.generation,
                  pid=popen.pid, restarts=slot.restarts)
+
+    def _start(
+        self, area: str, run: AreaRun
+    ) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]]:
+        """The daemon and its log sink, started (synchronous: two forks)."""
+        Path(run.data_dir).mkdir(parents=True, exist_ok=True)
+        who = run_as.resolve(user=run.user, group=run.group)
+        env = {**os.environ, **run_as.login_environment(who), **run.env,
+               SUPERVISOR_ENV: str(self.state_dir), AREA_ENV: area,
+               GENERATION_ENV: str(run.generation)}
+        return self._start_with_log_sink(area, run, env=env, who=who)
 
     async def _hand_over(self, area: str, slot: _Slot) -> bool:
         """Before starting a daemon as its service's user: give its data dir (created if
@@ -533,7 +539,8 @@ class LocalSupervisor:
             return True
         pid = slot.identity.pid
         gone = await group_stop.terminate_group(
-            pid, grace_s=self.stop_grace_s if grace_s is None else grace_s
+            pid, grace_s=self.stop_grace_s if grace_s is None else grace_s,
+            reap=None if slot.popen is None else slot.popen.poll,
         )
         if slot.popen is not None:
             slot.popen.poll()  # reap our child

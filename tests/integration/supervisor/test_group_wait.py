@@ -70,3 +70,33 @@ async def test_a_member_outliving_its_leader_is_still_waited_for_and_killed() ->
         with contextlib.suppress(ProcessLookupError):
             os.killpg(child.pid, signal.SIGKILL)
         child.wait()
+
+
+async def test_a_leader_that_exits_at_sigterm_and_is_reaped_costs_no_scan(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A /proc scan reads every process's stat (tens of ms with hundreds of areas running);
+    # a group whose reaped leader was its only member is known gone from one signal 0.
+    child = _group("sh", "-c", "trap 'exit 0' TERM; sleep 30 & wait")
+    scans = 0
+    listdir = os.listdir
+
+    def counting(path: object) -> list[str]:
+        nonlocal scans
+        scans += 1
+        return listdir(path)  # type: ignore[call-overload,no-any-return]
+
+    try:
+        await asyncio.sleep(0.1)  # the trap is set
+        os.kill(child.pid, 0)
+        monkeypatch.setattr(proc_identity.os, "listdir", counting)
+        # sh's own child `sleep` is in the group too: it must die before the group is gone
+        assert await group_stop.terminate_group(child.pid, grace_s=5.0, reap=child.poll)
+        assert child.returncode == 0  # reaped by terminate_group
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+    # one scan at most: when init has not reaped the orphaned `sleep` yet, only a scan can
+    # tell its zombie from a live member
+    assert scans <= 1, scans
