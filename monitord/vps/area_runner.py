@@ -277,8 +277,11 @@ class AreaRunner:
                 if pgid is not None:
                     proc_identity.signal_group(pgid, signal.SIGKILL)
             gone = await self._wait_exited(handle, timeout_s=2.0)
-        if daemon_pid is not None:
-            gone = gone and not proc_identity.group_members(daemon_pid)
+        if daemon_pid is not None and gone:
+            # (no process at all in the group: known from a signal 0; a scan of /proc, every
+            # process's stat, only when something is left to tell zombies from the living)
+            gone = (not proc_identity.group_exists(daemon_pid)
+                    or not proc_identity.group_members(daemon_pid))
         if gone:
             self._record_path(handle.spec.area).unlink(missing_ok=True)
             self._daemon_path(handle.spec.area).unlink(missing_ok=True)
