@@ -264,6 +264,7 @@ async def _references(
     import asyncssh
 
     from monitord.remote import remote_exec
+    from monitord.remote.tunnel import ssh_connect
     from monitord.remote.tunnel.lease_client import LeaseClient
     from monitord.testing.stack import free_port
 
@@ -280,7 +281,7 @@ async def _references(
         conn = await asyncssh.connect(
             "127.0.0.1", proxy.port, username="root",
             client_keys=[str(sshd.client_key.private_path)], known_hosts=str(known_hosts),
-            agent_path=None, config=[],
+            agent_path=None, config=[], encryption_algs=ssh_connect.cipher_preference(),
         )
         samples["connect_s"].append(time.perf_counter() - started)
         try:

@@ -109,6 +109,8 @@ async def _floor(spec: dict[str, Any]) -> dict[str, Any]:
     """Stop + SFTP upload + start + health window for every area, `parallelism` at a time."""
     import asyncssh
 
+    from monitord.remote.tunnel import ssh_connect
+
     areas: list[dict[str, str]] = spec["areas"]
     heartbeat = spec["heartbeat"]
     sources = {
@@ -126,6 +128,7 @@ async def _floor(spec: dict[str, Any]) -> dict[str, Any]:
         async with asyncssh.connect(
             spec["host"], spec["port"], username=spec["user"], client_keys=[spec["key_file"]],
             known_hosts=spec["known_hosts"], agent_path=None, config=None,
+            encryption_algs=ssh_connect.cipher_preference(),  # what monitord pays
         ) as conn:
             slots = asyncio.Semaphore(spec["parallelism"])
             moved = [0]

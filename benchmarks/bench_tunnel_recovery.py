@@ -57,6 +57,7 @@ async def _measure(tmp: Path) -> list[dict[str, Any]]:
     import asyncssh
 
     from monitord.base.config import ForwardSpec, RemoteSection
+    from monitord.remote.tunnel import ssh_connect
     from monitord.remote.tunnel.keeper import TunnelKeeper
     from tests.support.sshd import free_port, running_sshd
     from tests.support.tcp_proxy import running_proxy
@@ -74,7 +75,7 @@ async def _measure(tmp: Path) -> list[dict[str, Any]]:
             conn = await asyncssh.connect(
                 "127.0.0.1", proxy.port, username="root",
                 client_keys=[str(sshd.client_key.private_path)], known_hosts=str(known_hosts),
-                agent_path=None, config=[],
+                agent_path=None, config=[], encryption_algs=ssh_connect.cipher_preference(),
             )
             await conn.forward_remote_port("127.0.0.1", port, "127.0.0.1", echo_port)
             await _until_round_trip(port, timeout_s=5)

@@ -135,3 +135,29 @@ class TestBrokenFile:
         error = await connect_error(config)
         assert error.code == ErrorCode.CONFIG_INVALID
         assert str(ssh_config) in error.detail
+
+
+class TestCiphers:
+    """AES-GCM first (one OpenSSL call a packet, a fraction of chacha20-poly1305's cost in
+    asyncssh), unless the operator's ssh_config names its own Ciphers."""
+
+    async def test_aes_gcm_is_chosen_without_an_ssh_config(self, vps: VpsServer) -> None:
+        config = RemoteSection(host=vps.host, port=vps.port, user=vps.username,
+                               key_file=vps.key_file, known_hosts=vps.known_hosts)
+        async with await ssh_connect.open_connection(config) as conn:
+            assert conn.get_extra_info("send_cipher") == "aes256-gcm@openssh.com"
+
+    async def test_aes_gcm_is_chosen_with_an_ssh_config_silent_on_ciphers(
+        self, tmp_path: Path, vps: VpsServer
+    ) -> None:
+        config = section(vps, write_ssh_config(tmp_path, vps))
+        async with await ssh_connect.open_connection(config) as conn:
+            assert conn.get_extra_info("send_cipher") == "aes256-gcm@openssh.com"
+
+    async def test_the_ciphers_of_the_ssh_config_are_kept(
+        self, tmp_path: Path, vps: VpsServer
+    ) -> None:
+        config = section(vps, write_ssh_config(
+            tmp_path, vps, "  Ciphers chacha20-poly1305@openssh.com,aes128-gcm@openssh.com"))
+        async with await ssh_connect.open_connection(config) as conn:
+            assert conn.get_extra_info("send_cipher") == "chacha20-poly1305@openssh.com"

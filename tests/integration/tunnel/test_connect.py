@@ -33,6 +33,9 @@ class TestConnected:
             async with keeper.session() as conn:
                 result = await conn.run("true", check=True)
                 assert result.exit_status == 0
+                # OpenSSH offers AES-GCM by default: the cipher that costs the daemon least
+                assert conn.get_extra_info("send_cipher") == "aes256-gcm@openssh.com"
+                assert conn.get_extra_info("recv_cipher") == "aes256-gcm@openssh.com"
         assert keeper.status().state is TunnelState.STOPPED
         assert not (vps.remote_dir / "tunnel_lease.json").exists(), "lease released on close"
 
