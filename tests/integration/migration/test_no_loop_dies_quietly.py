@@ -84,10 +84,10 @@ class TestOneAreaTheSupervisorCannotConverge:
                          command=("sleep", "30"), data_dir=str(tmp_path / "broken"))
         original = supervisor._spawn
 
-        def spawn(area: str, slot: Any) -> None:
+        async def spawn(area: str, slot: Any) -> None:
             if area == "broken":
                 raise KeyError("data_dir")  # a template that cannot be expanded, say
-            original(area, slot)
+            await original(area, slot)
 
         supervisor._spawn = spawn  # type: ignore[method-assign]
         loop = asyncio.create_task(supervisor.run(), name="supervisor under test")
