@@ -17,6 +17,11 @@ Used on both sides: the PBX keeps caches in memory across one move (pre-copy, th
 after the stop); the VPS keeps one per tree in a file beside it (`monitord.pyz tree-digest
 --dir D --cache D.digests`), rewritten atomically. A cache that is missing, unreadable or of
 another format is simply empty. Standard library only, Python >= 3.9: it runs on the VPS.
+
+`verify_and_promote` is the receiving side's end of an upload in one call (the agent answers
+it, so the area's downtime does not pay for a new process): digest the staging dir beside a
+tree, every file fsynced, and only if its listing is exactly the expected one swap it in by
+rename. `promote` is that swap alone.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ from monitord.base.atomic_file import atomic_write_bytes, fsync_path
 
 _CHUNK = 1 << 20
 _FORMAT = 1
+STAGING_SUFFIX = ".staging"  # where a copy is put together, beside the tree it replaces
+DIGESTS_SUFFIX = ".digests"  # the digest cache of a tree, beside it
 # (st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns)
 Identity = tuple[int, int, int, int, int]
 # relative POSIX path -> (identity when hashed, SHA-256)
@@ -168,6 +175,54 @@ def listing(digests: dict[str, str]) -> bytes:
     """The `sha256sum`-format listing of {relative name: SHA-256}, sorted by name: what
     `tree-digest` prints for a tree holding exactly those files."""
     return b"".join(sha256sum_line(rel, digests[rel]) for rel in sorted(digests, key=os.fsencode))
+
+
+def verify_and_promote(final: Path, expect: str) -> bool:
+    """Digest `final`'s staging dir (every file and directory fsynced, its cache kept up to
+    date) and, only if the SHA-256 of its listing is `expect`, swap it in for `final`
+    (`promote`). False, with nothing swapped, when the listing differs: the caller then asks
+    for the listing itself to name the differences."""
+    staging = final.with_name(final.name + STAGING_SUFFIX)
+    cache_path = staging.with_name(staging.name + DIGESTS_SUFFIX)
+    found, fresh = digest_tree(staging, load_cache(cache_path), sync=True)
+    if staging.is_dir():
+        save_cache(cache_path, fresh)
+    text = listing({rel: sha for rel, (_, sha) in found.items()})
+    if hashlib.sha256(text).hexdigest() != expect:
+        return False
+    promote(final)
+    return True
+
+
+def promote(final: Path) -> None:
+    """Replace `final` by its staging dir (made empty if it was never made: an empty area),
+    its digest cache moving along, then fsync `final` and its parent."""
+    staging = final.with_name(final.name + STAGING_SUFFIX)
+    old = final.with_name(final.name + ".old")
+    staging.mkdir(parents=True, exist_ok=True)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    if final.exists() or final.is_symlink():
+        _remove(old)
+        os.rename(final, old)
+    os.rename(staging, final)
+    _remove(old)
+    _remove(final.with_name(final.name + DIGESTS_SUFFIX))
+    cache = staging.with_name(staging.name + DIGESTS_SUFFIX)
+    if cache.exists():
+        os.rename(cache, final.with_name(final.name + DIGESTS_SUFFIX))
+    fsync_path(final)
+    fsync_path(final.parent)
+
+
+def _remove(path: Path) -> None:
+    """`rm -rf -- path`: a directory tree, a file or a symlink (never followed)."""
+    if path.is_dir() and not path.is_symlink():
+        import shutil  # (here: the tree-digest verb starts inside a downtime, without it)
+
+        shutil.rmtree(path)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
 
 
 EXIT_DIFFERS = 3  # --expect: the listing is not the one expected (it is printed all the same)

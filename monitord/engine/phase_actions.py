@@ -378,11 +378,15 @@ class PhaseActions:
             destination_generation=destination_generation,
         )
         staged = self._staged.pop(txn.transaction_id, None)
+
+        async def promote(expect: str) -> bool:
+            return await link.agent.promote(area=txn.area, data_dir=remote_dir, expect=expect)
+
         async with link.session() as conn:
             if source is Side.LOCAL:
                 report = await area_copy.upload(
                     conn, local_dir=local, remote_dir=remote_dir, staged=staged,
-                    vps_command=self._vps_command(),
+                    vps_command=self._vps_command(), promote=promote,
                 )
             else:
                 report = await area_copy.download(

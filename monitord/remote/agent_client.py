@@ -36,6 +36,8 @@ from orchestrator.errors import ErrorCode, MonitordError, TransientError, error_
 from orchestrator.models import ProcessInfo, RemoteEntry, RemoteInventory
 
 DEFAULT_TIMEOUT_S = 10.0
+# A promote digests (and fsyncs) the whole staging dir: as long as the exec it replaces had.
+PROMOTE_TIMEOUT_S = 60.0
 # The most response body read; a longer one is refused (AGENT_UNREACHABLE), never buffered
 # whole. The inventory is the one answer that grows: an entry plus a process is ~0.5 KiB of
 # JSON, so 8 MiB holds ~16 000 areas, two orders of magnitude beyond any PBX, while keeping a
@@ -247,6 +249,22 @@ class AgentClient:
         if healthy and (uptime is None or uptime + 0.001 < min_uptime_s):  # (rounded to ms)
             raise _malformed(where, f"healthy with an uptime of {uptime!r:.20} s")
         return AreaHealth(healthy=healthy, uptime_s=None if uptime is None else float(uptime))
+
+    async def promote(self, *, area: str, data_dir: str, expect: str,
+                      timeout_s: float = PROMOTE_TIMEOUT_S) -> bool:
+        """An upload's last step, answered by the agent (no new process inside the area's
+        downtime): True once the staging dir beside `data_dir`, whose listing's SHA-256 is
+        `expect`, has replaced it; False when the listing differs (nothing changed). An
+        agent without this route (an older one) answers UNKNOWN_AREA."""
+        where = f"POST /v1/areas/{area}/promote"
+        doc = _object(await self._call(
+            "POST", f"/v1/areas/{area}/promote", body={"data_dir": data_dir, "expect": expect},
+            timeout_s=timeout_s,
+        ), where=where)
+        promoted = doc.get("promoted")
+        if not isinstance(promoted, bool):
+            raise _malformed(where, f"promoted is {type(promoted).__name__}, not a boolean")
+        return promoted
 
     async def stop(self, *, area: str, generation: int) -> str:
         """Stop the process at `generation`, keep the entry: 'stopped' or 'absent'."""

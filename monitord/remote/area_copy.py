@@ -7,9 +7,10 @@ Called by the migration engine. Both directions follow the same protocol:
      be equal: every hash, no file missing, none extra;
   4. only then the staging dir replaces the destination dir by rename (and is fsynced).
 The VPS side of steps 1 and 3 is `monitord.pyz tree-digest` (monitord.base.tree_digest).
-On an upload, steps 3 and 4 are one exec: the PBX passes the SHA-256 of the listing it
-expects, and the VPS renames only if its own listing hashes the same (`--expect`); the PBX
-still parses what the VPS found, to name the differences.
+On an upload, steps 3 and 4 are one call to the agent (`promote`, given by the caller; no
+new process inside the downtime), or else one exec of the verb: the PBX passes the SHA-256
+of the listing it expects, and the VPS renames only if its own listing hashes the same
+(`--expect`). When they differ, the verb's listing names the differences.
 A copy cut at any point leaves at most a staging dir behind (removed by the next try);
 the destination dir is either the old one or the complete new one, never a mix. A
 mismatch raises COPY_INCOMPLETE; the engine retries or rolls back.
@@ -49,7 +50,7 @@ import hashlib
 import os
 import re
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -62,8 +63,10 @@ from monitord.base.atomic_file import fsync_path
 from monitord.remote import remote_exec, ssh_errors
 from orchestrator.errors import ErrorCode, MonitordError, error_for
 
-STAGING_SUFFIX = ".staging"
-DIGESTS_SUFFIX = ".digests"  # the VPS's digest cache of a tree, beside it
+# The agent's promote: given the SHA-256 of the expected listing, True once promoted
+Promote = Callable[[str], Awaitable[bool]]
+STAGING_SUFFIX = tree_digest.STAGING_SUFFIX
+DIGESTS_SUFFIX = tree_digest.DIGESTS_SUFFIX  # the VPS's digest cache of a tree, beside it
 _CHUNK = 1 << 20
 _SCRIPT_TIMEOUT_S = 60.0
 # Bounds on a VPS listing. An area's data dir (one messenger account's session, keys,
@@ -250,11 +253,15 @@ async def upload(
     progress: Progress | None = None,
     timeout_s: float = 600.0,
     staged: Staged | None = None,
+    promote: Promote | None = None,
 ) -> CopyReport:
     """Copy local_dir to remote_dir on the VPS, verified there, swapped in by rename. With
     `staged` (a pre-copy of the same dirs), only what changed since is sent; if the VPS
     then finds the staging dir wrong, the copy is redone whole, once. `vps_command` runs
-    monitord.pyz on the VPS (its tree-digest verb checks the staging dir)."""
+    monitord.pyz on the VPS (its tree-digest verb checks the staging dir). `promote`, the
+    agent's answer to steps 3 and 4 (given the expected listing's SHA-256: promoted or
+    not), saves starting that verb while the area is down; the verb still answers when
+    the agent has no such route, and names the differences when it found some."""
     if staged is not None and not staged.matches(
         local_dir=local_dir, remote_dir=remote_dir, upload=True
     ):
@@ -298,7 +305,8 @@ async def upload(
     expected = {e.path: e.sha256 for e in manifest}
     if not staged_lost:
         found = await _verify_and_promote(conn, remote_dir=remote_dir, staging=staging,
-                                          expected=expected, vps_command=vps_command)
+                                          expected=expected, vps_command=vps_command,
+                                          promote=promote)
         if found is None:
             return CopyReport(files=len(manifest), bytes=total,
                               reused=len(manifest) - len(to_send))
@@ -307,17 +315,27 @@ async def upload(
                               f" {_differences(found, expected)}")
     # the staging dir changed under us since the pre-copy: start it over, whole
     return await upload(conn, local_dir=local_dir, remote_dir=remote_dir,
-                        vps_command=vps_command, progress=progress, timeout_s=timeout_s)
+                        vps_command=vps_command, progress=progress, timeout_s=timeout_s,
+                        promote=promote)
 
 
 async def _verify_and_promote(
     conn: asyncssh.SSHClientConnection, *, remote_dir: str, staging: str,
-    expected: dict[str, str], vps_command: Sequence[str],
+    expected: dict[str, str], vps_command: Sequence[str], promote: Promote | None = None,
 ) -> dict[str, str] | None:
     """Steps 3 and 4 of an upload, on the VPS: None once the staging dir, found to hold
     exactly `expected`, has replaced remote_dir; else what it holds (and nothing changed)."""
     during = f"upload to {remote_dir}"
     want = hashlib.sha256(tree_digest.listing(expected)).hexdigest()
+    if promote is not None:
+        try:
+            if await promote(want):
+                return None
+        except MonitordError as e:
+            if e.code != ErrorCode.UNKNOWN_AREA:  # (UNKNOWN_AREA: an agent without the route)
+                raise
+        # Differs (or no such route): the verb lists what the staging dir holds, and
+        # promotes it after all if that is what was expected.
     result = await remote_exec.run_script(
         conn, _VERIFY_PROMOTE, args=(remote_dir, staging, want, *vps_command),
         timeout_s=_SCRIPT_TIMEOUT_S, max_stdout=_MAX_LISTING_BYTES,

@@ -27,7 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from monitord.base import log_sink, proc_identity, run_as
+from monitord.base import log_sink, proc_identity, run_as, tree_digest
 from monitord.vps import event_log, lease_file, lease_table, spool_cache
 from monitord.vps.area_runner import AreaRunner, GuardHandle
 from monitord.vps.lease_table import AreaEntry, AreaSpec, CreateVerdict, GenerationCheck
@@ -273,6 +273,33 @@ class AgentRuntime:
             spool_cache.save(self.cache_path, self._entries.values())
             log.info("area_deleted", area=area, generation=generation)
             return {"area": area, "result": "deleted", "generation": generation}
+
+    async def promote(self, area: str, *, data_dir: str, expect: str) -> dict[str, Any]:
+        """POST /v1/areas/{area}/promote: an upload's last step, here rather than in a new
+        process (inside the area's downtime). The staging dir beside `data_dir` is digested
+        (every file fsynced) in a thread, and swapped in for `data_dir` only if its listing's
+        SHA-256 is `expect`; `promoted` says which. Never under a running daemon of the area
+        (409 DESTINATION_CONFLICT): its files would change under it."""
+        async with self._lock(area):
+            handle = self._handles.get(area)
+            if handle is not None and not handle.exited():
+                raise AgentError(
+                    code="DESTINATION_CONFLICT", status=409,
+                    detail=f"area {area} runs here (generation {handle.spec.generation}):"
+                           " its data dir is not replaced under it",
+                )
+            try:
+                promoted = await asyncio.to_thread(
+                    tree_digest.verify_and_promote, Path(data_dir), expect
+                )
+            except OSError as e:
+                raise AgentError(
+                    code="COPY_INCOMPLETE", status=500,
+                    detail=f"area {area}: cannot promote {data_dir}: {e.strerror or e}",
+                ) from e
+        log.info("area_data_promoted" if promoted else "area_data_differs", area=area,
+                 data_dir=data_dir)
+        return {"area": area, "promoted": promoted}
 
     async def renew(
         self, *, owner_id: str, ttl_s: float, areas: Mapping[str, int]

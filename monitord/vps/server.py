@@ -264,6 +264,18 @@ async def delete_area(runtime: AgentRuntime, request: Request, name: str | None)
     return Response(200, await runtime.delete(area, generation=_generation_param(request)))
 
 
+async def promote_area_data(
+    runtime: AgentRuntime, request: Request, name: str | None
+) -> Response:
+    area = _area(name)
+    doc = _document(request.body)
+    expect = _text(doc, "expect")
+    if len(expect) != 64 or any(c not in "0123456789abcdef" for c in expect):
+        raise bad_request("expect must be a SHA-256 in 64 lowercase hex digits")
+    data_dir = runtime.validate_data_dir(_text(doc, "data_dir"))
+    return Response(200, await runtime.promote(area, data_dir=data_dir, expect=expect))
+
+
 async def renew_leases(runtime: AgentRuntime, request: Request, _: str | None) -> Response:
     body = parse_renew(request.body)
     # One bad name never fails the batch (every other area would lose its lease): the
@@ -281,6 +293,7 @@ ROUTES: tuple[tuple[str, re.Pattern[str], Handler], ...] = (
     ("GET", re.compile(_AREA + r"/health"), area_health),
     ("PUT", re.compile(_AREA), put_area),
     ("POST", re.compile(_AREA + r"/stop"), stop_area),
+    ("POST", re.compile(_AREA + r"/promote"), promote_area_data),
     ("DELETE", re.compile(_AREA), delete_area),
     ("POST", re.compile(r"/v1/leases/renew"), renew_leases),
 )

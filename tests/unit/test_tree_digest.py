@@ -134,3 +134,45 @@ class TestTheVerb:
             capture_output=True, check=True,
         )
         assert done.stdout == b"" and not (tmp_path / "nope.digests").exists()
+
+
+class TestVerifyAndPromote:
+    """The agent's end of an upload: the staging dir replaces the tree only when its listing
+    is the expected one, its digest cache moving along; the tree is never half swapped."""
+
+    def test_an_expected_staging_dir_replaces_the_tree_and_leaves_nothing_beside(
+        self, tmp_path: Path
+    ) -> None:
+        final = tmp_path / "area"
+        (final / "sub").mkdir(parents=True)
+        (final / "sub" / "old.db").write_bytes(b"old")
+        (tmp_path / "area.old").mkdir()  # left by a cut swap
+        (tmp_path / "area.digests").write_text("{}")
+        staging = tmp_path / ("area" + tree_digest.STAGING_SUFFIX)
+        staging.mkdir()
+        (staging / "new.db").write_bytes(b"new")
+        aged(staging / "new.db")  # old enough for its hash to be cached
+        want = hashlib.sha256(tree_digest.listing({"new.db": _sha(b"new")})).hexdigest()
+        assert tree_digest.verify_and_promote(final, want)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["area", "area.digests"]
+        assert [p.name for p in final.iterdir()] == ["new.db"]
+        assert set(tree_digest.load_cache(tmp_path / "area.digests")) == {"new.db"}
+
+    def test_a_staging_dir_listing_otherwise_is_left_and_the_tree_untouched(
+        self, tmp_path: Path
+    ) -> None:
+        final = tmp_path / "area"
+        final.mkdir()
+        (final / "old.db").write_bytes(b"old")
+        staging = tmp_path / ("area" + tree_digest.STAGING_SUFFIX)
+        staging.mkdir()
+        (staging / "new.db").write_bytes(b"torn")
+        want = hashlib.sha256(tree_digest.listing({"new.db": _sha(b"new")})).hexdigest()
+        assert not tree_digest.verify_and_promote(final, want)
+        assert [p.name for p in final.iterdir()] == ["old.db"]
+        assert [p.name for p in staging.iterdir()] == ["new.db"]
+
+    def test_an_empty_area_never_staged_becomes_an_empty_tree(self, tmp_path: Path) -> None:
+        final = tmp_path / "area"
+        assert tree_digest.verify_and_promote(final, hashlib.sha256(b"").hexdigest())
+        assert final.is_dir() and list(final.iterdir()) == []

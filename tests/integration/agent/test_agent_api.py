@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import time
 from pathlib import Path
 
-from monitord.base import proc_identity
+from monitord.base import proc_identity, tree_digest
 from monitord.testing.split_brain import Detector
 from tests.integration.agent.conftest import area_body
 from tests.support.agent_process import AgentProcess
@@ -223,3 +224,82 @@ class TestHealth:
                       "generation=1&min_uptime_s=-1&wait_s=1"):
             status, answer = await agent.request("GET", f"/v1/areas/{AREA}/health?{query}")
             assert status == 400, (query, answer)
+
+
+def _expect(files: dict[str, bytes]) -> str:
+    return hashlib.sha256(tree_digest.listing(
+        {rel: hashlib.sha256(data).hexdigest() for rel, data in files.items()})).hexdigest()
+
+
+def _stage(data_dir: Path, files: dict[str, bytes]) -> None:
+    staging = data_dir.with_name(data_dir.name + tree_digest.STAGING_SUFFIX)
+    for rel, data in files.items():
+        (staging / rel).parent.mkdir(parents=True, exist_ok=True)
+        (staging / rel).write_bytes(data)
+
+
+class TestPromote:
+    """POST /v1/areas/{area}/promote swaps an upload's staging dir in only when it lists
+    exactly as expected, never under a running daemon, never outside the agent's dir."""
+
+    FILES = {"session.db": b"records", "media/a.jpg": b"\xff\xd8"}
+
+    async def test_the_expected_staging_dir_replaces_the_data_dir(
+        self, agent: AgentProcess
+    ) -> None:
+        data_dir = agent.base_dir / "data" / "tg" / AREA
+        data_dir.mkdir(parents=True)
+        (data_dir / "old.db").write_bytes(b"older data")
+        _stage(data_dir, self.FILES)
+        status, answer = await agent.request(
+            "POST", f"/v1/areas/{AREA}/promote",
+            json_body={"data_dir": str(data_dir), "expect": _expect(self.FILES)})
+        assert (status, answer["promoted"]) == (200, True), answer
+        assert sorted(p.relative_to(data_dir).as_posix() for p in data_dir.rglob("*")
+                      if p.is_file()) == ["media/a.jpg", "session.db"]
+        assert not data_dir.with_name(AREA + tree_digest.STAGING_SUFFIX).exists()
+        assert tree_digest.load_cache(data_dir.with_name(AREA + tree_digest.DIGESTS_SUFFIX))
+
+    async def test_a_staging_dir_that_differs_changes_nothing(self, agent: AgentProcess) -> None:
+        data_dir = agent.base_dir / "data" / "tg" / AREA
+        data_dir.mkdir(parents=True)
+        (data_dir / "old.db").write_bytes(b"older data")
+        _stage(data_dir, {**self.FILES, "session.db": b"torn"})
+        status, answer = await agent.request(
+            "POST", f"/v1/areas/{AREA}/promote",
+            json_body={"data_dir": str(data_dir), "expect": _expect(self.FILES)})
+        assert (status, answer["promoted"]) == (200, False), answer
+        assert [p.name for p in data_dir.iterdir()] == ["old.db"]
+        assert data_dir.with_name(AREA + tree_digest.STAGING_SUFFIX).is_dir()
+
+    async def test_never_under_a_running_daemon_of_the_area(
+        self, agent: AgentProcess, detector: Detector
+    ) -> None:
+        body = area_body(agent, detector, area=AREA, generation=3)
+        status, _ = await agent.request("PUT", f"/v1/areas/{AREA}", json_body=body)
+        assert status == 201
+        data_dir = Path(body["data_dir"])
+        _stage(data_dir, self.FILES)
+        status, answer = await agent.request(
+            "POST", f"/v1/areas/{AREA}/promote",
+            json_body={"data_dir": str(data_dir), "expect": _expect(self.FILES)})
+        assert (status, answer["error"]["code"]) == (409, "DESTINATION_CONFLICT"), answer
+        assert data_dir.with_name(AREA + tree_digest.STAGING_SUFFIX).is_dir()
+
+    async def test_bad_bodies_are_refused_with_400(
+        self, agent: AgentProcess, tmp_path: Path
+    ) -> None:
+        inside = str(agent.base_dir / "data" / "tg" / AREA)
+        good = _expect(self.FILES)
+        bodies: tuple[object, ...] = (
+            {"data_dir": str(tmp_path / "elsewhere"), "expect": good},
+            {"data_dir": str(agent.base_dir), "expect": good},
+            {"data_dir": inside, "expect": good.upper()},
+            {"data_dir": inside, "expect": good[:-1]},
+            {"data_dir": inside}, {"expect": good}, [],
+        )
+        for body in bodies:
+            status, answer = await agent.request("POST", f"/v1/areas/{AREA}/promote",
+                                                 json_body=body)
+            assert (status, answer["error"]["code"]) == (400, "BAD_REQUEST"), (body, answer)
+        assert not (tmp_path / "elsewhere").exists()

@@ -10,11 +10,12 @@ import stat
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from monitord.base import tree_digest
-from monitord.remote import area_copy
+from monitord.remote import area_copy, remote_exec
 from monitord.testing.vps_server import VpsServer
 from orchestrator.errors import ErrorCode, MonitordError
 from tests.support.agent_process import vps_command
@@ -448,3 +449,91 @@ class TestDigestCaches:
             )
         assert _tree(back) == _tree(remote)
         assert report.reused == 0
+
+
+class TestAgentPromote:
+    """Given the agent's promote, an upload's last step is one call, not a new process; a
+    staging dir the agent finds wrong is still refused with its differences named, and an
+    agent without that route leaves the step to the verb."""
+
+    @staticmethod
+    def _agent_promote(remote: Path, calls: list[str]) -> area_copy.Promote:
+        async def promote(expect: str) -> bool:  # what the agent runs, on the same files
+            calls.append(expect)
+            return await asyncio.to_thread(tree_digest.verify_and_promote, remote, expect)
+        return promote
+
+    async def test_the_agent_promotes_a_verified_upload(
+        self, vps: VpsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        src, remote = tmp_path / "src", tmp_path / "vps" / "data" / "p1"
+        _make_area(src)
+        calls: list[str] = []
+        async with vps.connect() as conn:
+            staged = await area_copy.pre_upload(
+                conn, vps_command=vps_command(), local_dir=src, remote_dir=str(remote))
+            execs: list[str] = []
+            original = remote_exec.run_script
+
+            async def counting(conn: Any, script: str, **kwargs: Any) -> Any:
+                execs.append(script)
+                return await original(conn, script, **kwargs)
+
+            monkeypatch.setattr(remote_exec, "run_script", counting)
+            await area_copy.upload(
+                conn, vps_command=vps_command(), local_dir=src, remote_dir=str(remote),
+                staged=staged, promote=self._agent_promote(remote, calls))
+        assert _tree(remote) == _tree(src)
+        assert len(calls) == 1 and execs == [], execs  # nothing ran on the VPS after the stop
+
+    async def test_a_staging_dir_the_agent_finds_wrong_is_refused_and_named(
+        self, vps: VpsServer, tmp_path: Path
+    ) -> None:
+        src, remote = tmp_path / "src", tmp_path / "vps" / "a5"
+        _make_area(src)
+        remote.mkdir(parents=True)
+        (remote / "previous").write_bytes(b"generation 3")
+        staging = Path(str(remote) + area_copy.STAGING_SUFFIX)
+
+        def corrupt_on_the_vps(done: int, total: int) -> None:
+            if done == total:
+                with (staging / "session.db").open("ab") as f:
+                    f.write(b"torn")
+
+        calls: list[str] = []
+        async with vps.connect() as conn:
+            with pytest.raises(MonitordError) as err:
+                await area_copy.upload(
+                    conn, vps_command=vps_command(), local_dir=src, remote_dir=str(remote),
+                    progress=corrupt_on_the_vps, promote=self._agent_promote(remote, calls))
+        assert err.value.code == ErrorCode.COPY_INCOMPLETE
+        assert "session.db" in err.value.detail
+        assert calls and _tree(remote) == {"previous": hashlib.sha256(b"generation 3").hexdigest()}
+
+    async def test_an_agent_without_the_route_leaves_it_to_the_verb(
+        self, vps: VpsServer, tmp_path: Path
+    ) -> None:
+        src, remote = tmp_path / "src", tmp_path / "vps" / "data" / "p2"
+        _make_area(src)
+
+        async def older_agent(expect: str) -> bool:
+            raise MonitordError(ErrorCode.UNKNOWN_AREA, "no route /v1/areas/x/promote")
+
+        async with vps.connect() as conn:
+            await area_copy.upload(conn, vps_command=vps_command(), local_dir=src,
+                                   remote_dir=str(remote), promote=older_agent)
+        assert _tree(remote) == _tree(src)
+
+    async def test_other_agent_errors_fail_the_copy(self, vps: VpsServer, tmp_path: Path) -> None:
+        src, remote = tmp_path / "src", tmp_path / "vps" / "data" / "p3"
+        _make_area(src)
+
+        async def busy_agent(expect: str) -> bool:
+            raise MonitordError(ErrorCode.DESTINATION_CONFLICT, "area runs here")
+
+        async with vps.connect() as conn:
+            with pytest.raises(MonitordError) as err:
+                await area_copy.upload(conn, vps_command=vps_command(), local_dir=src,
+                                       remote_dir=str(remote), promote=busy_agent)
+        assert err.value.code == ErrorCode.DESTINATION_CONFLICT
+        assert not remote.exists()
