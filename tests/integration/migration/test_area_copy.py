@@ -30,6 +30,19 @@ def _tree(root: Path) -> dict[str, str]:
     }
 
 
+def _tear_when_sent(remote: Path) -> Callable[[int, int], None]:
+    """A progress callback that, once everything is sent and before the VPS has verified,
+    appends to session.db in the VPS staging dir."""
+    staging = Path(str(remote) + area_copy.STAGING_SUFFIX)
+
+    def tear(done: int, total: int) -> None:
+        if done == total:
+            with (staging / "session.db").open("ab") as f:
+                f.write(b"torn")
+
+    return tear
+
+
 def _make_area(root: Path) -> None:
     (root / "db").mkdir(parents=True)
     (root / "session.db").write_bytes(b"s" * 70_000)
@@ -113,13 +126,7 @@ class TestVerification:
         _make_area(src)
         remote.mkdir(parents=True)
         (remote / "previous").write_bytes(b"generation 3")
-        staging = Path(str(remote) + area_copy.STAGING_SUFFIX)
-
-        def corrupt_on_the_vps(done: int, total: int) -> None:
-            if done == total:  # everything sent; the VPS has not verified yet
-                with (staging / "session.db").open("ab") as f:
-                    f.write(b"torn")
-
+        corrupt_on_the_vps = _tear_when_sent(remote)
         async with vps.connect() as conn:
             with pytest.raises(MonitordError) as err:
                 await area_copy.upload(
@@ -493,13 +500,7 @@ class TestAgentPromote:
         _make_area(src)
         remote.mkdir(parents=True)
         (remote / "previous").write_bytes(b"generation 3")
-        staging = Path(str(remote) + area_copy.STAGING_SUFFIX)
-
-        def corrupt_on_the_vps(done: int, total: int) -> None:
-            if done == total:
-                with (staging / "session.db").open("ab") as f:
-                    f.write(b"torn")
-
+        corrupt_on_the_vps = _tear_when_sent(remote)
         calls: list[str] = []
         async with vps.connect() as conn:
             with pytest.raises(MonitordError) as err:

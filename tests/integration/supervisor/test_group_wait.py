@@ -18,6 +18,19 @@ def _group(*argv: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(argv, start_new_session=True)
 
 
+def _count_scans(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """From now on, [how many /proc scans were taken] (each starts with a listdir)."""
+    scans = [0]
+    listdir = os.listdir
+
+    def counting(path: object) -> list[str]:
+        scans[0] += 1
+        return listdir(path)  # type: ignore[call-overload,no-any-return]
+
+    monkeypatch.setattr(proc_identity.os, "listdir", counting)
+    return scans
+
+
 async def test_a_scan_older_than_the_signal_never_says_gone() -> None:
     # a fresh picture of /proc taken before the group exists...
     group_stop._live_groups(taken_after=float("-inf"), max_age_s=60.0)
@@ -34,15 +47,7 @@ async def test_many_groups_stopping_at_once_share_the_scans(
 ) -> None:
     children = [_group("sh", "-c", "trap 'sleep 0.3; exit 0' TERM; sleep 30 & wait")
                 for _ in range(10)]
-    scans = 0
-    listdir = os.listdir
-
-    def counting(path: object) -> list[str]:
-        nonlocal scans
-        scans += 1
-        return listdir(path)  # type: ignore[call-overload,no-any-return]
-
-    monkeypatch.setattr(proc_identity.os, "listdir", counting)
+    scans = _count_scans(monkeypatch)
     try:
         await asyncio.sleep(0.1)  # the traps are set
         gone = await asyncio.gather(*(
@@ -50,7 +55,7 @@ async def test_many_groups_stopping_at_once_share_the_scans(
         ))
         assert all(gone)
         # each waiter polls ~15 times in 0.3 s; alone, 10 waiters would scan ~150 times
-        assert scans < 60, scans
+        assert scans[0] < 60, scans
     finally:
         for c in children:
             with contextlib.suppress(ProcessLookupError):
@@ -78,18 +83,10 @@ async def test_a_leader_that_exits_at_sigterm_and_is_reaped_costs_no_scan(
     # A /proc scan reads every process's stat (tens of ms with hundreds of areas running);
     # a group whose reaped leader was its only member is known gone from one signal 0.
     child = _group("sh", "-c", "trap 'exit 0' TERM; sleep 30 & wait")
-    scans = 0
-    listdir = os.listdir
-
-    def counting(path: object) -> list[str]:
-        nonlocal scans
-        scans += 1
-        return listdir(path)  # type: ignore[call-overload,no-any-return]
-
     try:
         await asyncio.sleep(0.1)  # the trap is set
         os.kill(child.pid, 0)
-        monkeypatch.setattr(proc_identity.os, "listdir", counting)
+        scans = _count_scans(monkeypatch)
         # sh's own child `sleep` is in the group too: it must die before the group is gone
         assert await group_stop.terminate_group(child.pid, grace_s=5.0, reap=child.poll)
         assert child.returncode == 0  # reaped by terminate_group
@@ -99,4 +96,4 @@ async def test_a_leader_that_exits_at_sigterm_and_is_reaped_costs_no_scan(
         child.wait()
     # one scan at most: when init has not reaped the orphaned `sleep` yet, only a scan can
     # tell its zombie from a live member
-    assert scans <= 1, scans
+    assert scans[0] <= 1, scans
