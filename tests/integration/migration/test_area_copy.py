@@ -43,6 +43,14 @@ def _tear_when_sent(remote: Path) -> Callable[[int, int], None]:
     return tear
 
 
+def _agent_promote(remote: Path, calls: list[str]) -> area_copy.Promote:
+    """What the agent runs for an upload's last step, on the same files (calls: each expect)."""
+    async def promote(expect: str) -> bool:
+        calls.append(expect)
+        return await asyncio.to_thread(tree_digest.verify_and_promote, remote, expect)
+    return promote
+
+
 def _make_area(root: Path) -> None:
     (root / "db").mkdir(parents=True)
     (root / "session.db").write_bytes(b"s" * 70_000)
@@ -119,21 +127,26 @@ class TestVerification:
         assert err.value.code == ErrorCode.COPY_INCOMPLETE
         assert _tree(back) == {"keep": hashlib.sha256(b"old").hexdigest()}
 
+    @pytest.mark.parametrize("agent", [False, True], ids=["verb", "agent"])
     async def test_a_corrupted_upload_never_replaces_the_remote_dir(
-        self, vps: VpsServer, tmp_path: Path
+        self, vps: VpsServer, tmp_path: Path, agent: bool
     ) -> None:
+        """Whether the verb or the agent checks the staging dir: refused, differences named."""
         src, remote = tmp_path / "src", tmp_path / "vps" / "a4"
         _make_area(src)
         remote.mkdir(parents=True)
         (remote / "previous").write_bytes(b"generation 3")
-        corrupt_on_the_vps = _tear_when_sent(remote)
+        calls: list[str] = []
+        promote = _agent_promote(remote, calls) if agent else None
         async with vps.connect() as conn:
             with pytest.raises(MonitordError) as err:
                 await area_copy.upload(
-                    conn, vps_command=vps_command(),
-                    local_dir=src, remote_dir=str(remote), progress=corrupt_on_the_vps
+                    conn, vps_command=vps_command(), local_dir=src, remote_dir=str(remote),
+                    progress=_tear_when_sent(remote), promote=promote,
                 )
         assert err.value.code == ErrorCode.COPY_INCOMPLETE
+        assert "session.db" in err.value.detail
+        assert len(calls) == int(agent)
         assert _tree(remote) == {"previous": hashlib.sha256(b"generation 3").hexdigest()}
 
     async def test_a_cut_upload_leaves_the_destination_as_it_was_and_a_retry_completes(
@@ -459,16 +472,9 @@ class TestDigestCaches:
 
 
 class TestAgentPromote:
-    """Given the agent's promote, an upload's last step is one call, not a new process; a
-    staging dir the agent finds wrong is still refused with its differences named, and an
-    agent without that route leaves the step to the verb."""
-
-    @staticmethod
-    def _agent_promote(remote: Path, calls: list[str]) -> area_copy.Promote:
-        async def promote(expect: str) -> bool:  # what the agent runs, on the same files
-            calls.append(expect)
-            return await asyncio.to_thread(tree_digest.verify_and_promote, remote, expect)
-        return promote
+    """Given the agent's promote, an upload's last step is one call, not a new process, and
+    an agent without that route leaves the step to the verb (a staging dir the agent finds
+    wrong: TestVerification)."""
 
     async def test_the_agent_promotes_a_verified_upload(
         self, vps: VpsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -489,27 +495,9 @@ class TestAgentPromote:
             monkeypatch.setattr(remote_exec, "run_script", counting)
             await area_copy.upload(
                 conn, vps_command=vps_command(), local_dir=src, remote_dir=str(remote),
-                staged=staged, promote=self._agent_promote(remote, calls))
+                staged=staged, promote=_agent_promote(remote, calls))
         assert _tree(remote) == _tree(src)
         assert len(calls) == 1 and execs == [], execs  # nothing ran on the VPS after the stop
-
-    async def test_a_staging_dir_the_agent_finds_wrong_is_refused_and_named(
-        self, vps: VpsServer, tmp_path: Path
-    ) -> None:
-        src, remote = tmp_path / "src", tmp_path / "vps" / "a5"
-        _make_area(src)
-        remote.mkdir(parents=True)
-        (remote / "previous").write_bytes(b"generation 3")
-        corrupt_on_the_vps = _tear_when_sent(remote)
-        calls: list[str] = []
-        async with vps.connect() as conn:
-            with pytest.raises(MonitordError) as err:
-                await area_copy.upload(
-                    conn, vps_command=vps_command(), local_dir=src, remote_dir=str(remote),
-                    progress=corrupt_on_the_vps, promote=self._agent_promote(remote, calls))
-        assert err.value.code == ErrorCode.COPY_INCOMPLETE
-        assert "session.db" in err.value.detail
-        assert calls and _tree(remote) == {"previous": hashlib.sha256(b"generation 3").hexdigest()}
 
     async def test_an_agent_without_the_route_leaves_it_to_the_verb(
         self, vps: VpsServer, tmp_path: Path
