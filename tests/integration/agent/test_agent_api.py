@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import time
 from pathlib import Path
+from typing import Any
 
 from monitord.base import proc_identity, tree_digest
 from monitord.testing.split_brain import Detector
@@ -12,6 +13,15 @@ from tests.integration.agent.conftest import area_body
 from tests.support.agent_process import AgentProcess
 
 AREA = "5b1d0c2e-0000-4000-8000-000000000001"
+
+
+async def _created(agent: AgentProcess, detector: Detector, *, generation: int
+                   ) -> dict[str, Any]:
+    """The body of a PUT that created AREA at `generation` (201)."""
+    body = area_body(agent, detector, area=AREA, generation=generation)
+    status, answer = await agent.request("PUT", f"/v1/areas/{AREA}", json_body=body)
+    assert status == 201, answer
+    return body
 
 
 async def _running_pid(agent: AgentProcess, area: str = AREA) -> int | None:
@@ -100,8 +110,7 @@ class TestCreate:
     async def test_a_changed_command_at_the_same_generation_restarts_without_overlap(
         self, agent: AgentProcess, detector: Detector
     ) -> None:
-        body = area_body(agent, detector, area=AREA, generation=4)
-        assert (await agent.request("PUT", f"/v1/areas/{AREA}", json_body=body))[0] == 201
+        body = await _created(agent, detector, generation=4)
         assert await detector.wait_for(lambda d: d.alive(AREA), timeout_s=10)
         old_pid = detector.alive(AREA)[0].pid
         body["command"] = [*body["command"], "--interval", "0.05"]
@@ -186,9 +195,7 @@ class TestHealth:
     async def test_it_answers_healthy_once_the_daemon_has_run_for_the_window(
         self, agent: AgentProcess, detector: Detector
     ) -> None:
-        body = area_body(agent, detector, area=AREA, generation=3)
-        status, _ = await agent.request("PUT", f"/v1/areas/{AREA}", json_body=body)
-        assert status == 201
+        await _created(agent, detector, generation=3)
         status, answer = await agent.request(
             "GET", f"/v1/areas/{AREA}/health?generation=3&min_uptime_s=0.8&wait_s=5"
         )
@@ -275,9 +282,7 @@ class TestPromote:
     async def test_never_under_a_running_daemon_of_the_area(
         self, agent: AgentProcess, detector: Detector
     ) -> None:
-        body = area_body(agent, detector, area=AREA, generation=3)
-        status, _ = await agent.request("PUT", f"/v1/areas/{AREA}", json_body=body)
-        assert status == 201
+        body = await _created(agent, detector, generation=3)
         data_dir = Path(body["data_dir"])
         _stage(data_dir, self.FILES)
         status, answer = await agent.request(
