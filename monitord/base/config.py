@@ -197,6 +197,10 @@ class RemoteSection(_Section):
     # A second, idle connection kept logged in so that a reconnect after one connection
     # dies skips the login (monitord/remote/tunnel/standby.py).
     standby_connection: bool = True
+    # An area whose data is smaller than this is not pre-copied: the pre-copy's own round
+    # trips (staging, SFTP, the VPS's digest) cost more wall time than sending every byte
+    # while the source is stopped. 0: pre-copy every area.
+    pre_copy_min_bytes: int = Field(default=1024 * 1024, ge=0)
     tunnel_lease_ttl_s: float = Field(default=30.0, gt=0)
     area_lease_ttl_s: float = Field(default=30.0, gt=0)
     lease_clock_margin: float = Field(default=0.1, ge=0)

@@ -198,7 +198,8 @@ class PhaseActions:
 
     async def preflight(self, txn: Transaction, *, pre_copy: bool = True) -> Outcome:
         """Every preflight check for a move to the VPS; reachability + local space back;
-        then (`pre_copy`) the pre-copy.
+        then (`pre_copy`) the pre-copy — to the VPS only for an area of at least
+        `remote.pre_copy_min_bytes` (smaller ones cost less sent whole after the stop).
 
         First of all the authoritative file: nothing stops while custom_config.json is
         corrupt (the commit could not be written, and the move would only roll back)."""
@@ -226,8 +227,11 @@ class PhaseActions:
             # Only "startable" failed: the agent is not running but can be; start it.
             await link.ensure_agent()
         if failure is None:
-            if pre_copy:
+            if pre_copy and size >= link.remote.pre_copy_min_bytes:
                 await self._pre_copy(txn)
+            elif pre_copy:
+                txn_log.bound(txn).info("area_pre_copy_skipped", bytes=size,
+                                        pre_copy_min_bytes=link.remote.pre_copy_min_bytes)
             return Outcome.OK
         raise error_for(failure.code, f"{failure.detail} — {failure.hint}".rstrip(" —"))
 

@@ -66,7 +66,8 @@ class TestPreCopy:
     async def test_a_move_and_back_pre_copies_and_reuses_the_staged_files(
         self, stack_factory: StackFactory
     ) -> None:
-        stack = await stack_factory(services={"tg": 2}, data_bytes=256 * 1024)
+        stack = await stack_factory(services={"tg": 2}, data_bytes=256 * 1024,
+                                    remote_overrides={"pre_copy_min_bytes": 128 * 1024})
         await stack.wait_settled(expect={"tg": "local"})
         await stack.place("tg", "remote")
         await stack.wait_settled(expect={"tg": "remote"})
@@ -75,5 +76,23 @@ class TestPreCopy:
         pre = stack.events("area_pre_copied")
         copied = stack.events("area_copied")
         assert len(pre) == len(copied) == 4, (pre, copied)
+        assert stack.events("area_pre_copy_skipped") == []
         # the fake daemon's bulk data does not change while it runs: it is staged once
         assert all(event["reused"] >= 1 for event in copied), copied
+
+    async def test_an_area_smaller_than_the_threshold_is_copied_whole_while_stopped(
+        self, stack_factory: StackFactory
+    ) -> None:
+        stack = await stack_factory(services={"tg": 2}, data_bytes=256 * 1024,
+                                    remote_overrides={"pre_copy_min_bytes": 1024 * 1024})
+        await stack.wait_settled(expect={"tg": "local"})
+        await stack.place("tg", "remote")
+        await stack.wait_settled(expect={"tg": "remote"})
+        skipped = stack.events("area_pre_copy_skipped")
+        assert sorted(e["area"] for e in skipped) == sorted(stack.areas["tg"]), skipped
+        assert all(256 * 1024 <= e["bytes"] < 1024 * 1024 for e in skipped), skipped
+        assert stack.events("area_pre_copied") == []
+        copied = stack.events("area_copied")
+        assert len(copied) == 2, copied
+        # nothing was staged ahead: every byte crossed after the stop, and was checked
+        assert all(e["reused"] == 0 and e["bytes"] >= 256 * 1024 for e in copied), copied
