@@ -177,18 +177,32 @@ def listing(digests: dict[str, str]) -> bytes:
     return b"".join(sha256sum_line(rel, digests[rel]) for rel in sorted(digests, key=os.fsencode))
 
 
-def verify_and_promote(final: Path, expect: str) -> bool:
-    """Digest `final`'s staging dir (every file and directory fsynced, its cache kept up to
-    date) and, only if the SHA-256 of its listing is `expect`, swap it in for `final`
-    (`promote`). False, with nothing swapped, when the listing differs: the caller then asks
-    for the listing itself to name the differences."""
+def reset_staging(final: Path) -> None:
+    """Make `final`'s staging dir exist and be empty, with no digest cache beside it: where a
+    copy to `final` starts (`rm -rf` of both, then `mkdir -p`)."""
+    staging = final.with_name(final.name + STAGING_SUFFIX)
+    _remove(staging)
+    _remove(staging.with_name(staging.name + DIGESTS_SUFFIX))
+    staging.mkdir(parents=True)
+
+
+def staging_listing(final: Path) -> bytes:
+    """The listing of `final`'s staging dir (what `tree-digest --sync` prints for it): every
+    file and directory fsynced, its digest cache kept up to date."""
     staging = final.with_name(final.name + STAGING_SUFFIX)
     cache_path = staging.with_name(staging.name + DIGESTS_SUFFIX)
     found, fresh = digest_tree(staging, load_cache(cache_path), sync=True)
     if staging.is_dir():
         save_cache(cache_path, fresh)
-    text = listing({rel: sha for rel, (_, sha) in found.items()})
-    if hashlib.sha256(text).hexdigest() != expect:
+    return listing({rel: sha for rel, (_, sha) in found.items()})
+
+
+def verify_and_promote(final: Path, expect: str) -> bool:
+    """Digest `final`'s staging dir (`staging_listing`) and, only if the SHA-256 of its
+    listing is `expect`, swap it in for `final` (`promote`). False, with nothing swapped,
+    when the listing differs: the caller then asks for the listing itself to name the
+    differences."""
+    if hashlib.sha256(staging_listing(final)).hexdigest() != expect:
         return False
     promote(final)
     return True

@@ -33,6 +33,7 @@ from monitord.engine.placement_state import PlacementState
 from monitord.local.supervisor import AreaRun, LocalSupervisor, area_run, expand
 from monitord.remote import area_copy, artifact
 from monitord.remote import preflight as preflight_checks
+from monitord.remote.agent_client import AreaStaging
 from monitord.remote.remote_link import RemoteLink
 from monitord.remote.shared_facts import SharedFacts
 from monitord.store.state_db import Store
@@ -382,15 +383,12 @@ class PhaseActions:
             destination_generation=destination_generation,
         )
         staged = self._staged.pop(txn.transaction_id, None)
-
-        async def promote(expect: str) -> bool:
-            return await link.agent.promote(area=txn.area, data_dir=remote_dir, expect=expect)
-
         async with link.session() as conn:
             if source is Side.LOCAL:
                 report = await area_copy.upload(
                     conn, local_dir=local, remote_dir=remote_dir, staged=staged,
-                    vps_command=self._vps_command(), promote=promote,
+                    vps_command=self._vps_command(),
+                    agent=AreaStaging(link.agent, txn.area, remote_dir),
                 )
             else:
                 report = await area_copy.download(
@@ -446,6 +444,7 @@ class PhaseActions:
                     staged = await area_copy.pre_upload(
                         conn, local_dir=local, remote_dir=remote_dir,
                         vps_command=self._vps_command(),
+                        agent=AreaStaging(self.remote.agent, txn.area, remote_dir),
                     )
                 else:
                     staged = await area_copy.pre_download(

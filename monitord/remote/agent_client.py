@@ -23,6 +23,7 @@ orchestrator's frozen values.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import time
@@ -45,6 +46,8 @@ PROMOTE_TIMEOUT_S = 60.0
 # object (one area, or one line per renewed area): 1 MiB is the same margin.
 MAX_INVENTORY_BYTES = 8 * 1024 * 1024
 MAX_RESPONSE_BYTES = 1024 * 1024
+# A staging dir's listing, base64 in JSON: a copy refuses a listing over 64 MiB anyway.
+MAX_LISTING_ANSWER_BYTES = (64 << 20) * 4 // 3 + 4096
 MAX_HEAD_BYTES = 16 * 1024
 _CHUNK_BYTES = 64 * 1024
 _DETAIL_CHARS = 200  # of an agent-supplied error detail kept in ours
@@ -266,6 +269,36 @@ class AgentClient:
             raise _malformed(where, f"promoted is {type(promoted).__name__}, not a boolean")
         return promoted
 
+    async def reset_staging(self, *, area: str, data_dir: str,
+                            timeout_s: float = PROMOTE_TIMEOUT_S) -> None:
+        """The staging dir beside `data_dir` made empty (where a copy to it starts). An agent
+        without this route (an older one) answers UNKNOWN_AREA."""
+        where = f"POST /v1/areas/{area}/staging"
+        doc = _object(await self._call(
+            "POST", f"/v1/areas/{area}/staging",
+            body={"data_dir": data_dir, "action": "reset"}, timeout_s=timeout_s,
+        ), where=where)
+        if doc.get("action") != "reset":
+            raise _malformed(where, f"it answers for action {doc.get('action')!r:.20}")
+
+    async def staging_listing(self, *, area: str, data_dir: str,
+                              timeout_s: float = PROMOTE_TIMEOUT_S) -> bytes:
+        """The listing (`sha256sum` format, as the tree-digest verb prints it) of the staging
+        dir beside `data_dir`, every file fsynced there. UNKNOWN_AREA from an older agent."""
+        where = f"POST /v1/areas/{area}/staging"
+        doc = _object(await self._call(
+            "POST", f"/v1/areas/{area}/staging",
+            body={"data_dir": data_dir, "action": "digest"}, timeout_s=timeout_s,
+            limit=MAX_LISTING_ANSWER_BYTES,
+        ), where=where)
+        encoded = doc.get("listing")
+        if not isinstance(encoded, str):
+            raise _malformed(where, f"listing is {type(encoded).__name__}, not a string")
+        try:
+            return base64.b64decode(encoded, validate=True)
+        except ValueError as e:
+            raise _malformed(where, f"listing is not base64: {e}") from e
+
     async def stop(self, *, area: str, generation: int) -> str:
         """Stop the process at `generation`, keep the entry: 'stopped' or 'absent'."""
         result = await self._call(
@@ -364,6 +397,25 @@ def _parse_json(raw: bytes) -> Any:
         return json.loads(raw.decode("utf-8"))
     except (ValueError, RecursionError):  # bad UTF-8 or JSON, too many digits, too deep
         return None
+
+
+@dataclass(frozen=True, slots=True)
+class AreaStaging:
+    """One area's staging dir on the VPS as the agent answers for it: what a copy there asks
+    (monitord.remote.area_copy.StagingAgent)."""
+
+    client: AgentClient
+    area: str
+    data_dir: str
+
+    async def reset(self) -> None:
+        await self.client.reset_staging(area=self.area, data_dir=self.data_dir)
+
+    async def listing(self) -> bytes:
+        return await self.client.staging_listing(area=self.area, data_dir=self.data_dir)
+
+    async def promote(self, expect: str) -> bool:
+        return await self.client.promote(area=self.area, data_dir=self.data_dir, expect=expect)
 
 
 def _malformed(where: str, what: str) -> AgentUnreachable:

@@ -7,10 +7,14 @@ Called by the migration engine. Both directions follow the same protocol:
      be equal: every hash, no file missing, none extra;
   4. only then the staging dir replaces the destination dir by rename (and is fsynced).
 The VPS side of steps 1 and 3 is `monitord.pyz tree-digest` (monitord.base.tree_digest).
-On an upload, steps 3 and 4 are one call to the agent (`promote`, given by the caller; no
-new process inside the downtime), or else one exec of the verb: the PBX passes the SHA-256
-of the listing it expects, and the VPS renames only if its own listing hashes the same
-(`--expect`). When they differ, the verb's listing names the differences.
+On an upload the agent answers instead (`StagingAgent`, given by the caller): making the
+staging dir, digesting what a pre-copy put there, and steps 3 and 4 as one call — the PBX
+passes the SHA-256 of the listing it expects, and the VPS renames only if its own listing
+hashes the same. No shell and no Python start on the VPS, inside the downtime or out of it
+(on a VPS whose login shell sources a slow rc file, one exec cost 80 ms here). An agent
+without these routes (an older one) answers UNKNOWN_AREA, and the copy runs the shell and
+the verb (`--expect`) as before; when the listings differ, the verb's listing names the
+differences.
 A copy cut at any point leaves at most a staging dir behind (removed by the next try);
 the destination dir is either the old one or the complete new one, never a mix. A
 mismatch raises COPY_INCOMPLETE; the engine retries or rolls back.
@@ -54,7 +58,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO
+from typing import BinaryIO, Protocol, TypeVar
 
 import asyncssh
 
@@ -63,8 +67,21 @@ from monitord.base.atomic_file import fsync_path
 from monitord.remote import remote_exec, ssh_errors
 from orchestrator.errors import ErrorCode, MonitordError, error_for
 
-# The agent's promote: given the SHA-256 of the expected listing, True once promoted
-Promote = Callable[[str], Awaitable[bool]]
+
+class StagingAgent(Protocol):
+    """The agent's answers about one area's staging dir on the VPS (AgentClient's staging
+    routes, bound to the area and its data dir by the caller). Each raises UNKNOWN_AREA from
+    an agent without the route."""
+
+    async def reset(self) -> None:
+        """The staging dir made empty, its digest cache gone."""
+
+    async def listing(self) -> bytes:
+        """The staging dir's listing, every file fsynced (tree-digest's output format)."""
+
+    async def promote(self, expect: str) -> bool:
+        """True once the staging dir, its listing's SHA-256 being `expect`, has replaced
+        the data dir; False (nothing changed) when the listing differs."""
 STAGING_SUFFIX = tree_digest.STAGING_SUFFIX
 DIGESTS_SUFFIX = tree_digest.DIGESTS_SUFFIX  # the VPS's digest cache of a tree, beside it
 _CHUNK = 1 << 20
@@ -253,15 +270,16 @@ async def upload(
     progress: Progress | None = None,
     timeout_s: float = 600.0,
     staged: Staged | None = None,
-    promote: Promote | None = None,
+    agent: StagingAgent | None = None,
 ) -> CopyReport:
     """Copy local_dir to remote_dir on the VPS, verified there, swapped in by rename. With
     `staged` (a pre-copy of the same dirs), only what changed since is sent; if the VPS
     then finds the staging dir wrong, the copy is redone whole, once. `vps_command` runs
-    monitord.pyz on the VPS (its tree-digest verb checks the staging dir). `promote`, the
-    agent's answer to steps 3 and 4 (given the expected listing's SHA-256: promoted or
-    not), saves starting that verb while the area is down; the verb still answers when
-    the agent has no such route, and names the differences when it found some."""
+    monitord.pyz on the VPS (its tree-digest verb checks the staging dir). `agent` makes
+    the staging dir and answers steps 3 and 4 (given the expected listing's SHA-256:
+    promoted or not) with no new process on the VPS while the area is down; the shell and
+    the verb still answer when the agent has no such routes, and the verb names the
+    differences when it found some."""
     if staged is not None and not staged.matches(
         local_dir=local_dir, remote_dir=remote_dir, upload=True
     ):
@@ -276,7 +294,7 @@ async def upload(
     staging = remote_dir.rstrip("/") + STAGING_SUFFIX
     kept = {} if staged is None else staged.files
     if staged is None:  # a pre-copy made the staging dir: no round trip to make it again
-        await _script(conn, _PREPARE, staging)
+        await _reset_staging(conn, staging, agent)
     to_send = [e for e in manifest if kept.get(e.path) != e.sha256]
     gone = sorted(set(kept) - {e.path for e in manifest})
     done = total - sum(e.size for e in to_send)
@@ -306,7 +324,7 @@ async def upload(
     if not staged_lost:
         found = await _verify_and_promote(conn, remote_dir=remote_dir, staging=staging,
                                           expected=expected, vps_command=vps_command,
-                                          promote=promote)
+                                          agent=agent)
         if found is None:
             return CopyReport(files=len(manifest), bytes=total,
                               reused=len(manifest) - len(to_send))
@@ -316,26 +334,21 @@ async def upload(
     # the staging dir changed under us since the pre-copy: start it over, whole
     return await upload(conn, local_dir=local_dir, remote_dir=remote_dir,
                         vps_command=vps_command, progress=progress, timeout_s=timeout_s,
-                        promote=promote)
+                        agent=agent)
 
 
 async def _verify_and_promote(
     conn: asyncssh.SSHClientConnection, *, remote_dir: str, staging: str,
-    expected: dict[str, str], vps_command: Sequence[str], promote: Promote | None = None,
+    expected: dict[str, str], vps_command: Sequence[str], agent: StagingAgent | None = None,
 ) -> dict[str, str] | None:
     """Steps 3 and 4 of an upload, on the VPS: None once the staging dir, found to hold
     exactly `expected`, has replaced remote_dir; else what it holds (and nothing changed)."""
     during = f"upload to {remote_dir}"
     want = hashlib.sha256(tree_digest.listing(expected)).hexdigest()
-    if promote is not None:
-        try:
-            if await promote(want):
-                return None
-        except MonitordError as e:
-            if e.code != ErrorCode.UNKNOWN_AREA:  # (UNKNOWN_AREA: an agent without the route)
-                raise
-        # Differs (or no such route): the verb lists what the staging dir holds, and
-        # promotes it after all if that is what was expected.
+    if agent is not None and await _agent_answer(lambda: agent.promote(want)):
+        return None
+    # Differs (or no such route): the verb lists what the staging dir holds, and promotes
+    # it after all if that is what was expected.
     result = await remote_exec.run_script(
         conn, _VERIFY_PROMOTE, args=(remote_dir, staging, want, *vps_command),
         timeout_s=_SCRIPT_TIMEOUT_S, max_stdout=_MAX_LISTING_BYTES,
@@ -361,15 +374,16 @@ async def pre_upload(
     remote_dir: str,
     vps_command: Sequence[str],
     timeout_s: float = 600.0,
+    agent: StagingAgent | None = None,
 ) -> Staged:
     """While the source runs: put local_dir's files into the VPS staging dir, each hashed
     from the bytes sent, then let the VPS digest (and fsync) what arrived, so that the copy
     after the stop re-reads only what changed on either side. A file that changes meanwhile
-    is simply sent again by `upload`."""
+    is simply sent again by `upload`. `agent`: as for `upload`."""
     sent: dict[str, str] = {}
     cache: tree_digest.Cache = {}
     staging = remote_dir.rstrip("/") + STAGING_SUFFIX
-    await _script(conn, _PREPARE, staging)
+    await _reset_staging(conn, staging, agent)
     epoch, listing = await asyncio.to_thread(_pre_listing, local_dir)
     if listing:
         with _sftp_translated(f"pre-copy to {remote_dir}", timeout_s=timeout_s):
@@ -386,7 +400,14 @@ async def pre_upload(
                         sent[rel], identity = staged_file
                         if identity is not None:
                             cache[rel] = (identity, sent[rel])
-    found = await _digest(conn, _VERIFY, staging, vps_command, during=f"pre-copy to {remote_dir}")
+    during = f"pre-copy to {remote_dir}"
+    listed = None if agent is None else await _agent_answer(agent.listing)
+    if listed is None:
+        found = await _digest(conn, _VERIFY, staging, vps_command, during=during)
+    elif len(listed) > _MAX_LISTING_BYTES:
+        raise _incomplete(f"refusing {during}: more than {_MAX_LISTING_BYTES} bytes")
+    else:
+        found = _parse_listing(listed)
     files = {rel: sha for rel, sha in sent.items() if found.get(rel) == sha}
     return Staged(local_dir=local_dir, remote_dir=remote_dir, upload=True, files=files,
                   cache=cache)
@@ -683,6 +704,32 @@ async def remove_remote_leftovers(conn: asyncssh.SSHClientConnection, *, remote_
     """Remove a staging dir (and its manifest) a cut copy left on the VPS."""
     staging = remote_dir.rstrip("/") + STAGING_SUFFIX
     await _script(conn, 'rm -rf -- "$1" "$1.digests"', staging)
+
+
+T = TypeVar("T")
+
+
+async def _agent_answer(ask: Callable[[], Awaitable[T]]) -> T | None:
+    """`ask()`'s answer; None from an agent without the route (UNKNOWN_AREA: an older one),
+    which the caller then does over a shell instead."""
+    try:
+        return await ask()
+    except MonitordError as e:
+        if e.code != ErrorCode.UNKNOWN_AREA:
+            raise
+        return None
+
+
+async def _reset_staging(
+    conn: asyncssh.SSHClientConnection, staging: str, agent: StagingAgent | None
+) -> None:
+    async def reset() -> bool:
+        assert agent is not None
+        await agent.reset()
+        return True
+
+    if agent is None or not await _agent_answer(reset):
+        await _script(conn, _PREPARE, staging)
 
 
 async def _script(

@@ -18,6 +18,7 @@ or restart does not interrupt areas, and a daemon still stops when its lease lap
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import os
 import shutil
@@ -300,6 +301,27 @@ class AgentRuntime:
         log.info("area_data_promoted" if promoted else "area_data_differs", area=area,
                  data_dir=data_dir)
         return {"area": area, "promoted": promoted}
+
+    async def staging(self, area: str, *, data_dir: str, action: str) -> dict[str, Any]:
+        """POST /v1/areas/{area}/staging: the other two steps of a copy to the VPS that used
+        to be a shell and a Python start each. "reset": the staging dir beside `data_dir`
+        made empty, its digest cache gone (where a copy starts); "digest": its listing,
+        every file fsynced (what a pre-copy delivered). Neither touches `data_dir` itself."""
+        async with self._lock(area):
+            try:
+                if action == "reset":
+                    await asyncio.to_thread(tree_digest.reset_staging, Path(data_dir))
+                    return {"area": area, "action": action}
+                listing = await asyncio.to_thread(tree_digest.staging_listing, Path(data_dir))
+            except OSError as e:
+                raise AgentError(
+                    code="COPY_INCOMPLETE", status=500,
+                    detail=f"area {area}: cannot {action} the staging dir of {data_dir}:"
+                           f" {e.strerror or e}",
+                ) from e
+        # (base64: a listing is bytes, file names need not be UTF-8)
+        return {"area": area, "action": action,
+                "listing": base64.b64encode(listing).decode("ascii")}
 
     async def renew(
         self, *, owner_id: str, ttl_s: float, areas: Mapping[str, int]

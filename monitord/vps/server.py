@@ -276,6 +276,19 @@ async def promote_area_data(
     return Response(200, await runtime.promote(area, data_dir=data_dir, expect=expect))
 
 
+STAGING_ACTIONS = ("reset", "digest")
+
+
+async def area_staging(runtime: AgentRuntime, request: Request, name: str | None) -> Response:
+    area = _area(name)
+    doc = _document(request.body)
+    action = _text(doc, "action")
+    if action not in STAGING_ACTIONS:
+        raise bad_request(f"action must be one of {', '.join(STAGING_ACTIONS)}")
+    data_dir = runtime.validate_data_dir(_text(doc, "data_dir"))
+    return Response(200, await runtime.staging(area, data_dir=data_dir, action=action))
+
+
 async def renew_leases(runtime: AgentRuntime, request: Request, _: str | None) -> Response:
     body = parse_renew(request.body)
     # One bad name never fails the batch (every other area would lose its lease): the
@@ -294,6 +307,7 @@ ROUTES: tuple[tuple[str, re.Pattern[str], Handler], ...] = (
     ("PUT", re.compile(_AREA), put_area),
     ("POST", re.compile(_AREA + r"/stop"), stop_area),
     ("POST", re.compile(_AREA + r"/promote"), promote_area_data),
+    ("POST", re.compile(_AREA + r"/staging"), area_staging),
     ("DELETE", re.compile(_AREA), delete_area),
     ("POST", re.compile(r"/v1/leases/renew"), renew_leases),
 )

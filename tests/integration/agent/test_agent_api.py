@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import time
 from pathlib import Path
@@ -308,3 +309,63 @@ class TestPromote:
                                                  json_body=body)
             assert (status, answer["error"]["code"]) == (400, "BAD_REQUEST"), (body, answer)
         assert not (tmp_path / "elsewhere").exists()
+
+
+class TestStaging:
+    """POST /v1/areas/{area}/staging makes a copy's staging dir empty ("reset") or lists what
+    it holds, fsynced ("digest"); never touches the data dir, never outside the agent's dir."""
+
+    FILES = {"session.db": b"records", "media/a.jpg": b"\xff\xd8"}
+
+    async def _staging(self, agent: AgentProcess, body: object) -> tuple[int, Any]:
+        return await agent.request("POST", f"/v1/areas/{AREA}/staging", json_body=body)
+
+    async def test_reset_leaves_an_empty_staging_dir_and_no_digest_cache(
+        self, agent: AgentProcess
+    ) -> None:
+        data_dir = agent.base_dir / "data" / "tg" / AREA
+        data_dir.mkdir(parents=True)
+        (data_dir / "old.db").write_bytes(b"older data")
+        _stage(data_dir, self.FILES)
+        staging = data_dir.with_name(AREA + tree_digest.STAGING_SUFFIX)
+        cache = staging.with_name(staging.name + tree_digest.DIGESTS_SUFFIX)
+        cache.write_bytes(b"{}")
+        status, answer = await self._staging(agent, {"data_dir": str(data_dir),
+                                                     "action": "reset"})
+        assert (status, answer["action"]) == (200, "reset"), answer
+        assert staging.is_dir() and list(staging.iterdir()) == []
+        assert not cache.exists()
+        assert [p.name for p in data_dir.iterdir()] == ["old.db"]
+
+    async def test_digest_lists_the_staging_dir_as_the_verb_does(
+        self, agent: AgentProcess
+    ) -> None:
+        data_dir = agent.base_dir / "data" / "tg" / AREA
+        _stage(data_dir, self.FILES)
+        status, answer = await self._staging(agent, {"data_dir": str(data_dir),
+                                                     "action": "digest"})
+        assert status == 200, answer
+        expected = tree_digest.listing(
+            {rel: hashlib.sha256(data).hexdigest() for rel, data in self.FILES.items()})
+        assert base64.b64decode(answer["listing"]) == expected
+        assert not data_dir.exists()  # only the staging dir was read
+        # the cache it kept lets the next digest skip re-reading unchanged files
+        staging = data_dir.with_name(AREA + tree_digest.STAGING_SUFFIX)
+        assert set(tree_digest.load_cache(
+            staging.with_name(staging.name + tree_digest.DIGESTS_SUFFIX))) <= set(self.FILES)
+
+    async def test_bad_bodies_are_refused_with_400(
+        self, agent: AgentProcess, tmp_path: Path
+    ) -> None:
+        inside = str(agent.base_dir / "data" / "tg" / AREA)
+        bodies: tuple[object, ...] = (
+            {"data_dir": str(tmp_path / "elsewhere"), "action": "reset"},
+            {"data_dir": str(agent.base_dir), "action": "reset"},
+            {"data_dir": inside, "action": "remove"},
+            {"data_dir": inside}, {"action": "reset"}, [],
+        )
+        for body in bodies:
+            status, answer = await self._staging(agent, body)
+            assert (status, answer["error"]["code"]) == (400, "BAD_REQUEST"), (body, answer)
+        assert not (tmp_path / "elsewhere.staging").exists()
+        assert not Path(str(agent.base_dir) + tree_digest.STAGING_SUFFIX).exists()

@@ -43,12 +43,54 @@ def _tear_when_sent(remote: Path) -> Callable[[int, int], None]:
     return tear
 
 
-def _agent_promote(remote: Path, calls: list[str]) -> area_copy.Promote:
-    """What the agent runs for an upload's last step, on the same files (calls: each expect)."""
-    async def promote(expect: str) -> bool:
-        calls.append(expect)
-        return await asyncio.to_thread(tree_digest.verify_and_promote, remote, expect)
-    return promote
+class _Agent:
+    """What the agent runs for a copy's steps on the VPS, on the same files (`calls`: the
+    name of each step asked, with a promote's expected SHA-256)."""
+
+    def __init__(self, remote: Path) -> None:
+        self.remote = remote
+        self.calls: list[str] = []
+
+    async def reset(self) -> None:
+        self.calls.append("reset")
+        await asyncio.to_thread(tree_digest.reset_staging, self.remote)
+
+    async def listing(self) -> bytes:
+        self.calls.append("listing")
+        return await asyncio.to_thread(tree_digest.staging_listing, self.remote)
+
+    async def promote(self, expect: str) -> bool:
+        self.calls.append(f"promote {expect}")
+        return await asyncio.to_thread(tree_digest.verify_and_promote, self.remote, expect)
+
+    def promotes(self) -> int:
+        return sum(call.startswith("promote ") for call in self.calls)
+
+
+class _OlderAgent(_Agent):
+    """An agent without the staging and promote routes: UNKNOWN_AREA for each."""
+
+    async def reset(self) -> None:
+        raise MonitordError(ErrorCode.UNKNOWN_AREA, "no route /v1/areas/x/staging")
+
+    async def listing(self) -> bytes:
+        raise MonitordError(ErrorCode.UNKNOWN_AREA, "no route /v1/areas/x/staging")
+
+    async def promote(self, expect: str) -> bool:
+        raise MonitordError(ErrorCode.UNKNOWN_AREA, "no route /v1/areas/x/promote")
+
+
+def _counting_execs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every script run on the VPS from now on."""
+    execs: list[str] = []
+    original = remote_exec.run_script
+
+    async def counting(conn: Any, script: str, **kwargs: Any) -> Any:
+        execs.append(script)
+        return await original(conn, script, **kwargs)
+
+    monkeypatch.setattr(remote_exec, "run_script", counting)
+    return execs
 
 
 def _make_area(root: Path) -> None:
@@ -136,17 +178,16 @@ class TestVerification:
         _make_area(src)
         remote.mkdir(parents=True)
         (remote / "previous").write_bytes(b"generation 3")
-        calls: list[str] = []
-        promote = _agent_promote(remote, calls) if agent else None
+        helper = _Agent(remote)
         async with vps.connect() as conn:
             with pytest.raises(MonitordError) as err:
                 await area_copy.upload(
                     conn, vps_command=vps_command(), local_dir=src, remote_dir=str(remote),
-                    progress=_tear_when_sent(remote), promote=promote,
+                    progress=_tear_when_sent(remote), agent=helper if agent else None,
                 )
         assert err.value.code == ErrorCode.COPY_INCOMPLETE
         assert "session.db" in err.value.detail
-        assert len(calls) == int(agent)
+        assert helper.promotes() == int(agent)
         assert _tree(remote) == {"previous": hashlib.sha256(b"generation 3").hexdigest()}
 
     async def test_a_cut_upload_leaves_the_destination_as_it_was_and_a_retry_completes(
@@ -471,58 +512,96 @@ class TestDigestCaches:
         assert report.reused == 0
 
 
-class TestAgentPromote:
-    """Given the agent's promote, an upload's last step is one call, not a new process, and
-    an agent without that route leaves the step to the verb (a staging dir the agent finds
-    wrong: TestVerification)."""
+class TestAgentStaging:
+    """Given the agent, a copy to the VPS starts no process there: the agent makes the
+    staging dir, lists what a pre-copy put in it and promotes it. An agent without those
+    routes leaves each step to the shell and the verb (a staging dir the agent finds wrong:
+    TestVerification)."""
 
-    async def test_the_agent_promotes_a_verified_upload(
+    async def test_a_pre_copied_upload_runs_nothing_on_the_vps(
         self, vps: VpsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         src, remote = tmp_path / "src", tmp_path / "vps" / "data" / "p1"
         _make_area(src)
-        calls: list[str] = []
+        helper = _Agent(remote)
+        execs = _counting_execs(monkeypatch)
         async with vps.connect() as conn:
             staged = await area_copy.pre_upload(
-                conn, vps_command=vps_command(), local_dir=src, remote_dir=str(remote))
-            execs: list[str] = []
-            original = remote_exec.run_script
-
-            async def counting(conn: Any, script: str, **kwargs: Any) -> Any:
-                execs.append(script)
-                return await original(conn, script, **kwargs)
-
-            monkeypatch.setattr(remote_exec, "run_script", counting)
+                conn, vps_command=vps_command(), local_dir=src, remote_dir=str(remote),
+                agent=helper)
+            assert len(staged.files) == 3, staged  # all three were listed back as sent
             await area_copy.upload(
                 conn, vps_command=vps_command(), local_dir=src, remote_dir=str(remote),
-                staged=staged, promote=_agent_promote(remote, calls))
+                staged=staged, agent=helper)
         assert _tree(remote) == _tree(src)
-        assert len(calls) == 1 and execs == [], execs  # nothing ran on the VPS after the stop
+        assert execs == [], execs
+        assert [c.split()[0] for c in helper.calls] == ["reset", "listing", "promote"]
 
-    async def test_an_agent_without_the_route_leaves_it_to_the_verb(
-        self, vps: VpsServer, tmp_path: Path
+    async def test_an_upload_without_a_pre_copy_runs_nothing_on_the_vps(
+        self, vps: VpsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        src, remote = tmp_path / "src", tmp_path / "vps" / "data" / "p4"
+        _make_area(src)
+        remote.mkdir(parents=True)
+        (remote / "previous").write_bytes(b"generation 3")
+        stale = Path(str(remote) + area_copy.STAGING_SUFFIX)
+        (stale / "leftover").mkdir(parents=True)  # a cut copy's staging dir: reset away
+        helper = _Agent(remote)
+        execs = _counting_execs(monkeypatch)
+        async with vps.connect() as conn:
+            report = await area_copy.upload(conn, vps_command=vps_command(), local_dir=src,
+                                            remote_dir=str(remote), agent=helper)
+        assert _tree(remote) == _tree(src) and report.reused == 0
+        assert not (remote / "leftover").exists()
+        assert execs == [], execs
+        assert [c.split()[0] for c in helper.calls] == ["reset", "promote"]
+
+    async def test_an_agent_without_the_routes_leaves_them_to_the_vps_shell(
+        self, vps: VpsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         src, remote = tmp_path / "src", tmp_path / "vps" / "data" / "p2"
         _make_area(src)
+        execs = _counting_execs(monkeypatch)
+        async with vps.connect() as conn:
+            staged = await area_copy.pre_upload(
+                conn, vps_command=vps_command(), local_dir=src, remote_dir=str(remote),
+                agent=_OlderAgent(remote))
+            await area_copy.upload(conn, vps_command=vps_command(), local_dir=src,
+                                   remote_dir=str(remote), staged=staged,
+                                   agent=_OlderAgent(remote))
+        assert _tree(remote) == _tree(src)
+        assert len(staged.files) == 3
+        assert len(execs) == 3, execs  # make the staging dir, list it, check and promote it
 
-        async def older_agent(expect: str) -> bool:
-            raise MonitordError(ErrorCode.UNKNOWN_AREA, "no route /v1/areas/x/promote")
+    async def test_a_hostile_listing_from_the_agent_fails_the_pre_copy(
+        self, vps: VpsServer, tmp_path: Path
+    ) -> None:
+        src, remote = tmp_path / "src", tmp_path / "vps" / "data" / "p5"
+        _make_area(src)
+
+        class Hostile(_Agent):
+            async def listing(self) -> bytes:
+                return tree_digest.listing({"../../etc/passwd": "0" * 64})
 
         async with vps.connect() as conn:
-            await area_copy.upload(conn, vps_command=vps_command(), local_dir=src,
-                                   remote_dir=str(remote), promote=older_agent)
-        assert _tree(remote) == _tree(src)
+            with pytest.raises(MonitordError) as err:
+                await area_copy.pre_upload(conn, vps_command=vps_command(), local_dir=src,
+                                           remote_dir=str(remote), agent=Hostile(remote))
+        assert err.value.code == ErrorCode.COPY_INCOMPLETE
+        assert "etc/passwd" in err.value.detail, err.value.detail
+        assert not remote.exists()
 
     async def test_other_agent_errors_fail_the_copy(self, vps: VpsServer, tmp_path: Path) -> None:
         src, remote = tmp_path / "src", tmp_path / "vps" / "data" / "p3"
         _make_area(src)
 
-        async def busy_agent(expect: str) -> bool:
-            raise MonitordError(ErrorCode.DESTINATION_CONFLICT, "area runs here")
+        class Busy(_Agent):
+            async def promote(self, expect: str) -> bool:
+                raise MonitordError(ErrorCode.DESTINATION_CONFLICT, "area runs here")
 
         async with vps.connect() as conn:
             with pytest.raises(MonitordError) as err:
                 await area_copy.upload(conn, vps_command=vps_command(), local_dir=src,
-                                       remote_dir=str(remote), promote=busy_agent)
+                                       remote_dir=str(remote), agent=Busy(remote))
         assert err.value.code == ErrorCode.DESTINATION_CONFLICT
         assert not remote.exists()
