@@ -40,7 +40,7 @@ from monitord.remote.tunnel import ssh_connect
 from monitord.remote.tunnel.backoff import ReconnectBackoff
 from monitord.remote.tunnel.forwards import ForwardSet, ForwardStatus
 from monitord.remote.tunnel.lease_client import LeaseAnswer, LeaseClient, LeaseSession
-from monitord.remote.tunnel.standby import PROMOTE_TIMEOUT_S, Standby
+from monitord.remote.tunnel.standby import LOGIN_WAIT_S, PROMOTE_TIMEOUT_S, Standby
 from orchestrator.errors import ErrorCode, MonitordError, TransientError, error_for
 from orchestrator.tunnel_lease import LeaseRecord
 
@@ -279,7 +279,8 @@ class TunnelKeeper:
         self.attempt_times.append(now)
         await self._publish(state=TunnelState.CONNECTING, attempts=self._status.attempts + 1,
                             next_retry_at=None)
-        ready = (await self._standby.take(wait_s=self._config.connect_timeout_s)
+        wait_s = min(LOGIN_WAIT_S, self._config.connect_timeout_s)
+        ready = (await self._standby.take(wait_s=wait_s)
                  if self._standby is not None else None)
         if ready is not None:
             if await self._run_on(ready.conn, ready.helper):

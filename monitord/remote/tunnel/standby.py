@@ -7,7 +7,8 @@ OOM-killed), the keeper's next attempt takes the standby instead of connecting: 
 exchange, the login and the helper's start — most of a reconnect — are already done, and
 what is left is the lease (one JSON line each way) and the forwards. Only then is a new
 standby made. When the standby turns out dead too (the whole path is gone), the attempt
-finds out within `PROMOTE_TIMEOUT_S` and connects afresh, as it would have without one.
+finds out within `PROMOTE_TIMEOUT_S` and connects afresh, as it would have without one;
+a standby still logging in is waited for `LOGIN_WAIT_S` at most.
 
 The standby never takes the lease by itself and never opens a forward, so it cannot be a
 second owner; the lease decides between our own sessions exactly as after any reconnect
@@ -33,6 +34,10 @@ from orchestrator.errors import MonitordError
 # helper answers within a few round trips; a dead path would otherwise cost a full
 # request timeout before the fresh connect that is needed anyway.
 PROMOTE_TIMEOUT_S = 1.0
+# How long an attempt waits for a standby that is still logging in. One on its way is done
+# within a few round trips; one whose path died under it hangs until the connect time-out,
+# and waiting for that held a reconnect 8.5 s longer than a fresh login needed.
+LOGIN_WAIT_S = 1.0
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,8 @@ way when it is dead too."""
 
 from __future__ import annotations
 
+import time
+
 from monitord.remote.tunnel.keeper import TunnelKeeper
 from tests.integration.tunnel.conftest import (
     Captured,
@@ -98,6 +100,34 @@ class TestStandby:
             )
             assert second.lease is not None
             assert any(e["event"] == "tunnel_standby_unusable" for e in captured.events)
+            assert await round_trip(forward.listen) == b"ping\n"
+
+    async def test_a_standby_stuck_logging_in_is_not_waited_for(
+        self, vps: Vps, echo: EchoServer, captured: Captured
+    ) -> None:
+        """The path dies while the standby is logging in: its login hangs until the connect
+        time-out, and the reconnect must not wait for that before logging in afresh."""
+        forward = reverse_to(echo)
+        config = remote_section(vps, reverse=(forward,))
+        async with running_keeper(config, captured=captured) as keeper:
+            await keeper.wait_connected(timeout_s=20)
+            standby_pid = await _standby_ready(vps, keeper)
+            vps.sshd.kill_session(standby_pid)
+            await poll(lambda: keeper._standby is not None and keeper._standby._ready is None,
+                       timeout_s=10, what="the standby lost")
+            # every flow goes silent — the tunnel's and the standby's next login — until the
+            # standby's login is under way; then new flows pass again
+            accepted = vps.proxy.accepted
+            vps.proxy.blackhole(new_too=True)
+            await poll(lambda: vps.proxy.accepted > accepted, timeout_s=10,
+                       what="the standby's next login")
+            login_started = time.monotonic()
+            vps.proxy.heal()
+            await keeper.wait_for(lambda s: s.connected and s.reconnects == 2, timeout_s=20)
+            took = time.monotonic() - login_started
+            assert took < config.connect_timeout_s, (
+                f"the reconnect came {took:.1f} s after the stuck login began: it waited for it"
+            )
             assert await round_trip(forward.listen) == b"ping\n"
 
     async def test_closing_the_keeper_ends_the_standby_session_too(
