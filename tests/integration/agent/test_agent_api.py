@@ -246,19 +246,28 @@ def _stage(data_dir: Path, files: dict[str, bytes]) -> None:
         (staging / rel).write_bytes(data)
 
 
+STAGED_FILES = {"session.db": b"records", "media/a.jpg": b"\xff\xd8"}
+
+
+def _older_data_and_staged(agent: AgentProcess, files: dict[str, bytes]) -> Path:
+    """AREA's data dir holding older data (old.db), `files` in its staging dir beside it."""
+    data_dir = agent.base_dir / "data" / "tg" / AREA
+    data_dir.mkdir(parents=True)
+    (data_dir / "old.db").write_bytes(b"older data")
+    _stage(data_dir, files)
+    return data_dir
+
+
 class TestPromote:
     """POST /v1/areas/{area}/promote swaps an upload's staging dir in only when it lists
     exactly as expected, never under a running daemon, never outside the agent's dir."""
 
-    FILES = {"session.db": b"records", "media/a.jpg": b"\xff\xd8"}
+    FILES = STAGED_FILES
 
     async def test_the_expected_staging_dir_replaces_the_data_dir(
         self, agent: AgentProcess
     ) -> None:
-        data_dir = agent.base_dir / "data" / "tg" / AREA
-        data_dir.mkdir(parents=True)
-        (data_dir / "old.db").write_bytes(b"older data")
-        _stage(data_dir, self.FILES)
+        data_dir = _older_data_and_staged(agent, self.FILES)
         status, answer = await agent.request(
             "POST", f"/v1/areas/{AREA}/promote",
             json_body={"data_dir": str(data_dir), "expect": _expect(self.FILES)})
@@ -269,10 +278,7 @@ class TestPromote:
         assert tree_digest.load_cache(data_dir.with_name(AREA + tree_digest.DIGESTS_SUFFIX))
 
     async def test_a_staging_dir_that_differs_changes_nothing(self, agent: AgentProcess) -> None:
-        data_dir = agent.base_dir / "data" / "tg" / AREA
-        data_dir.mkdir(parents=True)
-        (data_dir / "old.db").write_bytes(b"older data")
-        _stage(data_dir, {**self.FILES, "session.db": b"torn"})
+        data_dir = _older_data_and_staged(agent, {**self.FILES, "session.db": b"torn"})
         status, answer = await agent.request(
             "POST", f"/v1/areas/{AREA}/promote",
             json_body={"data_dir": str(data_dir), "expect": _expect(self.FILES)})
@@ -315,7 +321,7 @@ class TestStaging:
     """POST /v1/areas/{area}/staging makes a copy's staging dir empty ("reset") or lists what
     it holds, fsynced ("digest"); never touches the data dir, never outside the agent's dir."""
 
-    FILES = {"session.db": b"records", "media/a.jpg": b"\xff\xd8"}
+    FILES = STAGED_FILES
 
     async def _staging(self, agent: AgentProcess, body: object) -> tuple[int, Any]:
         return await agent.request("POST", f"/v1/areas/{AREA}/staging", json_body=body)
@@ -323,10 +329,7 @@ class TestStaging:
     async def test_reset_leaves_an_empty_staging_dir_and_no_digest_cache(
         self, agent: AgentProcess
     ) -> None:
-        data_dir = agent.base_dir / "data" / "tg" / AREA
-        data_dir.mkdir(parents=True)
-        (data_dir / "old.db").write_bytes(b"older data")
-        _stage(data_dir, self.FILES)
+        data_dir = _older_data_and_staged(agent, self.FILES)
         staging = data_dir.with_name(AREA + tree_digest.STAGING_SUFFIX)
         cache = staging.with_name(staging.name + tree_digest.DIGESTS_SUFFIX)
         cache.write_bytes(b"{}")

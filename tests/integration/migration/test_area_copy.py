@@ -275,18 +275,21 @@ def _change_area(root: Path) -> None:
 
 
 async def _pre_copy_then_upload(
-    vps: VpsServer, src: Path, remote: Path, *, meddle: Callable[[Path], None]
+    vps: VpsServer, src: Path, remote: Path, *,
+    meddle: Callable[[Path], None] = lambda _staging: None,
+    agent: area_copy.StagingAgent | None = None,
 ) -> area_copy.CopyReport:
     """Pre-copy src to remote, let `meddle` (given the VPS staging dir) change something,
-    then copy after the stop."""
+    then copy after the stop; both copies with `agent`."""
     async with vps.connect() as conn:
         staged = await area_copy.pre_upload(
-            conn, vps_command=vps_command(), local_dir=src, remote_dir=str(remote)
+            conn, vps_command=vps_command(), local_dir=src, remote_dir=str(remote),
+            agent=agent,
         )
         meddle(Path(str(remote) + area_copy.STAGING_SUFFIX))
         return await area_copy.upload(
             conn, vps_command=vps_command(), local_dir=src, remote_dir=str(remote),
-            staged=staged,
+            staged=staged, agent=agent,
         )
 
 
@@ -525,14 +528,8 @@ class TestAgentStaging:
         _make_area(src)
         helper = _Agent(remote)
         execs = _counting_execs(monkeypatch)
-        async with vps.connect() as conn:
-            staged = await area_copy.pre_upload(
-                conn, vps_command=vps_command(), local_dir=src, remote_dir=str(remote),
-                agent=helper)
-            assert len(staged.files) == 3, staged  # all three were listed back as sent
-            await area_copy.upload(
-                conn, vps_command=vps_command(), local_dir=src, remote_dir=str(remote),
-                staged=staged, agent=helper)
+        report = await _pre_copy_then_upload(vps, src, remote, agent=helper)
+        assert report.reused == 3, report  # all three were listed back as sent
         assert _tree(remote) == _tree(src)
         assert execs == [], execs
         assert [c.split()[0] for c in helper.calls] == ["reset", "listing", "promote"]
@@ -562,15 +559,9 @@ class TestAgentStaging:
         src, remote = tmp_path / "src", tmp_path / "vps" / "data" / "p2"
         _make_area(src)
         execs = _counting_execs(monkeypatch)
-        async with vps.connect() as conn:
-            staged = await area_copy.pre_upload(
-                conn, vps_command=vps_command(), local_dir=src, remote_dir=str(remote),
-                agent=_OlderAgent(remote))
-            await area_copy.upload(conn, vps_command=vps_command(), local_dir=src,
-                                   remote_dir=str(remote), staged=staged,
-                                   agent=_OlderAgent(remote))
+        report = await _pre_copy_then_upload(vps, src, remote, agent=_OlderAgent(remote))
         assert _tree(remote) == _tree(src)
-        assert len(staged.files) == 3
+        assert report.reused == 3
         assert len(execs) == 3, execs  # make the staging dir, list it, check and promote it
 
     async def test_a_hostile_listing_from_the_agent_fails_the_pre_copy(
