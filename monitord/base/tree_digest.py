@@ -210,22 +210,33 @@ def verify_and_promote(final: Path, expect: str) -> bool:
 
 def promote(final: Path) -> None:
     """Replace `final` by its staging dir (made empty if it was never made: an empty area),
-    its digest cache moving along, then fsync `final` and its parent."""
+    its digest cache moving along (`swap_in`); `final` itself fsynced too."""
     staging = final.with_name(final.name + STAGING_SUFFIX)
-    old = final.with_name(final.name + ".old")
     staging.mkdir(parents=True, exist_ok=True)
     final.parent.mkdir(parents=True, exist_ok=True)
-    if final.exists() or final.is_symlink():
-        _remove(old)
-        os.rename(final, old)
-    os.rename(staging, final)
-    _remove(old)
+    # The cache first: entries are keyed by inode and ctime, so until the swap below the
+    # staging tree's entries simply match none of the old tree's files.
     _remove(final.with_name(final.name + DIGESTS_SUFFIX))
     cache = staging.with_name(staging.name + DIGESTS_SUFFIX)
     if cache.exists():
         os.rename(cache, final.with_name(final.name + DIGESTS_SUFFIX))
+    swap_in(staging, final)
     fsync_path(final)
+
+
+def swap_in(staging: Path, final: Path) -> None:
+    """Replace `final` by `staging` by rename, durably: the old tree, moved aside to
+    `final.old`, is removed only once the renames are on disk (the parent fsynced), and only
+    as far as it can be — a leftover is removed by the next swap before its renames. Both
+    sides' copies end here (monitord.remote.area_copy on the PBX)."""
+    old = final.with_name(final.name + ".old")
+    _remove(old)
+    if final.exists() or final.is_symlink():
+        os.rename(final, old)
+    os.rename(staging, final)
     fsync_path(final.parent)
+    with contextlib.suppress(OSError):
+        _remove(old)
 
 
 def _remove(path: Path) -> None:

@@ -691,13 +691,7 @@ def _promote_local(staging: Path, final: Path, *,
     """Swap staging in for final, durably; the files a pre-copy settled (fsynced) and that
     are unchanged since are not fsynced again."""
     _fsync_tree(staging, settled)
-    old = final.with_name(final.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
-    if final.exists():
-        final.rename(old)
-    staging.rename(final)
-    fsync_path(final.parent)
-    shutil.rmtree(old, ignore_errors=True)
+    tree_digest.swap_in(staging, final)
 
 
 async def remove_remote_leftovers(conn: asyncssh.SSHClientConnection, *, remote_dir: str) -> None:

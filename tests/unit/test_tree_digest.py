@@ -176,3 +176,23 @@ class TestVerifyAndPromote:
         final = tmp_path / "area"
         assert tree_digest.verify_and_promote(final, hashlib.sha256(b"").hexdigest())
         assert final.is_dir() and list(final.iterdir()) == []
+
+
+class TestSwapIn:
+    """Both sides' last step of a copy: the staging tree takes the final name by rename."""
+
+    def test_a_final_that_is_a_symlink_is_moved_aside_never_followed(
+        self, tmp_path: Path
+    ) -> None:
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        (elsewhere / "keep").write_bytes(b"not ours")
+        final = tmp_path / "area"
+        final.symlink_to(elsewhere)
+        staging = tmp_path / "staging"
+        staging.mkdir()
+        (staging / "new.db").write_bytes(b"new")
+        tree_digest.swap_in(staging, final)
+        assert not final.is_symlink() and [p.name for p in final.iterdir()] == ["new.db"]
+        assert [p.name for p in elsewhere.iterdir()] == ["keep"]
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["area", "elsewhere"]
