@@ -8,9 +8,13 @@ import dataclasses
 import json
 import signal
 import sys
+import threading
 from pathlib import Path
+from typing import Any
 
-from monitord.base import proc_identity
+import pytest
+
+from monitord.base import atomic_file, proc_identity
 from monitord.local.supervisor import AreaRun, LocalSupervisor
 from monitord.testing.split_brain import Detector
 from tests.integration.supervisor.conftest import fake_run
@@ -199,3 +203,53 @@ class TestLoopStaysResponsive:
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)
         assert set(range(1, len(areas))) <= set(seen), f"the loop waited for a batch: {seen}"
+
+
+class TestShutdownDuringTheRecordWrite:
+    """A shutdown that lands while a new daemon's record is being written (in a thread)
+    leaves that daemon recorded: the next instance adopts it, never a second one."""
+
+    async def test_the_next_instance_adopts_the_daemon_whose_record_was_being_written(
+        self, detector: Detector, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        state_dir = tmp_path / "state"
+        writing, release = threading.Event(), threading.Event()
+        original = atomic_file.atomic_write_bytes
+
+        def slow_write(path: Path, data: bytes, **kwargs: Any) -> None:
+            if path.parent.name == "records":
+                writing.set()
+                release.wait(10)
+            original(path, data, **kwargs)
+
+        monkeypatch.setattr(atomic_file, "atomic_write_bytes", slow_write)
+        run = fake_run(detector, tmp_path, area=AREA)
+        first = LocalSupervisor(state_dir=state_dir, stop_grace_s=2.0)
+        first.set_desired({AREA: run})
+        await first.start()
+        assert await asyncio.to_thread(writing.wait, 10), "the record write never began"
+        pid = first.inventory()[0].pid
+        assert pid is not None
+        await first.close()  # the shutdown, while the write waits
+        release.set()
+        record = state_dir / "records" / f"{AREA}.json"
+        await wait_until(record.exists, timeout_s=10, what="the record, written after all")
+        assert json.loads(record.read_text())["identity"]["pid"] == pid
+
+        successor = LocalSupervisor(state_dir=state_dir, stop_grace_s=2.0)
+        try:
+            report = await successor.adopt_or_stop_survivors({AREA: run})
+            assert report.adopted == (AREA,), report
+            await successor.start()
+            await asyncio.sleep(0.5)  # time for a wrong second start to show
+            assert [k.pid for k in detector.alive(AREA)] == [pid]
+            assert detector.overlaps() == []
+        finally:
+            await successor.close()
+            assert await successor.stop_all(grace_s=1.0)
+            # the daemon and its log sink are this process's children (the first instance
+            # started them in-process): reap them now that the successor stopped them
+            slot = first._slots[AREA]
+            for child in (slot.popen, slot.sink):
+                if child is not None:
+                    await asyncio.to_thread(child.wait, 10)
