@@ -189,10 +189,16 @@ def reset_staging(final: Path) -> None:
 def staging_listing(final: Path) -> bytes:
     """The listing of `final`'s staging dir (what `tree-digest --sync` prints for it): every
     file and directory fsynced, its digest cache kept up to date."""
-    staging = final.with_name(final.name + STAGING_SUFFIX)
-    cache_path = staging.with_name(staging.name + DIGESTS_SUFFIX)
-    found, fresh = digest_tree(staging, load_cache(cache_path), sync=True)
-    if staging.is_dir():
+    return cached_listing(final.with_name(final.name + STAGING_SUFFIX), sync=True)
+
+
+def cached_listing(root: Path, *, sync: bool = False,
+                   cache_path: Path | None = None) -> bytes:
+    """What `tree-digest --dir root --cache CACHE` prints (CACHE: `root.digests` unless
+    given), the cache brought up to date; nothing for a missing root."""
+    cache_path = cache_path or root.with_name(root.name + DIGESTS_SUFFIX)
+    found, fresh = digest_tree(root, load_cache(cache_path), sync=sync)
+    if root.is_dir():
         save_cache(cache_path, fresh)
     return listing({rel: sha for rel, (_, sha) in found.items()})
 
@@ -266,11 +272,11 @@ def run(args: argparse.Namespace) -> int:
     nothing (exit 0) when --dir does not exist. With --expect, the exit status says whether
     those lines are exactly the expected ones (so a script can act on the answer without
     another round trip)."""
-    cache = load_cache(args.cache) if args.cache is not None else None
-    found, fresh = digest_tree(args.dir, cache, sync=args.sync)
-    if args.cache is not None and args.dir.is_dir():
-        save_cache(args.cache, fresh)
-    text = listing({rel: sha for rel, (_, sha) in found.items()})
+    if args.cache is not None:
+        text = cached_listing(args.dir, sync=args.sync, cache_path=args.cache)
+    else:
+        found, _ = digest_tree(args.dir, sync=args.sync)
+        text = listing({rel: sha for rel, (_, sha) in found.items()})
     sys.stdout.buffer.write(text)
     sys.stdout.buffer.flush()
     if args.expect is not None and hashlib.sha256(text).hexdigest() != args.expect:

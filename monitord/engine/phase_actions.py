@@ -33,7 +33,7 @@ from monitord.engine.placement_state import PlacementState
 from monitord.local.supervisor import AreaRun, LocalSupervisor, area_run, expand
 from monitord.remote import area_copy, artifact
 from monitord.remote import preflight as preflight_checks
-from monitord.remote.agent_client import AreaStaging
+from monitord.remote.agent_client import AreaCopy
 from monitord.remote.remote_link import RemoteLink
 from monitord.remote.shared_facts import SharedFacts
 from monitord.store.state_db import Store
@@ -388,12 +388,13 @@ class PhaseActions:
                 report = await area_copy.upload(
                     conn, local_dir=local, remote_dir=remote_dir, staged=staged,
                     vps_command=self._vps_command(),
-                    agent=AreaStaging(link.agent, txn.area, remote_dir),
+                    agent=AreaCopy(link.agent, txn.area, remote_dir),
                 )
             else:
                 report = await area_copy.download(
                     conn, remote_dir=remote_dir, local_dir=local, staged=staged,
                     vps_command=self._vps_command(),
+                    agent=AreaCopy(link.agent, txn.area, remote_dir),
                 )
         txn_log.bound(txn).info(
             "area_copied", from_side=source.value, files=report.files, bytes=report.bytes,
@@ -444,12 +445,13 @@ class PhaseActions:
                     staged = await area_copy.pre_upload(
                         conn, local_dir=local, remote_dir=remote_dir,
                         vps_command=self._vps_command(),
-                        agent=AreaStaging(self.remote.agent, txn.area, remote_dir),
+                        agent=AreaCopy(self.remote.agent, txn.area, remote_dir),
                     )
                 else:
                     staged = await area_copy.pre_download(
                         conn, remote_dir=remote_dir, local_dir=local,
                         vps_command=self._vps_command(),
+                        agent=AreaCopy(self.remote.agent, txn.area, remote_dir),
                     )
         except MonitordError as e:
             log.warning("area_pre_copy_failed", error_code=e.code, detail=e.detail)

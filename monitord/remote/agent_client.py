@@ -285,10 +285,21 @@ class AgentClient:
                               timeout_s: float = PROMOTE_TIMEOUT_S) -> bytes:
         """The listing (`sha256sum` format, as the tree-digest verb prints it) of the staging
         dir beside `data_dir`, every file fsynced there. UNKNOWN_AREA from an older agent."""
-        where = f"POST /v1/areas/{area}/staging"
+        return await self._listing("staging", area=area, timeout_s=timeout_s,
+                                   body={"data_dir": data_dir, "action": "digest"})
+
+    async def data_listing(self, *, area: str, data_dir: str,
+                           timeout_s: float = PROMOTE_TIMEOUT_S) -> bytes:
+        """The listing of `data_dir` itself (its digest cache kept there): where a copy from
+        the VPS starts. UNKNOWN_AREA from an older agent."""
+        return await self._listing("listing", area=area, timeout_s=timeout_s,
+                                   body={"data_dir": data_dir})
+
+    async def _listing(self, route: str, *, area: str, body: dict[str, str],
+                       timeout_s: float) -> bytes:
+        where = f"POST /v1/areas/{area}/{route}"
         doc = _object(await self._call(
-            "POST", f"/v1/areas/{area}/staging",
-            body={"data_dir": data_dir, "action": "digest"}, timeout_s=timeout_s,
+            "POST", f"/v1/areas/{area}/{route}", body=body, timeout_s=timeout_s,
             limit=MAX_LISTING_ANSWER_BYTES,
         ), where=where)
         encoded = doc.get("listing")
@@ -400,13 +411,16 @@ def _parse_json(raw: bytes) -> Any:
 
 
 @dataclass(frozen=True, slots=True)
-class AreaStaging:
-    """One area's staging dir on the VPS as the agent answers for it: what a copy there asks
-    (monitord.remote.area_copy.StagingAgent)."""
+class AreaCopy:
+    """One area's data dir on the VPS, and the staging dir beside it, as the agent answers
+    for them: what a copy to or from the VPS asks (monitord.remote.area_copy.CopyAgent)."""
 
     client: AgentClient
     area: str
     data_dir: str
+
+    async def data_listing(self) -> bytes:
+        return await self.client.data_listing(area=self.area, data_dir=self.data_dir)
 
     async def reset(self) -> None:
         await self.client.reset_staging(area=self.area, data_dir=self.data_dir)

@@ -7,8 +7,9 @@ Called by the migration engine. Both directions follow the same protocol:
      be equal: every hash, no file missing, none extra;
   4. only then the staging dir replaces the destination dir by rename (and is fsynced).
 The VPS side of steps 1 and 3 is `monitord.pyz tree-digest` (monitord.base.tree_digest).
-On an upload the agent answers instead (`StagingAgent`, given by the caller): making the
-staging dir, digesting what a pre-copy put there, and steps 3 and 4 as one call — the PBX
+The agent answers instead (`CopyAgent`, given by the caller): a download's step 1, and on
+an upload making the staging dir, digesting what a pre-copy put there, and steps 3 and 4 as
+one call — the PBX
 passes the SHA-256 of the listing it expects, and the VPS renames only if its own listing
 hashes the same. No shell and no Python start on the VPS, inside the downtime or out of it
 (on a VPS whose login shell sources a slow rc file, one exec cost 80 ms here). An agent
@@ -68,10 +69,13 @@ from monitord.remote import remote_exec, ssh_errors
 from orchestrator.errors import ErrorCode, MonitordError, error_for
 
 
-class StagingAgent(Protocol):
-    """The agent's answers about one area's staging dir on the VPS (AgentClient's staging
-    routes, bound to the area and its data dir by the caller). Each raises UNKNOWN_AREA from
-    an agent without the route."""
+class CopyAgent(Protocol):
+    """The agent's answers about one area's data dir on the VPS and the staging dir beside
+    it (AgentClient's routes, bound to the area and its data dir by the caller: AreaCopy).
+    Each raises UNKNOWN_AREA from an agent without the route."""
+
+    async def data_listing(self) -> bytes:
+        """The data dir's own listing (tree-digest's output format, its cache kept)."""
 
     async def reset(self) -> None:
         """The staging dir made empty, its digest cache gone."""
@@ -270,7 +274,7 @@ async def upload(
     progress: Progress | None = None,
     timeout_s: float = 600.0,
     staged: Staged | None = None,
-    agent: StagingAgent | None = None,
+    agent: CopyAgent | None = None,
 ) -> CopyReport:
     """Copy local_dir to remote_dir on the VPS, verified there, swapped in by rename. With
     `staged` (a pre-copy of the same dirs), only what changed since is sent; if the VPS
@@ -339,7 +343,7 @@ async def upload(
 
 async def _verify_and_promote(
     conn: asyncssh.SSHClientConnection, *, remote_dir: str, staging: str,
-    expected: dict[str, str], vps_command: Sequence[str], agent: StagingAgent | None = None,
+    expected: dict[str, str], vps_command: Sequence[str], agent: CopyAgent | None = None,
 ) -> dict[str, str] | None:
     """Steps 3 and 4 of an upload, on the VPS: None once the staging dir, found to hold
     exactly `expected`, has replaced remote_dir; else what it holds (and nothing changed)."""
@@ -374,7 +378,7 @@ async def pre_upload(
     remote_dir: str,
     vps_command: Sequence[str],
     timeout_s: float = 600.0,
-    agent: StagingAgent | None = None,
+    agent: CopyAgent | None = None,
 ) -> Staged:
     """While the source runs: put local_dir's files into the VPS staging dir, each hashed
     from the bytes sent, then let the VPS digest (and fsync) what arrived, so that the copy
@@ -404,10 +408,8 @@ async def pre_upload(
     listed = None if agent is None else await _agent_answer(agent.listing)
     if listed is None:
         found = await _digest(conn, _VERIFY, staging, vps_command, during=during)
-    elif len(listed) > _MAX_LISTING_BYTES:
-        raise _incomplete(f"refusing {during}: more than {_MAX_LISTING_BYTES} bytes")
     else:
-        found = _parse_listing(listed)
+        found = _parse_agent_listing(listed, during=during)
     files = {rel: sha for rel, sha in sent.items() if found.get(rel) == sha}
     return Staged(local_dir=local_dir, remote_dir=remote_dir, upload=True, files=files,
                   cache=cache)
@@ -458,9 +460,11 @@ async def download(
     progress: Progress | None = None,
     timeout_s: float = 600.0,
     staged: Staged | None = None,
+    agent: CopyAgent | None = None,
 ) -> CopyReport:
     """Copy remote_dir from the VPS to local_dir, verified here, swapped in by rename. With
     `staged` (a pre-copy of the same dirs), only files whose hash changed are fetched.
+    `agent` lists remote_dir (else the tree-digest verb does, a Python start on the VPS).
 
     The VPS's listing is validated whole before anything is written (a bad one raises
     COPY_INCOMPLETE and leaves local_dir and its staging dir as they were); a file reached
@@ -469,7 +473,7 @@ async def download(
         local_dir=local_dir, remote_dir=remote_dir, upload=False
     ):
         staged = None
-    expected = await _remote_listing(conn, remote_dir, vps_command)
+    expected = await _remote_listing(conn, remote_dir, vps_command, agent)
     staging = local_dir.with_name(local_dir.name + STAGING_SUFFIX)
     kept = {} if staged is None else staged.files
     if staged is None:
@@ -500,7 +504,7 @@ async def download(
         if staged is not None:  # the staging dir changed under us: start it over, whole
             return await download(conn, remote_dir=remote_dir, local_dir=local_dir,
                                   vps_command=vps_command, progress=progress,
-                                  timeout_s=timeout_s)
+                                  timeout_s=timeout_s, agent=agent)
         raise _incomplete(f"downloaded copy of {remote_dir} differs in"
                           f" {_differences(got, expected)}")
     # What a pre-copy staged was fsynced before the stop: only what was written since costs
@@ -517,11 +521,12 @@ async def pre_download(
     local_dir: Path,
     vps_command: Sequence[str],
     timeout_s: float = 600.0,
+    agent: CopyAgent | None = None,
 ) -> Staged:
     """While the VPS's daemon runs: fetch remote_dir's files into the local staging dir,
     each hashed from the bytes written, and fsync them. The listing is checked as
     `download` checks it (and leaves the VPS a digest cache of the running tree)."""
-    listed = await _remote_listing(conn, remote_dir, vps_command)
+    listed = await _remote_listing(conn, remote_dir, vps_command, agent)
     staging = local_dir.with_name(local_dir.name + STAGING_SUFFIX)
     await asyncio.to_thread(_reset_dir, staging)
     fetched: dict[str, _Fetched] = {}
@@ -563,10 +568,21 @@ def _settle(staging: Path, fetched: dict[str, _Fetched]) -> tree_digest.Cache:
 
 
 async def _remote_listing(
-    conn: asyncssh.SSHClientConnection, remote_dir: str, vps_command: Sequence[str]
+    conn: asyncssh.SSHClientConnection, remote_dir: str, vps_command: Sequence[str],
+    agent: CopyAgent | None,
 ) -> dict[str, str]:
-    return await _digest(conn, _LIST, remote_dir, vps_command,
-                         during=f"the VPS's file listing of {remote_dir}")
+    during = f"the VPS's file listing of {remote_dir}"
+    listed = None if agent is None else await _agent_answer(agent.data_listing)
+    if listed is None:
+        return await _digest(conn, _LIST, remote_dir, vps_command, during=during)
+    return _parse_agent_listing(listed, during=during)
+
+
+def _parse_agent_listing(listed: bytes, *, during: str) -> dict[str, str]:
+    """An agent's listing, bounded and validated exactly as the verb's output."""
+    if len(listed) > _MAX_LISTING_BYTES:
+        raise _incomplete(f"refusing {during}: more than {_MAX_LISTING_BYTES} bytes")
+    return _parse_listing(listed)
 
 
 async def _digest(
@@ -715,7 +731,7 @@ async def _agent_answer(ask: Callable[[], Awaitable[T]]) -> T | None:
 
 
 async def _reset_staging(
-    conn: asyncssh.SSHClientConnection, staging: str, agent: StagingAgent | None
+    conn: asyncssh.SSHClientConnection, staging: str, agent: CopyAgent | None
 ) -> None:
     async def reset() -> bool:
         assert agent is not None

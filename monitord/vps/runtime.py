@@ -323,6 +323,20 @@ class AgentRuntime:
         return {"area": area, "action": action,
                 "listing": base64.b64encode(listing).decode("ascii")}
 
+    async def listing(self, area: str, *, data_dir: str) -> dict[str, Any]:
+        """POST /v1/areas/{area}/listing: `data_dir`'s own listing with its digest cache (what
+        the tree-digest verb prints for it), the first step of a copy from the VPS — read
+        while the area may still run here (a pre-copy) or after its stop."""
+        async with self._lock(area):
+            try:
+                listing = await asyncio.to_thread(tree_digest.cached_listing, Path(data_dir))
+            except OSError as e:
+                raise AgentError(
+                    code="COPY_INCOMPLETE", status=500,
+                    detail=f"area {area}: cannot list {data_dir}: {e.strerror or e}",
+                ) from e
+        return {"area": area, "listing": base64.b64encode(listing).decode("ascii")}
+
     async def renew(
         self, *, owner_id: str, ttl_s: float, areas: Mapping[str, int]
     ) -> dict[str, Any]:

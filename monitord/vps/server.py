@@ -289,6 +289,12 @@ async def area_staging(runtime: AgentRuntime, request: Request, name: str | None
     return Response(200, await runtime.staging(area, data_dir=data_dir, action=action))
 
 
+async def area_listing(runtime: AgentRuntime, request: Request, name: str | None) -> Response:
+    area = _area(name)
+    data_dir = runtime.validate_data_dir(_text(_document(request.body), "data_dir"))
+    return Response(200, await runtime.listing(area, data_dir=data_dir))
+
+
 async def renew_leases(runtime: AgentRuntime, request: Request, _: str | None) -> Response:
     body = parse_renew(request.body)
     # One bad name never fails the batch (every other area would lose its lease): the
@@ -308,6 +314,7 @@ ROUTES: tuple[tuple[str, re.Pattern[str], Handler], ...] = (
     ("POST", re.compile(_AREA + r"/stop"), stop_area),
     ("POST", re.compile(_AREA + r"/promote"), promote_area_data),
     ("POST", re.compile(_AREA + r"/staging"), area_staging),
+    ("POST", re.compile(_AREA + r"/listing"), area_listing),
     ("DELETE", re.compile(_AREA), delete_area),
     ("POST", re.compile(r"/v1/leases/renew"), renew_leases),
 )

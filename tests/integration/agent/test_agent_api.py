@@ -372,3 +372,32 @@ class TestStaging:
             assert (status, answer["error"]["code"]) == (400, "BAD_REQUEST"), (body, answer)
         assert not (tmp_path / "elsewhere.staging").exists()
         assert not Path(str(agent.base_dir) + tree_digest.STAGING_SUFFIX).exists()
+
+
+class TestListing:
+    """POST /v1/areas/{area}/listing lists an area's data dir as the tree-digest verb does,
+    keeping its digest cache beside it; never outside the agent's dir."""
+
+    async def test_it_lists_the_data_dir_as_the_verb_does(self, agent: AgentProcess) -> None:
+        data_dir = agent.base_dir / "data" / "tg" / AREA
+        for rel, data in STAGED_FILES.items():
+            (data_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+            (data_dir / rel).write_bytes(data)
+        status, answer = await agent.request("POST", f"/v1/areas/{AREA}/listing",
+                                             json_body={"data_dir": str(data_dir)})
+        assert status == 200, answer
+        assert base64.b64decode(answer["listing"]) == tree_digest.listing(
+            {rel: hashlib.sha256(data).hexdigest() for rel, data in STAGED_FILES.items()})
+        assert data_dir.with_name(AREA + tree_digest.DIGESTS_SUFFIX).is_file()
+
+    async def test_a_missing_dir_lists_nothing_and_bad_bodies_are_refused(
+        self, agent: AgentProcess, tmp_path: Path
+    ) -> None:
+        missing = agent.base_dir / "data" / "tg" / AREA
+        status, answer = await agent.request("POST", f"/v1/areas/{AREA}/listing",
+                                             json_body={"data_dir": str(missing)})
+        assert (status, answer["listing"]) == (200, ""), answer
+        for body in ({"data_dir": str(tmp_path)}, {"data_dir": str(agent.base_dir)}, {}, []):
+            status, answer = await agent.request("POST", f"/v1/areas/{AREA}/listing",
+                                                 json_body=body)
+            assert (status, answer["error"]["code"]) == (400, "BAD_REQUEST"), (body, answer)

@@ -51,6 +51,10 @@ class _Agent:
         self.remote = remote
         self.calls: list[str] = []
 
+    async def data_listing(self) -> bytes:
+        self.calls.append("data_listing")
+        return await asyncio.to_thread(tree_digest.cached_listing, self.remote)
+
     async def reset(self) -> None:
         self.calls.append("reset")
         await asyncio.to_thread(tree_digest.reset_staging, self.remote)
@@ -68,7 +72,10 @@ class _Agent:
 
 
 class _OlderAgent(_Agent):
-    """An agent without the staging and promote routes: UNKNOWN_AREA for each."""
+    """An agent without the listing, staging and promote routes: UNKNOWN_AREA for each."""
+
+    async def data_listing(self) -> bytes:
+        raise MonitordError(ErrorCode.UNKNOWN_AREA, "no route /v1/areas/x/listing")
 
     async def reset(self) -> None:
         raise MonitordError(ErrorCode.UNKNOWN_AREA, "no route /v1/areas/x/staging")
@@ -277,7 +284,7 @@ def _change_area(root: Path) -> None:
 async def _pre_copy_then_upload(
     vps: VpsServer, src: Path, remote: Path, *,
     meddle: Callable[[Path], None] = lambda _staging: None,
-    agent: area_copy.StagingAgent | None = None,
+    agent: area_copy.CopyAgent | None = None,
 ) -> area_copy.CopyReport:
     """Pre-copy src to remote, let `meddle` (given the VPS staging dir) change something,
     then copy after the stop; both copies with `agent`."""
@@ -596,3 +603,63 @@ class TestAgentStaging:
                                        remote_dir=str(remote), agent=Busy(remote))
         assert err.value.code == ErrorCode.DESTINATION_CONFLICT
         assert not remote.exists()
+
+
+class TestAgentListing:
+    """Given the agent, a copy from the VPS starts no process there either: the agent lists
+    the VPS's data dir, and that listing is held to every rule the verb's output is."""
+
+    async def test_a_pre_copied_download_runs_nothing_on_the_vps(
+        self, vps: VpsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        remote, back = tmp_path / "vps" / "data" / "l1", tmp_path / "back"
+        _make_area(remote)
+        helper = _Agent(remote)
+        execs = _counting_execs(monkeypatch)
+        async with vps.connect() as conn:
+            staged = await area_copy.pre_download(conn, vps_command=vps_command(),
+                                                  remote_dir=str(remote), local_dir=back,
+                                                  agent=helper)
+            _change_area(remote)
+            report = await area_copy.download(conn, vps_command=vps_command(),
+                                              remote_dir=str(remote), local_dir=back,
+                                              staged=staged, agent=helper)
+        assert _tree(back) == _tree(remote)
+        assert (report.files, report.reused) == (3, 1)
+        assert execs == [], execs
+        assert helper.calls == ["data_listing", "data_listing"]
+
+    async def test_an_agent_without_the_route_leaves_it_to_the_verb(
+        self, vps: VpsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        remote, back = tmp_path / "vps" / "data" / "l2", tmp_path / "back"
+        _make_area(remote)
+        execs = _counting_execs(monkeypatch)
+        async with vps.connect() as conn:
+            await area_copy.download(conn, vps_command=vps_command(), remote_dir=str(remote),
+                                     local_dir=back, agent=_OlderAgent(remote))
+        assert _tree(back) == _tree(remote)
+        assert len(execs) == 1, execs
+
+    async def test_a_hostile_listing_from_the_agent_writes_nothing_here(
+        self, vps: VpsServer, tmp_path: Path
+    ) -> None:
+        remote, back = tmp_path / "vps" / "data" / "l3", tmp_path / "back"
+        _make_area(remote)
+        back.mkdir()
+        (back / "keep").write_bytes(b"old")
+
+        class Hostile(_Agent):
+            async def data_listing(self) -> bytes:
+                return tree_digest.listing({"db/../../escape": "0" * 64})
+
+        async with vps.connect() as conn:
+            with pytest.raises(MonitordError) as err:
+                await area_copy.download(conn, vps_command=vps_command(),
+                                         remote_dir=str(remote), local_dir=back,
+                                         agent=Hostile(remote))
+        assert err.value.code == ErrorCode.COPY_INCOMPLETE
+        assert "escape" in err.value.detail, err.value.detail
+        assert _tree(back) == {"keep": hashlib.sha256(b"old").hexdigest()}
+        assert not (tmp_path / "escape").exists()
+        assert not back.with_name(back.name + area_copy.STAGING_SUFFIX).exists()

@@ -69,6 +69,8 @@ class TestPreCopy:
         stack = await stack_factory(services={"tg": 2}, data_bytes=256 * 1024,
                                     remote_overrides={"pre_copy_min_bytes": 128 * 1024})
         await stack.wait_settled(expect={"tg": "local"})
+        assert stack.vps is not None
+        commands_before = len(stack.vps.command_log)
         await stack.place("tg", "remote")
         await stack.wait_settled(expect={"tg": "remote"})
         await stack.place("tg", "local")
@@ -77,6 +79,10 @@ class TestPreCopy:
         copied = stack.events("area_copied")
         assert len(pre) == len(copied) == 4, (pre, copied)
         assert stack.events("area_pre_copy_skipped") == []
+        # the agent answered every VPS step of the copies: no shell, no Python start for them
+        copy_execs = [c for c in stack.vps.command_log[commands_before:]
+                      if "tree-digest" in c or ".digests" in c]
+        assert copy_execs == [], copy_execs
         # the fake daemon's bulk data does not change while it runs: it is staged once
         assert all(event["reused"] >= 1 for event in copied), copied
 
