@@ -47,16 +47,17 @@ async def open_connection(config: RemoteSection) -> asyncssh.SSHClientConnection
     failure a MonitordError, with no hop left open."""
     during = target = describe(config)
     head: asyncssh.SSHClientConnection | None = None  # the last hop open: it owns the others
+    file = _SshConfigFile(config)
     try:
         async with asyncio.timeout(config.connect_timeout_s):
-            hops = await _jump_hops(config)
+            hops = await _jump_hops(config, file)
             for hop in hops:
                 during = f"{target}: jump host {hop}"
-                head = await _open(config, host=hop.host, port=hop.port or (),
+                head = await _open(config, file, host=hop.host, port=hop.port or (),
                                    username=hop.user or (), tunnel=head)
             if hops:
                 during = f"{target} via {','.join(str(hop) for hop in hops)}"
-            return await _open(config, host=config.host,
+            return await _open(config, file, host=config.host,
                                port=config.port if config.port_is_set() else (),
                                username=config.user, tunnel=head)
     except ssh_errors.CONNECT_ERRORS as e:
@@ -69,6 +70,7 @@ async def open_connection(config: RemoteSection) -> asyncssh.SSHClientConnection
 
 async def _open(
     config: RemoteSection,
+    file: _SshConfigFile,
     *,
     host: str,
     port: int | tuple[()],
@@ -90,7 +92,7 @@ async def _open(
         keepalive_interval=config.keepalive_interval_s,
         keepalive_count_max=config.keepalive_count_max,
         login_timeout=config.connect_timeout_s,
-        encryption_algs=await _ciphers(config, host),
+        encryption_algs=await _ciphers(file, host),
     )
     if tunnel is not None:
         # What asyncssh does for hops it opens itself: closing conn closes the hop too.
@@ -98,11 +100,12 @@ async def _open(
     return conn
 
 
-async def _jump_hops(config: RemoteSection) -> tuple[JumpHop, ...]:
+async def _jump_hops(config: RemoteSection, file: _SshConfigFile) -> tuple[JumpHop, ...]:
     configured = config.jump_hops()
     if config.ssh_config is None:
         return configured or ()
-    from_file = await _ssh_config_proxy_jump(config)  # also proves the file loads
+    from_file = (await file.options(config.host)).tunnel  # also proves the file loads
+    from_file = from_file if isinstance(from_file, str) else None
     if configured is not None:
         return configured
     try:
@@ -114,12 +117,6 @@ async def _jump_hops(config: RemoteSection) -> tuple[JumpHop, ...]:
         ) from e
 
 
-async def _ssh_config_proxy_jump(config: RemoteSection) -> str | None:
-    """The ProxyJump that remote.ssh_config gives for remote.host, if any."""
-    options = await _ssh_config_options(config, config.host)
-    return options.tunnel if isinstance(options.tunnel, str) else None
-
-
 def cipher_preference() -> list[str]:
     """asyncssh's encryption algorithms with PREFERRED_CIPHERS first (benchmarks' reference
     connections use it too, so that they pay what monitord pays)."""
@@ -127,29 +124,34 @@ def cipher_preference() -> list[str]:
     return [*PREFERRED_CIPHERS, *(alg for alg in defaults if alg not in PREFERRED_CIPHERS)]
 
 
-async def _ciphers(config: RemoteSection, host: str) -> list[str]:
+async def _ciphers(file: _SshConfigFile, host: str) -> list[str]:
     """The encryption algorithms for a hop to `host`, in order of preference."""
-    if config.ssh_config is not None:
-        chosen = [alg.decode() for alg in
-                  (await _ssh_config_options(config, host)).encryption_algs]
+    if file.config.ssh_config is not None:
+        chosen = [alg.decode() for alg in (await file.options(host)).encryption_algs]
         if chosen != [alg.decode() for alg in get_default_encryption_algs()]:
             return chosen  # the file's Ciphers, as written
     return cipher_preference()
 
 
-async def _ssh_config_options(
-    config: RemoteSection, host: str
-) -> asyncssh.SSHClientConnectionOptions:
-    try:
-        options: asyncssh.SSHClientConnectionOptions = (
-            await asyncssh.SSHClientConnectionOptions.construct(
-                config=[str(config.ssh_config)], host=host, username=config.user,
-                known_hosts=None, client_keys=None, agent_path=None,
-            )
-        )
-    except (OSError, ValueError) as e:
-        raise ssh_errors.translate_ssh_config(e, path=config.ssh_config) from e
-    return options
+class _SshConfigFile:
+    """remote.ssh_config as applied to each host of one connect, each read once (the hops
+    and the ciphers of the same host asked the file twice)."""
+
+    def __init__(self, config: RemoteSection) -> None:
+        self.config = config
+        self._by_host: dict[str, asyncssh.SSHClientConnectionOptions] = {}
+
+    async def options(self, host: str) -> asyncssh.SSHClientConnectionOptions:
+        if host not in self._by_host:
+            try:
+                self._by_host[host] = await asyncssh.SSHClientConnectionOptions.construct(
+                    config=[str(self.config.ssh_config)], host=host,
+                    username=self.config.user, known_hosts=None, client_keys=None,
+                    agent_path=None,
+                )
+            except (OSError, ValueError) as e:
+                raise ssh_errors.translate_ssh_config(e, path=self.config.ssh_config) from e
+        return self._by_host[host]
 
 
 async def _close(conn: asyncssh.SSHClientConnection | None) -> None:
