@@ -89,6 +89,7 @@ class CopyAgent(Protocol):
 STAGING_SUFFIX = tree_digest.STAGING_SUFFIX
 DIGESTS_SUFFIX = tree_digest.DIGESTS_SUFFIX  # the VPS's digest cache of a tree, beside it
 _CHUNK = 1 << 20
+_WRITES_IN_FLIGHT = 4  # chunks of one file a pre-copy has on the wire at once
 _SCRIPT_TIMEOUT_S = 60.0
 # Bounds on a VPS listing. An area's data dir (one messenger account's session, keys,
 # database and media cache) holds hundreds to a few tens of thousands of files; 200,000
@@ -428,9 +429,25 @@ async def _send_hashed(
     with os.fdopen(fd, "rb") as source:
         before = os.fstat(fd)
         async with sftp.open(target, "wb") as out:
-            while chunk := await asyncio.to_thread(source.read, _CHUNK):
-                digest.update(chunk)
-                await out.write(chunk)
+            # Several chunks on the wire at once (each at its own offset), as `sftp.put`
+            # does: one at a time left the link idle for a round trip per chunk.
+            writes: set[asyncio.Future[int]] = set()
+            offset = 0
+            try:
+                while chunk := await asyncio.to_thread(source.read, _CHUNK):
+                    digest.update(chunk)
+                    if len(writes) >= _WRITES_IN_FLIGHT:
+                        done, writes = await asyncio.wait(
+                            writes, return_when=asyncio.FIRST_COMPLETED)
+                        for write in done:
+                            write.result()  # (a failed write fails the send)
+                    writes.add(asyncio.ensure_future(out.write(chunk, offset)))
+                    offset += len(chunk)
+                await asyncio.gather(*writes)
+            finally:
+                for write in writes:
+                    write.cancel()
+                await asyncio.gather(*writes, return_exceptions=True)
         after = os.fstat(fd)
     return digest.hexdigest(), tree_digest.cacheable(before, after, epoch)
 

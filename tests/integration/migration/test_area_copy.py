@@ -304,6 +304,49 @@ class TestPreCopy:
     """A pre-copy while the source runs stages its files; the copy after the stop sends
     only what changed, removes what is gone and still promotes only a verified whole."""
 
+    async def test_a_file_of_many_chunks_arrives_whole_and_hashed_in_order(
+        self, vps: VpsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr(area_copy, "_CHUNK", 4096)  # 64 chunks, several on the wire
+        src, remote = tmp_path / "src", tmp_path / "vps" / "data" / "c1"
+        src.mkdir()
+        data = os.urandom(64 * 4096 - 100)
+        (src / "big.db").write_bytes(data)
+        async with vps.connect() as conn:
+            staged = await area_copy.pre_upload(conn, vps_command=vps_command(),
+                                                local_dir=src, remote_dir=str(remote))
+        staging = Path(str(remote) + area_copy.STAGING_SUFFIX)
+        assert (staging / "big.db").read_bytes() == data
+        assert staged.files == {"big.db": hashlib.sha256(data).hexdigest()}
+
+    async def test_a_connection_lost_mid_file_fails_the_pre_copy_and_leaves_no_task(
+        self, vps: VpsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr(area_copy, "_CHUNK", 64 * 1024)
+        src, remote = tmp_path / "src", tmp_path / "vps" / "data" / "c2"
+        src.mkdir()
+        (src / "big.db").write_bytes(os.urandom(32 << 20))
+        staged_file = Path(str(remote) + area_copy.STAGING_SUFFIX) / "big.db"
+
+        async def drop_mid_file() -> None:
+            while not (staged_file.exists() and staged_file.stat().st_size >= 1 << 20):
+                await asyncio.sleep(0.001)
+            vps.stall()  # the writes on the wire now wait...
+            vps.drop_all_sessions()  # ...and the connection goes with them
+
+        tasks_before = asyncio.all_tasks()
+        async with vps.connect() as conn:
+            dropper = asyncio.create_task(drop_mid_file())
+            with pytest.raises(MonitordError):
+                async with asyncio.timeout(20):
+                    await area_copy.pre_upload(conn, vps_command=vps_command(),
+                                               local_dir=src, remote_dir=str(remote))
+            await dropper
+        vps.resume()
+        assert staged_file.stat().st_size < 32 << 20  # it was cut mid-file
+        assert asyncio.all_tasks() - tasks_before == set(), "a write outlived the copy"
+        assert not remote.exists()
+
     async def test_upload_after_a_pre_copy_sends_only_what_changed(
         self, vps: VpsServer, tmp_path: Path
     ) -> None:
