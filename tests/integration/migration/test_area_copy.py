@@ -18,7 +18,7 @@ from monitord.base import tree_digest
 from monitord.remote import area_copy, remote_exec
 from monitord.testing.vps_server import VpsServer
 from orchestrator.errors import ErrorCode, MonitordError
-from tests.support.agent_process import vps_command
+from tests.support.agent_process import vps_command, wait_until
 from tests.support.stat_tricks import aged, stealthy_rewrite
 
 
@@ -329,8 +329,8 @@ class TestPreCopy:
         staged_file = Path(str(remote) + area_copy.STAGING_SUFFIX) / "big.db"
 
         async def drop_mid_file() -> None:
-            while not (staged_file.exists() and staged_file.stat().st_size >= 1 << 20):
-                await asyncio.sleep(0.001)
+            await wait_until(lambda: staged_file.exists() and staged_file.stat().st_size
+                             >= 1 << 20, timeout_s=10, what="a MiB staged", interval_s=0.001)
             vps.stall()  # the writes on the wire now wait...
             vps.drop_all_sessions()  # ...and the connection goes with them
 
