@@ -9,13 +9,12 @@ Called by the migration engine. Both directions follow the same protocol:
 The VPS side of steps 1 and 3 is `monitord.pyz tree-digest` (monitord.base.tree_digest).
 The agent answers instead (`CopyAgent`, given by the caller): a download's step 1, and on
 an upload making the staging dir, digesting what a pre-copy put there, and steps 3 and 4 as
-one call — the PBX
-passes the SHA-256 of the listing it expects, and the VPS renames only if its own listing
-hashes the same. No shell and no Python start on the VPS, inside the downtime or out of it
-(on a VPS whose login shell sources a slow rc file, one exec cost 80 ms here). An agent
-without these routes (an older one) answers UNKNOWN_AREA, and the copy runs the shell and
-the verb (`--expect`) as before; when the listings differ, the verb's listing names the
-differences.
+one call — the PBX passes the SHA-256 of the listing it expects, and the VPS renames only
+if its own listing hashes the same. No shell and no Python start on the VPS, inside the
+downtime or out of it (on a VPS whose login shell sources a slow rc file, one exec cost
+80 ms here). An agent without these routes (an older one) answers UNKNOWN_AREA, and the
+copy runs the shell and the verb (`--expect`) as before; when the listings differ, the
+verb's listing names the differences.
 A copy cut at any point leaves at most a staging dir behind (removed by the next try);
 the destination dir is either the old one or the complete new one, never a mix. A
 mismatch raises COPY_INCOMPLETE; the engine retries or rolls back.
@@ -68,6 +67,21 @@ from monitord.base.atomic_file import fsync_path
 from monitord.remote import remote_exec, ssh_errors
 from orchestrator.errors import ErrorCode, MonitordError, error_for
 
+STAGING_SUFFIX = tree_digest.STAGING_SUFFIX
+DIGESTS_SUFFIX = tree_digest.DIGESTS_SUFFIX  # the VPS's digest cache of a tree, beside it
+_CHUNK = 1 << 20
+_WRITES_IN_FLIGHT = 4  # chunks of one file a pre-copy has on the wire at once
+_SCRIPT_TIMEOUT_S = 60.0
+# Bounds on a VPS listing. An area's data dir (one messenger account's session, keys,
+# database and media cache) holds hundreds to a few tens of thousands of files; 200,000
+# entries leaves an order of magnitude of room while bounding the PBX's work per copy. The
+# byte bound caps memory before parsing: 64 MiB is ~330 bytes per line at the entry bound
+# (a line is 64 hex + 2 spaces + "./" + a name, usually well under 200 bytes).
+_MAX_LISTING_ENTRIES = 200_000
+_MAX_LISTING_BYTES = 64 << 20
+_LINE = re.compile(rb"(\\?)([0-9a-f]{64})  (.+)", re.DOTALL)
+_UNESCAPE = {ord("\\"): "\\", ord("n"): "\n"}
+
 
 class CopyAgent(Protocol):
     """The agent's answers about one area's data dir on the VPS and the staging dir beside
@@ -86,20 +100,7 @@ class CopyAgent(Protocol):
     async def promote(self, expect: str) -> bool:
         """True once the staging dir, its listing's SHA-256 being `expect`, has replaced
         the data dir; False (nothing changed) when the listing differs."""
-STAGING_SUFFIX = tree_digest.STAGING_SUFFIX
-DIGESTS_SUFFIX = tree_digest.DIGESTS_SUFFIX  # the VPS's digest cache of a tree, beside it
-_CHUNK = 1 << 20
-_WRITES_IN_FLIGHT = 4  # chunks of one file a pre-copy has on the wire at once
-_SCRIPT_TIMEOUT_S = 60.0
-# Bounds on a VPS listing. An area's data dir (one messenger account's session, keys,
-# database and media cache) holds hundreds to a few tens of thousands of files; 200,000
-# entries leaves an order of magnitude of room while bounding the PBX's work per copy. The
-# byte bound caps memory before parsing: 64 MiB is ~330 bytes per line at the entry bound
-# (a line is 64 hex + 2 spaces + "./" + a name, usually well under 200 bytes).
-_MAX_LISTING_ENTRIES = 200_000
-_MAX_LISTING_BYTES = 64 << 20
-_LINE = re.compile(rb"(\\?)([0-9a-f]{64})  (.+)", re.DOTALL)
-_UNESCAPE = {ord("\\"): "\\", ord("n"): "\n"}
+
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes total)
 
