@@ -42,6 +42,9 @@ from monitord.base.atomic_file import atomic_write_bytes, fsync_path
 _CHUNK = 1 << 20
 _FORMAT = 1
 STAGING_SUFFIX = ".staging"  # where a copy is put together, beside the tree it replaces
+# The most of a listing the PBX reads from the VPS, however it arrives (the verb's output or
+# the agent's answer): see monitord.remote.area_copy for why 64 MiB.
+MAX_LISTING_BYTES = 64 << 20
 DIGESTS_SUFFIX = ".digests"  # the digest cache of a tree, beside it
 # (st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns)
 Identity = tuple[int, int, int, int, int]

@@ -383,18 +383,17 @@ class PhaseActions:
             destination_generation=destination_generation,
         )
         staged = self._staged.pop(txn.transaction_id, None)
+        agent = AreaCopy(link.agent, txn.area, remote_dir)
         async with link.session() as conn:
             if source is Side.LOCAL:
                 report = await area_copy.upload(
                     conn, local_dir=local, remote_dir=remote_dir, staged=staged,
-                    vps_command=self._vps_command(),
-                    agent=AreaCopy(link.agent, txn.area, remote_dir),
+                    vps_command=self._vps_command(), agent=agent,
                 )
             else:
                 report = await area_copy.download(
                     conn, remote_dir=remote_dir, local_dir=local, staged=staged,
-                    vps_command=self._vps_command(),
-                    agent=AreaCopy(link.agent, txn.area, remote_dir),
+                    vps_command=self._vps_command(), agent=agent,
                 )
         txn_log.bound(txn).info(
             "area_copied", from_side=source.value, files=report.files, bytes=report.bytes,
@@ -439,19 +438,18 @@ class PhaseActions:
         )
         log = txn_log.bound(txn)
         started = self._clock()
+        agent = AreaCopy(self.remote.agent, txn.area, remote_dir)
         try:
             async with self.remote.session() as conn:
                 if txn.source is Side.LOCAL:
                     staged = await area_copy.pre_upload(
                         conn, local_dir=local, remote_dir=remote_dir,
-                        vps_command=self._vps_command(),
-                        agent=AreaCopy(self.remote.agent, txn.area, remote_dir),
+                        vps_command=self._vps_command(), agent=agent,
                     )
                 else:
                     staged = await area_copy.pre_download(
                         conn, remote_dir=remote_dir, local_dir=local,
-                        vps_command=self._vps_command(),
-                        agent=AreaCopy(self.remote.agent, txn.area, remote_dir),
+                        vps_command=self._vps_command(), agent=agent,
                     )
         except MonitordError as e:
             log.warning("area_pre_copy_failed", error_code=e.code, detail=e.detail)

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import quote, urlencode
 
+from monitord.base import tree_digest
 from orchestrator import names
 from orchestrator.errors import ErrorCode, MonitordError, TransientError, error_for
 from orchestrator.models import ProcessInfo, RemoteEntry, RemoteInventory
@@ -46,8 +47,8 @@ PROMOTE_TIMEOUT_S = 60.0
 # object (one area, or one line per renewed area): 1 MiB is the same margin.
 MAX_INVENTORY_BYTES = 8 * 1024 * 1024
 MAX_RESPONSE_BYTES = 1024 * 1024
-# A staging dir's listing, base64 in JSON: a copy refuses a listing over 64 MiB anyway.
-MAX_LISTING_ANSWER_BYTES = (64 << 20) * 4 // 3 + 4096
+# A tree's listing, base64 in JSON: a copy refuses a longer listing anyway.
+MAX_LISTING_ANSWER_BYTES = tree_digest.MAX_LISTING_BYTES * 4 // 3 + 4096
 MAX_HEAD_BYTES = 16 * 1024
 _CHUNK_BYTES = 64 * 1024
 _DETAIL_CHARS = 200  # of an agent-supplied error detail kept in ours

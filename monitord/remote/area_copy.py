@@ -78,7 +78,7 @@ _SCRIPT_TIMEOUT_S = 60.0
 # byte bound caps memory before parsing: 64 MiB is ~330 bytes per line at the entry bound
 # (a line is 64 hex + 2 spaces + "./" + a name, usually well under 200 bytes).
 _MAX_LISTING_ENTRIES = 200_000
-_MAX_LISTING_BYTES = 64 << 20
+_MAX_LISTING_BYTES = tree_digest.MAX_LISTING_BYTES
 _LINE = re.compile(rb"(\\?)([0-9a-f]{64})  (.+)", re.DOTALL)
 _UNESCAPE = {ord("\\"): "\\", ord("n"): "\n"}
 
@@ -406,12 +406,9 @@ async def pre_upload(
                         sent[rel], identity = staged_file
                         if identity is not None:
                             cache[rel] = (identity, sent[rel])
-    during = f"pre-copy to {remote_dir}"
-    listed = None if agent is None else await _agent_answer(agent.listing)
-    if listed is None:
-        found = await _digest(conn, _VERIFY, staging, vps_command, during=during)
-    else:
-        found = _parse_agent_listing(listed, during=during)
+    found = await _vps_listing(conn, _VERIFY, staging, vps_command,
+                               ask=None if agent is None else agent.listing,
+                               during=f"pre-copy to {remote_dir}")
     files = {rel: sha for rel, sha in sent.items() if found.get(rel) == sha}
     return Staged(local_dir=local_dir, remote_dir=remote_dir, upload=True, files=files,
                   cache=cache)
@@ -589,15 +586,20 @@ async def _remote_listing(
     conn: asyncssh.SSHClientConnection, remote_dir: str, vps_command: Sequence[str],
     agent: CopyAgent | None,
 ) -> dict[str, str]:
-    during = f"the VPS's file listing of {remote_dir}"
-    listed = None if agent is None else await _agent_answer(agent.data_listing)
+    return await _vps_listing(conn, _LIST, remote_dir, vps_command,
+                              ask=None if agent is None else agent.data_listing,
+                              during=f"the VPS's file listing of {remote_dir}")
+
+
+async def _vps_listing(
+    conn: asyncssh.SSHClientConnection, script: str, tree: str, vps_command: Sequence[str],
+    *, ask: Callable[[], Awaitable[bytes]] | None, during: str,
+) -> dict[str, str]:
+    """A VPS tree's digest: the agent's answer to `ask`, else (no agent, or one without the
+    route) the verb's through `script`; either bounded and validated exactly alike."""
+    listed = None if ask is None else await _agent_answer(ask)
     if listed is None:
-        return await _digest(conn, _LIST, remote_dir, vps_command, during=during)
-    return _parse_agent_listing(listed, during=during)
-
-
-def _parse_agent_listing(listed: bytes, *, during: str) -> dict[str, str]:
-    """An agent's listing, bounded and validated exactly as the verb's output."""
+        return await _digest(conn, script, tree, vps_command, during=during)
     if len(listed) > _MAX_LISTING_BYTES:
         raise _incomplete(f"refusing {during}: more than {_MAX_LISTING_BYTES} bytes")
     return _parse_listing(listed)

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from monitord.base import log_sink, proc_identity, run_as, tree_digest
 from monitord.vps import event_log, lease_file, lease_table, spool_cache
@@ -48,6 +48,14 @@ class AgentError(PermanentError):
     def __init__(self, *, code: str, detail: str, status: int) -> None:
         super().__init__(code, detail)
         self.status = status
+
+
+T = TypeVar("T")
+
+
+def _encoded(listing: bytes) -> str:
+    """A listing in JSON: base64, since a listing is bytes (file names need not be UTF-8)."""
+    return base64.b64encode(listing).decode("ascii")
 
 
 def bad_request(detail: str) -> AgentError:
@@ -307,35 +315,34 @@ class AgentRuntime:
         to be a shell and a Python start each. "reset": the staging dir beside `data_dir`
         made empty, its digest cache gone (where a copy starts); "digest": its listing,
         every file fsynced (what a pre-copy delivered). Neither touches `data_dir` itself."""
-        async with self._lock(area):
-            try:
-                if action == "reset":
-                    await asyncio.to_thread(tree_digest.reset_staging, Path(data_dir))
-                    return {"area": area, "action": action}
-                listing = await asyncio.to_thread(tree_digest.staging_listing, Path(data_dir))
-            except OSError as e:
-                raise AgentError(
-                    code="COPY_INCOMPLETE", status=500,
-                    detail=f"area {area}: cannot {action} the staging dir of {data_dir}:"
-                           f" {e.strerror or e}",
-                ) from e
-        # (base64: a listing is bytes, file names need not be UTF-8)
-        return {"area": area, "action": action,
-                "listing": base64.b64encode(listing).decode("ascii")}
+        doing = f"{action} the staging dir of {data_dir}"
+        if action == "reset":
+            await self._copy_step(area, doing, tree_digest.reset_staging, Path(data_dir))
+            return {"area": area, "action": action}
+        listing = await self._copy_step(area, doing, tree_digest.staging_listing,
+                                        Path(data_dir))
+        return {"area": area, "action": action, "listing": _encoded(listing)}
 
     async def listing(self, area: str, *, data_dir: str) -> dict[str, Any]:
         """POST /v1/areas/{area}/listing: `data_dir`'s own listing with its digest cache (what
         the tree-digest verb prints for it), the first step of a copy from the VPS — read
         while the area may still run here (a pre-copy) or after its stop."""
+        listing = await self._copy_step(area, f"list {data_dir}", tree_digest.cached_listing,
+                                        Path(data_dir))
+        return {"area": area, "listing": _encoded(listing)}
+
+    async def _copy_step(self, area: str, doing: str, work: Callable[[Path], T],
+                         path: Path) -> T:
+        """`work(path)` in a thread, under the area's lock; a file system error is a 500
+        COPY_INCOMPLETE naming what it was `doing`."""
         async with self._lock(area):
             try:
-                listing = await asyncio.to_thread(tree_digest.cached_listing, Path(data_dir))
+                return await asyncio.to_thread(work, path)
             except OSError as e:
                 raise AgentError(
                     code="COPY_INCOMPLETE", status=500,
-                    detail=f"area {area}: cannot list {data_dir}: {e.strerror or e}",
+                    detail=f"area {area}: cannot {doing}: {e.strerror or e}",
                 ) from e
-        return {"area": area, "listing": base64.b64encode(listing).decode("ascii")}
 
     async def renew(
         self, *, owner_id: str, ttl_s: float, areas: Mapping[str, int]
