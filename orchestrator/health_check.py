@@ -10,7 +10,8 @@ read top to bottom by `classify()`:
               auth_failed, host_key_mismatch)
     WARNING   monitord is working on it, but it is not fine yet: quarantined entries, the
               tunnel down or reconnecting, a rollback running or waiting for data, cleanup
-              items stuck, the API not accepting changes (starting or draining)
+              items stuck, the API not accepting changes (starting or draining), a root
+              loop whose iteration fails now or failed within LOOP_ERROR_WARN_S
     UNKNOWN   the check could not tell: the daemon did not answer (decided by the caller),
               or the document holds a state these tables do not know
     OK        everything else: idle services, migrations in progress, background cleanup
@@ -83,6 +84,11 @@ FORWARD_STATES: Mapping[str, CheckState] = MappingProxyType({
 })
 
 
+# How long after a root loop's last failed iteration the check still warns (the loop went on,
+# but someone should read the log line with its traceback).
+LOOP_ERROR_WARN_S = 900.0
+
+
 @dataclass(frozen=True, slots=True)
 class Finding:
     """One thing the check noticed, with the state it deserves."""
@@ -125,8 +131,10 @@ def unusable(text: str) -> Verdict:
     return Verdict(state=CheckState.UNKNOWN, findings=(Finding(CheckState.UNKNOWN, text),))
 
 
-def classify(status: Mapping[str, Any]) -> Verdict:
-    """The verdict for one `GET /v1/status` document (fields: docs/design.md)."""
+def classify(status: Mapping[str, Any], *, now: float | None = None) -> Verdict:
+    """The verdict for one `GET /v1/status` document (fields: docs/design.md); `now` (wall
+    clock) dates the root loops' last errors (default: the document's `at`, which is when it
+    was built — possibly long ago, the status API rebuilds it only on a change)."""
     services = status.get("services")
     if not isinstance(services, Mapping):
         return unusable("the status document has no services")
@@ -134,7 +142,7 @@ def classify(status: Mapping[str, Any]) -> Verdict:
         *_config_findings(status),
         *_tunnel_findings(status.get("tunnel")),
         *_service_findings(services),
-        *_background_findings(status),
+        *_background_findings(status, now=now),
     ]
     findings.sort(key=lambda f: -_RANK[f.state])
     worst = findings[0].state if findings else CheckState.OK
@@ -214,13 +222,37 @@ def _service_findings(services: Mapping[str, Any]) -> list[Finding]:
     return found
 
 
-def _background_findings(status: Mapping[str, Any]) -> list[Finding]:
+def _background_findings(status: Mapping[str, Any], *, now: float | None) -> list[Finding]:
+    found = []
     cleanup = status.get("cleanup") or {}
     stuck = int(cleanup.get("stuck", 0) or 0) if isinstance(cleanup, Mapping) else 0
     if stuck:
-        return [Finding(_WARN, f"{stuck} cleanup item{'s' if stuck != 1 else ''} stuck"
-                               " (CLEANUP_STUCK)")]
-    return []
+        found.append(Finding(_WARN, f"{stuck} cleanup item{'s' if stuck != 1 else ''} stuck"
+                                    " (CLEANUP_STUCK)"))
+    loops = status.get("loops") or {}
+    if isinstance(loops, Mapping):
+        now = now if now is not None else _float(status.get("at"))
+        for name in sorted(loops):
+            finding = _loop_finding(str(name), loops[name], now=now)
+            if finding is not None:
+                found.append(finding)
+    return found
+
+
+def _loop_finding(name: str, loop: Any, *, now: float | None) -> Finding | None:
+    """A root loop that fails now, or failed lately (monitord/base/periodic.py)."""
+    if not isinstance(loop, Mapping):
+        return None
+    last = loop.get("last_error")
+    if not isinstance(last, Mapping):
+        return None
+    at = _float(last.get("at"))
+    recent = now is None or at is None or now - at < LOOP_ERROR_WARN_S
+    if not (_int(loop.get("failing", 0)) or recent):
+        return None
+    errors = _int(loop.get("errors", 0))
+    return Finding(_WARN, f"{name} loop: {errors} failed iteration{'s' if errors != 1 else ''}"
+                          f" (last {last.get('code', '?')})")
 
 
 def _perfdata(status: Mapping[str, Any]) -> tuple[tuple[str, int], ...]:
@@ -250,6 +282,13 @@ def _code_and_detail(error: Any) -> str:
     if isinstance(error, Mapping):
         return f"{error.get('code', '?')}: {error.get('detail', '')}".rstrip(": ")
     return str(error)
+
+
+def _float(value: Any) -> float | None:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
 
 
 def _int(value: Any) -> int:

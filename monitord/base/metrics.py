@@ -94,5 +94,11 @@ class Metrics:
             registry=r,
         )
 
+        # Iterations of a root loop that raised (monitord/base/periodic.py): the loop went on.
+        self.loop_errors = Counter(
+            "monitord_loop_errors", "Iterations of a root loop that raised; the loop went on",
+            ["loop", "code"], registry=r,
+        )
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

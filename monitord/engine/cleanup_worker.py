@@ -10,19 +10,20 @@ item's side, asks `orchestrator.cleanup_policy.decide()`, and:
   completes or reschedules with capped, jittered back-off;
 - never drops an item: one failing for `stuck_after_attempts` is reported CLEANUP_STUCK.
 
-Taking due items and completing one are indexed store operations (O(log n)).
+Taking due items and completing one are indexed store operations (O(log n)). The passes run
+under the root loops' error policy (monitord/base/periodic.py): a pass that raises — a full
+disk, a bug — is counted and shown, and the next pass runs after a back-off.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import random
 import time
 from collections.abc import Callable
 
 from monitord.base import logs
 from monitord.base.metrics import Metrics
+from monitord.base.periodic import LoopBook, Periodic
 from monitord.local.supervisor import LocalSupervisor
 from monitord.remote.remote_link import RemoteLink
 from monitord.store.state_db import Store
@@ -51,6 +52,7 @@ class CleanupWorker:
         policy: CleanupPolicy | None = None,
         wall: Callable[[], float] = time.time,
         jitter: Callable[[], float] = random.random,
+        loops: LoopBook | None = None,
     ) -> None:
         self.store = store
         self.supervisor = supervisor
@@ -62,22 +64,21 @@ class CleanupWorker:
         self.policy = policy or CleanupPolicy()
         self._wall = wall
         self._jitter = jitter
-        self._wake = asyncio.Event()
+        self.loop = Periodic(TASK_NAME, iteration=self._pass, interval_s=interval_s, book=loops)
         self.stuck = 0
         self.backlog = 0
         self.backlog_by_service: dict[str, int] = {}
         self.passes = 0
 
     def wake(self) -> None:
-        self._wake.set()
+        self.loop.wake()
 
     async def run(self) -> None:
-        while True:
-            self._wake.clear()
-            await self.run_once()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.interval_s):
-                    await self._wake.wait()
+        """The root task body: a pass now, then on every wake-up and every interval."""
+        await self.loop.run()
+
+    async def _pass(self) -> None:
+        await self.run_once()
 
     async def run_once(self) -> int:
         """Process every item due now; returns how many were completed."""

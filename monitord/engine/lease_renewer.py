@@ -24,16 +24,19 @@ observed. A grant that provably never left (no channel to the agent could be ope
 changes nothing. An uncertainty that outlives one lease TTL on a live connection (an agent
 that hangs without dropping the link) is ended on purpose: `recycle` closes that connection,
 the keeper reconnects, and the bound starts counting.
+
+The renewing loop runs under the root loops' error policy (monitord/base/periodic.py): an
+iteration that raises (a reply that names an area not asked for, say) is counted and shown,
+and the next one runs within TTL/3 — the back-off never outlasts the renewal interval.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
 from collections.abc import Awaitable, Callable
 
 from monitord.base import logs
+from monitord.base.periodic import LoopBook, Periodic
 from monitord.engine.placement_state import PlacementState
 from monitord.remote.agent_client import AgentClient, maybe_delivered
 from orchestrator import area_leases
@@ -59,6 +62,7 @@ class LeaseRenewer:
         connection_epoch: Callable[[], int],
         recycle: Callable[[], Awaitable[None]] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        loops: LoopBook | None = None,
     ) -> None:
         self._recycle = recycle
         self._state = state
@@ -73,10 +77,11 @@ class LeaseRenewer:
         self._acked_over: dict[Key, int] = {}  # the connection epoch of each acknowledgement
         self._uncertain: dict[Key, int] = {}  # grant -> epoch of the connection carrying it
         self._uncertain_since: dict[Key, float] = {}
-        self._wake = asyncio.Event()
+        self.loop = Periodic(TASK_NAME, iteration=self._iterate, interval_s=policy.ttl_s / 3,
+                             book=loops)
         self.rejected: dict[str, str] = {}  # area -> the agent's reason, for the status
         self.last_error: MonitordError | None = None
-        state.add_listener(self._wake.set)
+        state.add_listener(self.loop.wake)
 
     # -- the bound ---------------------------------------------------------------------------
 
@@ -142,17 +147,16 @@ class LeaseRenewer:
     # -- the loop ----------------------------------------------------------------------------
 
     def wake(self) -> None:
-        self._wake.set()
+        self.loop.wake()
 
     async def run(self) -> None:
-        interval = self.policy.ttl_s / 3
-        while True:
-            self._wake.clear()
-            next_due_s = await self.renew_once()
-            await self._end_long_uncertainty()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(min(interval, next_due_s)):
-                    await self._wake.wait()
+        """The root task body: renew every TTL/3, and at once on a placement change."""
+        await self.loop.run()
+
+    async def _iterate(self) -> float:
+        next_due_s = await self.renew_once()
+        await self._end_long_uncertainty()
+        return next_due_s
 
     def _split_due(self, grants: dict[str, int]) -> tuple[dict[str, int], float]:
         """(the grants a renewal names now; seconds until the first one left out is due,

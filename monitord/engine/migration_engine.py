@@ -29,7 +29,6 @@ observed outcome back, persisting each new record BEFORE the next step starts (d
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import statistics
 import time
@@ -41,6 +40,7 @@ from typing import Any
 
 from monitord.base import logs
 from monitord.base.metrics import Metrics
+from monitord.base.periodic import LoopBook, Periodic
 from monitord.engine import crash_points, txn_log
 from monitord.engine.lease_renewer import LeaseRenewer
 from monitord.engine.move_slots import Held, MoveSlots
@@ -302,6 +302,7 @@ class MigrationEngine:
         on_finished: Callable[[Transaction], None] = lambda txn: None,
         wall: Callable[[], float] = time.time,
         clock: Callable[[], float] = time.monotonic,
+        loops: LoopBook | None = None,
     ) -> None:
         self.state = state
         self.actions = actions
@@ -320,7 +321,9 @@ class MigrationEngine:
         self._runners: dict[str, asyncio.Task[None]] = {}
         self._failures: dict[str, int] = defaultdict(int)  # consecutive, per service
         self._not_before: dict[str, float] = {}  # area -> monotonic time of the next try
-        self._wake = asyncio.Event()
+        # The intake: opens due transactions and starts their runners every tick, under the
+        # root loops' error policy (monitord/base/periodic.py).
+        self.loop = Periodic(TASK_NAME, iteration=self._intake, interval_s=TICK_S, book=loops)
         self.intake_lock = asyncio.Lock()
         self._stopping = False
         self._recovered = False
@@ -380,17 +383,18 @@ class MigrationEngine:
                 self._failures[service] += 1
 
     async def run(self) -> None:
-        await self.recover()
-        while not self._stopping:
-            self._wake.clear()
-            await self._open_due()
-            self._start_runners()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(TICK_S):
-                    await self._wake.wait()
+        """The root task body: recovery (once), then the intake every tick until `stop()`."""
+        await self.loop.run()
+
+    async def _intake(self) -> None:
+        await self.recover()  # a no-op once start-up recovered
+        if self._stopping:
+            return
+        await self._open_due()
+        self._start_runners()
 
     def wake(self) -> None:
-        self._wake.set()
+        self.loop.wake()
 
     def _status_changed(self) -> None:
         self.status_version += 1
@@ -406,7 +410,7 @@ class MigrationEngine:
     async def stop(self) -> None:
         """Finish the current steps (bounded), then cancel what is left."""
         self._stopping = True
-        self._wake.set()
+        self.loop.close()
         runners = [t for t in self._runners.values() if not t.done()]
         if runners:
             _, pending = await asyncio.wait(runners, timeout=STOP_GRACE_S)
@@ -445,7 +449,7 @@ class MigrationEngine:
                     )
             await self.state.record_desired(service=service, area=area, location=wanted)
             opened = await self._open_for(targets)
-        self._wake.set()
+        self.loop.wake()
         involved = {t.uuid for t in targets}
         return opened + [
             t.transaction_id
@@ -478,7 +482,7 @@ class MigrationEngine:
                 resumed.append(txn.transaction_id)
             self.last_errors.pop(service, None)
             self._status_changed()
-        self._wake.set()
+        self.loop.wake()
         return resumed
 
     async def discard_remote_data(self, service: str, *, area: str | None = None) -> list[str]:
@@ -505,7 +509,7 @@ class MigrationEngine:
                 self._not_before.pop(txn.area, None)
                 if txn.phase is Phase.PARKED:  # the rollback goes on: restart the source
                     await self._advance(txn, Outcome.ROLLBACK_RESUMED)
-        self._wake.set()
+        self.loop.wake()
         self._start_runners()
         return [txn.transaction_id for txn in waiting]
 

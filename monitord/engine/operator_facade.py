@@ -29,6 +29,7 @@ from typing import Any
 from monitord import __version__
 from monitord.base.config import Config
 from monitord.base.metrics import Metrics
+from monitord.base.periodic import LoopBook
 from monitord.engine.cleanup_worker import CleanupWorker
 from monitord.engine.migration_engine import MigrationEngine
 from monitord.engine.placement_state import PlacementState
@@ -55,6 +56,7 @@ class OperatorFacade:
     supervisor: LocalSupervisor
     link: RemoteLink | None
     metrics: Metrics
+    loops: LoopBook
     store: Store
     accepting: Callable[[], bool]
     custom_config_path: Path
@@ -112,6 +114,7 @@ class OperatorFacade:
             "transactions": [t.to_storage() for t in self.state.active()],
             "cleanup": {"backlog": self.cleanup_worker.backlog, "stuck": self.cleanup_worker.stuck},
             "drift": last.to_dict() if last else {"before": 0, "after": 0},
+            "loops": self.loops.to_status(),
         }
 
     def status_key(self) -> tuple[Any, ...]:
@@ -130,6 +133,7 @@ class OperatorFacade:
             self.cleanup_worker.backlog,
             self.cleanup_worker.stuck,
             tuple(sorted(self.cleanup_worker.backlog_by_service.items())),
+            self.loops.version,  # a root loop failed or recovered
         )
 
     async def transactions(self, *, limit: int) -> list[dict[str, Any]]:

@@ -9,13 +9,13 @@ after is kept for the status, the metrics and the event log.
 
 A pass holds the migration engine's intake lock, so no transaction opens between the
 observation and the actions; areas in an active transaction are never touched (the planner
-leaves them to the engine).
+leaves them to the engine). Passes run under the root loops' error policy
+(monitord/base/periodic.py): one that raises is counted and shown, and the next runs.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -23,6 +23,7 @@ from typing import Any
 
 from monitord.base import logs
 from monitord.base.metrics import Metrics
+from monitord.base.periodic import LoopBook, Periodic
 from monitord.engine.phase_actions import PhaseActions
 from monitord.engine.placement_state import PlacementState
 from monitord.local.supervisor import LocalSupervisor
@@ -72,6 +73,7 @@ class Reconciler:
         interval_s: float,
         legacy_grace_s: float,
         wall: Callable[[], float] = time.time,
+        loops: LoopBook | None = None,
     ) -> None:
         self.state = state
         self.store = store
@@ -83,25 +85,21 @@ class Reconciler:
         self.interval_s = interval_s
         self.legacy_grace_s = legacy_grace_s
         self._wall = wall
-        self._wake = asyncio.Event()
+        self.loop = Periodic(TASK_NAME, iteration=self._pass, interval_s=interval_s, book=loops)
         self._first_seen: dict[tuple[str, int], float] = {}
         self.last: DriftReport | None = None
         self.remote_inventory: dict[str, Any] | None = None
         self.orphans_by_service: dict[str, int] = {}
 
     def wake(self) -> None:
-        self._wake.set()
+        self.loop.wake()
 
     async def run(self) -> None:
-        while True:
-            self._wake.clear()
-            try:
-                await self.run_once()
-            except MonitordError as e:
-                log.warning("reconcile_failed", error_code=e.code, detail=e.detail)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.interval_s):
-                    await self._wake.wait()
+        """The root task body: a pass now, then on every wake-up and every interval."""
+        await self.loop.run()
+
+    async def _pass(self) -> None:
+        await self.run_once()
 
     async def run_once(self) -> DriftReport:
         await self.state.reload_committed()

@@ -22,6 +22,8 @@ drive it through `set_desired()`, `start_area()` and `stop_area()` and read `inv
   one spawned just before a crash and not yet recorded — is adopted when its identity
   matches and it is wanted at that generation, and stopped otherwise. Never a duplicate.
 - `close()` stops supervising but leaves the daemons running: the next instance adopts them.
+- The supervising passes run under the root loops' error policy (monitord/base/periodic.py):
+  a pass that raises is counted and shown, and the next pass runs after a back-off.
 See docs/supervisor.md.
 """
 
@@ -43,6 +45,7 @@ from typing import Any
 import monitord
 from monitord.base import atomic_file, group_stop, log_sink, logs, proc_identity, run_as
 from monitord.base.config import ServiceSection
+from monitord.base.periodic import LoopBook, Periodic
 from monitord.base.proc_identity import ProcessIdentity
 
 SUPERVISOR_ENV = "MONITORD_SUPERVISOR"
@@ -160,6 +163,7 @@ class LocalSupervisor:
         clock: Callable[[], float] = time.monotonic,
         log_max_bytes: int = log_sink.DEFAULT_MAX_BYTES,
         log_keep: int = log_sink.DEFAULT_KEEP,
+        loops: LoopBook | None = None,
     ) -> None:
         self.state_dir = state_dir.resolve()
         self.records_dir = self.state_dir / "records"
@@ -172,24 +176,22 @@ class LocalSupervisor:
         self.log_max_bytes = log_max_bytes
         self.log_keep = log_keep
         self._sinks_draining: list[subprocess.Popen[bytes]] = []  # reaped by the loop
-        self._tick_s = tick_s
         self._clock = clock
         self._desired: dict[str, AreaRun] = {}
         self._slots: dict[str, _Slot] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._task: asyncio.Task[None] | None = None
-        self._closed = False
         self.internal_errors = 0  # unexpected errors converging an area (logged once each)
         self._reported: set[tuple[str, str]] = set()
         self._survivors_handled = False
-        self._wake = asyncio.Event()
+        self.loop = Periodic(TASK_NAME, iteration=self._pass, interval_s=tick_s, book=loops)
 
     # -- the engine's API ------------------------------------------------------------
 
     def set_desired(self, areas: Mapping[str, AreaRun]) -> None:
         """Run exactly these areas (by area id); others are stopped by the loop."""
         self._desired = dict(areas)
-        self._wake.set()
+        self.loop.wake()
 
     def desired(self) -> dict[str, AreaRun]:
         return dict(self._desired)
@@ -311,8 +313,7 @@ class LocalSupervisor:
 
     async def close(self) -> None:
         """Stop supervising; the daemons keep running for the next instance to adopt."""
-        self._closed = True
-        self._wake.set()
+        self.loop.close()
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
@@ -333,25 +334,23 @@ class LocalSupervisor:
         return self.records_dir / f"{area}.json"
 
     async def _supervise(self) -> None:
-        while not self._closed:
-            self._wake.clear()
-            self._sinks_draining = [s for s in self._sinks_draining if s.poll() is None]
-            for area in sorted(set(self._desired) | set(self._slots)):
-                lock = self._lock(area)
-                if lock.locked():
-                    continue
-                async with lock:
-                    try:
-                        await self._converge(area)
-                    except Exception as e:  # one area's failure never stops the others
-                        self._report_internal(area, e)
-                # A start is synchronous (two forks, an fsynced record): let the API, the
-                # keepalives and the lease renewals run between areas, not after them all.
-                await asyncio.sleep(0)
-            try:
-                await asyncio.wait_for(self._wake.wait(), timeout=self._tick_s)
-            except TimeoutError:
-                pass
+        await self.loop.run()
+
+    async def _pass(self) -> None:
+        """One supervising pass: reap finished log sinks, converge every area once."""
+        self._sinks_draining = [s for s in self._sinks_draining if s.poll() is None]
+        for area in sorted(set(self._desired) | set(self._slots)):
+            lock = self._lock(area)
+            if lock.locked():
+                continue
+            async with lock:
+                try:
+                    await self._converge(area)
+                except Exception as e:  # one area's failure never stops the others
+                    self._report_internal(area, e)
+            # A start is synchronous (two forks, an fsynced record): let the API, the
+            # keepalives and the lease renewals run between areas, not after them all.
+            await asyncio.sleep(0)
 
     def _report_internal(self, area: str, error: Exception) -> None:
         """An unexpected error converging one area: logged with its traceback once per

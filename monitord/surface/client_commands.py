@@ -197,7 +197,9 @@ def _check(args: argparse.Namespace) -> int:
     from orchestrator import health_check
 
     try:
-        verdict = health_check.classify(Client.from_config(_load(args)).json("GET", "/v1/status"))
+        verdict = health_check.classify(
+            Client.from_config(_load(args)).json("GET", "/v1/status"), now=time.time()
+        )
     except DaemonUnreachable as e:
         verdict = health_check.unreachable(str(e))
     except config_mod.ConfigError as e:

@@ -31,6 +31,7 @@ import asyncssh
 from monitord.base import atomic_file, logs
 from monitord.base.config import Config
 from monitord.base.metrics import Metrics
+from monitord.base.periodic import LoopBook
 from monitord.engine.cleanup_worker import CleanupWorker
 from monitord.engine.lease_renewer import LeaseRenewer
 from monitord.engine.migration_engine import MigrationEngine
@@ -83,11 +84,14 @@ class Orchestration:
         self.config = config
         work_dir = config.monitord.work_dir
         self.metrics = Metrics(work_dir=work_dir)
+        # Every root loop's error record (monitord/base/periodic.py), shown as status `loops`.
+        self.loops = LoopBook(metrics=self.metrics)
         self.owner_id = owner_id.load_or_create(work_dir)
         self.state = PlacementState(store=ctx.store, custom_config_path=ctx.custom_config_path)
         self.supervisor = LocalSupervisor(state_dir=work_dir / "supervisor",
                                           log_max_bytes=config.monitord.area_log_max_bytes,
-                                          log_keep=config.monitord.area_log_keep)
+                                          log_keep=config.monitord.area_log_keep,
+                                          loops=self.loops)
         remote = config.remote
         ttl = remote.area_lease_ttl_s if remote else 30.0
         self.policy = LeasePolicy(
@@ -108,6 +112,7 @@ class Orchestration:
                 owner_id=self.owner_id,
                 owner_label=config.monitord.owner_label,
                 before_forwards=self._provision,
+                loops=self.loops,
             )
             agent = AgentClient(
                 channel=agent_channel.over_ssh(keeper.session, remote.agent_socket()), secret=secret
@@ -123,6 +128,7 @@ class Orchestration:
                 tunnel_connected=lambda: bool(self.link and self.link.connected()),
                 connection_epoch=lambda: keeper.status().reconnects,
                 recycle=self._recycle_tunnel,
+                loops=self.loops,
             )
             keeper.add_listener(self._tunnel_changed)
         self.actions = PhaseActions(
@@ -147,6 +153,7 @@ class Orchestration:
             retry_backoff_cap_s=config.monitord.retry_backoff_cap_s,
             rollback_data_wait_s=config.monitord.rollback_data_wait_s,
             on_finished=self._transaction_finished,
+            loops=self.loops,
         )
         self.cleanup = CleanupWorker(
             store=ctx.store,
@@ -155,6 +162,7 @@ class Orchestration:
             metrics=self.metrics,
             interval_s=config.monitord.cleanup_interval_s,
             lineage_of=self.state.lineage,
+            loops=self.loops,
         )
         self.reconciler = Reconciler(
             state=self.state,
@@ -166,6 +174,7 @@ class Orchestration:
             intake_lock=self.engine.intake_lock,
             interval_s=config.monitord.reconcile_interval_s,
             legacy_grace_s=config.monitord.legacy_grace_s,
+            loops=self.loops,
         )
         self.operator = OperatorFacade(
             config=config,
@@ -177,6 +186,7 @@ class Orchestration:
             supervisor=self.supervisor,
             link=self.link,
             metrics=self.metrics,
+            loops=self.loops,
             store=ctx.store,
             accepting=lambda: ctx.admission.accepting,
             custom_config_path=ctx.custom_config_path,

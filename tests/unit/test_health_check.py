@@ -165,6 +165,36 @@ class TestWarning:
         assert verdict.state is CheckState.WARNING and "forward nats target_down" in verdict.line()
 
 
+class TestRootLoops:
+    """A root loop whose iteration failed lately (or still fails) warns, with its code."""
+
+    @staticmethod
+    def with_loop(*, failing: int, at: float, now: float = 10_000.0) -> dict[str, Any]:
+        loop = {"errors": 3, "failing": failing,
+                "last_error": {"code": "INTERNAL", "detail": "KeyError: 'x'", "at": at}}
+        return document(at=now, loops={"lease renewer": loop,
+                                       "reconciler": {"errors": 0, "failing": 0,
+                                                      "last_error": None}})
+
+    def test_a_loop_failing_now_warns_with_its_code_and_count(self) -> None:
+        verdict = health_check.classify(self.with_loop(failing=2, at=1.0))
+        assert verdict.state is CheckState.WARNING
+        assert "lease renewer" in verdict.line() and "INTERNAL" in verdict.line()
+        assert "3 failed iterations" in verdict.line()
+
+    def test_a_loop_that_failed_minutes_ago_still_warns(self) -> None:
+        now = 10_000.0
+        recent = now - health_check.LOOP_ERROR_WARN_S / 2
+        verdict = health_check.classify(self.with_loop(failing=0, at=recent, now=now))
+        assert verdict.state is CheckState.WARNING
+
+    def test_a_loop_that_recovered_long_ago_is_ok(self) -> None:
+        now = 10_000.0
+        old = now - health_check.LOOP_ERROR_WARN_S - 1
+        verdict = health_check.classify(self.with_loop(failing=0, at=old, now=now))
+        assert verdict.state is CheckState.OK
+
+
 class TestUnknown:
     """What the check cannot tell is UNKNOWN, exit 3."""
 

@@ -12,6 +12,9 @@ attempts: exponential backoff with full jitter, capped, and at most
 
 asyncssh and OS exceptions become typed errors with stable codes through
 monitord/remote/ssh_errors.py (`translate_connect` for connecting and preparing the VPS).
+Anything else an attempt raises (a malformed reply, a bug) falls under the root loops' error
+policy (monitord/base/periodic.py): counted and shown as INTERNAL, logged once with its
+traceback, and the next attempt comes after the usual back-off; only cancellation ends run().
 The state is published as a frozen `TunnelStatus` (`keeper.status()`,
 `await keeper.wait_for(...)`, listeners) that the status document (GET /v1/status) shows
 as `tunnel {state, connected, last_error, attempts, lease}`. Other parts use the live
@@ -35,6 +38,7 @@ import asyncssh
 
 from monitord.base import logs
 from monitord.base.config import RemoteSection
+from monitord.base.periodic import LoopBook
 from monitord.remote import artifact, ssh_errors
 from monitord.remote.tunnel import ssh_connect
 from monitord.remote.tunnel.backoff import ReconnectBackoff
@@ -44,6 +48,7 @@ from monitord.remote.tunnel.standby import LOGIN_WAIT_S, PROMOTE_TIMEOUT_S, Stan
 from orchestrator.errors import ErrorCode, MonitordError, TransientError, error_for
 from orchestrator.tunnel_lease import LeaseRecord
 
+TASK_NAME = "tunnel keeper"
 RELEASE_TIMEOUT_S = 3.0
 ReconnectHook = Callable[[asyncssh.SSHClientConnection], Awaitable[None]]
 BeforeForwards = Callable[[asyncssh.SSHClientConnection], Awaitable[None]]
@@ -135,8 +140,10 @@ class TunnelKeeper:
         reconnect_window_s: float = 60.0,
         probe_timeout_s: float = 10.0,
         before_forwards: BeforeForwards | None = None,
+        loops: LoopBook | None = None,
     ) -> None:
         self._config = config
+        self._loops = loops if loops is not None else LoopBook()
         self._before_forwards = before_forwards
         self.owner_id = owner_id
         self.owner_label = owner_label
@@ -228,6 +235,10 @@ class TunnelKeeper:
                     current = asyncio.current_task()
                     if current is not None and current.cancelling():
                         raise  # run() itself is being cancelled
+                except Exception as e:  # not a MonitordError (those end in _failed)
+                    await self._failed(self._loops.failed(TASK_NAME, e))
+                else:
+                    self._loops.passed(TASK_NAME)
         finally:
             await self._cancel_hooks()
             if self._standby is not None:

@@ -1,19 +1,27 @@
 """No loop dies quietly: an unexpected exception in a phase action is a classified INTERNAL
-error that counts towards parking and shows in the status, and one area that the
-supervisor cannot converge never stops it from converging the others."""
+error that counts towards parking and shows in the status; one area that the supervisor
+cannot converge never stops it from converging the others; and no exception in an iteration
+of a root loop (cleanup worker, reconciler, lease renewer, engine intake, supervisor) ends
+that loop (monitord/base/periodic.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from monitord.base.metrics import Metrics
+from monitord.engine.cleanup_worker import CleanupWorker
+from monitord.engine.lease_renewer import LeaseRenewer
 from monitord.engine.migration_engine import MigrationEngine
 from monitord.engine.placement_state import PlacementState
+from monitord.engine.reconciler import Reconciler
 from monitord.local.supervisor import AreaRun, LocalSupervisor
-from monitord.store.state_db import Store
+from monitord.store.state_db import Store, StoreError
 from orchestrator import phases
 from orchestrator.area_leases import LeasePolicy
 from orchestrator.models import Phase, Side, Transaction
@@ -108,3 +116,136 @@ class TestOneAreaTheSupervisorCannotConverge:
             await asyncio.sleep(0.3)
             await supervisor.close()
             await asyncio.wait_for(loop, timeout=10)
+
+
+# -- every root loop under one error policy ----------------------------------------------------
+
+INJECTED: dict[str, Callable[[], BaseException]] = {
+    "ValueError": lambda: ValueError("invalid literal for int() with base 10: 'x'"),
+    "KeyError": lambda: KeyError("an area that was not asked"),
+    "OverflowError": lambda: OverflowError("int too large to convert"),
+    "RecursionError": lambda: RecursionError("maximum recursion depth exceeded"),
+    "StoreError": lambda: StoreError("database or disk is full"),
+}
+
+
+class Fault:
+    """Wraps a callable of a loop's iteration: raises `error` on the first call, then
+    passes through; counts the calls (a second one means the next iteration ran)."""
+
+    def __init__(self, original: Callable[..., Any], error: BaseException) -> None:
+        self.original = original
+        self.error: BaseException | None = error
+        self.calls = 0
+        self.called_again = asyncio.Event()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        if self.calls >= 2:
+            self.called_again.set()
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+        return self.original(*args, **kwargs)
+
+
+class RaisingSink:
+    """A log sink still draining whose poll() raises once (the supervisor polls them first
+    in every pass), then reports it ended."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.fault = Fault(lambda: 0, error)
+
+    def poll(self) -> int | None:
+        return self.fault()  # type: ignore[no-any-return]
+
+
+async def _loop_under_test(
+    which: str, error: BaseException, tmp_path: Path, store: Store
+) -> tuple[Any, Callable[[], Any], Fault, Callable[[], Awaitable[None]]]:
+    """(the loop's owner, its run() coroutine function, the fault, a clean-up)."""
+    path = tmp_path / "custom_config.json"
+    path.write_text(json.dumps({"custom_daemons": [{"uuid": "a1", "service": "tg"}]}))
+    state = PlacementState(store=store, custom_config_path=path)
+    await state.load()
+    supervisor = LocalSupervisor(state_dir=tmp_path / "supervisor", tick_s=0.05)
+
+    async def nothing() -> None:
+        return None
+
+    if which == "cleanup worker":
+        worker = CleanupWorker(
+            store=store, supervisor=supervisor, remote=None, metrics=Metrics(),
+            interval_s=0.05, lineage_of=state.lineage,
+        )
+        fault = Fault(store.take_due, error)
+        store.take_due = fault  # type: ignore[method-assign]
+        return worker, worker.run, fault, nothing
+    if which == "reconciler":
+        reconciler = Reconciler(
+            state=state, store=store, supervisor=supervisor, remote=None,
+            actions=None,  # type: ignore[arg-type]  # no action is planned here
+            metrics=Metrics(), intake_lock=asyncio.Lock(), interval_s=0.05, legacy_grace_s=60,
+        )
+        fault = Fault(state.reload_committed, error)
+        state.reload_committed = fault  # type: ignore[method-assign]
+        return reconciler, reconciler.run, fault, nothing
+    if which == "lease renewer":
+        renewer = LeaseRenewer(
+            state=state, agent=lambda: None, owner_id="me",
+            policy=LeasePolicy(ttl_s=0.15, clock_margin=0.1, safety_margin_s=0.1),
+            tunnel_connected=lambda: True, connection_epoch=lambda: 1,
+        )
+        fault = Fault(state.runs, error)
+        state.runs = fault  # type: ignore[method-assign]
+        return renewer, renewer.run, fault, nothing
+    if which == "migration engine":
+        engine = MigrationEngine(
+            state=state, actions=ExplodingActions(), store=store,  # type: ignore[arg-type]
+            metrics=Metrics(), policy=LeasePolicy(), renewer=None,
+            parallelism={"tg": 1}, park_after_failures=2,
+            retry_backoff_base_s=0.01, retry_backoff_cap_s=0.02,
+        )
+        fault = Fault(state.parked_services, error)
+        state.parked_services = fault  # type: ignore[method-assign]
+        return engine, engine.run, fault, engine.stop
+    assert which == "local supervisor"
+    sink = RaisingSink(error)
+    supervisor._sinks_draining.append(sink)  # type: ignore[arg-type]
+    return supervisor, supervisor.run, sink.fault, supervisor.close
+
+
+LOOPS = ("cleanup worker", "reconciler", "lease renewer", "migration engine",
+         "local supervisor")
+
+
+class TestEveryRootLoopSurvivesAnyErrorInAnIteration:
+    """An exception in one iteration is counted and shown; the next iteration runs."""
+
+    @pytest.mark.parametrize("kind", sorted(INJECTED))
+    @pytest.mark.parametrize("which", LOOPS)
+    async def test_the_next_iteration_runs_and_the_error_is_counted(
+        self, which: str, kind: str, tmp_path: Path
+    ) -> None:
+        error = INJECTED[kind]()
+        async with await Store.open(tmp_path / "work") as store:
+            owner, run, fault, stop = await _loop_under_test(which, error, tmp_path, store)
+            loop = asyncio.create_task(run(), name=f"{which} under test")
+            try:
+                again = asyncio.ensure_future(fault.called_again.wait())
+                await asyncio.wait({loop, again}, timeout=20,
+                                   return_when=asyncio.FIRST_COMPLETED)
+                again.cancel()
+                await asyncio.gather(again, return_exceptions=True)
+                assert fault.calls >= 2 or loop.done(), "no second iteration within 20 s"
+                assert not loop.done(), f"the {which} loop died of {kind}"
+                record = owner.loop.record
+                assert record.errors == 1
+                expected = "STORE_WRITE_FAILED" if kind == "StoreError" else "INTERNAL"
+                assert record.last_error is not None and record.last_error.code == expected
+                shown = owner.loop.book.to_status()[which]
+                assert shown["errors"] == 1 and shown["last_error"]["code"] == expected
+            finally:
+                await stop()
+                loop.cancel()
+                await asyncio.gather(loop, return_exceptions=True)
