@@ -19,7 +19,8 @@ observed outcome back, persisting each new record BEFORE the next step starts (d
   (`rules.reversal`); after the commit it becomes a new transaction.
 - `park_after_failures` consecutive failures park the service until `retry()`.
 - `stop()` lets each runner finish its current step (bounded), then cancels; every record
-  on disk is a valid point to resume from.
+  on disk is a valid point to resume from. Runners and source watchers are children of two
+  task owners (monitord/base/task_owner.py) that the root task closes when it ends.
 - Every transaction's area downtime is recorded (`DowntimeLog`, table `area_downtime`): from
   the moment its source lost the permission to run (the SUPPRESS_SOURCE record stored) to the
   destination's health check passing, or, after a rollback, to the source's first healthy
@@ -41,6 +42,7 @@ from typing import Any
 from monitord.base import logs
 from monitord.base.metrics import Metrics
 from monitord.base.periodic import LoopBook, Periodic
+from monitord.base.task_owner import TaskOwner
 from monitord.engine import crash_points, txn_log
 from monitord.engine.lease_renewer import LeaseRenewer
 from monitord.engine.move_slots import Held, MoveSlots
@@ -318,7 +320,10 @@ class MigrationEngine:
         self._wall = wall
         self._clock = clock
         self._slots = {name: MoveSlots(n) for name, n in parallelism.items()}
-        self._runners: dict[str, asyncio.Task[None]] = {}
+        self._runners: dict[str, asyncio.Task[None]] = {}  # area -> its runner (latest)
+        self._runner_tasks = TaskOwner(f"{TASK_NAME}: runners")
+        # Rolled-back sources, until healthy (their downtime's end).
+        self._watcher_tasks = TaskOwner(f"{TASK_NAME}: watchers")
         self._failures: dict[str, int] = defaultdict(int)  # consecutive, per service
         self._not_before: dict[str, float] = {}  # area -> monotonic time of the next try
         # The intake: opens due transactions and starts their runners every tick, under the
@@ -335,7 +340,6 @@ class MigrationEngine:
         state.add_listener(self._status_changed)
         self.downtime = DowntimeLog(store=store, metrics=metrics, on_change=self._status_changed,
                                     wall=wall, clock=clock)
-        self._watchers: set[asyncio.Task[None]] = set()  # rolled-back sources, until healthy
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -383,8 +387,13 @@ class MigrationEngine:
                 self._failures[service] += 1
 
     async def run(self) -> None:
-        """The root task body: recovery (once), then the intake every tick until `stop()`."""
-        await self.loop.run()
+        """The root task body: recovery (once), then the intake every tick until `stop()`;
+        the runners and watchers end with it."""
+        try:
+            await self.loop.run()
+        finally:
+            await self._runner_tasks.close()
+            await self._watcher_tasks.close()
 
     async def _intake(self) -> None:
         await self.recover()  # a no-op once start-up recovered
@@ -411,16 +420,10 @@ class MigrationEngine:
         """Finish the current steps (bounded), then cancel what is left."""
         self._stopping = True
         self.loop.close()
-        runners = [t for t in self._runners.values() if not t.done()]
-        if runners:
-            _, pending = await asyncio.wait(runners, timeout=STOP_GRACE_S)
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
-        watchers = list(self._watchers)
-        for task in watchers:
-            task.cancel()  # a downtime not measured yet stays open in its record
-        await asyncio.gather(*watchers, return_exceptions=True)
+        await self._runner_tasks.wait(self._runner_tasks.running(), timeout_s=STOP_GRACE_S)
+        await self._runner_tasks.close()
+        # A downtime not measured yet stays open in its record.
+        await self._watcher_tasks.close()
 
     # -- intake (HTTP) -------------------------------------------------------------------
 
@@ -567,18 +570,11 @@ class MigrationEngine:
                 continue
             task = self._runners.get(area)
             if task is None or task.done():
-                task = asyncio.create_task(
-                    self._drive(area), name=f"migration:{txn.service}:{area[:8]}"
+                # A runner that dies of a bug is logged by its owner (task_crashed); the next
+                # tick starts it again from the stored record (every step is idempotent).
+                self._runners[area] = self._runner_tasks.spawn(
+                    f"migration:{txn.service}:{area[:8]}", self._drive(area)
                 )
-                task.add_done_callback(self._runner_done)
-                self._runners[area] = task
-
-    def _runner_done(self, task: asyncio.Task[None]) -> None:
-        # A runner that died of a bug is logged loudly; the next tick starts it again from
-        # the stored record (every step is idempotent).
-        if not task.cancelled() and task.exception() is not None:
-            log.error("migration_runner_crashed", task=task.get_name(),
-                      exc_info=task.exception())
 
     async def _drive(self, area: str) -> None:
         txn = self.state.transactions.get(area)
@@ -650,16 +646,10 @@ class MigrationEngine:
     def _watch_source(self, txn: Transaction) -> None:
         """The rollback let its source run again; its downtime ends when the source is first
         healthy (the same check as HEALTHCHECK_DESTINATION), watched off the runner's path."""
-        task = asyncio.create_task(self._source_healthy(txn),
-                                   name=f"downtime:{txn.service}:{txn.area[:8]}")
-        self._watchers.add(task)
-        task.add_done_callback(self._watcher_done)
-
-    def _watcher_done(self, task: asyncio.Task[None]) -> None:
-        self._watchers.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("downtime_watch_crashed", task=task.get_name(),
-                      exc_info=task.exception())
+        if self._watcher_tasks.closed:
+            return  # stopping: the downtime stays open in its record
+        self._watcher_tasks.spawn(f"downtime:{txn.service}:{txn.area[:8]}",
+                                  self._source_healthy(txn))
 
     async def _source_healthy(self, txn: Transaction) -> None:
         deadline = self._clock() + SOURCE_WATCH_S

@@ -47,6 +47,7 @@ from monitord.base import atomic_file, group_stop, log_sink, logs, proc_identity
 from monitord.base.config import ServiceSection
 from monitord.base.periodic import LoopBook, Periodic
 from monitord.base.proc_identity import ProcessIdentity
+from monitord.base.task_owner import TaskOwner
 
 SUPERVISOR_ENV = "MONITORD_SUPERVISOR"
 AREA_ENV = "MONITORD_AREA"
@@ -180,7 +181,7 @@ class LocalSupervisor:
         self._desired: dict[str, AreaRun] = {}
         self._slots: dict[str, _Slot] = {}
         self._locks: dict[str, asyncio.Lock] = {}
-        self._task: asyncio.Task[None] | None = None
+        self._tasks = TaskOwner(TASK_NAME)  # run() as a task of its own: start()
         self.internal_errors = 0  # unexpected errors converging an area (logged once each)
         self._reported: set[tuple[str, str]] = set()
         self._survivors_handled = False
@@ -309,18 +310,12 @@ class LocalSupervisor:
         survivors are handled before it returns."""
         if not self._survivors_handled:
             await self.adopt_or_stop_survivors()
-        self._task = asyncio.create_task(self.run(), name=TASK_NAME)
+        self._tasks.spawn(TASK_NAME, self.run())
 
     async def close(self) -> None:
         """Stop supervising; the daemons keep running for the next instance to adopt."""
         self.loop.close()
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+        await self._tasks.close()
 
     # -- internals -------------------------------------------------------------------
 

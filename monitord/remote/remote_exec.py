@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import asyncssh
 
+from monitord.base.task_owner import TaskOwner
 from monitord.remote import ssh_errors
 from orchestrator.errors import ErrorCode, error_for
 
@@ -133,10 +134,12 @@ async def _communicate_bounded(
     if input is not None:
         process.stdin.write(input)
     process.stdin.write_eof()
-    stderr_task = asyncio.create_task(_read_tail(process.stderr, _STDERR_KEEP))
-    stdout = bytearray()
-    truncated = False
-    try:
+    # The stderr reader is awaited below (its errors are ours); cancelled on the way out.
+    async with TaskOwner("remote command", report_crashes=False) as tasks:
+        stderr_task = tasks.spawn("remote command: stderr",
+                                  _read_tail(process.stderr, _STDERR_KEEP))
+        stdout = bytearray()
+        truncated = False
         while chunk := await process.stdout.read(_READ_CHUNK):
             if truncated:
                 continue
@@ -146,8 +149,6 @@ async def _communicate_bounded(
             else:
                 stdout += chunk
         return bytes(stdout), await stderr_task, truncated
-    finally:
-        stderr_task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await stderr_task
 

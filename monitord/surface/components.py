@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from monitord.base.task_owner import TaskOwner
+
 if TYPE_CHECKING:
     from monitord.base.config import Config
     from monitord.engine.operator_facade import OperatorFacade
@@ -41,13 +43,16 @@ class RootTasks:
     """The named, owned, guarded long-running tasks of the daemon.
 
     A task ending while the daemon is not stopping (an exception, or a plain return) is a fault:
-    it is logged as `root_task_died` and `on_fault` asks the daemon to stop everything.
+    it is logged as `root_task_died` and `on_fault` asks the daemon to stop everything. Each
+    root task owns the tasks it starts in turn (monitord/base/task_owner.py).
     """
 
     def __init__(self, *, log: Any, on_fault: Callable[[str], None]) -> None:
         self._log = log
         self._on_fault = on_fault
         self._tasks: dict[str, asyncio.Task[Any]] = {}
+        # The parent of every root task (it reports their ends itself: _finished).
+        self._owner = TaskOwner("monitord", report_crashes=False)
         self._stopping = False
 
     def spawn(self, name: str, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
@@ -57,7 +62,7 @@ class RootTasks:
         if self._stopping:
             coro.close()
             raise RuntimeError(f"cannot start root task {name!r}: the daemon is stopping")
-        task = asyncio.get_running_loop().create_task(coro, name=name)
+        task = self._owner.spawn(name, coro)
         self._tasks[name] = task
         task.add_done_callback(self._finished)
         return task

@@ -45,6 +45,7 @@ from typing import Any
 
 import aiohttp
 
+from monitord.base.task_owner import TaskOwner
 from monitord.testing.split_brain import Detector
 from monitord.testing.vps_server import VpsServer
 
@@ -138,6 +139,7 @@ class Stack:
         self.daemon: asyncio.subprocess.Process | None = None
         self.log_lines: list[str] = []
         self._reader: asyncio.Task[None] | None = None
+        self._tasks = TaskOwner("stack", report_crashes=False)  # the daemon's stderr readers
         self.http_port = free_port()
         self.areas: dict[str, list[str]] = {}
         self.config_path = self.root / "monitord.toml"
@@ -298,7 +300,7 @@ class Stack:
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE, env=env,
         )
-        self._reader = asyncio.create_task(self._read_log(self.daemon), name="monitord stderr")
+        self._reader = self._tasks.spawn("monitord stderr", self._read_log(self.daemon))
         if wait_ready:
             await self.wait_until(self._ready, timeout_s=30, what="monitord ready")
 
@@ -493,6 +495,7 @@ class Stack:
         if self.vps is not None:
             await self.vps.__aexit__(None, None, None)
         await self.detector.close()
+        await self._tasks.close()
 
 
 def kill_processes_under(root: Path) -> int:

@@ -42,6 +42,7 @@ import asyncssh
 
 from monitord.base import logs
 from monitord.base.config import RemoteSection
+from monitord.base.task_owner import TaskOwner
 
 log = logs.get_logger(__name__)
 
@@ -307,13 +308,14 @@ class VpsServer:
             return
         self._children.add(child)
         assert child.stdin and child.stdout and child.stderr
-        pump_in = asyncio.create_task(_pump_stdin(process, child.stdin), name="vps stdin")
+        tasks = TaskOwner("vps command", report_crashes=False)
+        pump_in = tasks.spawn("vps stdin", _pump_stdin(process, child.stdin))
         outputs = asyncio.gather(
             _pump_output(child.stdout, process.stdout.write, process.stdout.drain),
             _pump_output(child.stderr, process.stderr.write, process.stderr.drain),
         )
-        finished = asyncio.ensure_future(_finish(outputs, child))
-        closed = asyncio.ensure_future(process.wait_closed())
+        finished = tasks.spawn("vps command: finished", _finish(outputs, child))
+        closed = tasks.spawn("vps command: closed", process.wait_closed())
         try:
             await asyncio.wait({finished, closed}, return_when=asyncio.FIRST_COMPLETED)
             if finished.done() and not closed.done():
@@ -323,12 +325,10 @@ class VpsServer:
                 else:
                     process.exit(status)
         finally:
-            pump_in.cancel()
-            closed.cancel()
+            await tasks.cancel([pump_in, closed])
             if child.returncode is None:
                 await _kill_group(child)
-            finished.cancel()
-            await asyncio.gather(pump_in, finished, closed, return_exceptions=True)
+            await tasks.close()
             self._children.discard(child)
 
 

@@ -15,6 +15,8 @@ monitord/remote/ssh_errors.py (`translate_connect` for connecting and preparing 
 Anything else an attempt raises (a malformed reply, a bug) falls under the root loops' error
 policy (monitord/base/periodic.py): counted and shown as INTERNAL, logged once with its
 traceback, and the next attempt comes after the usual back-off; only cancellation ends run().
+Its attempts, reconnect hooks and the standby connection are children of the keeper's task
+owner (monitord/base/task_owner.py), closed when run() ends.
 The state is published as a frozen `TunnelStatus` (`keeper.status()`,
 `await keeper.wait_for(...)`, listeners) that the status document (GET /v1/status) shows
 as `tunnel {state, connected, last_error, attempts, lease}`. Other parts use the live
@@ -39,6 +41,7 @@ import asyncssh
 from monitord.base import logs
 from monitord.base.config import RemoteSection
 from monitord.base.periodic import LoopBook
+from monitord.base.task_owner import TaskOwner
 from monitord.remote import artifact, ssh_errors
 from monitord.remote.tunnel import ssh_connect
 from monitord.remote.tunnel.backoff import ReconnectBackoff
@@ -169,11 +172,13 @@ class TunnelKeeper:
         self._helper: LeaseSession | None = None
         self._closing = asyncio.Event()
         self._attempt_task: asyncio.Task[None] | None = None
+        self._tasks = TaskOwner(TASK_NAME)
         self._hooks = _Hooks()
         self._log = logs.get_logger(__name__).bind(owner_label=owner_label)
         self._standby = Standby(
             connect=self._connect, open_helper=self._lease_client.open_session,
-            retry_s=config.reconnect_backoff_cap_s, log=self._log,
+            retry_s=config.reconnect_backoff_cap_s, log=self._log, tasks=self._tasks,
+            loops=self._loops,
         ) if config.standby_connection else None
         self._last_logged: tuple[str, str, float, int] | None = None
         detect_s = config.keepalive_interval_s * config.keepalive_count_max
@@ -227,7 +232,7 @@ class TunnelKeeper:
                 if self._closing.is_set():
                     break
                 # Each attempt is its own task so that close() can abort a connect in flight.
-                attempt = asyncio.create_task(self._attempt(), name="tunnel keeper: attempt")
+                attempt = self._tasks.spawn("tunnel keeper: attempt", self._attempt())
                 self._attempt_task = attempt
                 try:
                     await attempt
@@ -243,6 +248,7 @@ class TunnelKeeper:
             await self._cancel_hooks()
             if self._standby is not None:
                 await self._standby.close()
+            await self._tasks.close()
             await self._publish(state=TunnelState.STOPPED, next_retry_at=None, forwards=())
 
     async def close(self) -> None:
@@ -445,8 +451,8 @@ class TunnelKeeper:
                        attempts=self._status.attempts, fenced=fenced,
                        forwards=[f.name for f in statuses])
         for name, hook in self._hooks.hooks.items():
-            task = asyncio.create_task(
-                self._run_hook(name=name, hook=hook, conn=conn), name=f"tunnel-hook:{name}"
+            task = self._tasks.spawn(
+                f"tunnel-hook:{name}", self._run_hook(name=name, hook=hook, conn=conn)
             )
             self._hooks.running.add(task)
             task.add_done_callback(self._hooks.running.discard)
@@ -465,10 +471,7 @@ class TunnelKeeper:
             self._log.exception("tunnel_hook_crashed", hook=name)
 
     async def _cancel_hooks(self) -> None:
-        tasks = list(self._hooks.running)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._tasks.cancel(list(self._hooks.running))
 
     async def _hold(self, conn: asyncssh.SSHClientConnection, helper: LeaseSession) -> None:
         """Renew the lease every TTL/3 until the connection ends or the lease is lost."""

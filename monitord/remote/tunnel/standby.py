@@ -13,8 +13,10 @@ a standby still logging in is waited for `LOGIN_WAIT_S` at most.
 The standby never takes the lease by itself and never opens a forward, so it cannot be a
 second owner; the lease decides between our own sessions exactly as after any reconnect
 (tunnel.md). Its connect attempts are paced by `retry_s` (the backoff cap) after a failure,
-so it cannot storm. Owned by the keeper: started after each proven connection, closed with
-the keeper.
+so it cannot storm. Owned by the keeper: its task is a child of the keeper's task owner,
+started after each proven connection, closed with the keeper. An attempt that raises
+anything but a MonitordError is counted under the root loops' error policy as loop
+"tunnel standby" (monitord/base/periodic.py) and retried like a failed one.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from typing import Any
 
 import asyncssh
 
+from monitord.base.periodic import LoopBook
+from monitord.base.task_owner import TaskOwner
 from monitord.remote.tunnel.lease_client import LeaseSession
 from orchestrator.errors import MonitordError
 
@@ -38,6 +42,7 @@ PROMOTE_TIMEOUT_S = 1.0
 # within a few round trips; one whose path died under it hangs until the connect time-out,
 # and waiting for that held a reconnect 8.5 s longer than a fresh login needed.
 LOGIN_WAIT_S = 1.0
+LOOP_NAME = "tunnel standby"
 
 
 @dataclass(frozen=True)
@@ -56,11 +61,15 @@ class Standby:
         open_helper: Callable[[asyncssh.SSHClientConnection], Awaitable[LeaseSession]],
         retry_s: float,
         log: Any,
+        tasks: TaskOwner,
+        loops: LoopBook,
     ) -> None:
         self._connect = connect
         self._open_helper = open_helper
         self._retry_s = retry_s
         self._log = log
+        self._tasks = tasks
+        self._loops = loops
         self._ready: Ready | None = None
         self._task: asyncio.Task[None] | None = None
         # Set while no standby is on its way: none is ready, or an attempt just ended.
@@ -69,8 +78,8 @@ class Standby:
 
     def start(self) -> None:
         """Make (and then keep) a standby, unless one is being kept already."""
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._keep(), name="tunnel keeper: standby")
+        if (self._task is None or self._task.done()) and not self._tasks.closed:
+            self._task = self._tasks.spawn("tunnel keeper: standby", self._keep())
 
     async def take(self, *, wait_s: float) -> Ready | None:
         """The standby, now the caller's to use and close; None if none is ready. One that
@@ -94,8 +103,7 @@ class Standby:
     async def _stop(self) -> None:
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            await self._tasks.cancel([task])
 
     async def _keep(self) -> None:
         while True:
@@ -117,6 +125,10 @@ class Standby:
             self._log.info("tunnel_standby_lost")
         except MonitordError as e:
             self._log.info("tunnel_standby_failed", error_code=e.code, detail=e.detail)
+        except Exception as e:  # a malformed reply, a bug: counted, then tried again later
+            self._loops.failed(LOOP_NAME, e)
+        else:
+            self._loops.passed(LOOP_NAME)
         finally:
             self._settled.set()
             if conn is not None and ready is None:  # never offered
