@@ -31,12 +31,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import statistics
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 from monitord.base import logs
@@ -44,6 +42,7 @@ from monitord.base.metrics import Metrics
 from monitord.base.periodic import LoopBook, Periodic
 from monitord.base.task_owner import TaskOwner
 from monitord.engine import crash_points, txn_log
+from monitord.engine.downtime_log import DowntimeLog
 from monitord.engine.lease_renewer import LeaseRenewer
 from monitord.engine.move_slots import Held, MoveSlots
 from monitord.engine.phase_actions import PhaseActions
@@ -73,219 +72,6 @@ SELF_LOOPING = frozenset({Phase.ROLLBACK})
 # end of the area's downtime), and the pause between two health checks that did not pass.
 SOURCE_WATCH_S = 600.0
 SOURCE_WATCH_PAUSE_S = 1.0
-OUTCOMES = ("done", "rolled_back", "parked")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class AreaDowntime:
-    """One transaction's downtime record (`state.db` table `area_downtime`).
-
-    `stopped_at` (wall) is when the source lost the permission to run; `healthy_at` and
-    `healthy_side` when, and on which side, the area was first healthy again (the destination's
-    health check, or the source's after a rollback); `downtime_s` the time between, on the
-    monotonic clock when both ends happened in this process. `move_id` groups the transactions
-    opened together for one service (one placement request or one tick)."""
-
-    transaction_id: str
-    service: str
-    area: str
-    direction: str
-    move_id: str
-    stopped_at: float | None = None
-    healthy_at: float | None = None
-    healthy_side: str | None = None
-    downtime_s: float | None = None
-    outcome: str | None = None  # done, rolled_back or parked, once the transaction ended
-    finished_at: float | None = None
-
-    @classmethod
-    def first(cls, txn: Transaction, *, move_id: str) -> AreaDowntime:
-        return cls(transaction_id=txn.transaction_id, service=txn.service, area=txn.area,
-                   direction=txn.direction.value, move_id=move_id)
-
-    @classmethod
-    def from_storage(cls, row: Mapping[str, Any]) -> AreaDowntime:
-        fields: dict[str, Any] = {f.name: row.get(f.name) for f in dataclasses.fields(cls)}
-        return cls(**fields)
-
-    def to_storage(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-class DowntimeLog:
-    """Per-area downtime of every transaction: written to `state.db` at each mark, observed
-    once in `monitord_area_downtime_seconds` when final, logged as `area_downtime`; and, for
-    the status, the ended records of each service's last move.
-
-    Called by the engine only: `opened` (transaction stored), `source_stopped` (SUPPRESS_SOURCE
-    stored), `healthy` (a health check passed), `rollback_started`, `resumed`, `ended`."""
-
-    def __init__(
-        self,
-        *,
-        store: Store,
-        metrics: Metrics,
-        on_change: Callable[[], None],
-        wall: Callable[[], float],
-        clock: Callable[[], float],
-    ) -> None:
-        self.store = store
-        self.metrics = metrics
-        self._on_change = on_change
-        self._wall = wall
-        self._clock = clock
-        self._records: dict[str, AreaDowntime] = {}  # transactions still in PlacementState
-        self._stopped: dict[str, float] = {}  # transaction_id -> monotonic stop (this process)
-        self._moves: dict[str, tuple[str, dict[str, AreaDowntime]]] = {}  # service -> last move
-
-    async def load(self, active: list[Transaction]) -> None:
-        """The records of the active transactions and each service's last move (start-up)."""
-        for row in await self.store.downtimes([t.transaction_id for t in active]):
-            record = AreaDowntime.from_storage(row)
-            self._records[record.transaction_id] = record
-        for service, rows in (await self.store.last_moves()).items():
-            records = [AreaDowntime.from_storage(r) for r in rows]
-            self._moves[service] = (records[-1].move_id,
-                                    {r.transaction_id: r for r in records})
-        self._on_change()
-
-    def _get(self, txn: Transaction) -> AreaDowntime:
-        found = self._records.get(txn.transaction_id)
-        if found is None:  # a transaction from before downtime records: a move of its own
-            found = AreaDowntime.first(txn, move_id=txn.transaction_id)
-        return found
-
-    async def _put(self, record: AreaDowntime, *, active: bool = True) -> None:
-        await self.store.put_downtime(record.to_storage())
-        if active:
-            self._records[record.transaction_id] = record
-        move = self._moves.get(record.service)
-        if move is not None and record.transaction_id in move[1]:
-            move[1][record.transaction_id] = record
-        self._on_change()
-
-    async def opened(self, txn: Transaction, *, move_id: str) -> None:
-        await self._put(AreaDowntime.first(txn, move_id=move_id))
-
-    async def source_stopped(self, txn: Transaction) -> None:
-        """The source may no longer run: its supervisor or agent stops it from now on."""
-        self._stopped[txn.transaction_id] = self._clock()
-        await self._put(dataclasses.replace(
-            self._get(txn), stopped_at=self._wall(), healthy_at=None, healthy_side=None,
-            downtime_s=None,
-        ))
-
-    async def _ended_record(self, txn: Transaction) -> AreaDowntime:
-        """The record of a transaction that may have ended already (a watched rollback)."""
-        if txn.transaction_id in self._records:
-            return self._records[txn.transaction_id]
-        move = self._moves.get(txn.service)
-        if move is not None and txn.transaction_id in move[1]:
-            return move[1][txn.transaction_id]
-        rows = await self.store.downtimes([txn.transaction_id])
-        return AreaDowntime.from_storage(rows[0]) if rows else self._get(txn)
-
-    async def healthy(self, txn: Transaction, *, side: Side, at: float, now: float) -> None:
-        """`side` passed its health check at wall `at` (monotonic `now`)."""
-        record = await self._ended_record(txn)
-        if record.stopped_at is None:
-            return  # nothing was stopped by this transaction (or not recorded): no downtime
-        stopped = self._stopped.get(txn.transaction_id)
-        downtime = now - stopped if stopped is not None else at - record.stopped_at
-        record = dataclasses.replace(record, healthy_at=at, healthy_side=side.value,
-                                     downtime_s=max(0.0, downtime))
-        ended = record.outcome in ("rolled_back", "parked")  # a rollback's source, watched
-        await self._put(record, active=txn.transaction_id in self._records)
-        if ended:
-            await self._final(record)
-
-    async def rollback_started(self, txn: Transaction) -> None:
-        """A destination that passed its health check is no end of the downtime any more:
-        it now runs until the source is healthy again."""
-        record = self._get(txn)
-        if record.healthy_at is not None:
-            await self._put(dataclasses.replace(record, healthy_at=None, healthy_side=None,
-                                                downtime_s=None))
-
-    async def resumed(self, txn: Transaction, *, fresh: bool) -> None:
-        """A PARKED transaction goes on: a retry from PREFLIGHT (`fresh`: a new attempt with
-        its own downtime) or a rollback resumed (its downtime goes on)."""
-        record = dataclasses.replace(self._get(txn), outcome=None, finished_at=None)
-        if fresh:
-            self._stopped.pop(txn.transaction_id, None)
-            record = dataclasses.replace(record, stopped_at=None, healthy_at=None,
-                                         healthy_side=None, downtime_s=None)
-        await self._put(record)
-
-    async def ended(self, txn: Transaction) -> None:
-        """DONE, ROLLED_BACK or PARKED: the record joins its service's last move."""
-        record = dataclasses.replace(self._get(txn), outcome=txn.phase.value.lower(),
-                                     finished_at=txn.updated_at)
-        await self._put(record, active=txn.is_active)
-        if not txn.is_active:
-            self._records.pop(txn.transaction_id, None)
-            if txn.phase is Phase.DONE:
-                self._stopped.pop(txn.transaction_id, None)
-        move = self._moves.get(record.service)
-        if move is None or (move[0] != record.move_id):
-            rows = await self.store.move_downtimes(record.move_id)
-            move = (record.move_id,
-                    {r.transaction_id: r for r in map(AreaDowntime.from_storage, rows)})
-            self._moves[record.service] = move
-        move[1][record.transaction_id] = record
-        self._on_change()
-        if txn.phase is Phase.DONE and record.downtime_s is not None:
-            await self._final(record)
-
-    def unmeasured(self, txn: Transaction) -> None:
-        """A watched source was not seen healthy: its downtime stays open in its record."""
-        self._stopped.pop(txn.transaction_id, None)
-
-    async def _final(self, record: AreaDowntime) -> None:
-        assert record.downtime_s is not None
-        self._stopped.pop(record.transaction_id, None)
-        self.metrics.area_downtime.labels(
-            service=record.service, direction=record.direction
-        ).observe(record.downtime_s)
-        fields = {"transaction_id": record.transaction_id, "service": record.service,
-                  "area": record.area, "direction": record.direction,
-                  "outcome": record.outcome, "healthy_side": record.healthy_side,
-                  "downtime_s": round(record.downtime_s, 4)}
-        log.info("area_downtime", **fields)
-        await self.store.record_event("area_downtime", fields)
-
-    def last_move(self, service: str) -> dict[str, Any] | None:
-        """The status's `last_move` of a service, or None before its first ended transaction."""
-        move = self._moves.get(service)
-        if move is None:
-            return None
-        move_id, records = move
-        ended = sorted((r for r in records.values() if r.outcome is not None),
-                       key=lambda r: r.finished_at or 0.0)
-        if not ended:
-            return None
-        latest = ended[-1]
-        downtimes = sorted(r.downtime_s for r in ended if r.downtime_s is not None)
-        outcomes = dict.fromkeys(OUTCOMES, 0)
-        for r in ended:
-            outcomes[str(r.outcome)] = outcomes.get(str(r.outcome), 0) + 1
-        return {
-            "move_id": move_id,
-            "transaction_id": latest.transaction_id,
-            "direction": latest.direction,
-            "finished_at": latest.finished_at,
-            "areas": len(ended),
-            "in_flight": sum(1 for r in self._records.values()
-                             if r.move_id == move_id and r.outcome is None),
-            "outcomes": outcomes,
-            "downtime_s": {
-                "max": round(downtimes[-1], 3),
-                "p50": round(statistics.median(downtimes), 3),
-                "measured": len(downtimes),
-            } if downtimes else None,
-        }
-
-
 class MigrationEngine:
     def __init__(
         self,
