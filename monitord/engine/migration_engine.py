@@ -21,7 +21,8 @@ observed outcome back, persisting each new record BEFORE the next step starts (d
 - `stop()` lets each runner finish its current step (bounded), then cancels; every record
   on disk is a valid point to resume from. Runners and source watchers are children of two
   task owners (monitord/base/task_owner.py) that the root task closes when it ends.
-- Every transaction's area downtime is recorded (`DowntimeLog`, table `area_downtime`): from
+- Every transaction's area downtime is recorded (`DowntimeLog` in
+  monitord/engine/downtime_log.py, table `area_downtime`): from
   the moment its source lost the permission to run (the SUPPRESS_SOURCE record stored) to the
   destination's health check passing, or, after a rollback, to the source's first healthy
   moment (watched by a task the engine owns). docs/design.md, "Observability".
