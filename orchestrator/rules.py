@@ -14,6 +14,12 @@
    `park_after_failures` consecutive failures until an operator retries.
 6. A reversal of the desired location before the commit becomes a rollback, after the
    commit a new transaction (`reversal`).
+7. What a step's result becomes before the table sees it: a failed step's outcome
+   (`outcome_for_error`: counts towards parking in PREFLIGHT, parks a rollback whose data
+   wait outlasted its bound, takes the UNREACHABLE edge for an unreachable side), a
+   rollback completed after an error (`settled_outcome`), a passed preflight taking its move
+   slot and checking again (`takes_move_slot`, `preflight_again`) and the grant a lease
+   expiry is judged by (`lease_to_judge`). The engine performs; these decide.
 
 `desired_runs(side=...)` is the single answer to "which areas may run on this side, at which
 generation": the local supervisor's wanted set and the remote grants (lease renewals) are
@@ -25,17 +31,25 @@ Called by the migration engine, the lease renewer and the reconciler in `monitor
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Self
 
-from orchestrator import lineage
+from orchestrator import lineage, phases
+from orchestrator.errors import ErrorCode
 from orchestrator.lineage import Lineage
-from orchestrator.models import Area, Location, Phase, Side, Transaction, reached
+from orchestrator.models import Area, AreaLease, Location, Phase, Side, Transaction, reached
 from orchestrator.phases import Outcome
 
 DEFAULT_PARK_AFTER_FAILURES = 5
+# Codes that say the other side could not be reached (not that it answered no): such a step
+# is not retried in place, and the table's UNREACHABLE edge is taken where it has one.
+UNREACHABLE_CODES = frozenset(
+    {ErrorCode.SSH_UNREACHABLE, ErrorCode.SSH_TIMEOUT, ErrorCode.AGENT_UNREACHABLE,
+     ErrorCode.ROLLBACK_DATA_UNREACHABLE}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +196,70 @@ def rollback_completion_outcome(
     if consecutive_failures >= park_after_failures:
         return Outcome.PARK
     return Outcome.OK
+
+
+def outcome_for_error(
+    txn: Transaction,
+    *,
+    error_code: str,
+    consecutive_failures: int,
+    park_after_failures: int,
+    at: float,
+    rollback_data_wait_s: float,
+) -> Outcome:
+    """The outcome a step of `txn` that failed with `error_code` reports (rule 7).
+
+    Every failed preflight counts towards parking (`consecutive_failures` counts this one),
+    an unreachable VPS included. A rollback waiting for the destination's newer data since
+    `txn.data_wait_since` parks once `rollback_data_wait_s` passed (wall `at`): the area
+    stays stopped, bounded, and an operator chooses. Otherwise an unreachable side takes the
+    UNREACHABLE edge where the table has one, and anything else is FAILED."""
+    if txn.phase is Phase.PREFLIGHT:
+        outcome = failure_outcome(
+            consecutive_failures=consecutive_failures, park_after_failures=park_after_failures
+        )
+        if outcome is Outcome.PARK:
+            return outcome
+    waited = txn.data_wait_since
+    if txn.phase is Phase.ROLLBACK and waited is not None and at - waited >= rollback_data_wait_s:
+        return Outcome.PARK
+    if error_code in UNREACHABLE_CODES and Outcome.UNREACHABLE in phases.allowed(txn):
+        return Outcome.UNREACHABLE
+    return Outcome.FAILED
+
+
+def settled_outcome(
+    txn: Transaction, outcome: Outcome, *, consecutive_failures: int, park_after_failures: int
+) -> Outcome:
+    """The outcome the table is fed for what a step of `txn` observed: a rollback that
+    completed after an error ends ROLLED_BACK, or PARKED at the limit
+    (`rollback_completion_outcome`); any other outcome unchanged."""
+    if txn.phase is Phase.ROLLBACK and outcome is Outcome.OK and txn.last_error_code:
+        return rollback_completion_outcome(
+            consecutive_failures=consecutive_failures, park_after_failures=park_after_failures
+        )
+    return outcome
+
+
+def takes_move_slot(txn: Transaction, outcome: Outcome, *, failed: bool) -> bool:
+    """A passed preflight: the area takes its move slot before the next phase is stored
+    (monitord/engine/move_slots.py), and checks again if that meant waiting."""
+    return txn.phase is Phase.PREFLIGHT and not failed and outcome is Outcome.OK
+
+
+def preflight_again(actions: Iterable[phases.Action]) -> tuple[phases.Action, ...]:
+    """The checks to run once more after waiting for the move slot: the preflight actions,
+    marked `again` (the checks without the pre-copy, right before the source stops)."""
+    return tuple(dataclasses.replace(a, again=True) for a in actions
+                 if isinstance(a, phases.RunPreflight))
+
+
+def lease_to_judge(actions: Iterable[phases.Action], *, known: AreaLease | None) -> AreaLease:
+    """The grant a LEASE_EXPIRED outcome is judged by: the one the WaitLeaseExpiry among
+    `actions` waited out, or `known` if it was acknowledged later (learnt meanwhile)."""
+    waited = next(a.lease for a in actions if isinstance(a, phases.WaitLeaseExpiry))
+    later = known is not None and known.acknowledged_at > waited.acknowledged_at
+    return known if later and known is not None else waited
 
 
 def rollback_needs_lease_wait(txn: Transaction) -> bool:

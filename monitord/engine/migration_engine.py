@@ -1,9 +1,11 @@
 """The migration engine: drives every area's transaction through the phase table.
 
 A root task ("migration engine"). It never decides a move itself: `orchestrator.phases`
-says what to do next for a stored record, `PhaseActions` does it, and the engine feeds the
-observed outcome back, persisting each new record BEFORE the next step starts (docs/design.md,
-"Transactions: phases and outcomes", rule 1). Concretely, per area:
+says what to do next for a stored record, `PhaseActions` does it, `orchestrator.rules` says
+what a result means (a failed step's outcome, a rollback completed after an error, a passed
+preflight's move slot and second check, the grant a lease expiry is judged by), and the
+engine feeds that outcome back, persisting each new record BEFORE the next step starts
+(docs/design.md, "Transactions: phases and outcomes", rule 1). Concretely, per area:
 
     record --next_actions--> actions --perform--> outcome --step--> record' --store--> ...
 
@@ -31,7 +33,6 @@ observed outcome back, persisting each new record BEFORE the next step starts (d
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 import uuid
 from collections import defaultdict
@@ -63,10 +64,6 @@ STOP_GRACE_S = 5.0
 STEP_RETRY_BASE_S = 0.5
 STEP_RETRY_CAP_S = 15.0
 STEP_ATTEMPTS = 3  # tries of one step on a transient (not "unreachable") error
-UNREACHABLE_CODES = frozenset(
-    {ErrorCode.SSH_UNREACHABLE, ErrorCode.SSH_TIMEOUT, ErrorCode.AGENT_UNREACHABLE,
-     ErrorCode.ROLLBACK_DATA_UNREACHABLE}
-)
 # Phases whose own failure sends the record back to itself (retry after a pause).
 SELF_LOOPING = frozenset({Phase.ROLLBACK})
 # After a rollback restarted its source: how long to wait for its first healthy moment (the
@@ -405,11 +402,9 @@ class MigrationEngine:
         outcome, error = await self._perform(txn, actions)
         if outcome is None:
             return False, False
-        if txn.phase is Phase.PREFLIGHT and error is None and outcome is Outcome.OK:
+        if rules.takes_move_slot(txn, outcome, failed=error is not None):
             if await slot.to_move():
-                again = tuple(dataclasses.replace(a, again=True) for a in actions
-                              if isinstance(a, phases.RunPreflight))
-                outcome, error = await self._perform(txn, again)
+                outcome, error = await self._perform(txn, rules.preflight_again(actions))
                 if outcome is None:
                     return False, False
         if error is None and any(isinstance(a, phases.CheckHealth) for a in actions):
@@ -418,11 +413,7 @@ class MigrationEngine:
                                         now=self._clock())
         lease = None
         if outcome is Outcome.LEASE_EXPIRED:
-            # Judge the deadline by the grant waited out, or a later one learnt meanwhile.
-            waited = next(a.lease for a in actions if isinstance(a, phases.WaitLeaseExpiry))
-            known = self._ctx(txn).lease
-            later = known is not None and known.acknowledged_at > waited.acknowledged_at
-            lease = known if later else waited
+            lease = rules.lease_to_judge(actions, known=self._ctx(txn).lease)
         new = await self._advance(txn, outcome, error=error, lease=lease)
         if error is None and any(isinstance(a, phases.RestartSource) for a in actions):
             self._watch_source(new)
@@ -489,7 +480,8 @@ class MigrationEngine:
             try:
                 return await self.actions.perform(txn, action)
             except TransientError as e:
-                if e.code in UNREACHABLE_CODES or attempt == STEP_ATTEMPTS or self._stopping:
+                if e.code in rules.UNREACHABLE_CODES or attempt == STEP_ATTEMPTS \
+                        or self._stopping:
                     raise
                 txn_log.bound(txn).info(
                     "step_retry", phase=txn.phase.value, error_code=e.code, attempt=attempt
@@ -499,24 +491,12 @@ class MigrationEngine:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _outcome_for_error(self, txn: Transaction, error: MonitordError) -> Outcome:
-        if txn.phase is Phase.PREFLIGHT:
-            # Every failed preflight counts towards parking, an unreachable VPS included.
-            outcome = rules.failure_outcome(
-                consecutive_failures=self._failures[txn.service] + 1,
-                park_after_failures=self.park_after_failures,
-            )
-            if outcome is Outcome.PARK:
-                return outcome
-        waited = txn.data_wait_since
-        if txn.phase is Phase.ROLLBACK and waited is not None:
-            # The newest data is out of reach: the area stays stopped, bounded by
-            # rollback_data_wait_s; then the service parks and an operator chooses.
-            if self._wall() - waited >= self.rollback_data_wait_s:
-                return Outcome.PARK
-        allowed = phases.allowed(txn)
-        if error.code in UNREACHABLE_CODES and Outcome.UNREACHABLE in allowed:
-            return Outcome.UNREACHABLE
-        return Outcome.FAILED
+        return rules.outcome_for_error(
+            txn, error_code=str(error.code),
+            consecutive_failures=self._failures[txn.service] + 1,
+            park_after_failures=self.park_after_failures, at=self._wall(),
+            rollback_data_wait_s=self.rollback_data_wait_s,
+        )
 
     # -- advancing ------------------------------------------------------------------------
 
@@ -550,11 +530,10 @@ class MigrationEngine:
         new_generation: int | None = None,
         lease: AreaLease | None = None,
     ) -> Transaction:
-        if txn.phase is Phase.ROLLBACK and outcome is Outcome.OK and txn.last_error_code:
-            outcome = rules.rollback_completion_outcome(
-                consecutive_failures=self._failures[txn.service] + 1,
-                park_after_failures=self.park_after_failures,
-            )
+        outcome = rules.settled_outcome(
+            txn, outcome, consecutive_failures=self._failures[txn.service] + 1,
+            park_after_failures=self.park_after_failures,
+        )
         ctx = self._ctx(txn, error=error, new_generation=new_generation, lease=lease)
         new = phases.advance(txn, outcome, ctx)
         ended = not new.is_active or new.phase is Phase.PARKED
