@@ -45,7 +45,7 @@ from monitord.base.periodic import LoopBook, Periodic
 from monitord.base.task_owner import TaskOwner
 from monitord.engine import crash_points, txn_log
 from monitord.engine.downtime_log import DowntimeLog
-from monitord.engine.lease_renewer import LeaseRenewer
+from monitord.engine.lease_ledger import LeaseLedger
 from monitord.engine.move_slots import Held, MoveSlots
 from monitord.engine.phase_actions import PhaseActions
 from monitord.engine.placement_state import PlacementState
@@ -79,7 +79,7 @@ class MigrationEngine:
         store: Store,
         metrics: Metrics,
         policy: LeasePolicy,
-        renewer: LeaseRenewer | None,
+        leases: LeaseLedger | None,
         parallelism: dict[str, int],
         park_after_failures: int,
         retry_backoff_base_s: float,
@@ -95,7 +95,7 @@ class MigrationEngine:
         self.store = store
         self.metrics = metrics
         self.policy = policy
-        self.renewer = renewer
+        self.leases = leases  # the grants acknowledged (None: no VPS configured)
         self.park_after_failures = park_after_failures
         self.retry_backoff_base_s = retry_backoff_base_s
         self.retry_backoff_cap_s = retry_backoff_cap_s
@@ -508,8 +508,8 @@ class MigrationEngine:
         new_generation: int | None = None,
         lease: AreaLease | None = None,
     ) -> phases.StepContext:
-        if lease is None and txn.destination is Side.REMOTE and self.renewer is not None:
-            lease = self.renewer.lease_for(txn.area, txn.generation)
+        if lease is None and txn.destination is Side.REMOTE and self.leases is not None:
+            lease = self.leases.lease_for(txn.area, txn.generation)
         return phases.StepContext(
             at=self._wall(),
             now=self._clock(),

@@ -7,6 +7,7 @@ The component owns:
     placement state    committed areas (custom_config.json), transactions, wishes
     local supervisor   runs exactly `state.runs(LOCAL)` (fed on every state change)
     tunnel keeper      the one SSH connection; provisions the VPS before forwards are proven
+    lease ledger       the grants acknowledged or uncertain (the expiry bound's source)
     lease renewer      grants `state.runs(REMOTE)` to the agent every TTL/3
     migration engine   transactions, phase by phase (it is also the placement intake)
     cleanup worker     the durable cleanup queue
@@ -33,6 +34,7 @@ from monitord.base.config import Config
 from monitord.base.metrics import Metrics
 from monitord.base.periodic import LoopBook
 from monitord.engine.cleanup_worker import CleanupWorker
+from monitord.engine.lease_ledger import LeaseLedger
 from monitord.engine.lease_renewer import LeaseRenewer
 from monitord.engine.migration_engine import MigrationEngine
 from monitord.engine.operator_facade import OperatorFacade
@@ -100,6 +102,7 @@ class Orchestration:
             safety_margin_s=remote.lease_safety_margin_s if remote else 2.0,
         )
         self.link: RemoteLink | None = None
+        self.ledger: LeaseLedger | None = None
         self.renewer: LeaseRenewer | None = None
         if remote is not None:
             for message in remote.deprecations:
@@ -120,13 +123,16 @@ class Orchestration:
             self.link = RemoteLink(
                 config=config, keeper=keeper, agent=agent, artifacts=artifacts, secret=secret
             )
-            self.renewer = LeaseRenewer(
-                state=self.state,
-                agent=lambda: self.link.agent if self.link and self.link.connected() else None,
+            self.ledger = LeaseLedger(
                 owner_id=self.owner_id,
                 policy=self.policy,
                 tunnel_connected=lambda: bool(self.link and self.link.connected()),
                 connection_epoch=lambda: keeper.status().reconnects,
+            )
+            self.renewer = LeaseRenewer(
+                state=self.state,
+                agent=lambda: self.link.agent if self.link and self.link.connected() else None,
+                ledger=self.ledger,
                 recycle=self._recycle_tunnel,
                 loops=self.loops,
             )
@@ -146,7 +152,7 @@ class Orchestration:
             store=ctx.store,
             metrics=self.metrics,
             policy=self.policy,
-            renewer=self.renewer,
+            leases=self.ledger,
             parallelism={name: s.parallelism for name, s in config.services.items()},
             park_after_failures=config.monitord.park_after_failures,
             retry_backoff_base_s=config.monitord.retry_backoff_base_s,
@@ -261,8 +267,8 @@ class Orchestration:
 
     def _tunnel_changed(self, status: TunnelStatus) -> None:
         self.metrics.tunnel_up.set(1 if status.connected else 0)
-        if self._was_connected and not status.connected and self.renewer is not None:
-            self.renewer.tunnel_down()
+        if self._was_connected and not status.connected and self.ledger is not None:
+            self.ledger.tunnel_down()
         # Count each conflict once, when the keeper enters the state (it publishes often).
         if status.state is TunnelState.LEASE_CONFLICT and self._last_state is not status.state:
             self.metrics.tunnel_lease_conflicts.inc()

@@ -1,4 +1,6 @@
-"""The lease bound a rollback waits for never trusts a grant that may still arrive."""
+"""The lease bound a rollback waits for never trusts a grant that may still arrive (the lease
+ledger, monitord/engine/lease_ledger.py), and a renewal names only the grants that need it
+(the renewer, monitord/engine/lease_renewer.py)."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from monitord.engine.lease_ledger import LeaseLedger
 from monitord.engine.lease_renewer import LeaseRenewer
 from monitord.engine.placement_state import PlacementState
 from monitord.remote.agent_client import AgentUnreachable, RenewResult
@@ -33,15 +36,17 @@ async def renewer(tmp_path: Path):  # type: ignore[no-untyped-def]
     world = World()
     async with await Store.open(tmp_path) as store:
         state = PlacementState(store=store, custom_config_path=tmp_path / "custom_config.json")
+        ledger = LeaseLedger(
+            owner_id="me", policy=POLICY, tunnel_connected=lambda: world.connected,
+            connection_epoch=lambda: world.epoch, clock=lambda: world.now,
+        )
         yield world, LeaseRenewer(
-            state=state, agent=lambda: None, owner_id="me", policy=POLICY,
-            tunnel_connected=lambda: world.connected, connection_epoch=lambda: world.epoch,
-            recycle=world.recycle, clock=lambda: world.now,
+            state=state, agent=lambda: None, ledger=ledger, recycle=world.recycle
         )
 
 
 def _deadline(renewer: LeaseRenewer) -> float:
-    return area_leases.expired_at(renewer.lease_for("a", 3), policy=POLICY)
+    return area_leases.expired_at(renewer.ledger.lease_for("a", 3), policy=POLICY)
 
 
 class TestUncertainGrants:
@@ -115,10 +120,12 @@ class TestWhatARenewalNames:
             state = PlacementState(store=store, custom_config_path=tmp_path / "c.json")
             runs = {"a": 3, "b": 4}
             state.runs = lambda side: runs  # type: ignore[method-assign]
-            renewer = LeaseRenewer(
-                state=state, agent=lambda: agent, owner_id="me",  # type: ignore[arg-type, return-value]
-                policy=POLICY, tunnel_connected=lambda: world.connected,
+            ledger = LeaseLedger(
+                owner_id="me", policy=POLICY, tunnel_connected=lambda: world.connected,
                 connection_epoch=lambda: world.epoch, clock=lambda: world.now,
+            )
+            renewer = LeaseRenewer(
+                state=state, agent=lambda: agent, ledger=ledger,  # type: ignore[arg-type, return-value]
             )
             yield world, agent, renewer, runs
 

@@ -70,7 +70,7 @@ async def test_the_next_area_prepares_while_one_is_out_of_service(tmp_path: Path
         actions = RecordingActions(state)
         engine = MigrationEngine(
             state=state, actions=actions, store=store,  # type: ignore[arg-type]
-            metrics=Metrics(), policy=LeasePolicy(), renewer=None,
+            metrics=Metrics(), policy=LeasePolicy(), leases=None,
             parallelism={"tg": 1}, park_after_failures=5,
             retry_backoff_base_s=0.01, retry_backoff_cap_s=0.02,
         )
@@ -166,7 +166,7 @@ async def test_never_more_than_parallelism_out_of_service(tmp_path: Path) -> Non
         actions = CountingActions(state)
         engine = MigrationEngine(
             state=state, actions=actions, store=store,  # type: ignore[arg-type]
-            metrics=Metrics(), policy=LeasePolicy(), renewer=None,
+            metrics=Metrics(), policy=LeasePolicy(), leases=None,
             parallelism={"tg": 2}, park_after_failures=5,
             retry_backoff_base_s=0.01, retry_backoff_cap_s=0.02,
         )

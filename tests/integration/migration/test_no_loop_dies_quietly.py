@@ -16,6 +16,7 @@ import pytest
 
 from monitord.base.metrics import Metrics
 from monitord.engine.cleanup_worker import CleanupWorker
+from monitord.engine.lease_ledger import LeaseLedger
 from monitord.engine.lease_renewer import LeaseRenewer
 from monitord.engine.migration_engine import MigrationEngine
 from monitord.engine.placement_state import PlacementState
@@ -58,7 +59,7 @@ class TestAnUnexpectedErrorInAPhaseAction:
             actions = ExplodingActions()
             engine = MigrationEngine(
                 state=state, actions=actions, store=store,  # type: ignore[arg-type]
-                metrics=Metrics(), policy=LeasePolicy(), renewer=None,
+                metrics=Metrics(), policy=LeasePolicy(), leases=None,
                 parallelism={"tg": 1}, park_after_failures=2,
                 retry_backoff_base_s=0.01, retry_backoff_cap_s=0.02,
             )
@@ -191,18 +192,18 @@ async def _loop_under_test(
         state.reload_committed = fault  # type: ignore[method-assign]
         return reconciler, reconciler.run, fault, nothing
     if which == "lease renewer":
-        renewer = LeaseRenewer(
-            state=state, agent=lambda: None, owner_id="me",
-            policy=LeasePolicy(ttl_s=0.15, clock_margin=0.1, safety_margin_s=0.1),
+        ledger = LeaseLedger(
+            owner_id="me", policy=LeasePolicy(ttl_s=0.15, clock_margin=0.1, safety_margin_s=0.1),
             tunnel_connected=lambda: True, connection_epoch=lambda: 1,
         )
+        renewer = LeaseRenewer(state=state, agent=lambda: None, ledger=ledger)
         fault = Fault(state.runs, error)
         state.runs = fault  # type: ignore[method-assign]
         return renewer, renewer.run, fault, nothing
     if which == "migration engine":
         engine = MigrationEngine(
             state=state, actions=ExplodingActions(), store=store,  # type: ignore[arg-type]
-            metrics=Metrics(), policy=LeasePolicy(), renewer=None,
+            metrics=Metrics(), policy=LeasePolicy(), leases=None,
             parallelism={"tg": 1}, park_after_failures=2,
             retry_backoff_base_s=0.01, retry_backoff_cap_s=0.02,
         )
