@@ -137,10 +137,28 @@ def summary_lines(status: dict[str, Any]) -> list[str]:
     return lines
 
 
+def loop_lines(status: dict[str, Any]) -> list[str]:
+    """One line per root loop that ever failed an iteration (the status document's `loops`)."""
+    lines = []
+    loops = status.get("loops") or {}
+    for name in sorted(loops):
+        loop = loops[name] if isinstance(loops[name], dict) else {}
+        last = loop.get("last_error")
+        if not isinstance(last, dict):
+            continue
+        errors = loop.get("errors", 0)
+        now = f", failing now ({loop.get('failing')} in a row)" if loop.get("failing") else ""
+        lines.append(f"loop {name}: {errors} failed iteration{'s' if errors != 1 else ''}{now};"
+                     f" last {last.get('code')}: {last.get('detail')} at {_when(last.get('at'))}")
+    return lines
+
+
 def print_status(status: dict[str, Any], *, console: Console | None = None) -> None:
     console = console or Console()
     for line in summary_lines(status):
         console.print(line, highlight=False, soft_wrap=True)
+    for line in loop_lines(status):  # an error's text is printed as is, never as markup
+        console.print(line, highlight=False, soft_wrap=True, markup=False)
     console.print(services_table(status))
     for line in (*last_move_lines(status), *error_lines(status)):
         console.print(line, highlight=False, soft_wrap=True)

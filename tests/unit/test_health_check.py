@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
 import pytest
+from rich.console import Console
 
 from monitord.remote.tunnel.keeper import TunnelState
 from orchestrator import health_check
@@ -187,6 +189,18 @@ class TestRootLoops:
         recent = now - health_check.LOOP_ERROR_WARN_S / 2
         verdict = health_check.classify(self.with_loop(failing=0, at=recent, now=now))
         assert verdict.state is CheckState.WARNING
+
+    def test_monitord_status_names_the_loop_its_count_and_its_last_error(self) -> None:
+        from monitord.surface import status_view
+
+        status = self.with_loop(failing=2, at=1.0)
+        status["loops"]["lease renewer"]["last_error"]["detail"] = "KeyError: '[/x]'"
+        [line] = status_view.loop_lines(status)
+        assert line.startswith("loop lease renewer: 3 failed iterations, failing now (2 in a")
+        assert "last INTERNAL: KeyError: '[/x]' at 1970-01-01" in line
+        console = Console(file=io.StringIO(), width=200)
+        status_view.print_status(status, console=console)  # the markup-like text is no markup
+        assert "KeyError: '[/x]'" in console.file.getvalue()  # type: ignore[attr-defined]
 
     def test_a_loop_that_recovered_long_ago_is_ok(self) -> None:
         now = 10_000.0
