@@ -1,10 +1,13 @@
 """A remote area keeps its lease while every iteration of the lease renewer raises: the
 renewer's loop goes on under the root loops' error policy (monitord/base/periodic.py), the
-daemon keeps running, and the failures show in the status document and `status --check`."""
+daemon keeps running, and the failures show in the status document and `status --check`;
+the same for every other root loop of a running daemon."""
 
 from __future__ import annotations
 
 import asyncio
+
+import pytest
 
 from monitord.base.periodic import FAULT_ENV
 from orchestrator import health_check
@@ -39,3 +42,29 @@ class TestTheRenewerRaisesInEveryIteration:
         assert "KeyError" in renewer["last_error"]["detail"]
         verdict = health_check.classify(status)
         assert verdict.state is CheckState.WARNING and "lease renewer loop" in verdict.line()
+
+
+class TestEveryRootLoopOfARunningDaemon:
+    """Whichever root loop raises in every iteration, `monitord run` keeps running, the loop
+    keeps iterating (its count grows) and the status document shows it."""
+
+    @pytest.mark.parametrize(("loop", "kind"), [
+        ("cleanup worker", "OverflowError"),
+        ("reconciler", "RecursionError"),
+        ("migration engine", "ValueError"),
+        ("local supervisor", "KeyError"),
+    ])
+    async def test_the_daemon_keeps_running_and_shows_the_count(
+        self, stack_factory: StackFactory, loop: str, kind: str
+    ) -> None:
+        stack = await stack_factory(services={"tg": 1}, extra_env={FAULT_ENV: f"{loop}:{kind}"})
+
+        async def failed_twice() -> bool:
+            shown = (await stack.status()).get("loops", {}).get(loop, {})
+            return int(shown.get("errors", 0)) >= 2
+
+        await stack.wait_until(failed_twice, timeout_s=30, what=f"two failed {loop} iterations")
+        assert stack.daemon is not None and stack.daemon.returncode is None, "monitord died"
+        shown = (await stack.status())["loops"][loop]
+        assert shown["last_error"]["code"] == "INTERNAL" and kind in shown["last_error"]["detail"]
+        assert [e for e in stack.events("root_task_died")] == []
