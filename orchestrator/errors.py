@@ -239,7 +239,8 @@ _ROWS: tuple[tuple[ErrorCode, Severity, bool, str, str], ...] = (
            " monitord keeps retrying the start."),
     (_E.INTERNAL, _S.ERROR, True,
            "An unexpected error inside monitord (logged once with its traceback); the step"
-           " counts as failed, so a service that keeps meeting it parks.",
+           " counts as failed, so a service that keeps meeting it parks; in a root loop it"
+           " is counted and shown (status `loops`) and the loop goes on.",
            "Send the diagnostic bundle and the log line to the maintainers; `monitord retry`"
            " after the cause is fixed."),
     (_E.DAEMON_UNREACHABLE, _S.ERROR, True,
