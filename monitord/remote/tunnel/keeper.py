@@ -466,9 +466,12 @@ class TunnelKeeper:
             self._log.warning("tunnel_hook_failed", hook=name, error_code=e.code, detail=e.detail)
         except asyncio.CancelledError:
             raise
-        except Exception:
-            # A hook bug must not take the tunnel down; it is logged with its traceback.
-            self._log.exception("tunnel_hook_crashed", hook=name)
+        except Exception as e:
+            # A hook bug must not take the tunnel down: counted and shown under the loops'
+            # policy (logged once per kind with its traceback).
+            self._loops.failed(f"tunnel hook: {name}", e)
+        else:
+            self._loops.passed(f"tunnel hook: {name}")
 
     async def _cancel_hooks(self) -> None:
         await self._tasks.cancel(list(self._hooks.running))

@@ -82,3 +82,25 @@ class TestAStandbyAttemptThatRaises:
             record = book.to_status()["tunnel standby"]
             assert record["errors"] == 1 and record["last_error"]["code"] == "INTERNAL"
             assert keeper.status().connected and len(calls) >= 3
+
+
+class TestAReconnectHookThatRaises:
+    """A hook's bug is counted and shown as loop "tunnel hook: NAME"; the tunnel stays up."""
+
+    async def test_it_is_counted_and_the_tunnel_stays_up(
+        self, vps: Vps, echo: EchoServer, captured: Captured
+    ) -> None:
+        async def broken(conn: Any) -> None:
+            raise OverflowError("int too large to convert")
+
+        book = LoopBook()
+        config = remote_section(vps, reverse=(reverse_to(echo),))
+        async with running_keeper(config, captured=captured, loops=book,
+                                  hooks={"broken": broken}) as keeper:
+            await keeper.wait_connected(timeout_s=30)
+            await poll(lambda: "tunnel hook: broken" in book.to_status(), timeout_s=10,
+                       what="the hook's failure counted")
+            record = book.to_status()["tunnel hook: broken"]
+            assert record["errors"] == 1 and record["last_error"]["code"] == "INTERNAL"
+            assert "OverflowError" in record["last_error"]["detail"]
+            assert keeper.status().connected
