@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -41,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import monitord
-from monitord.base import atomic_file, group_stop, log_sink, logs, proc_identity, run_as
+from monitord.base import area_paths, atomic_file, group_stop, log_sink, logs, proc_identity, run_as
 from monitord.base.config import ServiceSection
 from monitord.base.proc_identity import ProcessIdentity
 
@@ -49,7 +48,6 @@ SUPERVISOR_ENV = "MONITORD_SUPERVISOR"
 AREA_ENV = "MONITORD_AREA"
 GENERATION_ENV = "MONITORD_GENERATION"
 TASK_NAME = "local supervisor"
-_PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
 
 log = logs.get_logger(__name__)
 
@@ -69,26 +67,13 @@ class AreaRun:
     group: str | None = None
 
 
-def expand(template: str, *, area: str, data_dir: str, generation: int, side: str,
-           remote_bin_dir: str = "") -> str:
-    """Expand {area}, {data_dir}, {generation}, {side} and {remote_bin_dir} in a template;
-    any other {name} is left as written (a daemon argument may contain braces)."""
-    known = {"area": area, "data_dir": data_dir, "generation": str(generation), "side": side,
-             "remote_bin_dir": remote_bin_dir}
-    return _PLACEHOLDER.sub(lambda m: known.get(m.group(1), m.group(0)), template)
-
-
 def area_run(*, service: str, section: ServiceSection, area: str, generation: int) -> AreaRun:
     """The local AreaRun of a configured service (command and data dir templates expanded)."""
-    data_dir = expand(section.local_data_dir, area=area, data_dir="", generation=generation,
-                      side="local")
-    command = tuple(
-        expand(part, area=area, data_dir=data_dir, generation=generation, side="local")
-        for part in section.command
-    )
+    data_dir = area_paths.local_data_dir_text(section, area=area, generation=generation)
+    command = area_paths.local_command(section, area=area, generation=generation)
     return AreaRun(service=service, area=area, generation=generation, command=command,
-                   data_dir=data_dir, env=dict(section.env), min_uptime_s=section.min_uptime_s,
-                   user=section.user, group=section.group)
+                   data_dir=data_dir, env=dict(section.env),
+                   min_uptime_s=section.min_uptime_s, user=section.user, group=section.group)
 
 
 @dataclass(frozen=True)

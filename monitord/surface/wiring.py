@@ -150,8 +150,7 @@ class Orchestration:
         )
         self.cleanup = CleanupWorker(
             store=ctx.store,
-            supervisor=self.supervisor,
-            remote=self.link,
+            sides=self.actions.sides,
             metrics=self.metrics,
             interval_s=config.monitord.cleanup_interval_s,
             lineage_of=self.state.lineage,
@@ -161,7 +160,7 @@ class Orchestration:
             store=ctx.store,
             supervisor=self.supervisor,
             remote=self.link,
-            actions=self.actions,
+            sides=self.actions.sides,
             metrics=self.metrics,
             intake_lock=self.engine.intake_lock,
             interval_s=config.monitord.reconcile_interval_s,
