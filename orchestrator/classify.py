@@ -75,6 +75,7 @@ REQUEST_REFUSALS: Mapping[str, ErrorCode] = MappingProxyType({
     "unknown_area": ErrorCode.UNKNOWN_AREA,
     "draining": ErrorCode.DRAINING,
     "transaction_conflict": ErrorCode.TRANSACTION_CONFLICT,
+    "vps_not_fenced": ErrorCode.VPS_NOT_FENCED,
 })
 
 # What went wrong with monitord's own files and process.

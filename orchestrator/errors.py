@@ -77,6 +77,7 @@ class ErrorCode(TextEnum):
     UNKNOWN_AREA = "UNKNOWN_AREA"
     DRAINING = "DRAINING"
     TRANSACTION_CONFLICT = "TRANSACTION_CONFLICT"
+    VPS_NOT_FENCED = "VPS_NOT_FENCED"
     DAEMON_START_FAILED = "DAEMON_START_FAILED"
     DAEMON_STOP_FAILED = "DAEMON_STOP_FAILED"
     SERVICE_USER_UNKNOWN = "SERVICE_USER_UNKNOWN"
@@ -110,7 +111,8 @@ _ROWS: tuple[tuple[ErrorCode, Severity, bool, str, str], ...] = (
            "Verify the VPS identity out of band, then update remote.known_hosts."),
     (_E.SSH_UNREACHABLE, _S.WARNING, True,
            "The VPS cannot be reached over SSH.",
-           "Check the VPS is up and its SSH port is reachable; monitord keeps retrying."),
+           "Check the VPS is up and its SSH port is reachable; monitord keeps retrying. A VPS"
+           " gone for good: `monitord give-up SERVICE` starts its areas on the PBX's copy."),
     (_E.SSH_TIMEOUT, _S.WARNING, True,
            "The SSH connection timed out or stopped answering keepalives.",
            "Check the network path to the VPS; monitord reconnects with backoff."),
@@ -202,7 +204,8 @@ _ROWS: tuple[tuple[ErrorCode, Severity, bool, str, str], ...] = (
            " reached to bring it back.",
            "Restore the VPS link: monitord copies the data back and restarts the area (once"
            " parked: `monitord retry SERVICE`); or accept losing that data:"
-           " `monitord rollback --discard-remote-data SERVICE`."),
+           " `monitord rollback --discard-remote-data SERVICE` (a VPS gone for good:"
+           " `monitord give-up SERVICE`)."),
     (_E.CLEANUP_STUCK, _S.ERROR, False,
            "A cleanup item keeps failing and needs a manual check.",
            "Check the side and generation named in the detail; monitord keeps retrying."),
@@ -227,6 +230,11 @@ _ROWS: tuple[tuple[ErrorCode, Severity, bool, str, str], ...] = (
     (_E.TRANSACTION_CONFLICT, _S.WARNING, True,
            "The request conflicts with an active migration.",
            "Wait for the migration to finish, or reverse it explicitly."),
+    (_E.VPS_NOT_FENCED, _S.WARNING, True,
+           "Giving the VPS up is not allowed yet: a copy of the area there may still run until"
+           " its area lease has provably lapsed.",
+           "Wait the time named in the detail, then give the VPS up again"
+           " (`monitord give-up SERVICE`); nothing was changed."),
     (_E.DAEMON_START_FAILED, _S.ERROR, True,
            "A daemon could not be started.",
            "Check the service command and data dir; monitord retries with backoff."),

@@ -68,6 +68,7 @@ REALISTIC: dict[ErrorCode, Observation] = {
     ErrorCode.UNKNOWN_AREA: RequestRefusal("unknown_area"),
     ErrorCode.DRAINING: RequestRefusal("draining"),
     ErrorCode.TRANSACTION_CONFLICT: RequestRefusal("transaction_conflict"),
+    ErrorCode.VPS_NOT_FENCED: RequestRefusal("vps_not_fenced"),
     ErrorCode.DAEMON_START_FAILED: DaemonControl(operation="start", succeeded=False),
     ErrorCode.DAEMON_STOP_FAILED: DaemonControl(operation="stop", succeeded=False),
     ErrorCode.SERVICE_USER_UNKNOWN: LocalFault("service_user_missing"),
