@@ -162,6 +162,41 @@ class LocalSide:
             await proc.wait()
             return False
 
+    # -- the PBX's own copy, when the VPS is given up ---------------------------------------
+
+    def _archive_of(self, *, service: str, area: str) -> Path | None:
+        """The newest archived copy of the area (a migrated-away source's data dir)."""
+        newest: tuple[int, Path] | None = None
+        for path in (self.archive_dir / service).glob(f"{area}-g*"):
+            generation = path.name.removeprefix(f"{area}-g")
+            if generation.isdigit() and (newest is None or int(generation) > newest[0]):
+                newest = (int(generation), path)
+        return newest[1] if newest else None
+
+    async def own_copy(self, *, service: str, area: str, generation: int) -> dict[str, object]:
+        """What the PBX holds of the area: its data dir at `generation`, else the newest
+        archive; with the time it was last written (None: no copy at all)."""
+        live = self._path(service=service, area=area, generation=generation)
+        path = live if live.is_dir() else self._archive_of(service=service, area=area)
+        if path is None:
+            return {"path": None, "modified_at": None}
+        modified = await asyncio.to_thread(_newest_mtime, path)
+        return {"path": str(path), "modified_at": modified}
+
+    async def restore_own_copy(self, *, service: str, area: str, generation: int) -> str | None:
+        """Put the PBX's newest copy in place as the data dir at `generation` (a given-up
+        VPS's move home starts on it): kept if there, else the newest archive moved back.
+        The path it came from; None when the PBX has no copy (the area starts empty)."""
+        target = self._path(service=service, area=area, generation=generation)
+        if target.exists():
+            return str(target)
+        archive = self._archive_of(service=service, area=area)
+        if archive is None:
+            return None
+        target.parent.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(_archive, archive, target)  # the same crash-safe move
+        return str(archive)
+
     # -- receiving a copy from the VPS -----------------------------------------------------
 
     def _link(self) -> RemoteLink:
@@ -222,6 +257,14 @@ def _tree_size(root: Path) -> int:
     if not root.is_dir():
         return 0
     return sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def _newest_mtime(root: Path) -> float:
+    """When anything in the tree was last written (the dir itself when it is empty)."""
+    newest = root.lstat().st_mtime
+    for path in root.rglob("*"):
+        newest = max(newest, path.lstat().st_mtime)
+    return newest
 
 
 def _remove_staging(target: Path) -> None:

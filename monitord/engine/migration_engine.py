@@ -47,7 +47,7 @@ from monitord.engine.move_slots import Held, MoveSlots
 from monitord.engine.phase_actions import PhaseActions
 from monitord.engine.placement_state import PlacementState
 from monitord.store.state_db import Store
-from orchestrator import errors, phases, rules
+from orchestrator import errors, give_up, phases, rules
 from orchestrator.area_leases import LeasePolicy
 from orchestrator.errors import ErrorCode, MonitordError, PermanentError, TransientError
 from orchestrator.models import Area, AreaLease, Phase, Side, Transaction
@@ -72,7 +72,6 @@ SELF_LOOPING = frozenset({Phase.ROLLBACK})
 SOURCE_WATCH_S = 600.0
 SOURCE_WATCH_PAUSE_S = 1.0
 OUTCOMES = ("done", "rolled_back", "parked")
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AreaDowntime:
@@ -509,6 +508,74 @@ class MigrationEngine:
         self._start_runners()
         return [txn.transaction_id for txn in waiting]
 
+    async def give_up_remote(self, service: str, *, area: str | None = None) -> list[str]:
+        """The operator gives the VPS up for `service` (or one area): its areas start on the
+        PBX's own copy and the data they wrote on the VPS is lost (orchestrator/give_up.py).
+
+        Refused, changing nothing, while any remote copy could still run (VPS_NOT_FENCED,
+        saying when it will be allowed), while an area commits a move (TRANSACTION_CONFLICT)
+        or when nothing of it is on the VPS. Otherwise the loss is recorded per area
+        (lineage first, `remote_data_abandoned` event), the wish becomes "local", and each
+        area's transaction goes home; returns their ids."""
+        async with self.intake_lock:
+            targets = [self.state.committed[area]] if area else self.state.areas_of(service)
+            now = self._clock()
+            decisions = {
+                target.uuid: give_up.decide(
+                    area=target, txn=self.state.transactions.get(target.uuid),
+                    lineage=self.state.lineage(target.uuid),
+                    leases=self._remote_leases(target), now=now, policy=self.policy,
+                )
+                for target in targets
+            }
+            where = f"area {area}" if area else f"service {service}"
+            for decision in decisions.values():
+                if isinstance(decision, give_up.Busy):
+                    raise PermanentError(ErrorCode.TRANSACTION_CONFLICT,
+                                         f"{decision.detail}; ask again in a moment")
+            until = max((d.until for d in decisions.values()
+                         if isinstance(d, give_up.NotFenced)), default=None)
+            if until is not None:
+                raise give_up.VpsNotFenced(where=where, wait_s=until - now, wall=self._wall())
+            abandoned = {uuid: d for uuid, d in decisions.items()
+                         if isinstance(d, give_up.Abandon)}
+            if not abandoned:
+                raise PermanentError(ErrorCode.TRANSACTION_CONFLICT,
+                                     f"nothing of {where} is on the VPS: nothing to give up")
+            self._failures[service] = 0
+            self.last_errors.pop(service, None)
+            await self.state.record_desired(service=service, area=area, location=Side.LOCAL)
+            for uuid, decision in abandoned.items():
+                committed = self.state.committed[uuid]
+                await self.actions.abandon_remote_data(committed, reason="operator")
+                self._not_before.pop(uuid, None)
+                txn = self.state.transactions.get(uuid)
+                if txn is None or decision.outcome is None:
+                    continue
+                generation = None
+                if decision.outcome is Outcome.SOURCE_ABANDONED:
+                    generation = await self.store.issue_generation(
+                        uuid, floor=max(committed.generation, txn.generation)
+                    )
+                await self._advance(txn, decision.outcome, new_generation=generation)
+            await self._open_for([self.state.committed[uuid] for uuid in abandoned])
+            self._status_changed()
+        self._wake.set()
+        self._start_runners()
+        return [
+            t.transaction_id for t in self.state.transactions.values() if t.area in abandoned
+        ]
+
+    def _remote_leases(self, area: Area) -> dict[int, AreaLease]:
+        """The best-known lease of every generation of `area` that could run on the VPS."""
+        txn = self.state.transactions.get(area.uuid)
+        generations = give_up.remote_generations(area, txn)
+        if self.renewer is None:
+            return {g: AreaLease(area=area.uuid, generation=g, owner_id="unknown",
+                                 acknowledged_at=float("-inf"), ttl=self.policy.ttl_s)
+                    for g in generations}
+        return {g: self.renewer.lease_for(area.uuid, g) for g in generations}
+
     # -- opening transactions -----------------------------------------------------------
 
     async def _open_due(self) -> None:
@@ -527,8 +594,9 @@ class MigrationEngine:
                 continue
             if area.uuid in self.state.transactions:
                 continue
-            wanted = self.state.desired_location(area)
-            if wanted is area.location or self._not_before.get(area.uuid, 0.0) > now:
+            wanted = give_up.move_to_open(area, self.state.lineage(area.uuid),
+                                          desired=self.state.desired_location(area))
+            if wanted is None or self._not_before.get(area.uuid, 0.0) > now:
                 continue
             move_id = moves.setdefault(area.service, uuid.uuid4().hex)
             opened.append(await self._open(area, destination=wanted, move_id=move_id))
@@ -547,6 +615,7 @@ class MigrationEngine:
             source_generation=area.generation,
             started_at=at,
             updated_at=at,
+            source_abandoned=give_up.abandons_source(area, self.state.lineage(area.uuid)),
         )
         await self.state.save(txn)
         await self.downtime.opened(txn, move_id=move_id)
@@ -639,7 +708,8 @@ class MigrationEngine:
         new = await self._advance(txn, outcome, error=error, lease=lease)
         if error is None and any(isinstance(a, phases.RestartSource) for a in actions):
             self._watch_source(new)
-        return True, error is not None and new.phase is txn.phase and txn.phase in SELF_LOOPING
+        looping = txn.phase in SELF_LOOPING or txn.source_abandoned
+        return True, error is not None and new.phase is txn.phase and looping
 
     # -- downtime after a rollback ----------------------------------------------------------
 
@@ -747,8 +817,11 @@ class MigrationEngine:
         new_generation: int | None = None,
         lease: AreaLease | None = None,
     ) -> phases.StepContext:
-        if lease is None and txn.destination is Side.REMOTE and self.renewer is not None:
-            lease = self.renewer.lease_for(txn.area, txn.generation)
+        if lease is None and self.renewer is not None:
+            if txn.destination is Side.REMOTE:
+                lease = self.renewer.lease_for(txn.area, txn.generation)
+            elif txn.source_abandoned:  # its SUPPRESS_SOURCE waits out the source's lease
+                lease = self.renewer.lease_for(txn.area, txn.source_generation)
         return phases.StepContext(
             at=self._wall(),
             now=self._clock(),

@@ -7,6 +7,7 @@ tunnel directly; it calls these methods:
     record_placement(service, area, location)   durable wish + transactions (the 202 intake)
     retry(service)                              leave PARKED with fresh generations
     discard_remote_data(service, area)          a waiting rollback gives the newer data up
+    give_up_remote(service, area)               the VPS is given up: areas home on the PBX's copy
     snapshot()                                  the status document (GET /v1/status)
     status_key()                                what the status document is built from
     transactions(limit) / cleanup(limit)        history and the cleanup queue
@@ -77,8 +78,18 @@ class OperatorFacade:
         explicit choice, recorded as events); the ids of the transactions that did."""
         return await self.engine.discard_remote_data(service, area=area)
 
+    async def give_up_remote(self, service: str, *, area: str | None) -> list[str]:
+        """The VPS is given up for `service` (or one area): its areas start on the PBX's own
+        copy once every remote copy is provably fenced (VPS_NOT_FENCED until then); the ids
+        of the transactions that take them home."""
+        return await self.engine.give_up_remote(service, area=area)
+
     def knows_service(self, service: str) -> bool:
         return service in self.config.services
+
+    def knows_area(self, service: str, area: str) -> bool:
+        committed = self.state.committed.get(area)
+        return committed is not None and committed.service == service
 
     # -- reads -----------------------------------------------------------------------------
 

@@ -37,7 +37,7 @@ from monitord.store.state_db import Store
 from orchestrator import lineage, phases
 from orchestrator.errors import ErrorCode, MonitordError, error_for
 from orchestrator.lineage import CopyPlan
-from orchestrator.models import Side, Transaction
+from orchestrator.models import Area, Side, Transaction
 from orchestrator.phases import Outcome
 
 log = logs.get_logger(__name__)
@@ -88,13 +88,12 @@ class PhaseActions:
         # in memory only — lost on a restart, which just means a full copy.
         self._staged: dict[str, area_copy.Staged] = {}
         self._local_runs = LocalRuns(config)
+        self.local_side = LocalSide(config=config, supervisor=supervisor, runs=self.local_runs,
+                                    remote=remote)
         self.remote_side = RemoteSide(config=config, remote=remote, renewer=renewer,
                                       owner_id=owner_id, clock=clock)
-        self.sides: dict[Side, AreaSide] = {
-            Side.LOCAL: LocalSide(config=config, supervisor=supervisor, runs=self.local_runs,
-                                  remote=remote),
-            Side.REMOTE: self.remote_side,
-        }
+        self.sides: dict[Side, AreaSide] = {Side.LOCAL: self.local_side,
+                                            Side.REMOTE: self.remote_side}
 
     def forget(self, txn: Transaction) -> None:
         """A transaction ended: what its pre-copy staged is of no use any more (a rollback
@@ -155,6 +154,9 @@ class PhaseActions:
                 )
                 return Outcome.OK
             case phases.WaitLeaseExpiry(until=until):
+                if txn.source_abandoned:  # a given-up VPS's source: its lease alone fences it
+                    await asyncio.sleep(max(0.0, until - self._clock()))
+                    return Outcome.LEASE_EXPIRED
                 return await self.wait_lease_or_absence(txn, until=until)
             case phases.RestartSource(side=side, generation=generation):
                 await self.state.claim_data(txn.area, side)
@@ -177,7 +179,8 @@ class PhaseActions:
             assert self.state.corrupt is not None
             raise error_for(ErrorCode.CONFIG_CORRUPT, self.state.corrupt.detail)
         link = self._link()
-        await self._wait_for_tunnel(link)
+        if not txn.source_abandoned:  # a given-up VPS is not waited for: nothing is asked of it
+            await self._wait_for_tunnel(link)
         size = await self.sides[txn.source].data_size(
             service=txn.service, area=txn.area, generation=txn.source_generation
         )
@@ -231,6 +234,13 @@ class PhaseActions:
 
     async def copy_forward(self, txn: Transaction, *, source: Side, destination: Side) -> None:
         """COPY: bring the newest data to the destination, as the lineage says it must."""
+        if txn.source_abandoned:
+            # The VPS was given up: the PBX's own copy is the newest (the lineage says so).
+            restored = await self.local_side.restore_own_copy(
+                service=txn.service, area=txn.area, generation=txn.generation
+            )
+            txn_log.bound(txn).warning("area_restored_from_own_copy", restored_from=restored)
+            return
         current = self.state.lineage(txn.area)
         plan = lineage.copy_plan(current, source=source, destination=destination)
         if plan is CopyPlan.SKIP:
@@ -351,6 +361,21 @@ class PhaseActions:
         )
         log.info("rollback_data_returned", from_side=action.source.value)
         return Outcome.DATA_RETURNED
+
+    async def abandon_remote_data(self, area: Area, *, reason: str) -> None:
+        """Give the VPS's copy of `area` up (orchestrator/give_up.py): the PBX holds the
+        newest data from now on — recorded first, so that no grant names the area again —
+        and a `remote_data_abandoned` event says what is lost and what the PBX has."""
+        current = self.state.lineage(area.uuid)
+        await self.state.record_lineage(lineage.discarded(current, keep=Side.LOCAL))
+        own = await self.local_side.own_copy(service=area.service, area=area.uuid,
+                                             generation=area.generation)
+        fields = {"service": area.service, "area": area.uuid, "kept": Side.LOCAL.value,
+                  "reason": reason, "epoch": current.epoch + 1,
+                  "committed": area.location.value, "generation": area.generation,
+                  "local_copy": own["path"], "local_copy_modified_at": own["modified_at"]}
+        log.warning("remote_data_abandoned", **fields)
+        await self.store.record_event("remote_data_abandoned", fields)
 
     async def discard_data(self, txn: Transaction, *, keep: Side, reason: str) -> None:
         """Give up the other side's newer data: `keep` holds the newest from now on."""

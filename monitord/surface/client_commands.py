@@ -1,4 +1,5 @@
-"""Operator verbs that talk to a running daemon over its HTTP API: status, place, retry, bundle.
+"""Operator verbs that talk to a running daemon over its HTTP API: status, place, retry,
+rollback, give-up, bundle.
 
 Called by `monitord.surface.cli`. They are plain synchronous HTTP clients (stdlib urllib, short
 timeouts) so that they work the same from a shell, a PHP `exec()` or a support script.
@@ -109,6 +110,13 @@ def add_rollback_arguments(parser: argparse.ArgumentParser) -> None:
              " the source on its own (older) data; recorded as an event",
     )
     parser.add_argument("--area", help="only this area (UUID)")
+
+
+def add_give_up_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_config(parser)
+    parser.add_argument("service")
+    parser.add_argument("--area", help="only this area (UUID)")
+    parser.add_argument("--json", action="store_true", help="print the API's answer as JSON")
 
 
 def add_bundle_arguments(parser: argparse.ArgumentParser) -> None:
@@ -262,6 +270,27 @@ def main_rollback(args: argparse.Namespace) -> int:
 
 
 @_guarded
+def main_give_up(args: argparse.Namespace) -> int:
+    """The VPS is given up: the areas start on the PBX's own copy; what they wrote on the VPS
+    since they moved there is lost (recorded as `remote_data_abandoned` events)."""
+    body = {"area": args.area} if args.area else {}
+    result = Client.from_config(_load(args)).json(
+        "POST", f"/v1/services/{args.service}/give-up", body
+    )
+    print(json.dumps(result) if args.json else give_up_line(result))
+    return EXIT_OK
+
+
+def give_up_line(result: dict[str, Any]) -> str:
+    """`tg: the VPS is given up; 2 areas go home on the PBX's own copy: ID, ID`."""
+    what = f"{result.get('service')} area {result['area']}" if result.get("area") \
+        else str(result.get("service"))
+    ids = list(result.get("transaction_ids") or [])
+    return (f"{what}: the VPS is given up; {_transactions(ids)} take the areas home on the"
+            f" PBX's own copy (their data on the VPS is lost): {', '.join(ids)}")
+
+
+@_guarded
 def main_place(args: argparse.Namespace) -> int:
     client = Client.from_config(_load(args))
     path = (
@@ -386,5 +415,6 @@ VERBS = {
     "place": (add_place_arguments, main_place),
     "retry": (add_retry_arguments, main_retry),
     "rollback": (add_rollback_arguments, main_rollback),
+    "give-up": (add_give_up_arguments, main_give_up),
     "bundle": (add_bundle_arguments, main_bundle),
 }

@@ -1,0 +1,115 @@
+"""A VPS that never comes back: the operator gives it up with one command, the areas start on
+the PBX's own copy once every copy on the VPS is provably fenced, and a VPS that returns
+never runs them again.
+
+Every test ends with the stack's after-check: no overlap ever, and no start on older data
+except for the areas a test names as the operator's accepted loss.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from monitord.testing.stack import Stack
+from tests.integration.migration.conftest import (
+    StackFactory,
+    parked_waiting_for_data,
+    settle_remote,
+)
+from tests.integration.operator.conftest import run_cli
+
+
+def _runs_on(stack: Stack, area: str, side: str) -> bool:
+    return any(k.side == side for k in stack.detector.alive(area))
+
+
+async def _vps_gone_with_tg(stack: Stack, area: str) -> None:
+    """tg runs on the VPS and has written there; the VPS vanishes; the operator asks for tg
+    home, which cannot stop a source it cannot reach."""
+    await settle_remote(stack)
+    await stack.wait_until(lambda: _runs_on(stack, area, "remote"), timeout_s=20,
+                           what="tg runs on the VPS")
+    await asyncio.sleep(1.0)  # records the PBX never sees
+    await stack.partition()
+    await stack.place("tg", "local")
+
+
+class TestGivingTheVpsUp:
+    """`monitord give-up SERVICE` brings the accounts home on the PBX's copy, safely."""
+
+    async def test_refused_until_fenced_then_home_on_the_pbxs_copy_and_never_on_the_vps(
+        self, stack_factory: StackFactory
+    ) -> None:
+        stack = await stack_factory(services={"tg": 1})
+        area = stack.areas["tg"][0]
+        await _vps_gone_with_tg(stack, area)
+
+        code, body = await stack.request("POST", "/v1/services/tg/give-up", {})
+        assert (code, body["error"]["code"]) == (409, "VPS_NOT_FENCED"), body
+        assert body["retry_after_s"] >= 1 and "allowed in" in body["error"]["detail"]
+        assert stack.events("remote_data_abandoned") == [], "a refusal records nothing"
+        assert not _runs_on(stack, area, "local")
+
+        await asyncio.sleep(body["retry_after_s"])
+        stack.accepted_data_loss.add(area)  # the operator's explicit choice
+        gave_up_at = time.time()
+        result = await run_cli("give-up", "tg", "-c", str(stack.config_path))
+        assert result.code == 0, result.stderr
+        assert "given up" in result.stdout and "lost" in result.stdout
+        await stack.wait_until(lambda: _runs_on(stack, area, "local"), timeout_s=30,
+                               what="tg runs on the PBX's own copy")
+        [abandoned] = stack.events("remote_data_abandoned")
+        assert (abandoned["area"], abandoned["reason"], abandoned["kept"]) == (
+            area, "operator", "local")
+        assert abandoned["local_copy"] and abandoned["local_copy_modified_at"] <= gave_up_at
+        [local] = [life for life in stack.detector.lives(area) if life.key.side == "local"
+                   and life.first_seen >= gave_up_at]
+        assert local.start_records, "it started on what the PBX kept when tg moved out"
+
+        again = await run_cli("give-up", "tg", "-c", str(stack.config_path))
+        assert again.code == 1 and "TRANSACTION_CONFLICT" in again.stderr
+
+        await stack.heal()  # the VPS returns with its copy and its stale entry
+        await stack.wait_settled(expect={"tg": "local"}, timeout_s=90)
+        await asyncio.sleep(2.0)
+        late = [life.key for life in stack.detector.lives(area)
+                if life.key.side == "remote" and life.first_seen >= gave_up_at]
+        assert late == [], "a given-up VPS never runs the area again"
+        assert area not in stack.agent_cache(), "its entry there is cleaned up"
+
+    async def test_a_rollback_parked_waiting_for_the_vpss_data_is_given_up_too(
+        self, stack_factory: StackFactory
+    ) -> None:
+        stack = await stack_factory(services={"tg": 1}, rollback_data_wait_s=3.0)
+        area = stack.areas["tg"][0]
+        await parked_waiting_for_data(stack, area)
+        stack.accepted_data_loss.add(area)
+        for _ in range(60):  # asked again as the operator would, until it is allowed
+            code, body = await stack.request("POST", "/v1/services/tg/give-up", {})
+            if code != 409 or body["error"]["code"] != "VPS_NOT_FENCED":
+                break
+            await asyncio.sleep(0.5)
+        assert code == 202, body
+        await stack.wait_until(lambda: _runs_on(stack, area, "local"), timeout_s=30,
+                               what="the source runs again on the PBX's copy")
+        [abandoned] = stack.events("remote_data_abandoned")
+        assert abandoned["area"] == area
+        await stack.heal()
+        await stack.wait_settled(expect={"tg": "local"}, timeout_s=90)
+
+    async def test_bad_requests_and_nothing_to_give_up_change_nothing(
+        self, stack_factory: StackFactory
+    ) -> None:
+        stack = await stack_factory(services={"tg": 1})
+        await stack.wait_settled(expect={"tg": "local"})
+        assert (await stack.request("POST", "/v1/services/tg/give-up", {"x": 1}))[0] == 400
+        code, body = await stack.request("POST", "/v1/services/nope/give-up", {})
+        assert (code, body["error"]["code"]) == (404, "UNKNOWN_SERVICE")
+        code, body = await stack.request("POST", "/v1/services/tg/give-up",
+                                         {"area": "5b1d0000-0000-4000-8000-00000000dead"})
+        assert (code, body["error"]["code"]) == (404, "UNKNOWN_AREA")
+        code, body = await stack.request("POST", "/v1/services/tg/give-up", {})
+        assert (code, body["error"]["code"]) == (409, "TRANSACTION_CONFLICT")
+        assert "nothing" in body["error"]["detail"]
+        assert stack.events("remote_data_abandoned") == []
