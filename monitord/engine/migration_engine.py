@@ -519,6 +519,8 @@ class MigrationEngine:
         area's transaction goes home; returns their ids."""
         async with self.intake_lock:
             targets = [self.state.committed[area]] if area else self.state.areas_of(service)
+            for target in targets:  # no step may finish on a record decided on below
+                await self._halt_runner(target.uuid)
             now = self._clock()
             decisions = {
                 target.uuid: give_up.decide(
@@ -531,15 +533,18 @@ class MigrationEngine:
             where = f"area {area}" if area else f"service {service}"
             for decision in decisions.values():
                 if isinstance(decision, give_up.Busy):
+                    self._start_runners()
                     raise PermanentError(ErrorCode.TRANSACTION_CONFLICT,
                                          f"{decision.detail}; ask again in a moment")
             until = max((d.until for d in decisions.values()
                          if isinstance(d, give_up.NotFenced)), default=None)
             if until is not None:
+                self._start_runners()
                 raise give_up.VpsNotFenced(where=where, wait_s=until - now, wall=self._wall())
             abandoned = {uuid: d for uuid, d in decisions.items()
                          if isinstance(d, give_up.Abandon)}
             if not abandoned:
+                self._start_runners()
                 raise PermanentError(ErrorCode.TRANSACTION_CONFLICT,
                                      f"nothing of {where} is on the VPS: nothing to give up")
             self._failures[service] = 0
@@ -565,6 +570,15 @@ class MigrationEngine:
         return [
             t.transaction_id for t in self.state.transactions.values() if t.area in abandoned
         ]
+
+    async def _halt_runner(self, area: str) -> None:
+        """Stop the area's runner wherever it is (a step is crash-safe: the stored record
+        decides what happens next, as after a restart) and take the record as stored."""
+        task = self._runners.pop(area, None)
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        await self.state.reread(area)
 
     def _remote_leases(self, area: Area) -> dict[int, AreaLease]:
         """The best-known lease of every generation of `area` that could run on the VPS."""

@@ -158,6 +158,23 @@ class PlacementState:
             self.last_finished[txn.area] = txn
         self.notify()
 
+    async def reread(self, area: str) -> Transaction | None:
+        """The area's active record as stored: a write cut short (its task cancelled while the
+        store wrote) may have reached the disk but not this cache."""
+        cached = self.transactions.get(area)
+        if cached is None:
+            return None
+        row = await self.store.get_transaction(cached.transaction_id)
+        stored = Transaction.from_storage(row) if row else cached
+        if stored != cached:
+            if stored.is_active:
+                self.transactions[area] = stored
+            else:
+                self.transactions.pop(area, None)
+                self.last_finished[area] = stored
+            self.notify()
+        return self.transactions.get(area)
+
     async def record_lineage(self, updated: Lineage) -> None:
         """Persist a new lineage before anything acts on it, then tell the listeners."""
         if self.lineages.get(updated.area) == updated:
