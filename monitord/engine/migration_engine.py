@@ -571,6 +571,25 @@ class MigrationEngine:
             t.transaction_id for t in self.state.transactions.values() if t.area in abandoned
         ]
 
+    def give_up_view(self, service: str) -> dict[str, Any] | None:
+        """What giving the VPS up would do for `service` now, for the status: how many areas
+        would go home and from when (wall time) it is allowed; None when nothing is there."""
+        now, wall = self._clock(), self._wall()
+        areas, until = 0, now
+        for area in self.state.areas_of(service):
+            decision = give_up.decide(
+                area=area, txn=self.state.transactions.get(area.uuid),
+                lineage=self.state.lineage(area.uuid), leases=self._remote_leases(area),
+                now=now, policy=self.policy,
+            )
+            if isinstance(decision, give_up.NotFenced):
+                until = max(until, decision.until)
+            if isinstance(decision, give_up.Abandon | give_up.NotFenced):
+                areas += 1
+        if not areas:
+            return None
+        return {"areas": areas, "allowed_at": round(wall + (until - now), 3)}
+
     async def _halt_runner(self, area: str) -> None:
         """Stop the area's runner wherever it is (a step is crash-safe: the stored record
         decides what happens next, as after a restart) and take the record as stored."""

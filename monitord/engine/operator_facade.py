@@ -240,4 +240,7 @@ class OperatorFacade:
             ],
             "last_error": self.engine.last_errors.get(service) or view.last_error,
             "last_move": self.engine.last_move(service),
+            # Offered only while the VPS does not answer: a reachable VPS moves home whole.
+            "give_up": None if tunnel is None or tunnel.connected
+            else self.engine.give_up_view(service),
         }
