@@ -552,7 +552,10 @@ class MigrationEngine:
             await self.state.record_desired(service=service, area=area, location=Side.LOCAL)
             for uuid, decision in abandoned.items():
                 committed = self.state.committed[uuid]
-                await self.actions.abandon_remote_data(committed, reason="operator")
+                await self.actions.abandon_remote_data(
+                    committed, reason="operator", generations=give_up.remote_generations(
+                        committed, self.state.transactions.get(uuid)),
+                )
                 self._not_before.pop(uuid, None)
                 txn = self.state.transactions.get(uuid)
                 if txn is None or decision.outcome is None:

@@ -118,6 +118,8 @@ class OperatorFacade:
                 for e in self.state.quarantined
             ],
             "tunnel": self._tunnel_view(),
+            # VPS copies given up: where each was set aside on the VPS (once it answered)
+            "abandoned_data": [dict(row) for _, row in sorted(self.state.abandoned.items())],
             "counts": counts,
             "services": services,
             "transactions": [t.to_storage() for t in self.state.active()],

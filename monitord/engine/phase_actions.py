@@ -91,7 +91,7 @@ class PhaseActions:
         self.local_side = LocalSide(config=config, supervisor=supervisor, runs=self.local_runs,
                                     remote=remote)
         self.remote_side = RemoteSide(config=config, remote=remote, renewer=renewer,
-                                      owner_id=owner_id, clock=clock)
+                                      owner_id=owner_id, state=state, clock=clock)
         self.sides: dict[Side, AreaSide] = {Side.LOCAL: self.local_side,
                                             Side.REMOTE: self.remote_side}
 
@@ -362,16 +362,18 @@ class PhaseActions:
         log.info("rollback_data_returned", from_side=action.source.value)
         return Outcome.DATA_RETURNED
 
-    async def abandon_remote_data(self, area: Area, *, reason: str) -> None:
+    async def abandon_remote_data(
+        self, area: Area, *, generations: frozenset[int], reason: str
+    ) -> None:
         """Give the VPS's copy of `area` up (orchestrator/give_up.py): the PBX holds the
         newest data from now on — recorded first, so that no grant names the area again —
         and a `remote_data_abandoned` event says what is lost and what the PBX has."""
-        current = self.state.lineage(area.uuid)
-        await self.state.record_lineage(lineage.discarded(current, keep=Side.LOCAL))
+        current = await self.state.abandon_remote(area.uuid, generations=generations)
         own = await self.local_side.own_copy(service=area.service, area=area.uuid,
                                              generation=area.generation)
         fields = {"service": area.service, "area": area.uuid, "kept": Side.LOCAL.value,
                   "reason": reason, "epoch": current.epoch + 1,
+                  "remote_generations": sorted(generations),
                   "committed": area.location.value, "generation": area.generation,
                   "local_copy": own["path"], "local_copy_modified_at": own["modified_at"]}
         log.warning("remote_data_abandoned", **fields)

@@ -20,6 +20,7 @@ from monitord.base import area_paths, logs
 from monitord.base.config import Config
 from monitord.engine.area_side import health_timeout
 from monitord.engine.lease_renewer import LeaseRenewer
+from monitord.engine.placement_state import PlacementState
 from monitord.remote import area_copy, artifact
 from monitord.remote import preflight as preflight_checks
 from monitord.remote.agent_client import AreaCopy
@@ -49,12 +50,14 @@ class RemoteSide:
         remote: RemoteLink | None,
         renewer: LeaseRenewer | None,
         owner_id: str,
+        state: PlacementState | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
         self._remote = remote
         self.renewer = renewer
         self.owner_id = owner_id
+        self._state = state  # which VPS copies were given up (set aside, never deleted)
         self._clock = clock
         # One probe and one self-check of the VPS for the areas whose preflights run together.
         self._preflight_facts = SharedFacts()
@@ -120,8 +123,21 @@ class RemoteSide:
         await self.verify_gone(area=area, generation=generation, entry_gone=False)
 
     async def remove(self, *, service: str, area: str, generation: int) -> None:
-        await self._link().agent.delete(area=area, generation=generation)
+        await self._delete(area=area, generation=generation)
         await self.verify_gone(area=area, generation=generation)
+
+    async def _delete(self, *, area: str, generation: int) -> None:
+        """The agent removes the area at `generation`; a copy an operator gave up is set
+        aside on the VPS instead of deleted (kept for forensics, never started)."""
+        agent = self._link().agent
+        if self._state is None or not self._state.is_abandoned(area, generation):
+            await agent.delete(area=area, generation=generation)
+            return
+        path = await agent.set_aside(area=area, generation=generation)
+        if path is not None:
+            await self._state.record_set_aside(area=area, generation=generation, path=path)
+            log.warning("abandoned_data_set_aside", area=area, generation=generation,
+                        path=path)
 
     async def verify_gone(self, *, area: str, generation: int, entry_gone: bool = True) -> None:
         inventory = await self._link().agent.inventory()
@@ -168,7 +184,7 @@ class RemoteSide:
     ) -> bool:
         agent = self._link().agent
         if lineages.may_discard_data(lineage, Side.REMOTE):
-            await agent.delete(area=area, generation=generation)
+            await self._delete(area=area, generation=generation)
             return True
         # Its data there is the newest (not brought back yet): fence the process, keep the data.
         await agent.stop(area=area, generation=generation)

@@ -325,6 +325,18 @@ class AgentClient:
         )
         return _result_of(result, where=f"DELETE /v1/areas/{area}")
 
+    async def set_aside(self, *, area: str, generation: int) -> str | None:
+        """Stop + remove the entry at `generation`, its data dir moved aside on the VPS
+        (a copy an operator gave up): where it went, or None when there was none."""
+        where = f"DELETE /v1/areas/{area}?aside=1"
+        result = _object(await self._call(
+            "DELETE", f"/v1/areas/{area}", params={"generation": str(generation), "aside": "1"}
+        ), where=where)
+        path = result.get("set_aside")
+        if path is not None and not isinstance(path, str):
+            raise error_for(ErrorCode.AGENT_UNREACHABLE, f"{where}: set_aside is not a path")
+        return path
+
     async def renew(
         self, *, owner_id: str, ttl_s: float, areas: Mapping[str, int]
     ) -> dict[str, RenewResult]:

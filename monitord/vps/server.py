@@ -261,7 +261,9 @@ async def stop_area(runtime: AgentRuntime, request: Request, name: str | None) -
 
 async def delete_area(runtime: AgentRuntime, request: Request, name: str | None) -> Response:
     area = _area(name)
-    return Response(200, await runtime.delete(area, generation=_generation_param(request)))
+    aside = request.query.get("aside", "0") == "1"  # a copy the operator gave up
+    return Response(200, await runtime.delete(area, generation=_generation_param(request),
+                                              aside=aside))
 
 
 async def promote_area_data(

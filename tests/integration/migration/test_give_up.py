@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 from monitord.testing.stack import Stack
 from tests.integration.migration.conftest import (
@@ -18,6 +19,11 @@ from tests.integration.migration.conftest import (
     settle_remote,
 )
 from tests.integration.operator.conftest import run_cli
+
+
+async def _set_aside(stack: Stack, area: str) -> list[dict[str, object]]:
+    rows = (await stack.status())["abandoned_data"]
+    return [r for r in rows if r["area"] == area and r["set_aside_path"]]
 
 
 def _runs_on(stack: Stack, area: str, side: str) -> bool:
@@ -77,6 +83,12 @@ class TestGivingTheVpsUp:
                 if life.key.side == "remote" and life.first_seen >= gave_up_at]
         assert late == [], "a given-up VPS never runs the area again"
         assert area not in stack.agent_cache(), "its entry there is cleaned up"
+        # ... and its data set aside there, not deleted: listed in the status, for forensics
+        await stack.wait_until(lambda: _set_aside(stack, area), timeout_s=30,
+                               what="the VPS's copy set aside")
+        [aside] = await _set_aside(stack, area)
+        kept = Path(str(aside["set_aside_path"]))
+        assert kept.parent == stack.vps_dir / "abandoned" and any(kept.iterdir())
 
     async def test_a_rollback_parked_waiting_for_the_vpss_data_is_given_up_too(
         self, stack_factory: StackFactory
