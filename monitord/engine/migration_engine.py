@@ -353,7 +353,8 @@ class MigrationEngine:
                 # The DONE record was written; its cleanup item may not have been (idempotent).
                 for action in phases.next_actions(txn, self._ctx(txn)):
                     if isinstance(action, phases.EnqueueCleanup):
-                        await self.actions.perform(txn, action)
+                        with txn_log.step(txn):
+                            await self.actions.perform(txn, action)
         for txn in list(self.state.transactions.values()):
             committed = self.state.committed.get(txn.area)
             if committed is None:
@@ -706,7 +707,8 @@ class MigrationEngine:
         delay = STEP_RETRY_BASE_S
         for attempt in range(1, STEP_ATTEMPTS + 1):
             try:
-                return await self.actions.perform(txn, action)
+                with txn_log.step(txn):
+                    return await self.actions.perform(txn, action)
             except TransientError as e:
                 if e.code in UNREACHABLE_CODES or attempt == STEP_ATTEMPTS or self._stopping:
                     raise
