@@ -424,15 +424,9 @@ class MigrationEngine:
     async def record_placement(self, *, service: str, area: str | None, location: str) -> list[str]:
         """Durably record a wish and open its transactions; returns their ids (for 202).
 
-        The authoritative file is checked first (a stat; re-read only when it changed): a
-        corrupt custom_config.json refuses the request before anything stops."""
+        The caller has checked custom_config.json for this request (the operator facade, the
+        one check per request): `area`, if given, is one of the committed areas."""
         wanted = Side(location)
-        await self.state.recheck()
-        if self.state.corrupt is not None:
-            raise PermanentError(
-                ErrorCode.CONFIG_CORRUPT,
-                f"custom_config.json is unreadable: {self.state.corrupt.detail}",
-            )
         async with self.intake_lock:
             targets = [self.state.committed[area]] if area else self.state.areas_of(service)
             for target in targets:

@@ -296,7 +296,6 @@ class PhaseActions:
         the entry, at that generation only.
         """
         if side is Side.LOCAL:
-            self.supervisor.set_desired(self.local_runs())
             if not await self.supervisor.stop_area(txn.area, grace_s=STOP_GRACE_S):
                 raise error_for(ErrorCode.DAEMON_STOP_FAILED, f"{txn.area} would not stop")
             if not keep_entry:
