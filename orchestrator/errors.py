@@ -3,7 +3,10 @@
 Every failure an operator can meet has a stable code (a string that never changes and
 appears in the API, the status page, logs and metrics). `CATALOGUE` maps each code to
 its severity, whether retrying on its own can help, the operator text and a safe
-recommended action; docs/error-codes.md is generated from it by scripts/gen_docs.py.
+recommended action; docs/error-codes.md is generated from it by scripts/gen_docs.py. No other
+code reaches a client: tests/unit/test_error_convention.py scans monitord/ for every code a
+client can see (HTTP answers, the CLI, the VPS agent, log lines) and fails on one that is not
+here.
 
 The typed errors form a small tree, raised by adapters in `monitord/` after they
 translate a foreign exception once (`raise TransientError(...) from e`):
@@ -73,6 +76,7 @@ class ErrorCode(TextEnum):
     DUPLICATE_INSTANCE = "DUPLICATE_INSTANCE"
     STORE_WRITE_FAILED = "STORE_WRITE_FAILED"
     BAD_REQUEST = "BAD_REQUEST"
+    NOT_FOUND = "NOT_FOUND"
     UNKNOWN_SERVICE = "UNKNOWN_SERVICE"
     UNKNOWN_AREA = "UNKNOWN_AREA"
     DRAINING = "DRAINING"
@@ -218,6 +222,9 @@ _ROWS: tuple[tuple[ErrorCode, Severity, bool, str, str], ...] = (
     (_E.BAD_REQUEST, _S.INFO, False,
            "The request was malformed.",
            "Fix the request body as described in the detail."),
+    (_E.NOT_FOUND, _S.INFO, False,
+           "No such endpoint in monitord's HTTP API (method and path as sent).",
+           "Use a method and path listed in docs/operator.md, \"HTTP API\"."),
     (_E.UNKNOWN_SERVICE, _S.INFO, False,
            "No such service is configured.",
            "Use a service name from monitord.toml."),

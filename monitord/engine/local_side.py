@@ -76,7 +76,8 @@ class LocalSide:
     # -- stopping and removing -------------------------------------------------------------
 
     async def stop(self, *, area: str, generation: int) -> None:
-        self.supervisor.set_desired(self._runs())
+        # The stored phase already took the area out of the wanted set (the placement
+        # state's listener fed it to the supervisor): this stop is the one stop request.
         if not await self.supervisor.stop_area(area, grace_s=STOP_GRACE_S):
             raise error_for(ErrorCode.DAEMON_STOP_FAILED, f"{area} would not stop")
 

@@ -352,7 +352,8 @@ class MigrationEngine:
                 # The DONE record was written; its cleanup item may not have been (idempotent).
                 for action in phases.next_actions(txn, self._ctx(txn)):
                     if isinstance(action, phases.EnqueueCleanup):
-                        await self.actions.perform(txn, action)
+                        with txn_log.step(txn):
+                            await self.actions.perform(txn, action)
         for txn in list(self.state.transactions.values()):
             committed = self.state.committed.get(txn.area)
             if committed is None:
@@ -422,15 +423,9 @@ class MigrationEngine:
     async def record_placement(self, *, service: str, area: str | None, location: str) -> list[str]:
         """Durably record a wish and open its transactions; returns their ids (for 202).
 
-        The authoritative file is checked first (a stat; re-read only when it changed): a
-        corrupt custom_config.json refuses the request before anything stops."""
+        The caller has checked custom_config.json for this request (the operator facade, the
+        one check per request): `area`, if given, is one of the committed areas."""
         wanted = Side(location)
-        await self.state.recheck()
-        if self.state.corrupt is not None:
-            raise PermanentError(
-                ErrorCode.CONFIG_CORRUPT,
-                f"custom_config.json is unreadable: {self.state.corrupt.detail}",
-            )
         async with self.intake_lock:
             targets = [self.state.committed[area]] if area else self.state.areas_of(service)
             for target in targets:
@@ -812,7 +807,8 @@ class MigrationEngine:
         delay = STEP_RETRY_BASE_S
         for attempt in range(1, STEP_ATTEMPTS + 1):
             try:
-                return await self.actions.perform(txn, action)
+                with txn_log.step(txn):
+                    return await self.actions.perform(txn, action)
             except TransientError as e:
                 if e.code in UNREACHABLE_CODES or attempt == STEP_ATTEMPTS or self._stopping:
                     raise

@@ -5,6 +5,7 @@ One typed object between `monitord.surface` and the running parts, built by
 tunnel directly; it calls these methods:
 
     record_placement(service, area, location)   durable wish + transactions (the 202 intake)
+    record_area_placement(area, location)       the same for one area named by its UUID
     retry(service)                              leave PARKED with fresh generations
     discard_remote_data(service, area)          a waiting rollback gives the newer data up
     give_up_remote(service, area)               the VPS is given up: areas home on the PBX's copy
@@ -39,6 +40,7 @@ from monitord.remote.remote_link import RemoteLink
 from monitord.store import spool_files
 from monitord.store.state_db import Store
 from orchestrator import status as status_rules
+from orchestrator.errors import ErrorCode, PermanentError
 
 _CONFLICT_STATES = frozenset({"lease_conflict", "port_occupied"})
 
@@ -66,8 +68,32 @@ class OperatorFacade:
     async def record_placement(
         self, *, service: str, area: str | None, location: str
     ) -> list[str]:
-        """Durably record a wish and open its transactions; their ids (for the 202)."""
+        """Durably record a wish and open its transactions; their ids (for the 202).
+
+        custom_config.json is checked here, once per request (re-read only if it changed): a
+        corrupt file refuses the request (CONFIG_CORRUPT, 409) before anything is recorded
+        or stops. The engine records on the areas this check left in the placement state."""
+        try:
+            await self.state.usable()
+        except spool_files.ConfigCorrupt as e:
+            raise PermanentError(
+                ErrorCode.CONFIG_CORRUPT, f"custom_config.json is unreadable: {e.detail}"
+            ) from e
         return await self.engine.record_placement(service=service, area=area, location=location)
+
+    async def record_area_placement(self, area: str, *, location: str) -> tuple[str, list[str]]:
+        """`record_placement` for one area named by its UUID: (its service, the transaction
+        ids). The same one check of custom_config.json finds the area: CONFIG_CORRUPT (409)
+        while the file cannot be used, UNKNOWN_AREA (404) when it does not list the area."""
+        committed = (await self.state.usable()).get(area)
+        if committed is None:
+            raise PermanentError(
+                ErrorCode.UNKNOWN_AREA, f"area {area} is not in {self.custom_config_path.name}"
+            )
+        ids = await self.engine.record_placement(
+            service=committed.service, area=area, location=location
+        )
+        return committed.service, ids
 
     async def retry(self, service: str) -> list[str]:
         """Let a parked service try again; the ids of the transactions resumed."""

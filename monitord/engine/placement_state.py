@@ -81,6 +81,15 @@ class PlacementState:
             return await self.reload_committed()
         return self.corrupt is None
 
+    async def usable(self) -> Mapping[str, Area]:
+        """The one check of custom_config.json an operator's request makes (`recheck`): the
+        committed areas by UUID, or the file's `ConfigCorrupt` (CONFIG_CORRUPT) when it
+        cannot be used, so nothing is recorded and nothing stops."""
+        if not await self.recheck():
+            assert self.corrupt is not None
+            raise spool_files.ConfigCorrupt(path=self.corrupt.path, detail=self.corrupt.reason)
+        return self.committed
+
     async def reload_committed(self) -> bool:
         """Re-read custom_config.json; False (and `corrupt` set) when it cannot be parsed.
 

@@ -16,6 +16,9 @@ translated here, once, into typed errors with stable codes:
 - a body over the size limit, a 2xx that is not the JSON document the caller relies on,
   or any other status                          -> AGENT_UNREACHABLE (maybe delivered)
 
+Each answer is one debug line, `agent_call` (`call`, `status`, `bytes`); made during a step of
+a transaction it carries that transaction's id (monitord/engine/txn_log.py, `step`).
+
 `RemoteInventory` conversion lives here too, so the planner sees the agent's table as the
 orchestrator's frozen values.
 """
@@ -32,10 +35,12 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import quote, urlencode
 
-from monitord.base import tree_digest
+from monitord.base import logs, tree_digest
 from orchestrator import names
 from orchestrator.errors import ErrorCode, MonitordError, TransientError, error_for
 from orchestrator.models import ProcessInfo, RemoteEntry, RemoteInventory
+
+log = logs.get_logger(__name__)
 
 DEFAULT_TIMEOUT_S = 10.0
 # A promote digests (and fsyncs) the whole staging dir: as long as the exec it replaces had.
@@ -173,6 +178,7 @@ class AgentClient:
             raise AgentUnreachable(
                 f"{where}: no answer within {timeout_s:g} s", maybe_delivered=True
             ) from e
+        log.debug("agent_call", call=where, status=status, bytes=len(raw))
         payload = _parse_json(raw)
         if 200 <= status < 300:
             return payload

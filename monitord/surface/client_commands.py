@@ -150,9 +150,13 @@ class Client:
             payload = e.read()
             try:
                 err = json.loads(payload)["error"]
-                raise ApiError(e.code, err.get("code", "HTTP_ERROR"), err.get("detail", "")) from e
-            except (ValueError, KeyError, TypeError):
-                raise ApiError(e.code, "HTTP_ERROR", payload[:200].decode(errors="replace")) from e
+                code, detail = str(err["code"]), str(err.get("detail", ""))
+            except (ValueError, KeyError, TypeError, AttributeError):
+                # Not monitord's error document: something else answers on that port.
+                code = ErrorCode.DAEMON_UNREACHABLE
+                detail = (f"HTTP {e.code} from {self.base_url}{path} is not an answer of"
+                          f" monitord's API: {payload[:200].decode(errors='replace')}")
+            raise ApiError(e.code, code, detail) from e
         except (urllib.error.URLError, OSError) as e:
             reason = getattr(e, "reason", e)
             raise DaemonUnreachable(
@@ -340,12 +344,21 @@ def _wait_converged(client: Client, *, service: str, location: str, timeout: flo
                 return EXIT_OK
             if outcome == "failed":
                 err = status.get("services", {}).get(service, {}).get("last_error") or {}
-                progress.finish(f"failed: {err.get('code', 'UNKNOWN')} {err.get('detail', '')}")
+                progress.finish(f"failed: {_error_words(err)}")
                 return EXIT_FAILED
             if time.monotonic() > deadline:
                 progress.finish(f"still not converged after {timeout:.0f} s")
                 return EXIT_FAILED
             time.sleep(0.5)
+
+
+def _error_words(err: dict[str, Any]) -> str:
+    """`CODE detail` of an error the status shows; a failure without a recorded code says so
+    instead of making one up (every code printed is a catalogue code)."""
+    code = err.get("code")
+    if not code:
+        return f"no error recorded {err.get('detail') or ''}".rstrip()
+    return f"{code} {err.get('detail') or ''}".rstrip()
 
 
 def area_progress(
@@ -369,9 +382,10 @@ def area_progress(
         return "failed", (f"{label}: failed: rolled back to {where}"
                           + (f" ({err.get('code')}: {err.get('detail', '')})" if err else ""))
     if phase == "PARKED":
-        code = txn.get("last_error_code") or (svc.get("last_error") or {}).get("code", "UNKNOWN")
-        detail = txn.get("last_error_detail") or (svc.get("last_error") or {}).get("detail", "")
-        return "failed", f"{label}: failed: {code} {detail}".rstrip()
+        shown = svc.get("last_error") or {}
+        err = {"code": txn.get("last_error_code") or shown.get("code"),
+               "detail": txn.get("last_error_detail") or shown.get("detail", "")}
+        return "failed", f"{label}: failed: {_error_words(err)}"
     attempt = f", attempt {txn['attempt']}" if txn.get("attempt") else ""
     return None, f"{label}: phase {phase}{attempt}, on {where}"
 
