@@ -48,7 +48,7 @@ from orchestrator.phases import Outcome
 
 @dataclass(frozen=True, slots=True)
 class NothingThere:
-    """Nothing of the area is or was on the VPS: there is nothing to give up."""
+    """Nothing of the area is on the VPS, or it was given up already: nothing to give up."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +105,8 @@ def decide(
     """What giving the VPS up means for one area now. `leases`: the best-known lease of each
     of `remote_generations(area, txn)` (after a restart, one assumed at start-up)."""
     active = txn if txn is not None and txn.is_active else None
+    if (active is not None and active.source_abandoned) or abandons_source(area, lineage):
+        return NothingThere()  # given up already: its move home is on its way
     generations = remote_generations(area, active)
     if not generations and Side.REMOTE not in lineage.holders:
         return NothingThere()
@@ -115,7 +117,7 @@ def decide(
     )
     if until > now:
         return NotFenced(until=until)
-    if active is None or active.source_abandoned:
+    if active is None:
         return Abandon(outcome=None)
     if active.source is Side.REMOTE:
         return Abandon(outcome=Outcome.SOURCE_ABANDONED)

@@ -298,6 +298,9 @@ class MigrationEngine:
         retry_backoff_base_s: float,
         retry_backoff_cap_s: float,
         rollback_data_wait_s: float = 900.0,
+        vps_lost_after_s: float | None = None,
+        vps_lost_services: frozenset[str] = frozenset(),
+        vps_unreachable_since: Callable[[], float | None] = lambda: None,
         on_finished: Callable[[Transaction], None] = lambda txn: None,
         wall: Callable[[], float] = time.time,
         clock: Callable[[], float] = time.monotonic,
@@ -312,6 +315,11 @@ class MigrationEngine:
         self.retry_backoff_base_s = retry_backoff_base_s
         self.retry_backoff_cap_s = retry_backoff_cap_s
         self.rollback_data_wait_s = rollback_data_wait_s
+        # Services that give a lost VPS up by themselves (on_vps_lost = "home"), after that long
+        self.vps_lost_after_s = vps_lost_after_s
+        self.vps_lost_services = vps_lost_services
+        self._vps_unreachable_since = vps_unreachable_since
+        self._vps_lost_logged: set[str] = set()
         self.on_finished = on_finished
         self._wall = wall
         self._clock = clock
@@ -383,6 +391,7 @@ class MigrationEngine:
         await self.recover()
         while not self._stopping:
             self._wake.clear()
+            await self._give_up_lost_vps()
             await self._open_due()
             self._start_runners()
             with contextlib.suppress(TimeoutError):
@@ -503,7 +512,9 @@ class MigrationEngine:
         self._start_runners()
         return [txn.transaction_id for txn in waiting]
 
-    async def give_up_remote(self, service: str, *, area: str | None = None) -> list[str]:
+    async def give_up_remote(
+        self, service: str, *, area: str | None = None, reason: str = "operator"
+    ) -> list[str]:
         """The operator gives the VPS up for `service` (or one area): its areas start on the
         PBX's own copy and the data they wrote on the VPS is lost (orchestrator/give_up.py).
 
@@ -548,7 +559,7 @@ class MigrationEngine:
             for uuid, decision in abandoned.items():
                 committed = self.state.committed[uuid]
                 await self.actions.abandon_remote_data(
-                    committed, reason="operator", generations=give_up.remote_generations(
+                    committed, reason=reason, generations=give_up.remote_generations(
                         committed, self.state.transactions.get(uuid)),
                 )
                 self._not_before.pop(uuid, None)
@@ -568,6 +579,32 @@ class MigrationEngine:
         return [
             t.transaction_id for t in self.state.transactions.values() if t.area in abandoned
         ]
+
+    async def _give_up_lost_vps(self) -> None:
+        """`[monitord] vps_lost_after_s`: the services with `on_vps_lost = "home"` give the
+        VPS up by themselves once it has been unreachable that long — with the same proof of
+        fencing as an operator's give-up (refused, and asked again next tick, until then)."""
+        since = self._vps_unreachable_since()
+        if self.vps_lost_after_s is None or since is None:
+            self._vps_lost_logged.clear()
+            return
+        lost_s = self._clock() - since
+        if lost_s < self.vps_lost_after_s:
+            return
+        for service in sorted(self.vps_lost_services):
+            if self.give_up_view(service) is None:
+                continue
+            try:
+                ids = await self.give_up_remote(service, reason="policy")
+            except MonitordError as e:
+                if service not in self._vps_lost_logged:  # once per outage, not every tick
+                    self._vps_lost_logged.add(service)
+                    log.critical("vps_lost_give_up_waiting", service=service,
+                                 error_code=e.code, detail=e.detail,
+                                 unreachable_s=round(lost_s, 1))
+                continue
+            log.critical("vps_lost_given_up", service=service, transaction_ids=ids,
+                         unreachable_s=round(lost_s, 1))
 
     def give_up_view(self, service: str) -> dict[str, Any] | None:
         """What giving the VPS up would do for `service` now, for the status: how many areas

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import time
 from pathlib import Path
 
 import asyncssh
@@ -146,6 +147,12 @@ class Orchestration:
             retry_backoff_base_s=config.monitord.retry_backoff_base_s,
             retry_backoff_cap_s=config.monitord.retry_backoff_cap_s,
             rollback_data_wait_s=config.monitord.rollback_data_wait_s,
+            vps_lost_after_s=config.monitord.vps_lost_after_s,
+            vps_lost_services=frozenset(
+                name for name, section in config.services.items()
+                if section.on_vps_lost == "home"
+            ),
+            vps_unreachable_since=lambda: self._down_since,
             on_finished=self._transaction_finished,
         )
         self.cleanup = CleanupWorker(
@@ -184,6 +191,7 @@ class Orchestration:
         self.remote_state = RemoteStateFile(ctx.remote_state_path)
         self._was_connected = False
         self._last_state: TunnelState | None = None
+        self._down_since: float | None = None  # monotonic, since the tunnel was last up
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -255,6 +263,11 @@ class Orchestration:
         # Count each conflict once, when the keeper enters the state (it publishes often).
         if status.state is TunnelState.LEASE_CONFLICT and self._last_state is not status.state:
             self.metrics.tunnel_lease_conflicts.inc()
+        if status.connected:
+            self._down_since = None
+        elif self._down_since is None:
+            # Unreachable since now (or since start-up): the clock of vps_lost_after_s.
+            self._down_since = time.monotonic()
         self._was_connected = status.connected
         self._last_state = status.state
 

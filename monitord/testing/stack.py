@@ -121,6 +121,8 @@ class StackOptions:
     external_vps: ExternalVps | None = None  # None: the in-process VpsServer
     nats_target: str | None = None  # "host:port" of a real NATS server on this machine
     remote_overrides: Mapping[str, Any] = field(default_factory=dict)  # merged into [remote]
+    monitord_overrides: Mapping[str, Any] = field(default_factory=dict)  # into [monitord]
+    service_overrides: Mapping[str, Any] = field(default_factory=dict)  # into each service
 
 
 class Stack:
@@ -218,6 +220,7 @@ class Stack:
                 "park_after_failures": o.park_after_failures,
                 "rollback_data": o.rollback_data,
                 "rollback_data_wait_s": o.rollback_data_wait_s,
+                **o.monitord_overrides,
                 "retry_backoff_base_s": 0.5,
                 "retry_backoff_cap_s": 5.0,
                 "legacy_grace_s": 2.0,
@@ -261,6 +264,7 @@ class Stack:
                 "min_uptime_s": o.min_uptime_s,
                 "healthcheck_timeout_s": o.healthcheck_timeout_s,
                 "parallelism": o.parallelism,
+                **o.service_overrides,
             }
             self.areas[service] = []
             for _ in range(count):

@@ -125,3 +125,44 @@ class TestGivingTheVpsUp:
         assert (code, body["error"]["code"]) == (409, "TRANSACTION_CONFLICT")
         assert "nothing" in body["error"]["detail"]
         assert stack.events("remote_data_abandoned") == []
+
+
+class TestTimedGiveUp:
+    """`vps_lost_after_s` + `on_vps_lost = "home"`: a service that opted in is given up by
+    monitord itself once the VPS has been unreachable that long — and no earlier than every
+    copy there is provably fenced; a service that did not opt in waits."""
+
+    async def test_an_opted_in_service_comes_home_by_itself_the_other_waits(
+        self, stack_factory: StackFactory
+    ) -> None:
+        stack = await stack_factory(
+            services={"tg": 1, "chats": 1}, monitord_overrides={"vps_lost_after_s": 2.0},
+        )
+        # only tg opts in: the option applies to every service the stack writes, so opt-in
+        # is per service in the file the stack wrote
+        config = stack.config_path.read_text()
+        stack.config_path.write_text(config.replace(
+            "[services.tg]\n", '[services.tg]\non_vps_lost = "home"\n'))
+        assert await stack.stop_monitord() == 0
+        await stack.start_monitord()
+        (tg,), (chats,) = stack.areas["tg"], stack.areas["chats"]
+        await stack.place("tg", "remote")
+        await stack.place("chats", "remote")
+        await stack.wait_settled(expect={"tg": "remote", "chats": "remote"}, timeout_s=60)
+        stack.accepted_data_loss.add(tg)
+        lost_at = time.time()
+        await stack.partition()
+
+        await stack.wait_until(lambda: _runs_on(stack, tg, "local"), timeout_s=60,
+                               what="tg home by itself on the PBX's copy")
+        [abandoned] = stack.events("remote_data_abandoned")
+        assert (abandoned["area"], abandoned["reason"]) == (tg, "policy")
+        [life] = [x for x in stack.detector.lives(tg)
+                  if x.key.side == "local" and x.first_seen >= lost_at]
+        # never before the VPS's copy was provably fenced: 3 s lease * 1.1 + margin
+        assert life.first_seen - lost_at >= 3.0
+        assert not _runs_on(stack, chats, "local"), "chats did not opt in: it waits"
+        status = await stack.status()
+        assert status["services"]["chats"]["give_up"] is not None
+        await stack.heal()
+        await stack.wait_settled(expect={"tg": "local", "chats": "remote"}, timeout_s=90)

@@ -70,9 +70,11 @@ class TestTheWayHome:
             assert _decide(ON_VPS, txn, REMOTE_NEWEST, now=99.0) == give_up.Abandon(
                 outcome=Outcome.SOURCE_ABANDONED)
 
-    def test_a_move_home_already_given_up_goes_on(self) -> None:
+    def test_an_area_given_up_already_is_not_given_up_again(self) -> None:
         txn = transaction(source=Side.REMOTE, phase=Phase.SUPPRESS_SOURCE, source_abandoned=True)
-        assert _decide(ON_VPS, txn, LOCAL_NEWEST, now=99.0) == give_up.Abandon(outcome=None)
+        assert _decide(ON_VPS, txn, LOCAL_NEWEST, now=99.0) == give_up.NothingThere()
+        # recorded, its move home not opened yet
+        assert _decide(ON_VPS, None, LOCAL_NEWEST, now=99.0) == give_up.NothingThere()
 
     def test_a_parked_rollback_waiting_for_the_vpss_data_resumes(self) -> None:
         txn = transaction(source=Side.LOCAL, phase=Phase.PARKED, destination_fenced=True,
