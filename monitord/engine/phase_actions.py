@@ -31,7 +31,8 @@ from monitord.engine import crash_points, txn_log
 from monitord.engine.lease_renewer import LeaseRenewer
 from monitord.engine.placement_state import PlacementState
 from monitord.local.supervisor import AreaRun, LocalSupervisor, area_run, expand
-from monitord.remote import area_copy, artifact
+from monitord.remote import artifact
+from monitord.remote import copy as area_copy
 from monitord.remote import preflight as preflight_checks
 from monitord.remote.agent_client import AreaCopy
 from monitord.remote.remote_link import RemoteLink

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from monitord.base import tree_digest
-from monitord.remote import area_copy, remote_exec
+from monitord.remote import remote_exec
+from monitord.remote.copy import transfer as area_copy
 from monitord.testing.vps_server import VpsServer
 from orchestrator.errors import ErrorCode, MonitordError
 from tests.support.agent_process import vps_command, wait_until

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from monitord.remote import area_copy
+from monitord.remote.copy import transfer as area_copy
 from monitord.testing.vps_server import VpsServer
 from orchestrator.errors import ErrorCode, MonitordError
 from tests.support.agent_process import vps_command
