@@ -1,10 +1,18 @@
-"""COPY phase I/O: one area's data dir moved between the PBX and the VPS, verified
-(monitord.remote.copy.transfer)."""
+"""COPY phase I/O: one area's data dir moved between the PBX and the VPS, verified.
 
+The facade the migration engine calls (monitord.engine.phase_actions): `pre_upload` /
+`upload` (PBX -> VPS) and `pre_download` / `download` (VPS -> PBX), a pre-copy's `Staged`
+handed from the first to the second. Inside, by what each module holds:
+
+- `transfer`   the protocol of both directions over SFTP (pre-copy and final copy);
+- `vps_tree`   the VPS's data and staging dirs: the agent's routes, or a shell and the
+               `tree-digest` verb on an agent without them;
+- `local_tree` the PBX's data and staging dirs: fd-safe writes, fsyncs, the swap;
+- `listing`    the VPS's listing of a tree, parsed and validated as untrusted input.
+"""
+
+from monitord.base.tree_digest import DIGESTS_SUFFIX, STAGING_SUFFIX
 from monitord.remote.copy.transfer import (
-    DIGESTS_SUFFIX,
-    STAGING_SUFFIX,
-    CopyAgent,
     CopyReport,
     Staged,
     download,
@@ -13,6 +21,7 @@ from monitord.remote.copy.transfer import (
     remove_remote_leftovers,
     upload,
 )
+from monitord.remote.copy.vps_tree import CopyAgent
 
 __all__ = [
     "DIGESTS_SUFFIX",

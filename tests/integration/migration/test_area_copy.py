@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 
 from monitord.base import tree_digest
+from monitord.remote import copy as area_copy
 from monitord.remote import remote_exec
-from monitord.remote.copy import transfer as area_copy
+from monitord.remote.copy import transfer
 from monitord.testing.vps_server import VpsServer
 from orchestrator.errors import ErrorCode, MonitordError
 from tests.support.agent_process import vps_command, wait_until
@@ -308,7 +309,7 @@ class TestPreCopy:
     async def test_a_file_of_many_chunks_arrives_whole_and_hashed_in_order(
         self, vps: VpsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        monkeypatch.setattr(area_copy, "_CHUNK", 4096)  # 64 chunks, several on the wire
+        monkeypatch.setattr(transfer, "_CHUNK", 4096)  # 64 chunks, several on the wire
         src, remote = tmp_path / "src", tmp_path / "vps" / "data" / "c1"
         src.mkdir()
         data = os.urandom(64 * 4096 - 100)
@@ -323,7 +324,7 @@ class TestPreCopy:
     async def test_a_connection_lost_mid_file_fails_the_pre_copy_and_leaves_no_task(
         self, vps: VpsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        monkeypatch.setattr(area_copy, "_CHUNK", 64 * 1024)
+        monkeypatch.setattr(transfer, "_CHUNK", 64 * 1024)
         src, remote = tmp_path / "src", tmp_path / "vps" / "data" / "c2"
         src.mkdir()
         (src / "big.db").write_bytes(os.urandom(32 << 20))
