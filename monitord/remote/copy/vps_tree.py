@@ -105,7 +105,7 @@ async def _vps_listing(
         return await _digest(conn, script, tree, vps_command, during=during)
     if len(listed) > listing.MAX_BYTES:
         raise listing.incomplete(f"refusing {during}: more than {listing.MAX_BYTES} bytes")
-    return listing.parse(listed)
+    return await listing.parse_off_loop(listed)
 
 
 async def _digest(
@@ -120,7 +120,7 @@ async def _digest(
     if result.stdout_truncated:
         raise listing.incomplete(f"refusing {during}: more than {listing.MAX_BYTES} bytes")
     result.raise_for_status(ErrorCode.COPY_INCOMPLETE)
-    return listing.parse(result.stdout)
+    return await listing.parse_off_loop(result.stdout)
 
 
 async def verify_and_promote(
@@ -144,7 +144,7 @@ async def verify_and_promote(
     if result.exit_status != tree_digest.EXIT_DIFFERS:
         result.raise_for_status(ErrorCode.COPY_INCOMPLETE)
         return None
-    found = listing.parse(result.stdout)
+    found = await listing.parse_off_loop(result.stdout)
     if found != expected:
         return found
     # The same files, listed in other bytes (a VPS whose name order differs): swap it apart.

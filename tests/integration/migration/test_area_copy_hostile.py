@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from monitord.remote import copy as area_copy
-from monitord.remote.copy import local_tree, vps_tree
+from monitord.remote.copy import listing, local_tree, vps_tree
 from monitord.testing.vps_server import VpsServer
 from orchestrator.errors import ErrorCode, MonitordError
 from tests.support.agent_process import vps_command
@@ -242,6 +244,29 @@ class TestTheShapeOfTheListing:
         error = await scene.download_fails(vps)
         assert error.code == ErrorCode.COPY_INCOMPLETE
         assert "bytes" in error.detail
+        scene.assert_untouched()
+
+    async def test_a_listing_of_deeply_nested_names_is_refused_off_the_event_loop(
+        self, vps: VpsServer, scene: Scene, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        # Lines of 8 KiB `a/a/a/…`: before the limits on names, the parents of each cost
+        # 16 MB and a quarter of a second, on the event loop.
+        deep = "/".join(["a"] * 4096)
+        scene.listing(monkeypatch, b"".join(
+            f"{_sha(b'x')}  ./{i}/{deep}\n".encode() for i in range(16)
+        ))
+        parsed_in: list[int] = []
+        parse = listing.parse
+
+        def spied(raw: bytes) -> Any:
+            parsed_in.append(threading.get_ident())
+            return parse(raw)
+
+        monkeypatch.setattr(listing, "parse", spied)
+        error = await scene.download_fails(vps)
+        assert error.code == ErrorCode.COPY_INCOMPLETE
+        assert "more than 4096" in error.detail, error.detail
+        assert parsed_in and threading.get_ident() not in parsed_in
         scene.assert_untouched()
 
     @pytest.mark.parametrize(
