@@ -34,7 +34,7 @@ from monitord.local.supervisor import AreaRun, LocalSupervisor, area_run, expand
 from monitord.remote import artifact
 from monitord.remote import copy as area_copy
 from monitord.remote import preflight as preflight_checks
-from monitord.remote.agent_client import AreaCopy
+from monitord.remote.copy import AreaCopy
 from monitord.remote.remote_link import RemoteLink
 from monitord.remote.shared_facts import SharedFacts
 from monitord.store.state_db import Store

@@ -6,8 +6,10 @@ Called by the migration engine. Both directions follow the same protocol:
   3. the RECEIVING side digests the staging dir (every file fsynced) and the two lists must
      be equal: every hash, no file missing, none extra;
   4. only then the staging dir replaces the destination dir by rename (and is fsynced).
-The VPS side of steps 1, 3 and 4 is monitord.remote.copy.vps_tree (the agent, else the
-shell and the `tree-digest` verb); the PBX side is monitord.remote.copy.local_tree. A copy
+Each direction is one strategy (`_Upload`, `_Download`) doing both the pre-copy and the
+copy after the stop. The VPS side of steps 1, 3 and 4 is a monitord.remote.copy.vps_tree
+(the agent, else the shell and the `tree-digest` verb: chosen once per copy, the choice
+kept in `Staged`); the PBX side is monitord.remote.copy.local_tree. A copy
 cut at any point leaves at most a staging dir behind (removed by the next try); the
 destination dir is either the old one or the complete new one, never a mix. A mismatch
 raises COPY_INCOMPLETE; the engine retries or rolls back.
@@ -41,7 +43,7 @@ import asyncio
 import contextlib
 import hashlib
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -52,7 +54,7 @@ from monitord.base import tree_digest
 from monitord.remote import ssh_errors
 from monitord.remote.copy import listing, local_tree, vps_tree
 from monitord.remote.copy.listing import incomplete
-from monitord.remote.copy.vps_tree import CopyAgent
+from monitord.remote.copy.vps_tree import CopyAgent, VpsTree
 from orchestrator.errors import ErrorCode, MonitordError
 
 _CHUNK = 1 << 20
@@ -79,6 +81,7 @@ class Staged:
     upload: bool  # True: PBX -> VPS staging; False: VPS -> PBX staging
     files: dict[str, str]
     cache: tree_digest.Cache
+    through_agent: bool = False  # the way the pre-copy took on the VPS: the copy's too
 
     def matches(self, *, local_dir: Path, remote_dir: str, upload: bool) -> bool:
         return (self.local_dir, self.remote_dir, self.upload) == (local_dir, remote_dir, upload)
@@ -113,64 +116,30 @@ async def upload(
     monitord.pyz on the VPS (its tree-digest verb checks the staging dir). `agent` makes
     the staging dir and answers steps 3 and 4 (given the expected listing's SHA-256:
     promoted or not) with no new process on the VPS while the area is down; the shell and
-    the verb still answer when the agent has no such routes, and the verb names the
-    differences when it found some."""
+    the verb answer instead when the agent does not serve those routes, and the verb names
+    the differences when it found some."""
     if staged is not None and not staged.matches(
         local_dir=local_dir, remote_dir=remote_dir, upload=True
     ):
         staged = None
-    manifest = await asyncio.to_thread(
-        local_tree.manifest, local_dir, None if staged is None else staged.cache
+    if staged is not None:
+        tree = await vps_tree.chosen(conn, remote_dir=remote_dir, vps_command=vps_command,
+                                     agent=agent, through_agent=staged.through_agent)
+        return await _Upload(conn, local_dir, remote_dir, tree, timeout_s).copy(
+            staged, progress)
+    # No pre-copy (the area is down already): the agent is asked while the files are hashed;
+    # both are awaited to the end, then the first failure is raised as it is.
+    way, hashed = await asyncio.gather(
+        vps_tree.chosen(conn, remote_dir=remote_dir, vps_command=vps_command, agent=agent),
+        asyncio.to_thread(local_tree.manifest, local_dir),
+        return_exceptions=True,
     )
-    for entry in manifest:
-        if (problem := listing.name_problem(entry.path)) is not None:
-            raise incomplete(f"cannot copy {local_dir}: {entry.path!r} has {problem}")
-    total = sum(e.size for e in manifest)
-    staging = vps_tree.staging_of(remote_dir)
-    kept = {} if staged is None else staged.files
-    if staged is None:  # a pre-copy made the staging dir: no round trip to make it again
-        await vps_tree.reset_staging(conn, staging, agent)
-    to_send = [e for e in manifest if kept.get(e.path) != e.sha256]
-    gone = sorted(set(kept) - {e.path for e in manifest})
-    done = total - sum(e.size for e in to_send)
-    staged_lost = False
-    with _sftp_translated(f"upload to {remote_dir}", timeout_s=timeout_s):
-        try:
-            async with asyncio.timeout(timeout_s), conn.start_sftp_client() as sftp:
-                for rel in gone:
-                    with contextlib.suppress(*ssh_errors.SFTP_NO_SUCH_FILE):
-                        await sftp.remove(str(PurePosixPath(staging) / rel))
-                made: set[str] = {staging}
-                for entry in to_send:
-                    target = str(PurePosixPath(staging) / entry.path)
-                    parent = str(PurePosixPath(target).parent)
-                    if parent not in made:
-                        await sftp.makedirs(parent, exist_ok=True)
-                        made.add(parent)
-                    await sftp.put(str(local_dir / entry.path), target)
-                    done += entry.size
-                    if progress:
-                        progress(done, total)
-        except ssh_errors.SFTP_NO_SUCH_FILE:
-            if staged is None:
-                raise
-            staged_lost = True  # the pre-copy's staging dir went away on the VPS
-    expected = {e.path: e.sha256 for e in manifest}
-    if not staged_lost:
-        found = await vps_tree.verify_and_promote(
-            conn, remote_dir=remote_dir, staging=staging, expected=expected,
-            vps_command=vps_command, agent=agent,
-        )
-        if found is None:
-            return CopyReport(files=len(manifest), bytes=total,
-                              reused=len(manifest) - len(to_send))
-        if staged is None:
-            raise incomplete(f"the VPS found {remote_dir} incomplete: it differs in"
-                             f" {listing.differences(found, expected)}")
-    # the staging dir changed under us since the pre-copy: start it over, whole
-    return await upload(conn, local_dir=local_dir, remote_dir=remote_dir,
-                        vps_command=vps_command, progress=progress, timeout_s=timeout_s,
-                        agent=agent)
+    if isinstance(way, BaseException):
+        raise way
+    if isinstance(hashed, BaseException):
+        raise hashed
+    return await _Upload(conn, local_dir, remote_dir, way, timeout_s).copy(
+        None, progress, manifest=hashed)
 
 
 async def pre_upload(
@@ -186,31 +155,102 @@ async def pre_upload(
     from the bytes sent, then let the VPS digest (and fsync) what arrived, so that the copy
     after the stop re-reads only what changed on either side. A file that changes meanwhile
     is simply sent again by `upload`. `agent`: as for `upload`."""
-    sent: dict[str, str] = {}
-    cache: tree_digest.Cache = {}
-    staging = vps_tree.staging_of(remote_dir)
-    await vps_tree.reset_staging(conn, staging, agent)
-    epoch, names = await asyncio.to_thread(local_tree.pre_listing, local_dir)
-    if names:
-        with _sftp_translated(f"pre-copy to {remote_dir}", timeout_s=timeout_s):
-            async with asyncio.timeout(timeout_s), conn.start_sftp_client() as sftp:
-                made: set[str] = {staging}
-                for rel in names:
-                    target = str(PurePosixPath(staging) / rel)
-                    parent = str(PurePosixPath(target).parent)
-                    if parent not in made:
-                        await sftp.makedirs(parent, exist_ok=True)
-                        made.add(parent)
-                    staged_file = await _send_hashed(sftp, local_dir / rel, target, epoch)
-                    if staged_file is not None:
-                        sent[rel], identity = staged_file
-                        if identity is not None:
-                            cache[rel] = (identity, sent[rel])
-    found = await vps_tree.staging_listing(conn, staging, vps_command, agent,
-                                           during=f"pre-copy to {remote_dir}")
-    files = {rel: sha for rel, sha in sent.items() if found.get(rel) == sha}
-    return Staged(local_dir=local_dir, remote_dir=remote_dir, upload=True, files=files,
-                  cache=cache)
+    tree = await vps_tree.chosen(conn, remote_dir=remote_dir, vps_command=vps_command,
+                                 agent=agent)
+    return await _Upload(conn, local_dir, remote_dir, tree, timeout_s).pre_copy()
+
+
+@dataclass(frozen=True, slots=True)
+class _Upload:
+    """PBX -> VPS, the pre-copy and the copy after the stop, through one way on the VPS."""
+
+    conn: asyncssh.SSHClientConnection
+    local_dir: Path
+    remote_dir: str
+    tree: VpsTree
+    timeout_s: float
+
+    async def pre_copy(self) -> Staged:
+        sent: dict[str, str] = {}
+        cache: tree_digest.Cache = {}
+        staging = vps_tree.staging_of(self.remote_dir)
+        await self.tree.reset_staging()
+        epoch, names = await asyncio.to_thread(local_tree.pre_listing, self.local_dir)
+        if names:
+            with _sftp_translated(f"pre-copy to {self.remote_dir}", timeout_s=self.timeout_s):
+                async with asyncio.timeout(self.timeout_s), \
+                        self.conn.start_sftp_client() as sftp:
+                    made: set[str] = {staging}
+                    for rel in names:
+                        target = str(PurePosixPath(staging) / rel)
+                        parent = str(PurePosixPath(target).parent)
+                        if parent not in made:
+                            await sftp.makedirs(parent, exist_ok=True)
+                            made.add(parent)
+                        staged_file = await _send_hashed(
+                            sftp, self.local_dir / rel, target, epoch)
+                        if staged_file is not None:
+                            sent[rel], identity = staged_file
+                            if identity is not None:
+                                cache[rel] = (identity, sent[rel])
+        found = await self.tree.staging_listing(during=f"pre-copy to {self.remote_dir}")
+        files = {rel: sha for rel, sha in sent.items() if found.get(rel) == sha}
+        return Staged(local_dir=self.local_dir, remote_dir=self.remote_dir, upload=True,
+                      files=files, cache=cache, through_agent=self.tree.through_agent)
+
+    async def copy(
+        self, staged: Staged | None, progress: Progress | None, *,
+        manifest: tuple[local_tree.FileEntry, ...] | None = None,
+    ) -> CopyReport:
+        if manifest is None:
+            manifest = await asyncio.to_thread(
+                local_tree.manifest, self.local_dir, None if staged is None else staged.cache
+            )
+        for entry in manifest:
+            if (problem := listing.name_problem(entry.path)) is not None:
+                raise incomplete(f"cannot copy {self.local_dir}: {entry.path!r} has {problem}")
+        total = sum(e.size for e in manifest)
+        staging = vps_tree.staging_of(self.remote_dir)
+        kept = {} if staged is None else staged.files
+        if staged is None:  # a pre-copy made the staging dir: no round trip to make it again
+            await self.tree.reset_staging()
+        to_send = [e for e in manifest if kept.get(e.path) != e.sha256]
+        gone = sorted(set(kept) - {e.path for e in manifest})
+        done = total - sum(e.size for e in to_send)
+        staged_lost = False
+        with _sftp_translated(f"upload to {self.remote_dir}", timeout_s=self.timeout_s):
+            try:
+                async with asyncio.timeout(self.timeout_s), \
+                        self.conn.start_sftp_client() as sftp:
+                    for rel in gone:
+                        with contextlib.suppress(*ssh_errors.SFTP_NO_SUCH_FILE):
+                            await sftp.remove(str(PurePosixPath(staging) / rel))
+                    made: set[str] = {staging}
+                    for entry in to_send:
+                        target = str(PurePosixPath(staging) / entry.path)
+                        parent = str(PurePosixPath(target).parent)
+                        if parent not in made:
+                            await sftp.makedirs(parent, exist_ok=True)
+                            made.add(parent)
+                        await sftp.put(str(self.local_dir / entry.path), target)
+                        done += entry.size
+                        if progress:
+                            progress(done, total)
+            except ssh_errors.SFTP_NO_SUCH_FILE:
+                if staged is None:
+                    raise
+                staged_lost = True  # the pre-copy's staging dir went away on the VPS
+        expected = {e.path: e.sha256 for e in manifest}
+        if not staged_lost:
+            found = await self.tree.promote(expected)
+            if found is None:
+                return CopyReport(files=len(manifest), bytes=total,
+                                  reused=len(manifest) - len(to_send))
+            if staged is None:
+                raise incomplete(f"the VPS found {self.remote_dir} incomplete: it differs in"
+                                 f" {listing.differences(found, expected)}")
+        # the staging dir changed under us since the pre-copy: start it over, whole
+        return await self.copy(None, progress)
 
 
 async def _send_hashed(
@@ -273,45 +313,10 @@ async def download(
         local_dir=local_dir, remote_dir=remote_dir, upload=False
     ):
         staged = None
-    expected = await vps_tree.data_listing(conn, remote_dir, vps_command, agent)
-    staging = local_tree.staging_of(local_dir)
-    kept = {} if staged is None else staged.files
-    if staged is None:
-        await asyncio.to_thread(local_tree.reset_dir, staging)
-    else:
-        kept = {rel: h for rel, h in kept.items() if expected.get(rel) == h}
-        await asyncio.to_thread(local_tree.prune_to, staging, set(kept))
-    to_fetch = sorted(rel for rel in expected if kept.get(rel) != expected[rel])
-    done = 0
-    try:
-        with _sftp_translated(f"download of {remote_dir}", timeout_s=timeout_s):
-            async with asyncio.timeout(timeout_s), conn.start_sftp_client() as sftp:
-                remote_root = (await sftp.realpath(remote_dir)).rstrip("/") if expected else ""
-                for rel in to_fetch:
-                    fetched = await _fetch(sftp, remote_root, rel, staging, where=remote_dir)
-                    done += fetched.size
-                    if progress:
-                        progress(done, done)
-    except MonitordError as e:
-        if e.code == ErrorCode.COPY_INCOMPLETE:  # refused, not cut: leave nothing behind
-            await asyncio.to_thread(local_tree.remove, staging)
-        raise
-    manifest = await asyncio.to_thread(
-        local_tree.manifest, staging, None if staged is None else staged.cache
-    )
-    got = {e.path: e.sha256 for e in manifest}
-    if got != expected:
-        if staged is not None:  # the staging dir changed under us: start it over, whole
-            return await download(conn, remote_dir=remote_dir, local_dir=local_dir,
-                                  vps_command=vps_command, progress=progress,
-                                  timeout_s=timeout_s, agent=agent)
-        raise incomplete(f"downloaded copy of {remote_dir} differs in"
-                         f" {listing.differences(got, expected)}")
-    # What a pre-copy staged was fsynced before the stop: only what was written since costs
-    # an fsync while the area is down.
-    await asyncio.to_thread(local_tree.promote, staging, local_dir,
-                            settled=None if staged is None else staged.cache)
-    return CopyReport(files=len(got), bytes=done, reused=len(expected) - len(to_fetch))
+    tree = await vps_tree.chosen(conn, remote_dir=remote_dir, vps_command=vps_command,
+                                 agent=agent,
+                                 through_agent=None if staged is None else staged.through_agent)
+    return await _Download(conn, local_dir, remote_dir, tree, timeout_s).copy(staged, progress)
 
 
 async def pre_download(
@@ -326,28 +331,91 @@ async def pre_download(
     """While the VPS's daemon runs: fetch remote_dir's files into the local staging dir,
     each hashed from the bytes written, and fsync them. The listing is checked as
     `download` checks it (and leaves the VPS a digest cache of the running tree)."""
-    listed = await vps_tree.data_listing(conn, remote_dir, vps_command, agent)
-    staging = local_tree.staging_of(local_dir)
-    await asyncio.to_thread(local_tree.reset_dir, staging)
-    fetched: dict[str, local_tree.Fetched] = {}
-    try:
-        with _sftp_translated(f"pre-copy of {remote_dir}", timeout_s=timeout_s):
-            async with asyncio.timeout(timeout_s), conn.start_sftp_client() as sftp:
-                remote_root = (await sftp.realpath(remote_dir)).rstrip("/") if listed else ""
-                for rel in sorted(listed):
-                    try:
-                        fetched[rel] = await _fetch(
-                            sftp, remote_root, rel, staging, where=remote_dir
-                        )
-                    except ssh_errors.SFTP_NO_SUCH_FILE:
-                        continue  # gone since the listing (the daemon runs)
-    except MonitordError as e:
-        if e.code == ErrorCode.COPY_INCOMPLETE:
-            await asyncio.to_thread(local_tree.remove, staging)
-        raise
-    cache = await asyncio.to_thread(local_tree.settle, staging, fetched)
-    return Staged(local_dir=local_dir, remote_dir=remote_dir, upload=False,
-                  files={rel: f.sha256 for rel, f in fetched.items()}, cache=cache)
+    tree = await vps_tree.chosen(conn, remote_dir=remote_dir, vps_command=vps_command,
+                                 agent=agent)
+    return await _Download(conn, local_dir, remote_dir, tree, timeout_s).pre_copy()
+
+
+@dataclass(frozen=True, slots=True)
+class _Download:
+    """VPS -> PBX, the pre-copy and the copy after the stop, through one way on the VPS."""
+
+    conn: asyncssh.SSHClientConnection
+    local_dir: Path
+    remote_dir: str
+    tree: VpsTree
+    timeout_s: float
+
+    @property
+    def staging(self) -> Path:
+        return local_tree.staging_of(self.local_dir)
+
+    async def pre_copy(self) -> Staged:
+        listed = await self.tree.data_listing()
+        staging = self.staging
+        await asyncio.to_thread(local_tree.reset_dir, staging)
+        fetched: dict[str, local_tree.Fetched] = {}
+        async with self._refused_leaves_nothing(f"pre-copy of {self.remote_dir}") as sftp:
+            remote_root = (await sftp.realpath(self.remote_dir)).rstrip("/") if listed else ""
+            for rel in sorted(listed):
+                try:
+                    fetched[rel] = await _fetch(
+                        sftp, remote_root, rel, staging, where=self.remote_dir
+                    )
+                except ssh_errors.SFTP_NO_SUCH_FILE:
+                    continue  # gone since the listing (the daemon runs)
+        cache = await asyncio.to_thread(local_tree.settle, staging, fetched)
+        return Staged(local_dir=self.local_dir, remote_dir=self.remote_dir, upload=False,
+                      files={rel: f.sha256 for rel, f in fetched.items()}, cache=cache,
+                      through_agent=self.tree.through_agent)
+
+    async def copy(self, staged: Staged | None, progress: Progress | None) -> CopyReport:
+        expected = await self.tree.data_listing()
+        staging = self.staging
+        kept = {} if staged is None else staged.files
+        if staged is None:
+            await asyncio.to_thread(local_tree.reset_dir, staging)
+        else:
+            kept = {rel: h for rel, h in kept.items() if expected.get(rel) == h}
+            await asyncio.to_thread(local_tree.prune_to, staging, set(kept))
+        to_fetch = sorted(rel for rel in expected if kept.get(rel) != expected[rel])
+        done = 0
+        async with self._refused_leaves_nothing(f"download of {self.remote_dir}") as sftp:
+            remote_root = (await sftp.realpath(self.remote_dir)).rstrip("/") if expected else ""
+            for rel in to_fetch:
+                fetched = await _fetch(sftp, remote_root, rel, staging, where=self.remote_dir)
+                done += fetched.size
+                if progress:
+                    progress(done, done)
+        manifest = await asyncio.to_thread(
+            local_tree.manifest, staging, None if staged is None else staged.cache
+        )
+        got = {e.path: e.sha256 for e in manifest}
+        if got != expected:
+            if staged is not None:  # the staging dir changed under us: start it over, whole
+                return await self.copy(None, progress)
+            raise incomplete(f"downloaded copy of {self.remote_dir} differs in"
+                             f" {listing.differences(got, expected)}")
+        # What a pre-copy staged was fsynced before the stop: only what was written since
+        # costs an fsync while the area is down.
+        await asyncio.to_thread(local_tree.promote, staging, self.local_dir,
+                                settled=None if staged is None else staged.cache)
+        return CopyReport(files=len(got), bytes=done, reused=len(expected) - len(to_fetch))
+
+    @contextlib.asynccontextmanager
+    async def _refused_leaves_nothing(self, during: str) -> AsyncIterator[asyncssh.SFTPClient]:
+        """An SFTP session for fetching into the staging dir, its failures translated; a
+        refusal (COPY_INCOMPLETE, not a cut) removes the staging dir: nothing of a refused
+        copy stays behind."""
+        try:
+            with _sftp_translated(during, timeout_s=self.timeout_s):
+                async with asyncio.timeout(self.timeout_s), \
+                        self.conn.start_sftp_client() as sftp:
+                    yield sftp
+        except MonitordError as e:
+            if e.code == ErrorCode.COPY_INCOMPLETE:
+                await asyncio.to_thread(local_tree.remove, self.staging)
+            raise
 
 
 async def _fetch(

@@ -34,6 +34,7 @@ REALISTIC: dict[ErrorCode, Observation] = {
     ErrorCode.FORWARD_UNPROVEN: SshFailure("forward_round_trip"),
     ErrorCode.AGENT_UNREACHABLE: AgentReply(status=None),
     ErrorCode.AGENT_UNAUTHORIZED: AgentReply(status=401),
+    ErrorCode.AGENT_ROUTE_MISSING: AgentReply(status=404, error_code="AGENT_ROUTE_MISSING"),
     ErrorCode.PROVISION_FAILED: LocalFault("provision_push"),
     ErrorCode.ARTIFACT_HASH_MISMATCH: ArtifactCheck("ab" * 32, "cd" * 32),
     ErrorCode.PREFLIGHT_AUTH: PreflightFailure("auth"),
