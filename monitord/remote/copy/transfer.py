@@ -171,6 +171,7 @@ class _Upload:
     timeout_s: float
 
     async def pre_copy(self) -> Staged:
+        """`pre_upload`: the running source's files into a fresh VPS staging dir."""
         sent: dict[str, str] = {}
         cache: tree_digest.Cache = {}
         staging = vps_tree.staging_of(self.remote_dir)
@@ -202,6 +203,7 @@ class _Upload:
         self, staged: Staged | None, progress: Progress | None, *,
         manifest: tuple[local_tree.FileEntry, ...] | None = None,
     ) -> CopyReport:
+        """`upload` after the stop (`manifest`: local_dir's, if hashed already)."""
         if manifest is None:
             manifest = await asyncio.to_thread(
                 local_tree.manifest, self.local_dir, None if staged is None else staged.cache
@@ -351,6 +353,7 @@ class _Download:
         return local_tree.staging_of(self.local_dir)
 
     async def pre_copy(self) -> Staged:
+        """`pre_download`: the running VPS tree's files into a fresh local staging dir."""
         listed = await self.tree.data_listing()
         staging = self.staging
         await asyncio.to_thread(local_tree.reset_dir, staging)
@@ -370,6 +373,7 @@ class _Download:
                       through_agent=self.tree.through_agent)
 
     async def copy(self, staged: Staged | None, progress: Progress | None) -> CopyReport:
+        """`download` after the stop."""
         expected = await self.tree.data_listing()
         staging = self.staging
         kept = {} if staged is None else staged.files
