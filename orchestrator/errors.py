@@ -50,6 +50,7 @@ class ErrorCode(TextEnum):
     FORWARD_UNPROVEN = "FORWARD_UNPROVEN"
     AGENT_UNREACHABLE = "AGENT_UNREACHABLE"
     AGENT_UNAUTHORIZED = "AGENT_UNAUTHORIZED"
+    AGENT_ROUTE_MISSING = "AGENT_ROUTE_MISSING"
     PROVISION_FAILED = "PROVISION_FAILED"
     ARTIFACT_HASH_MISMATCH = "ARTIFACT_HASH_MISMATCH"
     PREFLIGHT_AUTH = "PREFLIGHT_AUTH"
@@ -138,6 +139,10 @@ _ROWS: tuple[tuple[ErrorCode, Severity, bool, str, str], ...] = (
     (_E.AGENT_UNAUTHORIZED, _S.ERROR, False,
            "The remote agent rejected monitord's credentials.",
            "Re-provision the VPS so agent.secret matches (retry the service)."),
+    (_E.AGENT_ROUTE_MISSING, _S.WARNING, True,
+           "The remote agent has no such route (it is older than this monitord).",
+           "monitord asks the agent what it serves and uses the shell for the rest;"
+           " re-provisioning the VPS upgrades the agent."),
     (_E.PROVISION_FAILED, _S.ERROR, True,
            "Pushing the agent or service binaries to the VPS failed.",
            "Check free space and permissions of remote_bin_dir; monitord retries."),

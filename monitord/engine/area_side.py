@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Protocol
 
 from monitord.base.config import ServiceSection
-from monitord.remote.area_copy import CopyReport, Staged
+from monitord.remote.copy import CopyReport, Staged
 from orchestrator.cleanup_policy import SideObservation
 from orchestrator.errors import ErrorCode, MonitordError, error_for
 from orchestrator.lineage import Lineage

@@ -21,8 +21,9 @@ from monitord.base.config import Config, ServiceSection
 from monitord.engine.area_side import STOP_GRACE_S
 from monitord.engine.placement_state import PlacementState
 from monitord.local.supervisor import AreaRun, LocalSupervisor, area_run
-from monitord.remote import area_copy, artifact
-from monitord.remote.agent_client import AreaCopy
+from monitord.remote import artifact
+from monitord.remote import copy as area_copy
+from monitord.remote.copy import AreaCopy
 from monitord.remote.remote_link import RemoteLink
 from orchestrator.cleanup_policy import SideObservation
 from orchestrator.errors import ErrorCode, error_for

@@ -31,7 +31,7 @@ from monitord.engine.local_side import LocalRuns, LocalSide
 from monitord.engine.placement_state import PlacementState
 from monitord.engine.remote_side import RemoteSide
 from monitord.local.supervisor import AreaRun, LocalSupervisor
-from monitord.remote import area_copy
+from monitord.remote import copy as area_copy
 from monitord.remote.remote_link import RemoteLink
 from monitord.store.state_db import Store
 from orchestrator import lineage, phases
@@ -271,7 +271,7 @@ class PhaseActions:
         destination_generation: int,
     ) -> None:
         """Copy the area's data dir from `source` to the other side (staging, manifest,
-        SHA-256 check, atomic rename: monitord.remote.area_copy); after a pre-copy of the
+        SHA-256 check, atomic rename: monitord.remote.copy); after a pre-copy of the
         same dirs only what changed since moves."""
         local, remote_dir = self._copy_dirs(
             txn, source=source, source_generation=source_generation,
@@ -302,7 +302,7 @@ class PhaseActions:
 
     async def _pre_copy(self, txn: Transaction) -> None:
         """Best effort, while the source still runs: stage its data on the destination so
-        that the copy after the stop moves only what changed (monitord.remote.area_copy).
+        that the copy after the stop moves only what changed (monitord.remote.copy).
         Only where the lineage says the copy will happen; any failure just means a full
         copy later, so it is logged and never fails the move."""
         plan = lineage.copy_plan(

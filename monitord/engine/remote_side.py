@@ -1,6 +1,6 @@
 """The VPS as a side (monitord.engine.area_side): the agent runs the area under a grant
 and an area lease, its data is a directory on the VPS, and a copy to it goes up the SSH
-connection (monitord.remote.area_copy).
+connection (monitord.remote.copy).
 
 Every call goes through the one `RemoteLink`; without a `[remote]` section each raises
 PREFLIGHT_REMOTE_CONFIG. A start is a grant: the lease renewer learns of it (acknowledged,
@@ -21,9 +21,10 @@ from monitord.base.config import Config
 from monitord.engine.area_side import health_timeout
 from monitord.engine.lease_renewer import LeaseRenewer
 from monitord.engine.placement_state import PlacementState
-from monitord.remote import area_copy, artifact
+from monitord.remote import artifact
+from monitord.remote import copy as area_copy
 from monitord.remote import preflight as preflight_checks
-from monitord.remote.agent_client import AreaCopy
+from monitord.remote.copy import AreaCopy
 from monitord.remote.remote_link import RemoteLink
 from monitord.remote.shared_facts import SharedFacts
 from orchestrator import lineage as lineages
@@ -242,7 +243,8 @@ class RemoteSide:
                     wait_s=wait_s,
                 )
             except MonitordError as e:
-                if e.code == ErrorCode.UNKNOWN_AREA:  # no such route on this agent
+                if e.code in (ErrorCode.UNKNOWN_AREA, ErrorCode.AGENT_ROUTE_MISSING):
+                    # no such route on this agent (an older one answers UNKNOWN_AREA)
                     return False
                 raise
             if answer.healthy:
