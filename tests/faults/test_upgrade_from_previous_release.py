@@ -137,3 +137,41 @@ class TestUpgradeFromThePreviousRelease:
             assert stack.detector.alive(wa)[0].side == "remote"
         assert stack.detector.overlaps() == []
         assert stack.detector.regressions() == []
+
+
+class TestTheReverseOrder:
+    """The previous release started after this code (a rollback of the package) finds this
+    code's agent on the VPS: it replaces it with its own in place and its agent adopts the
+    guards, so the remote area runs on; the local areas follow that release's own adoption
+    rule (0.1.0 compares argv text, so a `#!` script area is started again — once, never
+    twice at the same time)."""
+
+    async def test_a_rollback_to_the_previous_release_keeps_the_remote_area(
+        self, tmp_path: Path, netns_vps: NetnsVps, nats: NatsServer, previous_python: Path
+    ) -> None:
+        options = StackOptions(services={"tg": 1, "wa": 1}, external_vps=external_vps(netns_vps),
+                               nats_target=nats.address, area_lease_ttl_s=30.0)
+        stack = ReleaseStack(tmp_path / "stack", options, python=Path(sys.executable))
+        async with contextlib.AsyncExitStack() as exits:
+            await exits.enter_async_context(stack)
+            [tg], [wa] = stack.areas["tg"], stack.areas["wa"]
+            await stack.place("tg", "remote")
+            await stack.wait_settled(expect={"tg": "remote", "wa": "local"}, timeout_s=120)
+            before = _lives(stack)
+            pyz = stack.vps_dir / artifact.PYZ_NAME
+            new_pyz, new_agent = _sha256(pyz), (stack.vps_dir / "agent.pid").read_text()
+
+            assert await stack.stop_monitord() == 0
+            stack.python = previous_python
+            await stack.start_monitord()
+            await stack.wait_settled(expect={"tg": "remote", "wa": "local"}, timeout_s=120)
+            assert (await stack.status())["version"] == releases.previous().version
+            await stack.wait_until(lambda: _sha256(pyz) != new_pyz, timeout_s=30,
+                                   what="the previous release's artifact on the VPS")
+            assert (stack.vps_dir / "agent.pid").read_text() != new_agent
+            await stack.detector.wait_for(lambda d: _lives(stack)[tg] != before[tg],
+                                          timeout_s=3)
+            assert _lives(stack)[tg] == before[tg]
+            assert [key.side for key in stack.detector.alive(wa)] == ["local"]
+        assert stack.detector.overlaps() == []
+        assert stack.detector.regressions() == []
