@@ -54,11 +54,12 @@ class TestExecForms:
         child = subprocess.Popen(["d", "--flag"], env={"PATH": path})
         try:
             deadline = time.monotonic() + 10
-            while True:  # until env has exec'd python3 (the same pid)
+            while True:  # until env has exec'd python3 (the same pid; no argv mid-exec)
                 identity = proc_identity.read(child.pid)
                 assert identity is not None
-                if identity.cmdline[0] != "/usr/bin/env" or time.monotonic() > deadline:
+                if identity.cmdline[:1] not in ((), ("/usr/bin/env",)):
                     break
+                assert time.monotonic() < deadline, identity
                 time.sleep(0.01)
             forms = proc_identity.exec_forms(["d", "--flag"], search_path=path, cwd="/")
             assert identity.cmdline == ("python3", f"{tmp_path}/bin/d", "--flag")
