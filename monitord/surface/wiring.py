@@ -207,7 +207,7 @@ class Orchestration:
         await self.engine.recover()
         report = await self.supervisor.adopt_or_stop_survivors(self.actions.local_runs())
         log.info("survivors_handled", adopted=list(report.adopted), stopped=list(report.stopped),
-                 stuck=list(report.stuck))
+                 replaced=list(report.replaced), stuck=list(report.stuck))
         self.state.add_listener(self._state_changed)
         tasks = ctx.tasks
         # A guarded root task: if the supervisor's loop ever died, the daemon would say so

@@ -7,9 +7,12 @@ daemons whose lease lapsed (within the tick plus the fence grace), restarts cras
 with capped backoff while their lease is current, and reaps guards that exited.
 
 Start-up (`start()`), before the API answers: load the cache (entries come back without a
-lease), then look at the guards a previous agent left: adopt a guard whose identity, entry
-and still-current lease file all match; stop every other one. Lease files of entries that
-were not adopted are revoked: a grant given to a previous agent starts nothing now.
+lease), then look at the guards a previous agent left: adopt a guard whose identity (pid +
+start time), entry and still-current lease file all match and whose daemon command is the
+entry's (the guard's own argv names it: a `#!` script's kernel argv plays no part); stop
+every other one — a guard running another command with a `survivor_replaced` event,
+`reason: "command_changed"`. Lease files of entries that were not adopted are revoked: a
+grant given to a previous agent starts nothing now.
 
 Shutdown (`close()`) stops the loop but leaves the daemons to their guards: an agent upgrade
 or restart does not interrupt areas, and a daemon still stops when its lease lapses.
@@ -29,7 +32,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from monitord.base import log_sink, proc_identity, run_as, tree_digest
-from monitord.vps import event_log, lease_file, lease_table, spool_cache
+from monitord.vps import area_runner, event_log, lease_file, lease_table, spool_cache
 from monitord.vps.area_runner import AreaRunner, GuardHandle
 from monitord.vps.lease_table import AreaEntry, AreaSpec, CreateVerdict, GenerationCheck
 from orchestrator import names
@@ -127,6 +130,13 @@ class AgentRuntime:
                     lease.expires_at_wall - time.time(),
                     lease.expires_at_boottime - lease_file.boottime(),
                 )
+                command = area_runner.guard_daemon_command(identity.cmdline)
+                if command is not None and command != tuple(entry.spec.command):
+                    gone = await self.runner.stop_survivor(identity, area)
+                    log.warning("survivor_replaced", area=area, pid=identity.pid,
+                                reason="command_changed", verified_gone=gone,
+                                was=list(command), now=list(entry.spec.command))
+                    continue
                 if remaining > 0:
                     self._entries[area] = replace(entry, lease_expires=now + remaining)
                     self._handles[area] = self.runner.adopt(entry.spec, identity)
