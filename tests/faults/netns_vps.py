@@ -55,6 +55,19 @@ FAULT_TABLE = "mtd_fault"
 # What docs/vps-setup.md tells a VPS to run with: its sshd lines and its authorized_keys options.
 DOCUMENTED_SSHD_CONFIG = Path(__file__).parents[2] / "config" / "sshd_config.monitord"
 AUTHORIZED_KEY_OPTIONS = "restrict,port-forwarding"
+# $1 the Debian root, $2 the shared directory, then sshd's argv.
+CHROOT_SCRIPT = r"""
+set -e
+root="$1"; shared="$2"; shift 2
+mount -t proc proc "$root/proc"
+mount --rbind /dev "$root/dev"
+mount -t tmpfs -o mode=0755 tmpfs "$root/run"
+mkdir -p "$root/run/sshd"
+mount -t tmpfs -o mode=1777 tmpfs "$root/tmp"
+mkdir -p "$root$shared"
+mount --bind "$shared" "$root$shared"
+exec chroot "$root" "$@"
+"""
 
 
 class NetnsError(RuntimeError):
@@ -121,6 +134,10 @@ class NetnsVps:
     spawned: list[asyncio.subprocess.Process] = field(default_factory=list)
     user: str = "root"
     port: int = SSH_PORT
+    # A Debian root (tests/faults/debian_root.py) sshd runs chrooted into, and the directory
+    # the tests share with it (bind-mounted at the same path); None: this machine's sshd.
+    debian_root: Path | None = None
+    shared: Path | None = None
 
     @property
     def remote_bin_dir(self) -> Path:
@@ -168,11 +185,24 @@ class NetnsVps:
 
     # -- sshd ----------------------------------------------------------------------------
 
+    def sshd_argv(self) -> list[str]:
+        """This machine's sshd, or (with `debian_root`) that release's, chrooted into its root
+        in a mount namespace of its own: /proc, /dev, a fresh /run and /tmp, and `shared` at
+        its own path. The mounts die with the namespace's last process."""
+        sshd_argv = [str(SSHD_BINARY), "-D", "-e", "-f", str(self.config_path)]
+        if self.debian_root is None:
+            return self.netns_argv(sshd_argv)
+        assert self.shared is not None
+        return self.netns_argv([
+            "unshare", "--mount", "--propagation", "private", "/bin/sh", "-c", CHROOT_SCRIPT,
+            "chroot-sshd", str(self.debian_root), str(self.shared), *sshd_argv,
+        ])
+
     async def start_sshd(self) -> None:
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # privilege separation dir
         with self.log_path.open("ab") as log_file:
             self.sshd = await asyncio.create_subprocess_exec(
-                *self.netns_argv([str(SSHD_BINARY), "-D", "-e", "-f", str(self.config_path)]),
+                *self.sshd_argv(),
                 stdin=asyncio.subprocess.DEVNULL, stdout=log_file, stderr=log_file,
             )
         await self._wait_accepting()
@@ -219,6 +249,19 @@ class NetnsVps:
         )
         run_command(self.netns_argv([NFT_BINARY, "-f", "-"]), stdin=rules)
 
+    def black_hole_client(self, client_port: int) -> None:
+        """Drop every packet of the one SSH connection from `client_port`, both ways,
+        silently: that session goes stale on the VPS while new connections still work."""
+        rules = (
+            f"table inet {FAULT_TABLE} {{\n"
+            f"  chain input {{ type filter hook input priority -10; policy accept;\n"
+            f"    tcp dport {self.port} tcp sport {client_port} drop\n  }}\n"
+            f"  chain output {{ type filter hook output priority -10; policy accept;\n"
+            f"    tcp sport {self.port} tcp dport {client_port} drop\n  }}\n"
+            "}\n"
+        )
+        run_command(self.netns_argv([NFT_BINARY, "-f", "-"]), stdin=rules)
+
     def heal(self) -> None:
         """Remove the black hole (SSH packets flow again)."""
         run_command(self.netns_argv([NFT_BINARY, "delete", "table", "inet", FAULT_TABLE]))
@@ -235,7 +278,8 @@ class NetnsVps:
         await self.start_sshd()
 
 
-def _build(tmp: Path) -> NetnsVps:
+def _build(tmp: Path, *, debian_root: Path | None = None,
+           shared: Path | None = None) -> NetnsVps:
     token = secrets.token_hex(3)
     name, pbx_dev, vps_dev = f"mtd-{token}", f"mtd{token}p", f"mtd{token}v"
     tmp.mkdir(parents=True, exist_ok=True)
@@ -257,6 +301,7 @@ def _build(tmp: Path) -> NetnsVps:
         name=name, pbx_dev=pbx_dev, vps_dev=vps_dev, pbx_address=pbx_address,
         vps_address=vps_address, root=tmp, host_key=host_key, client_key=client_key,
         known_hosts=known_hosts, config_path=config_path, log_path=tmp / "sshd.log",
+        debian_root=debian_root, shared=shared,
     )
 
 
@@ -293,9 +338,13 @@ def _delete_network(vps: NetnsVps) -> None:
 
 
 @contextlib.asynccontextmanager
-async def running_netns_vps(tmp: Path) -> AsyncIterator[NetnsVps]:
-    """Build the namespace, veth and sshd; always tear all of it down on exit."""
-    vps = _build(tmp)
+async def running_netns_vps(
+    tmp: Path, *, debian_root: Path | None = None, shared: Path | None = None
+) -> AsyncIterator[NetnsVps]:
+    """Build the namespace, veth and sshd; always tear all of it down on exit. With
+    `debian_root`, the VPS runs that root's sshd and python3 (`shared`: the directory the
+    tests and the VPS both see, at the same path; it must hold `tmp`)."""
+    vps = _build(tmp, debian_root=debian_root, shared=shared)
     try:
         _create_network(vps)
         await vps.start_sshd()
