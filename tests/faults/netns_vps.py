@@ -7,9 +7,11 @@
   `mtd<hex>v` (VPS side, 10.231.N.2/30, inside the namespace);
 - OpenSSH `sshd -D -e -f CONFIG` started with `ip netns exec`, listening on 10.231.N.2:22,
   root logins by a client key generated at run time, authorised as docs/vps-setup.md says
-  (`restrict,port-forwarding`); CONFIG is the documented config/sshd_config.monitord first,
-  then the test's own lines (`documented_sshd_config`), so a black-holed session and its
-  forwards stay until sshd's ClientAlive probes (45 s) or a fence end them.
+  (`restrict,port-forwarding`); CONFIG is the test's own lines with forwarding off for
+  everyone, then the documented config/sshd_config.monitord with its `Match User` naming
+  root (`documented_sshd_config`): only that block lets the login forward, and a
+  black-holed session and its forwards stay until sshd's ClientAlive probes (45 s) or a
+  fence end them.
 
 Everything the agent starts over SSH inherits the namespace, so processes "on the VPS" see
 only the VPS network: 127.0.0.1 there is the VPS's own loopback, and the PBX is reachable only
@@ -55,6 +57,11 @@ FAULT_TABLE = "mtd_fault"
 # What docs/vps-setup.md tells a VPS to run with: its sshd lines and its authorized_keys options.
 DOCUMENTED_SSHD_CONFIG = Path(__file__).parents[2] / "config" / "sshd_config.monitord"
 AUTHORIZED_KEY_OPTIONS = "restrict,port-forwarding"
+DOCUMENTED_USER = "offload"  # the login user the documented block's `Match User` names
+_FORWARDING_OFF = {
+    "allowtcpforwarding": "AllowTcpForwarding no",
+    "allowstreamlocalforwarding": "AllowStreamLocalForwarding no",
+}
 # $1 the Debian root, $2 the shared directory, then sshd's argv.
 CHROOT_SCRIPT = r"""
 set -e
@@ -278,8 +285,8 @@ class NetnsVps:
         await self.start_sshd()
 
 
-def _build(tmp: Path, *, debian_root: Path | None = None,
-           shared: Path | None = None) -> NetnsVps:
+def _build(tmp: Path, *, debian_root: Path | None = None, shared: Path | None = None,
+           match_user: str = "root") -> NetnsVps:
     token = secrets.token_hex(3)
     name, pbx_dev, vps_dev = f"mtd-{token}", f"mtd{token}p", f"mtd{token}v"
     tmp.mkdir(parents=True, exist_ok=True)
@@ -292,7 +299,7 @@ def _build(tmp: Path, *, debian_root: Path | None = None,
     config_path.write_text(documented_sshd_config(sshd.config_text(
         port=SSH_PORT, listen=vps_address, host_key=host_key.private_path,
         authorized=authorized, pid_file=tmp / "sshd.pid",
-    )))
+    ), user=match_user))
     known_hosts = tmp / "known_hosts"
     known_hosts.write_text(ssh_keys.known_hosts_line(
         host=vps_address, port=SSH_PORT, host_public_line=host_key.public_line
@@ -305,15 +312,17 @@ def _build(tmp: Path, *, debian_root: Path | None = None,
     )
 
 
-def documented_sshd_config(test_lines: str) -> str:
-    """The documented sshd lines first (sshd keeps the first value of a keyword, as with the
-    documented drop-in), then the test's own lines minus the keywords they set."""
-    documented = DOCUMENTED_SSHD_CONFIG.read_text()
-    keywords = {line.split()[0].lower() for line in documented.splitlines()
-                if line.strip() and not line.lstrip().startswith("#")}
+def documented_sshd_config(test_lines: str, *, user: str) -> str:
+    """The test's own lines as the global settings, with forwarding off for everyone (as on a
+    VPS whose other accounts get none), then the documented block with its `Match User`
+    naming `user`: only that block lets monitord's login forward."""
     own = [line for line in test_lines.splitlines()
-           if line.strip() and line.split()[0].lower() not in keywords]
-    return documented + "\n".join(own) + "\n"
+           if line.strip() and line.split()[0].lower() not in _FORWARDING_OFF]
+    documented = DOCUMENTED_SSHD_CONFIG.read_text()
+    match_line = f"Match User {DOCUMENTED_USER}\n"
+    assert match_line in documented, f"{DOCUMENTED_SSHD_CONFIG} has no {match_line!r}"
+    return ("\n".join([*own, *_FORWARDING_OFF.values()]) + "\n"
+            + documented.replace(match_line, f"Match User {user}\n"))
 
 
 def _create_network(vps: NetnsVps) -> None:
@@ -339,12 +348,15 @@ def _delete_network(vps: NetnsVps) -> None:
 
 @contextlib.asynccontextmanager
 async def running_netns_vps(
-    tmp: Path, *, debian_root: Path | None = None, shared: Path | None = None
+    tmp: Path, *, debian_root: Path | None = None, shared: Path | None = None,
+    match_user: str = "root",
 ) -> AsyncIterator[NetnsVps]:
     """Build the namespace, veth and sshd; always tear all of it down on exit. With
     `debian_root`, the VPS runs that root's sshd and python3 (`shared`: the directory the
-    tests and the VPS both see, at the same path; it must hold `tmp`)."""
-    vps = _build(tmp, debian_root=debian_root, shared=shared)
+    tests and the VPS both see, at the same path; it must hold `tmp`). `match_user`: whom
+    the documented `Match User` block names (another user than root: the login gets no
+    forwarding)."""
+    vps = _build(tmp, debian_root=debian_root, shared=shared, match_user=match_user)
     try:
         _create_network(vps)
         await vps.start_sshd()

@@ -1,19 +1,36 @@
 """`monitord check --remote` against a real OpenSSH VPS of each Debian release (the documented
 sshd_config, that release's python3): every check it can make passes on a VPS set up as
 docs/vps-setup.md says, the `vps:` line names that release's OpenSSH and Python, no warning
-says it is outside the tested releases, and it changes nothing there."""
+says it is outside the tested releases, and it changes nothing there. Where the documented
+`Match User` block names another user than the login, the login has no forwarding: the
+refused direct-streamlocal channel fails the `agent` check."""
 
 from __future__ import annotations
 
 import asyncio
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from tests.faults.conftest import RELEASE_MATRIX, FaultStackFactory
-from tests.faults.debian_root import RELEASES
-from tests.faults.netns_vps import NetnsVps
+from tests.faults.conftest import RELEASE_MATRIX, FaultStackFactory, external_vps
+from tests.faults.debian_root import RELEASES, debian_root
+from tests.faults.nats_server import NatsServer
+from tests.faults.netns_vps import NetnsVps, running_netns_vps
+from tests.support import stacks
+
+NEWEST = RELEASE_MATRIX[-1]
+
+
+async def run_check(config_path: Path) -> tuple[int, str]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "monitord", "check", "-c", str(config_path), "--remote",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 120)
+    assert process.returncode is not None
+    return process.returncode, out.decode() + err.decode()
 
 
 @pytest.mark.parametrize("netns_vps", RELEASE_MATRIX, indirect=True)
@@ -45,3 +62,23 @@ class TestCheckRemote:
         assert not any(line.startswith("warning: ") for line in lines), text
         assert stack.committed() == committed
         print(f"monitord check --remote against Debian {release.debian}: {elapsed:.2f} s")
+
+
+class TestAMatchBlockForAnotherUser:
+    """The documented block left naming `offload` while monitord logs in as another user: sshd
+    refuses the agent's channel, and check --remote says so before the first move."""
+
+    async def test_the_refused_stream_local_channel_fails_the_agent_check(
+        self, tmp_path: Path, nats: NatsServer
+    ) -> None:
+        root = await asyncio.to_thread(debian_root, NEWEST)
+        async with running_netns_vps(tmp_path / "vps", debian_root=root, shared=tmp_path,
+                                     match_user="offload") as vps, stacks.stack_factory(
+                tmp_path, external_vps=external_vps(vps), nats_target=nats.address) as make:
+            stack = await make(services={"tg": 1})
+            code, text = await run_check(stack.config_path)
+        assert code == 1, text
+        failed = [line for line in text.splitlines() if line.startswith("✘")]
+        assert len(failed) == 1 and failed[0].startswith("✘ agent"), text
+        assert "sshd refuses direct-streamlocal channels (the agent's): " in failed[0]
+        assert "AllowStreamLocalForwarding" in failed[0]
