@@ -119,8 +119,10 @@ class TestBlackHoleDuringCopy:
         await stack.wait_settled(expect={"tg": "remote"}, timeout_s=90)
 
 
+@pytest.mark.parametrize("netns_vps", RELEASE_MATRIX, indirect=True)
 class TestLinkDownUnderRemoteAreas:
-    """With the veth down, committed remote areas are never started locally; they come back."""
+    """With the veth down, committed remote areas are never started locally; they come back
+    (on each Debian release: the VPS's lease guards, under its python3, stop the daemons)."""
 
     async def test_link_down_never_starts_the_source_and_recovers_on_link_up(
         self, fault_stack: FaultStackFactory, netns_vps: NetnsVps

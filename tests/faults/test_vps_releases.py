@@ -17,6 +17,7 @@ import asyncio
 import json
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -121,12 +122,15 @@ class TestAStaleSessionAfterACrash:
         assert _comm(stale_pid) is not None, "the VPS still has the stale session"
         before = len(stack.log_lines)
 
+        started = time.monotonic()
         await stack.start_monitord()
 
         async def connected() -> bool:
             return bool((await _tunnel(stack))["connected"])
 
         await stack.wait_until(connected, timeout_s=60, what="the tunnel back")
+        print(f"Debian {release.debian}: tunnel back {time.monotonic() - started:.2f} s after"
+              " the next monitord started")
         tunnel = await _tunnel(stack)
         assert tunnel["fenced_sessions"] >= 1, tunnel
         assert _comm(stale_pid) is None, "the stale session was fenced"
