@@ -185,6 +185,29 @@ class TestTheVpsSideOnAFakeProcTree:
         assert fake_proc.killed == []
 
 
+class TestANonRootLogin:
+    """A login that may not read the listener's descriptors still tells sessions from it."""
+
+    @pytest.mark.parametrize("generation", GENERATIONS)
+    def test_the_parent_rule_alone_keeps_the_listener_out(
+        self, fake_proc: FakeProc, generation: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        _tree(fake_proc, generation, caller_parent=600)
+        real_listdir = os.listdir
+
+        def listdir(path: str | os.PathLike[str]) -> list[str]:
+            if str(path).endswith("/fd"):
+                raise PermissionError(13, "Permission denied", str(path))
+            return real_listdir(path)
+
+        monkeypatch.setattr(tunnel_lease.os, "listdir", listdir)
+        monkeypatch.setattr(tunnel_lease.os, "getppid", lambda: 600)
+        monkeypatch.setattr(tunnel_lease.os, "getpid", lambda: 999)
+        assert tunnel_lease._caller_session().sshd_pid == 500
+        assert not tunnel_lease._fence(400, fake_proc.ticks[400])
+        assert fake_proc.killed == []
+
+
 class TestTheVpsSideOnOpenSsh10:
     def test_a_pre_auth_helper_is_never_a_session_nor_fenced(
         self, fake_proc: FakeProc, monkeypatch: pytest.MonkeyPatch
@@ -231,6 +254,15 @@ class TestThePbxSideDiagnosis:
         for holder in (by_parent, by_socket):
             assert holder.kind is HolderKind.OTHER
             assert "listener" in holder.command
+
+    def test_without_the_listeners_pid_in_ss_the_parent_decides(self) -> None:
+        """A non-root login's `ss -p` names no process of root's listener."""
+        def unnamed(text: str) -> str:
+            return text.replace('users:(("sshd",pid=700,fd=3))', "")
+
+        session = parse_probe(unnamed(_probe("sshd", 6200, parent="sshd")), port=4222).holder
+        listener = parse_probe(unnamed(_probe("sshd", 700, parent="systemd")), port=4222).holder
+        assert (session.kind, listener.kind) == (HolderKind.SSHD, HolderKind.OTHER)
 
     def test_a_pre_auth_helper_or_another_program_is_foreign(self) -> None:
         for name in ("sshd-auth", "python3"):
