@@ -69,15 +69,21 @@ RELEASE_MATRIX = list(debian_root.RELEASES)
 FAKE_DAEMON = Path(fake_daemon.__file__)
 
 
+# The same with a dedicated non-root login, as docs/vps-setup.md sets a VPS up ("SUITE:USER").
+RELEASE_MATRIX_AS_LOGIN_USER = [f"{suite}:offload" for suite in RELEASE_MATRIX]
+
+
 @pytest.fixture
 async def netns_vps(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[NetnsVps]:
-    suite: str | None = getattr(request, "param", None)
-    if suite is None:
+    param: str | None = getattr(request, "param", None)
+    if param is None:
         async with running_netns_vps(tmp_path / "vps") as vps:
             yield vps
         return
+    suite, _, login = param.partition(":")
     root = await asyncio.to_thread(debian_root.debian_root, suite)
-    async with running_netns_vps(tmp_path / "vps", debian_root=root, shared=tmp_path) as vps:
+    async with running_netns_vps(tmp_path / "vps", debian_root=root, shared=tmp_path,
+                                 login=login or "root") as vps:
         yield vps
 
 

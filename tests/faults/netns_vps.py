@@ -58,14 +58,19 @@ FAULT_TABLE = "mtd_fault"
 DOCUMENTED_SSHD_CONFIG = Path(__file__).parents[2] / "config" / "sshd_config.monitord"
 AUTHORIZED_KEY_OPTIONS = "restrict,port-forwarding"
 DOCUMENTED_USER = "offload"  # the login user the documented block's `Match User` names
+LOGIN_UID = 2000  # of a non-root login added to a Debian root
 _FORWARDING_OFF = {
     "allowtcpforwarding": "AllowTcpForwarding no",
     "allowstreamlocalforwarding": "AllowStreamLocalForwarding no",
 }
-# $1 the Debian root, $2 the shared directory, then sshd's argv.
+# $1 the Debian root, $2 the shared directory, $3 a directory of passwd, group and shadow
+# files to use instead of the root's ("-": the root's own), then sshd's argv.
 CHROOT_SCRIPT = r"""
 set -e
-root="$1"; shared="$2"; shift 2
+root="$1"; shared="$2"; accounts="$3"; shift 3
+if [ "$accounts" != "-" ]; then
+    for f in passwd group shadow; do mount --bind "$accounts/$f" "$root/etc/$f"; done
+fi
 mount -t proc proc "$root/proc"
 mount --rbind /dev "$root/dev"
 mount -t tmpfs -o mode=0755 tmpfs "$root/run"
@@ -145,6 +150,7 @@ class NetnsVps:
     # the tests share with it (bind-mounted at the same path); None: this machine's sshd.
     debian_root: Path | None = None
     shared: Path | None = None
+    accounts: Path | None = None  # passwd, group, shadow with the login user added
 
     @property
     def remote_bin_dir(self) -> Path:
@@ -202,7 +208,8 @@ class NetnsVps:
         assert self.shared is not None
         return self.netns_argv([
             "unshare", "--mount", "--propagation", "private", "/bin/sh", "-c", CHROOT_SCRIPT,
-            "chroot-sshd", str(self.debian_root), str(self.shared), *sshd_argv,
+            "chroot-sshd", str(self.debian_root), str(self.shared),
+            str(self.accounts or "-"), *sshd_argv,
         ])
 
     async def start_sshd(self) -> None:
@@ -285,8 +292,21 @@ class NetnsVps:
         await self.start_sshd()
 
 
+def _add_login(debian_root: Path, accounts: Path, *, login: str, home: Path) -> None:
+    """The root's account files plus `login` (no password, not locked: key only)."""
+    accounts.mkdir()
+    lines = {
+        "passwd": f"{login}:x:{LOGIN_UID}:{LOGIN_UID}::{home}:/bin/sh\n",
+        "group": f"{login}:x:{LOGIN_UID}:\n",
+        "shadow": f"{login}:*:20000:0:99999:7:::\n",
+    }
+    for name, line in lines.items():
+        (accounts / name).write_text((debian_root / "etc" / name).read_text() + line)
+    (accounts / "shadow").chmod(0o640)
+
+
 def _build(tmp: Path, *, debian_root: Path | None = None, shared: Path | None = None,
-           match_user: str = "root") -> NetnsVps:
+           match_user: str = "root", login: str = "root") -> NetnsVps:
     token = secrets.token_hex(3)
     name, pbx_dev, vps_dev = f"mtd-{token}", f"mtd{token}p", f"mtd{token}v"
     tmp.mkdir(parents=True, exist_ok=True)
@@ -304,11 +324,22 @@ def _build(tmp: Path, *, debian_root: Path | None = None, shared: Path | None = 
     known_hosts.write_text(ssh_keys.known_hosts_line(
         host=vps_address, port=SSH_PORT, host_public_line=host_key.public_line
     ))
+    accounts = None
+    if login != "root":
+        # As docs/vps-setup.md sets the VPS up: a login user owning remote_bin_dir (0700),
+        # who may traverse the test's directory to reach it.
+        assert debian_root is not None and shared is not None
+        accounts = tmp / "accounts"
+        _add_login(debian_root, accounts, login=login, home=tmp)
+        shared.chmod(0o755)
+        bin_dir = tmp / "opt"
+        bin_dir.mkdir(mode=0o700)
+        os.chown(bin_dir, LOGIN_UID, LOGIN_UID)
     return NetnsVps(
         name=name, pbx_dev=pbx_dev, vps_dev=vps_dev, pbx_address=pbx_address,
         vps_address=vps_address, root=tmp, host_key=host_key, client_key=client_key,
         known_hosts=known_hosts, config_path=config_path, log_path=tmp / "sshd.log",
-        debian_root=debian_root, shared=shared,
+        debian_root=debian_root, shared=shared, accounts=accounts, user=login,
     )
 
 
@@ -349,14 +380,16 @@ def _delete_network(vps: NetnsVps) -> None:
 @contextlib.asynccontextmanager
 async def running_netns_vps(
     tmp: Path, *, debian_root: Path | None = None, shared: Path | None = None,
-    match_user: str = "root",
+    match_user: str | None = None, login: str = "root",
 ) -> AsyncIterator[NetnsVps]:
     """Build the namespace, veth and sshd; always tear all of it down on exit. With
     `debian_root`, the VPS runs that root's sshd and python3 (`shared`: the directory the
     tests and the VPS both see, at the same path; it must hold `tmp`). `match_user`: whom
-    the documented `Match User` block names (another user than root: the login gets no
-    forwarding)."""
-    vps = _build(tmp, debian_root=debian_root, shared=shared, match_user=match_user)
+    the documented `Match User` block names (default: the login; another user: the login
+    gets no forwarding). `login` (with `debian_root`): the user monitord logs in as; other
+    than root, it is added to the root's accounts and owns `remote_bin_dir`."""
+    vps = _build(tmp, debian_root=debian_root, shared=shared,
+                 match_user=login if match_user is None else match_user, login=login)
     try:
         _create_network(vps)
         await vps.start_sshd()

@@ -1,6 +1,7 @@
-"""`monitord check --remote` against a real OpenSSH VPS of each Debian release (the documented
-sshd_config, that release's python3): every check it can make passes on a VPS set up as
-docs/vps-setup.md says, the `vps:` line names that release's OpenSSH and Python, no warning
+"""`monitord check --remote` against a real OpenSSH VPS of each Debian release set up as
+docs/vps-setup.md says (the login user `offload` owning remote_bin_dir, the documented
+sshd_config block verbatim, that release's python3): every check it can make passes, the
+`vps:` line names that release's OpenSSH and Python, no warning
 says it is outside the tested releases, and it changes nothing there. Where the documented
 `Match User` block names another user than the login, the login has no forwarding: the
 refused direct-streamlocal channel fails the `agent` check."""
@@ -14,7 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.conftest import RELEASE_MATRIX, FaultStackFactory, external_vps
+from tests.faults.conftest import (
+    RELEASE_MATRIX,
+    RELEASE_MATRIX_AS_LOGIN_USER,
+    FaultStackFactory,
+    external_vps,
+)
 from tests.faults.debian_root import RELEASES, debian_root
 from tests.faults.nats_server import NatsServer
 from tests.faults.netns_vps import NetnsVps, running_netns_vps
@@ -33,7 +39,7 @@ async def run_check(config_path: Path) -> tuple[int, str]:
     return process.returncode, out.decode() + err.decode()
 
 
-@pytest.mark.parametrize("netns_vps", RELEASE_MATRIX, indirect=True)
+@pytest.mark.parametrize("netns_vps", RELEASE_MATRIX_AS_LOGIN_USER, indirect=True)
 class TestCheckRemote:
     async def test_a_documented_vps_passes_every_check_and_nothing_moves(
         self, fault_stack: FaultStackFactory, netns_vps: NetnsVps
