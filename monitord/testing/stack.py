@@ -100,6 +100,9 @@ class ExternalVps:
     nats_listen: str = "127.0.0.1:4222"  # the reverse forwards' listen side on the VPS
     heartbeat_listen: str = "127.0.0.1:4223"
     proxy_jump: str | None = None  # remote.proxy_jump: the jump hosts in front of the VPS
+    # How the VPS starts a fake daemon (e.g. its own python3 and a copy of fake_daemon.py on
+    # a VPS of another Debian release); empty: this interpreter's `-m monitord.testing...`.
+    remote_daemon_argv: tuple[str, ...] = ()
 
 
 @dataclass
@@ -209,6 +212,9 @@ class Stack:
             heartbeat_via_tunnel = heartbeat_vps
         fake = [sys.executable, "-m", "monitord.testing.fake_daemon", "--area", "{area}",
                 "--data", "{data_dir}", "--generation", "{generation}"]
+        remote_fake = fake
+        if external is not None and external.remote_daemon_argv:
+            remote_fake = [*external.remote_daemon_argv, *fake[3:]]
         document: dict[str, dict[str, Any]] = {
             "monitord": {
                 "work_dir": work,
@@ -256,7 +262,7 @@ class Stack:
                 # straight to the detector: the VPS is this machine, so the detector sees a
                 # remote daemon even while the tunnel is cut — the split-brain check must
                 # not be blind exactly when a split brain could happen.
-                "remote_command": [*fake, "--side", "remote", "--heartbeat",
+                "remote_command": [*remote_fake, "--side", "remote", "--heartbeat",
                                    heartbeat_via_tunnel, "--heartbeat", det_direct,
                                    *o.remote_daemon_args],
                 "local_data_dir": f"{self.root}/pbx/{service}/{{area}}",
