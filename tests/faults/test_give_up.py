@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 from monitord.testing.stack import Stack
 from tests.faults.conftest import FaultStackFactory
@@ -55,3 +56,8 @@ class TestAVpsThatNeverComesBack:
                 if life.key.side == "remote" and life.first_seen >= gave_up_at]
         assert late == [], "a given-up VPS never runs the area again"
         assert area not in stack.agent_cache()
+        # its data there set aside, not deleted, and listed in the status
+        rows = [r for r in (await stack.status())["abandoned_data"] if r["area"] == area]
+        assert rows and rows[0]["set_aside_path"], rows
+        kept = Path(rows[0]["set_aside_path"])
+        assert kept.parent == stack.vps_dir / "abandoned" and any(kept.iterdir())
