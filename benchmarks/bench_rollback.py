@@ -8,7 +8,7 @@ every destination runs and writes session records for `DESTINATION_RUN_S`; then 
 reverses (`PUT /v1/services/tg/placement {"location": "local"}`) and the hold is released. The
 destination took the data over when it started, so the rollback fences it (stops the running
 process), copies its data back to the PBX (staging, manifest, SHA-256 check, atomic rename:
-the same `monitord.remote.area_copy` code as COPY, the other way; then the lineage record) and
+the same `monitord.remote.copy` code as COPY, the other way; then the lineage record) and
 only then restarts the source. The clock starts at the reversal request and stops when every
 area has a local process alive that started after it (heartbeats seen by the detector) and
 `GET /v1/status` lists no transaction. Each case runs on its own stack: first the

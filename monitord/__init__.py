@@ -3,4 +3,4 @@
 The runtime (I/O) half of the project; decisions live in the pure `orchestrator` package.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

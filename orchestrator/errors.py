@@ -3,7 +3,10 @@
 Every failure an operator can meet has a stable code (a string that never changes and
 appears in the API, the status page, logs and metrics). `CATALOGUE` maps each code to
 its severity, whether retrying on its own can help, the operator text and a safe
-recommended action; docs/error-codes.md is generated from it by scripts/gen_docs.py.
+recommended action; docs/error-codes.md is generated from it by scripts/gen_docs.py. No other
+code reaches a client: tests/unit/test_error_convention.py scans monitord/ for every code a
+client can see (HTTP answers, the CLI, the VPS agent, log lines) and fails on one that is not
+here.
 
 The typed errors form a small tree, raised by adapters in `monitord/` after they
 translate a foreign exception once (`raise TransientError(...) from e`):
@@ -47,6 +50,7 @@ class ErrorCode(TextEnum):
     FORWARD_UNPROVEN = "FORWARD_UNPROVEN"
     AGENT_UNREACHABLE = "AGENT_UNREACHABLE"
     AGENT_UNAUTHORIZED = "AGENT_UNAUTHORIZED"
+    AGENT_ROUTE_MISSING = "AGENT_ROUTE_MISSING"
     PROVISION_FAILED = "PROVISION_FAILED"
     ARTIFACT_HASH_MISMATCH = "ARTIFACT_HASH_MISMATCH"
     PREFLIGHT_AUTH = "PREFLIGHT_AUTH"
@@ -73,10 +77,12 @@ class ErrorCode(TextEnum):
     DUPLICATE_INSTANCE = "DUPLICATE_INSTANCE"
     STORE_WRITE_FAILED = "STORE_WRITE_FAILED"
     BAD_REQUEST = "BAD_REQUEST"
+    NOT_FOUND = "NOT_FOUND"
     UNKNOWN_SERVICE = "UNKNOWN_SERVICE"
     UNKNOWN_AREA = "UNKNOWN_AREA"
     DRAINING = "DRAINING"
     TRANSACTION_CONFLICT = "TRANSACTION_CONFLICT"
+    VPS_NOT_FENCED = "VPS_NOT_FENCED"
     DAEMON_START_FAILED = "DAEMON_START_FAILED"
     DAEMON_STOP_FAILED = "DAEMON_STOP_FAILED"
     SERVICE_USER_UNKNOWN = "SERVICE_USER_UNKNOWN"
@@ -110,7 +116,8 @@ _ROWS: tuple[tuple[ErrorCode, Severity, bool, str, str], ...] = (
            "Verify the VPS identity out of band, then update remote.known_hosts."),
     (_E.SSH_UNREACHABLE, _S.WARNING, True,
            "The VPS cannot be reached over SSH.",
-           "Check the VPS is up and its SSH port is reachable; monitord keeps retrying."),
+           "Check the VPS is up and its SSH port is reachable; monitord keeps retrying. A VPS"
+           " gone for good: `monitord give-up SERVICE` starts its areas on the PBX's copy."),
     (_E.SSH_TIMEOUT, _S.WARNING, True,
            "The SSH connection timed out or stopped answering keepalives.",
            "Check the network path to the VPS; monitord reconnects with backoff."),
@@ -132,6 +139,10 @@ _ROWS: tuple[tuple[ErrorCode, Severity, bool, str, str], ...] = (
     (_E.AGENT_UNAUTHORIZED, _S.ERROR, False,
            "The remote agent rejected monitord's credentials.",
            "Re-provision the VPS so agent.secret matches (retry the service)."),
+    (_E.AGENT_ROUTE_MISSING, _S.WARNING, True,
+           "The remote agent has no such route (it is older than this monitord).",
+           "monitord asks the agent what it serves and uses the shell for the rest;"
+           " re-provisioning the VPS upgrades the agent."),
     (_E.PROVISION_FAILED, _S.ERROR, True,
            "Pushing the agent or service binaries to the VPS failed.",
            "Check free space and permissions of remote_bin_dir; monitord retries."),
@@ -202,7 +213,8 @@ _ROWS: tuple[tuple[ErrorCode, Severity, bool, str, str], ...] = (
            " reached to bring it back.",
            "Restore the VPS link: monitord copies the data back and restarts the area (once"
            " parked: `monitord retry SERVICE`); or accept losing that data:"
-           " `monitord rollback --discard-remote-data SERVICE`."),
+           " `monitord rollback --discard-remote-data SERVICE` (a VPS gone for good:"
+           " `monitord give-up SERVICE`)."),
     (_E.CLEANUP_STUCK, _S.ERROR, False,
            "A cleanup item keeps failing and needs a manual check.",
            "Check the side and generation named in the detail; monitord keeps retrying."),
@@ -215,6 +227,9 @@ _ROWS: tuple[tuple[ErrorCode, Severity, bool, str, str], ...] = (
     (_E.BAD_REQUEST, _S.INFO, False,
            "The request was malformed.",
            "Fix the request body as described in the detail."),
+    (_E.NOT_FOUND, _S.INFO, False,
+           "No such endpoint in monitord's HTTP API (method and path as sent).",
+           "Use a method and path listed in docs/operator.md, \"HTTP API\"."),
     (_E.UNKNOWN_SERVICE, _S.INFO, False,
            "No such service is configured.",
            "Use a service name from monitord.toml."),
@@ -227,6 +242,11 @@ _ROWS: tuple[tuple[ErrorCode, Severity, bool, str, str], ...] = (
     (_E.TRANSACTION_CONFLICT, _S.WARNING, True,
            "The request conflicts with an active migration.",
            "Wait for the migration to finish, or reverse it explicitly."),
+    (_E.VPS_NOT_FENCED, _S.WARNING, True,
+           "Giving the VPS up is not allowed yet: a copy of the area there may still run until"
+           " its area lease has provably lapsed.",
+           "Wait the time named in the detail, then give the VPS up again"
+           " (`monitord give-up SERVICE`); nothing was changed."),
     (_E.DAEMON_START_FAILED, _S.ERROR, True,
            "A daemon could not be started.",
            "Check the service command and data dir; monitord retries with backoff."),

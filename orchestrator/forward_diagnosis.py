@@ -8,7 +8,7 @@ Called by monitord/remote/tunnel/forwards.py after `ss` on the VPS has been pars
 | holder                                              | verdict        | error code            |
 |-----------------------------------------------------|----------------|-----------------------|
 | nobody any more                                     | RETRY_NOW      | -                     |
-| not sshd                                            | PORT_OCCUPIED  | PORT_OCCUPIED         |
+| not an SSH session (orchestrator/sshd_session.py)  | PORT_OCCUPIED  | PORT_OCCUPIED         |
 | our own live sshd session                           | DENIED         | FORWARD_DENIED        |
 | sshd session of another owner's unexpired lease     | LEASE_CONFLICT | TUNNEL_LEASE_CONFLICT |
 | sshd, no client socket or silent >= stale_after     | FENCE          | -                     |
@@ -88,7 +88,7 @@ def diagnose(
     if holder.kind is HolderKind.OTHER:
         return Diagnosis(
             Verdict.PORT_OCCUPIED,
-            f"port {port} is held by pid {holder.pid} ({holder.command}), not by sshd",
+            f"port {port} is held by pid {holder.pid} ({holder.command}), not by an SSH session",
             code="PORT_OCCUPIED",
             retry_after_s=conflict_retry_s,
             holder_pid=holder.pid,

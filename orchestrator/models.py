@@ -120,7 +120,9 @@ class Transaction(_Stored):
     started at CREATE_DESTINATION or later, which decides whether its lease must lapse),
     `destination_fenced` (the destination is proven stopped or its lease provably lapsed),
     `data_wait_since` (a rollback waits for the destination's newer data to come back:
-    since when, so that waiting is bounded by `rollback_data_wait_s`).
+    since when, so that waiting is bounded by `rollback_data_wait_s`),
+    `source_abandoned` (a move home from a VPS the operator gave up: its source is never
+    asked for anything; it is waited out by its lease instead, orchestrator/give_up.py).
     """
 
     transaction_id: str = Field(min_length=1)
@@ -140,6 +142,7 @@ class Transaction(_Stored):
     rollback_from: Phase | None = None
     destination_fenced: bool = False
     data_wait_since: float | None = None  # wall time a copy-back first failed (rollback)
+    source_abandoned: bool = False  # the VPS was given up: fence its source by the lease alone
 
     @property
     def direction(self) -> Direction:

@@ -70,6 +70,7 @@ class Outcome(StrEnum):
     ROLLBACK_RESUMED = "rollback_resumed"  # the operator's retry of a rollback parked for data
     DATA_RETURNED = "data_returned"  # rollback: the destination's data is back at the source
     DATA_DISCARDED = "data_discarded"  # rollback: the destination's newer data was given up
+    SOURCE_ABANDONED = "source_abandoned"  # the operator gave the VPS up: a move home from it
 
 
 OUTCOME_MEANINGS: Mapping[Outcome, str] = MappingProxyType({
@@ -88,6 +89,8 @@ OUTCOME_MEANINGS: Mapping[Outcome, str] = MappingProxyType({
     Outcome.DATA_RETURNED: "rollback: the data the destination wrote is copied back, verified",
     Outcome.DATA_DISCARDED: "rollback: the destination's newer data was given up (by policy"
                             " or the operator's override)",
+    Outcome.SOURCE_ABANDONED: "the operator gave the VPS up: the move home starts again (new"
+                              " generation) without its source, fenced by its lease alone",
 })
 
 
@@ -155,7 +158,20 @@ def _table(direction: Direction) -> Mapping[Phase, Mapping[Outcome, Phase]]:
         _P.ROLLED_BACK: {},
         _P.PARKED: {_O.RETRY_REQUESTED: _P.PREFLIGHT, _O.ROLLBACK_RESUMED: _P.ROLLBACK},
     }
+    if not l2r:
+        # A VPS given up (orchestrator/give_up.py): a move home from it starts over without
+        # its source, from any phase before the commit; its source is waited out, not stopped.
+        for phase in _ABANDONABLE:
+            rows[phase][_O.SOURCE_ABANDONED] = _P.PREFLIGHT
+        rows[_P.SUPPRESS_SOURCE][_O.LEASE_EXPIRED] = _P.COPY
     return MappingProxyType({phase: MappingProxyType(moves) for phase, moves in rows.items()})
+
+
+# The phases of a move home that a give-up of its VPS restarts (everything before the commit).
+_ABANDONABLE = (
+    _P.PREFLIGHT, _P.SUPPRESS_SOURCE, _P.COPY, _P.CREATE_DESTINATION,
+    _P.HEALTHCHECK_DESTINATION, _P.ROLLBACK, _P.PARKED,
+)
 
 
 TRANSITIONS: Mapping[Direction, Mapping[Phase, Mapping[Outcome, Phase]]] = MappingProxyType(
@@ -345,12 +361,22 @@ def _guard(txn: Transaction, outcome: Outcome, ctx: StepContext) -> None:
     if txn.phase is Phase.ROLLBACK and outcome is Outcome.OK and awaits_data(txn, ctx.lineage):
         raise IllegalTransition(f"{where}: source may not run before the newest data is back")
     if outcome is Outcome.LEASE_EXPIRED:
+        waited = _lease_waited(txn)
+        if txn.phase is Phase.SUPPRESS_SOURCE and not txn.source_abandoned:
+            raise IllegalTransition(f"{where}: a source is stopped, not waited out")
         if ctx.lease is None or not area_leases.provably_expired(
             ctx.lease, now=ctx.now, policy=ctx.policy
         ):
-            raise IllegalTransition(f"{where}: the destination's lease has not provably lapsed")
-        if ctx.lease.generation != txn.generation:
+            raise IllegalTransition(f"{where}: the {waited} lease has not provably lapsed")
+        expected = txn.source_generation if waited == "source's" else txn.generation
+        if ctx.lease.generation != expected:
             raise IllegalTransition(f"{where}: lease is for generation {ctx.lease.generation}")
+    if outcome is Outcome.SOURCE_ABANDONED:
+        if ctx.new_generation is None or ctx.new_generation <= txn.generation:
+            raise IllegalTransition(f"{where}: a give-up needs a newly issued generation")
+        if ctx.lineage is None or ctx.lineage.holders != {txn.destination}:
+            # The give-up is recorded in the lineage first: that stops every grant to the VPS.
+            raise IllegalTransition(f"{where}: the VPS's data is not given up in the lineage")
     if outcome is Outcome.RETRY_REQUESTED:
         if ctx.new_generation is None or ctx.new_generation <= txn.generation:
             raise IllegalTransition(f"{where}: a retry needs a newly issued generation")
@@ -370,6 +396,16 @@ def _updates(
         changes["last_error_detail"] = ctx.error_detail
     if outcome is Outcome.ROLLBACK_RESUMED:
         changes["data_wait_since"] = None  # a new wait, measured from its first failure
+    elif outcome is Outcome.SOURCE_ABANDONED:
+        changes.update(
+            source_abandoned=True,
+            attempt=txn.attempt + 1,
+            generation=ctx.new_generation,
+            rollback_from=None,
+            destination_fenced=False,
+            cleanup_required=False,
+            data_wait_since=None,
+        )
     elif target is Phase.ROLLBACK and txn.phase is not Phase.ROLLBACK:
         # Nothing can run at the destination before CREATE_DESTINATION was entered.
         changes["rollback_from"] = txn.phase
@@ -416,6 +452,9 @@ def advance(txn: Transaction, outcome: Outcome, ctx: StepContext) -> Transaction
         raise IllegalTransition(
             f"{txn.transaction_id} ({txn.direction}): no move from {txn.phase} on {outcome}"
         )
+    if txn.source_abandoned and target is Phase.ROLLBACK:
+        # There is nothing to roll back to: the source was given up. The step is tried again.
+        target = txn.phase
     _guard(txn, outcome, ctx)
     return txn.model_copy(update=_updates(txn, outcome, target, ctx))
 
@@ -446,6 +485,9 @@ def next_actions(txn: Transaction, ctx: StepContext) -> tuple[Action, ...]:
             return (RunPreflight(transaction_id=txn.transaction_id, service=txn.service,
                                  area=txn.area, source=txn.source, destination=txn.destination),)
         case Phase.SUPPRESS_SOURCE:
+            if txn.source_abandoned:
+                # A source on a VPS given up is never asked: its lease is waited out.
+                return (_lease_wait(txn, ctx, generation=src_gen),)
             return (SuppressSource(**ids, side=src_side, generation=src_gen),)
         case Phase.COPY:
             return (
@@ -517,17 +559,7 @@ def _rollback_actions(txn: Transaction, ctx: StepContext) -> tuple[Action, ...]:
     elif txn.destination_fenced:
         actions.append(RestartSource(**ids, side=txn.source, generation=txn.source_generation))
     elif txn.cleanup_required:
-        lease = ctx.lease
-        if lease is None or lease.generation != txn.generation:
-            lease = area_leases.after_restart(
-                area=txn.area,
-                generation=txn.generation,
-                owner_id="unknown",
-                now=ctx.now,
-                policy=ctx.policy,
-            )
-        until = area_leases.expired_at(lease, policy=ctx.policy)
-        actions.append(WaitLeaseExpiry(**ids, until=until, lease=lease))
+        actions.append(_lease_wait(txn, ctx, generation=txn.generation))
     else:
         actions.append(
             FenceDestination(
@@ -535,6 +567,25 @@ def _rollback_actions(txn: Transaction, ctx: StepContext) -> tuple[Action, ...]:
             )
         )
     return tuple(actions)
+
+
+def _lease_waited(txn: Transaction) -> str:
+    """Whose lease a LEASE_EXPIRED ends: a given-up source's, or a rollback's destination's."""
+    return "source's" if txn.phase is Phase.SUPPRESS_SOURCE else "destination's"
+
+
+def _lease_wait(txn: Transaction, ctx: StepContext, *, generation: int) -> WaitLeaseExpiry:
+    """Wait out the VPS's lease of `generation`: the grant the runtime knows, else one assumed
+    at `now` (after a restart nothing earlier is known; assuming now is conservative)."""
+    lease = ctx.lease
+    if lease is None or lease.generation != generation:
+        lease = area_leases.after_restart(
+            area=txn.area, generation=generation, owner_id="unknown", now=ctx.now,
+            policy=ctx.policy,
+        )
+    until = area_leases.expired_at(lease, policy=ctx.policy)
+    return WaitLeaseExpiry(transaction_id=txn.transaction_id, service=txn.service,
+                           area=txn.area, until=until, lease=lease)
 
 
 def step(

@@ -72,6 +72,9 @@ class MonitordSection(_Section):
     # restart the source on its older data at once ("discard", recorded as an event).
     rollback_data: str = Field(default="preserve", pattern="^(preserve|discard)$")
     rollback_data_wait_s: float = Field(default=900.0, gt=0)
+    # Give the VPS up by itself (for services with on_vps_lost = "home") once the tunnel has
+    # been unreachable this long; None: only an operator gives a VPS up.
+    vps_lost_after_s: float | None = Field(default=None, gt=0)
     watchdog_interval_s: float = Field(default=5.0, gt=0)
     # Each area's daemon output: logs/{area}.log, rotated before it exceeds this many bytes,
     # with this many rotated files kept (monitord/base/log_sink.py, docs/operations.md).
@@ -307,6 +310,9 @@ class ServiceSection(_Section):
     # sides. The data dir is handed over to it before each start (monitord/base/run_as.py).
     user: str | None = Field(default=None, min_length=1)
     group: str | None = Field(default=None, min_length=1)
+    # When the VPS has been unreachable monitord.vps_lost_after_s: "wait" for it (or for an
+    # operator's give-up), or bring the areas "home" on the PBX's own copy by itself.
+    on_vps_lost: str = Field(default="wait", pattern="^(wait|home)$")
 
 
 class Config(_Section):

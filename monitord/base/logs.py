@@ -13,8 +13,13 @@ that `journalctl -p err -u monitord` shows exactly the error lines. Lines of oth
 prefixes, from WARNING up whatever `level` says (their info chatter is not ours to show).
 
 The one convention: every module takes `log = logs.get_logger(__name__)` (its lines carry
-`logger_name`), and a unit of work binds its identity once (`log.bind(...)`, for a transaction
-`monitord.engine.txn_log.bound(txn)`) instead of retyping it at every call.
+`logger_name`), and a unit of work binds its identity once instead of retyping it at every
+call: `log.bind(...)` for the lines of one logger, and — for every line logged while the unit
+runs, by whichever module (the agent client, the copy, preflight) and by the tasks it starts —
+structlog's contextvars, merged into each line by `CONTEXT_PROCESSORS`. One step of a
+transaction is such a unit: `monitord.engine.txn_log.step(txn)` binds `transaction_id`,
+`service` and `area` around it (only with a context manager, so the binding ends with the
+step); `txn_log.bound(txn)` is the engine's own logger for one transaction.
 
 `RepeatLimiter` keeps a repeating error to one line per interval: the first occurrence is logged
 at once, repeats inside the interval are only counted, and the next line carries
@@ -53,6 +58,10 @@ JOURNAL_PRIORITIES: Mapping[str, str] = {
 }
 # Other libraries' loggers never speak below this, whatever `level` says.
 FOREIGN_MIN_LEVEL = logging.WARNING
+
+# The processors that add context bound through structlog.contextvars to every line (first in
+# the chain; tests capture with `structlog.testing.capture_logs(processors=CONTEXT_PROCESSORS)`).
+CONTEXT_PROCESSORS: tuple[Any, ...] = (structlog.contextvars.merge_contextvars,)
 
 _foreign_handler: logging.Handler | None = None
 
@@ -97,7 +106,7 @@ def configure(fmt: str = "auto", *, level: int = logging.INFO) -> None:
     epilogue: list[Any] = [journal_priority] if stderr_is_journal() else []
     structlog.configure(
         processors=[
-            structlog.contextvars.merge_contextvars,
+            *CONTEXT_PROCESSORS,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,

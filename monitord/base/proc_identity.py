@@ -1,10 +1,19 @@
-"""Process identity, read from Linux /proc.
+"""Process identity, read from Linux /proc, and what a command looks like once it runs.
 
 A PID alone names nothing durable: PIDs are reused. A `ProcessIdentity` is the PID plus
-the process start time (clock ticks since boot, field 22 of /proc/PID/stat) plus its
-command line; two identities are the same process only if all three agree. Zombies count
-as gone. Used by the local supervisor (adopting survivors of a previous instance), the
-remote agent (adopting lease guards after an agent restart) and the lease guard itself.
+the process start time (clock ticks since boot, field 22 of /proc/PID/stat): two identities
+are the same process only if both agree. It also carries the command line as read, which is
+not part of the identity: a process changes it by an exec (a wrapper script that execs its
+daemon keeps its pid and start time) or by rewriting it (setproctitle). Zombies count as
+gone. Used by the local supervisor (adopting survivors of a previous instance), the remote
+agent (adopting lease guards after an agent restart) and the lease guard itself.
+
+A configured command is not what /proc shows once it runs: a script with a `#!` line runs
+with the kernel's argv `[interpreter, (its one argument), script, args…]`, `/usr/bin/env`
+then shows the program it found on PATH. `exec_forms()` derives those argvs from a command
+and `same_command()` compares two commands by the executable they resolve to and their
+arguments: the supervisor's adoption judges "still the wanted command" with them
+(docs/supervisor.md, "Survivors of a previous instance").
 
 No asyncio here: the lease guard imports this module and starts once per remote daemon,
 so every import is paid in each daemon's start (asyncio alone costs it about 50 ms).
@@ -17,21 +26,27 @@ import functools
 import os
 import signal
 import subprocess
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 _PROC = Path("/proc")
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+# How many `#!` interpreters deep the kernel follows (fs/exec.c: 5 binfmt rounds), and how
+# much of a script's first line it reads (BINPRM_BUF_SIZE).
+_SHEBANG_DEPTH = 4
+_SHEBANG_BYTES = 256
 
 
 @dataclass(frozen=True)
 class ProcessIdentity:
-    """Who a process is: pid, start time in clock ticks since boot, and argv."""
+    """Who a process is: pid and start time in clock ticks since boot. `cmdline` is its argv
+    as read, kept for the record and the logs; it is not compared (module docstring)."""
 
     pid: int
     start_ticks: int
-    cmdline: tuple[str, ...]
+    cmdline: tuple[str, ...] = field(compare=False)
 
     def to_json(self) -> dict[str, Any]:
         return {"pid": self.pid, "start_ticks": self.start_ticks, "cmdline": list(self.cmdline)}
@@ -86,8 +101,112 @@ def read(pid: int) -> ProcessIdentity | None:
 
 
 def is_same_process(identity: ProcessIdentity) -> bool:
-    """True only if that exact process (pid, start time and argv) is still alive."""
+    """True only if that exact process (pid and start time) is still alive, whatever its
+    argv is now."""
     return read(identity.pid) == identity
+
+
+def exec_forms(
+    command: Sequence[str], *, search_path: str, cwd: str
+) -> list[tuple[str, ...]]:
+    """The argvs that a process started with `command` (by execvpe, as subprocess does, with
+    PATH `search_path`, in `cwd`) shows in /proc/PID/cmdline, in the order it passes them:
+    the command itself; for a `#!` script the kernel's `[interpreter, (argument), script,
+    args…]`, again for an interpreter that is itself a script; for `env` (`/usr/bin/env
+    python3`, also with `-S`) the argv of the program it execs, found on `search_path`. What
+    a program execs of its own accord (a wrapper script's `exec`) cannot be derived."""
+    if not command:
+        return []
+    filename = _exec_filename(command[0], search_path=search_path, cwd=cwd)
+    return _forms(filename, tuple(command), search_path=search_path, cwd=cwd,
+                  depth=_SHEBANG_DEPTH)
+
+
+def same_command(
+    a: Sequence[str], b: Sequence[str], *, a_path: str, b_path: str, cwd: str
+) -> bool:
+    """Whether two commands run the same: the same arguments after argv[0] and the same
+    executable file, once each argv[0] is resolved as execvpe would (on `a_path`, `b_path`
+    respectively, relative names in `cwd`) and its symlinks followed. `tg-daemon` found on
+    PATH and `/usr/local/bin/tg-daemon` are the same command; a name that resolves to no
+    file is compared as written."""
+    if len(a) != len(b) or not a or tuple(a[1:]) != tuple(b[1:]):
+        return False
+    found_a = _exec_filename(a[0], search_path=a_path, cwd=cwd)
+    found_b = _exec_filename(b[0], search_path=b_path, cwd=cwd)
+    if found_a is None or found_b is None:
+        return a[0] == b[0]
+    return os.path.realpath(os.path.join(cwd, found_a)) == os.path.realpath(
+        os.path.join(cwd, found_b)
+    )
+
+
+def _exec_filename(name: str, *, search_path: str, cwd: str) -> str | None:
+    """The file name execvpe passes to execve for argv[0] `name` (subprocess's search: a
+    name with a slash as written, else the first `dir/name` on the path that is an
+    executable file), or None if there is none. Relative results are relative to `cwd`."""
+    if os.path.dirname(name):
+        return name
+    for directory in search_path.split(os.pathsep):
+        candidate = os.path.join(directory, name)
+        full = os.path.join(cwd, candidate)
+        if os.path.isfile(full) and os.access(full, os.X_OK):
+            return candidate
+    return None
+
+
+def _shebang(filename: str, *, cwd: str) -> tuple[str, str | None] | None:
+    """(interpreter, its one argument or None) of a script's `#!` line; None for a file
+    that has none (or cannot be read)."""
+    try:
+        with open(os.path.join(cwd, filename), "rb") as f:
+            head = f.read(_SHEBANG_BYTES)
+    except OSError:
+        return None
+    if not head.startswith(b"#!"):
+        return None
+    line = head[2:].split(b"\n", 1)[0].decode("utf-8", "surrogateescape").strip(" \t")
+    if not line:
+        return None
+    parts = line.split(None, 1)
+    return parts[0], (parts[1].strip(" \t") if len(parts) > 1 else None)
+
+
+def _forms(
+    filename: str | None, argv: tuple[str, ...], *, search_path: str, cwd: str, depth: int
+) -> list[tuple[str, ...]]:
+    """`argv` as execve'd on `filename`, then what the kernel and `env` make of it."""
+    forms = [argv]
+    if filename is None or depth <= 0:
+        return forms
+    script = _shebang(filename, cwd=cwd)
+    if script is not None:
+        interpreter, argument = script
+        kernel_argv = (interpreter, *((argument,) if argument else ()), filename, *argv[1:])
+        return forms + _forms(interpreter, kernel_argv, search_path=search_path, cwd=cwd,
+                              depth=depth - 1)
+    if os.path.basename(filename) == "env":
+        program_argv = _env_program(argv[1:])
+        if program_argv:
+            found = _exec_filename(program_argv[0], search_path=search_path, cwd=cwd)
+            return forms + _forms(found, program_argv, search_path=search_path, cwd=cwd,
+                                  depth=depth - 1)
+    return forms
+
+
+def _env_program(args: Sequence[str]) -> tuple[str, ...]:
+    """The argv `env ARGS…` execs: `-S STRING` split, options and NAME=VALUE dropped."""
+    words = list(args)
+    if words and words[0].startswith("-S"):
+        import shlex  # only here: the lease guard imports this module at every start
+
+        words = shlex.split(words[0][2:]) + words[1:]
+    while words and (words[0] in ("-", "-i", "--ignore-environment", "--")
+                     or ("=" in words[0] and not words[0].startswith("-"))):
+        words.pop(0)
+    if words and words[0].startswith("-"):
+        return ()  # an option we do not follow
+    return tuple(words)
 
 
 def is_alive(pid: int) -> bool:

@@ -43,7 +43,7 @@ _CHUNK = 1 << 20
 _FORMAT = 1
 STAGING_SUFFIX = ".staging"  # where a copy is put together, beside the tree it replaces
 # The most of a listing the PBX reads from the VPS, however it arrives (the verb's output or
-# the agent's answer): see monitord.remote.area_copy for why 64 MiB.
+# the agent's answer): see monitord.remote.copy.listing for why 64 MiB.
 MAX_LISTING_BYTES = 64 << 20
 DIGESTS_SUFFIX = ".digests"  # the digest cache of a tree, beside it
 # (st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns)
@@ -237,7 +237,7 @@ def swap_in(staging: Path, final: Path) -> None:
     """Replace `final` by `staging` by rename, durably: the old tree, moved aside to
     `final.old`, is removed only once the renames are on disk (the parent fsynced), and only
     as far as it can be — a leftover is removed by the next swap before its renames. Both
-    sides' copies end here (monitord.remote.area_copy on the PBX)."""
+    sides' copies end here (monitord.remote.copy on the PBX)."""
     old = final.with_name(final.name + ".old")
     _remove(old)
     if final.exists() or final.is_symlink():

@@ -19,19 +19,21 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from monitord.base import logs
 from monitord.base.metrics import Metrics
 from monitord.base.periodic import LoopBook, Periodic
-from monitord.local.supervisor import LocalSupervisor
-from monitord.remote.remote_link import RemoteLink
+from monitord.engine.area_side import AreaSide
 from monitord.store.state_db import Store
-from orchestrator import cleanup_policy, lineage
+from orchestrator import cleanup_policy
 from orchestrator.cleanup_policy import CleanupPolicy, SideObservation
 from orchestrator.errors import ErrorCode, MonitordError, error_for
 from orchestrator.lineage import Lineage
-from orchestrator.models import CleanupAction, CleanupItem, RemoteInventory, Side
+from orchestrator.models import CleanupAction, CleanupItem, Side
+
+# What each side holds of a batch's areas (None: that side cannot be observed now).
+Observed = dict[Side, dict[str, SideObservation] | None]
 
 log = logs.get_logger(__name__)
 
@@ -44,8 +46,7 @@ class CleanupWorker:
         self,
         *,
         store: Store,
-        supervisor: LocalSupervisor,
-        remote: RemoteLink | None,
+        sides: Mapping[Side, AreaSide],
         metrics: Metrics,
         interval_s: float,
         lineage_of: Callable[[str], Lineage],
@@ -55,8 +56,7 @@ class CleanupWorker:
         loops: LoopBook | None = None,
     ) -> None:
         self.store = store
-        self.supervisor = supervisor
-        self.remote = remote
+        self.sides = sides
         self.metrics = metrics
         self.interval_s = interval_s
         # Which sides hold an area's newest data (PlacementState.lineage): never deleted.
@@ -88,9 +88,9 @@ class CleanupWorker:
             if not raw:
                 break
             items = [CleanupItem.from_storage(r) for r in raw]
-            remote_view = await self._remote_inventory(items)
+            observed = await self._observe(items)
             for item in items:
-                if await self._process(item, remote_view):
+                if await self._process(item, observed):
                     completed += 1
             if len(raw) < BATCH:
                 break
@@ -109,46 +109,23 @@ class CleanupWorker:
         self.backlog_by_service = by_service
         self.metrics.cleanup_stuck.set(self.stuck)
 
-    async def _remote_inventory(self, items: list[CleanupItem]) -> RemoteInventory | None:
-        if self.remote is None or not any(i.side is Side.REMOTE for i in items):
-            return None
-        if not self.remote.connected():
-            return None
-        try:
-            return await self.remote.agent.inventory()
-        except MonitordError as e:
-            log.warning("cleanup_inventory_failed", error_code=e.code, detail=e.detail)
-            return None
-
-    def _observe(self, item: CleanupItem, remote_view: RemoteInventory | None) -> SideObservation:
-        if item.side is Side.LOCAL:
-            procs = frozenset(
-                v.generation for v in self.supervisor.inventory() if v.area == item.area and v.pid
+    async def _observe(self, items: list[CleanupItem]) -> Observed:
+        """One look per side at the batch's areas (one agent inventory for the VPS)."""
+        observed: Observed = {}
+        for side in {item.side for item in items}:
+            observed[side] = await self.sides[side].observe(
+                {item.area for item in items if item.side is side}
             )
-            return SideObservation(side=Side.LOCAL, area=item.area, process_generations=procs)
-        assert remote_view is not None
-        return SideObservation(
-            side=Side.REMOTE,
-            area=item.area,
-            entry_generations=frozenset(
-                e.generation for e in remote_view.entries if e.area == item.area
-            ),
-            process_generations=frozenset(
-                p.generation for p in remote_view.processes if p.area == item.area
-            ),
-        )
+        return observed
 
-    async def _process(self, item: CleanupItem, remote_view: RemoteInventory | None) -> bool:
+    async def _process(self, item: CleanupItem, observed: Observed) -> bool:
         try:
-            if item.side is Side.REMOTE and remote_view is None:
-                raise error_for(ErrorCode.SSH_UNREACHABLE, "the VPS is not reachable now")
-            decision = cleanup_policy.decide(item, self._observe(item, remote_view))
+            seen = _seen(item, observed)
+            decision = cleanup_policy.decide(item, seen)
             if isinstance(decision, cleanup_policy.RemoveAt):
                 await self._remove(item)
-                if item.side is Side.REMOTE:
-                    assert self.remote is not None
-                    remote_view = await self.remote.agent.inventory()
-                decision = cleanup_policy.decide(item, self._observe(item, remote_view))
+                observed = {item.side: await self.sides[item.side].observe({item.area})}
+                decision = cleanup_policy.decide(item, _seen(item, observed))
             if isinstance(decision, cleanup_policy.Done):
                 await self.store.complete(item.id)
                 log.info("cleanup_done", service=item.service, area=item.area,
@@ -173,21 +150,25 @@ class CleanupWorker:
     async def _remove(self, item: CleanupItem) -> None:
         """Remove exactly the item's generation on its side (never a newer one), and its data
         only when that side does not hold the area's newest data."""
-        if item.side is Side.LOCAL:
-            if not await self.supervisor.stop_area_at(item.area, item.generation):
-                raise error_for(ErrorCode.DAEMON_STOP_FAILED, f"{item.area} would not stop")
+        side = self.sides[item.side]
+        if item.action is CleanupAction.STOP_PROCESS:
+            await side.stop_at(area=item.area, generation=item.generation)
             return
-        assert self.remote is not None
-        keep = not lineage.may_discard_data(self._lineage_of(item.area), item.side)
-        if keep and item.action is not CleanupAction.STOP_PROCESS:
-            # The newest data is there (a rollback has not brought it back yet): fence the
-            # process, keep entry and data, and come back later.
-            await self.remote.agent.stop(area=item.area, generation=item.generation)
+        removed = await side.remove_unless_newest(
+            area=item.area, generation=item.generation, lineage=self._lineage_of(item.area)
+        )
+        if not removed:
+            # The newest data is there (a rollback has not brought it back yet): the process
+            # is fenced, entry and data are kept; come back later.
             raise error_for(
                 ErrorCode.CLEANUP_STUCK,
                 f"{item.area}: its newest data is still on {item.side.value}; kept for now",
             )
-        if item.action is CleanupAction.STOP_PROCESS:
-            await self.remote.agent.stop(area=item.area, generation=item.generation)
-        else:
-            await self.remote.agent.delete(area=item.area, generation=item.generation)
+
+
+def _seen(item: CleanupItem, observed: Observed) -> SideObservation:
+    """The item's side as observed; SSH_UNREACHABLE while that side cannot be looked at."""
+    view = observed.get(item.side)
+    if view is None:
+        raise error_for(ErrorCode.SSH_UNREACHABLE, "the VPS is not reachable now")
+    return view[item.area]

@@ -50,7 +50,7 @@ from monitord.engine.move_slots import Held, MoveSlots
 from monitord.engine.phase_actions import PhaseActions
 from monitord.engine.placement_state import PlacementState
 from monitord.store.state_db import Store
-from orchestrator import errors, phases, rules
+from orchestrator import errors, give_up, phases, rules
 from orchestrator.area_leases import LeasePolicy
 from orchestrator.errors import ErrorCode, MonitordError, PermanentError, TransientError
 from orchestrator.models import Area, AreaLease, Phase, Side, Transaction
@@ -85,6 +85,9 @@ class MigrationEngine:
         retry_backoff_base_s: float,
         retry_backoff_cap_s: float,
         rollback_data_wait_s: float = 900.0,
+        vps_lost_after_s: float | None = None,
+        vps_lost_services: frozenset[str] = frozenset(),
+        vps_unreachable_since: Callable[[], float | None] = lambda: None,
         on_finished: Callable[[Transaction], None] = lambda txn: None,
         wall: Callable[[], float] = time.time,
         clock: Callable[[], float] = time.monotonic,
@@ -100,6 +103,11 @@ class MigrationEngine:
         self.retry_backoff_base_s = retry_backoff_base_s
         self.retry_backoff_cap_s = retry_backoff_cap_s
         self.rollback_data_wait_s = rollback_data_wait_s
+        # Services that give a lost VPS up by themselves (on_vps_lost = "home"), after that long
+        self.vps_lost_after_s = vps_lost_after_s
+        self.vps_lost_services = vps_lost_services
+        self._vps_unreachable_since = vps_unreachable_since
+        self._vps_lost_logged: set[str] = set()
         self.on_finished = on_finished
         self._wall = wall
         self._clock = clock
@@ -144,7 +152,8 @@ class MigrationEngine:
                 # The DONE record was written; its cleanup item may not have been (idempotent).
                 for action in phases.next_actions(txn, self._ctx(txn)):
                     if isinstance(action, phases.EnqueueCleanup):
-                        await self.actions.perform(txn, action)
+                        with txn_log.step(txn):
+                            await self.actions.perform(txn, action)
         for txn in list(self.state.transactions.values()):
             committed = self.state.committed.get(txn.area)
             if committed is None:
@@ -183,6 +192,7 @@ class MigrationEngine:
         await self.recover()  # a no-op once start-up recovered
         if self._stopping:
             return
+        await self._give_up_lost_vps()
         await self._open_due()
         self._start_runners()
 
@@ -214,15 +224,9 @@ class MigrationEngine:
     async def record_placement(self, *, service: str, area: str | None, location: str) -> list[str]:
         """Durably record a wish and open its transactions; returns their ids (for 202).
 
-        The authoritative file is checked first (a stat; re-read only when it changed): a
-        corrupt custom_config.json refuses the request before anything stops."""
+        The caller has checked custom_config.json for this request (the operator facade, the
+        one check per request): `area`, if given, is one of the committed areas."""
         wanted = Side(location)
-        await self.state.recheck()
-        if self.state.corrupt is not None:
-            raise PermanentError(
-                ErrorCode.CONFIG_CORRUPT,
-                f"custom_config.json is unreadable: {self.state.corrupt.detail}",
-            )
         async with self.intake_lock:
             targets = [self.state.committed[area]] if area else self.state.areas_of(service)
             for target in targets:
@@ -300,6 +304,137 @@ class MigrationEngine:
         self._start_runners()
         return [txn.transaction_id for txn in waiting]
 
+    async def give_up_remote(
+        self, service: str, *, area: str | None = None, reason: str = "operator"
+    ) -> list[str]:
+        """The operator gives the VPS up for `service` (or one area): its areas start on the
+        PBX's own copy and the data they wrote on the VPS is lost (orchestrator/give_up.py).
+
+        Refused, changing nothing, while any remote copy could still run (VPS_NOT_FENCED,
+        saying when it will be allowed), while an area commits a move (TRANSACTION_CONFLICT)
+        or when nothing of it is on the VPS. Otherwise the loss is recorded per area
+        (lineage first, `remote_data_abandoned` event), the wish becomes "local", and each
+        area's transaction goes home; returns their ids."""
+        async with self.intake_lock:
+            targets = [self.state.committed[area]] if area else self.state.areas_of(service)
+            for target in targets:  # no step may finish on a record decided on below
+                await self._halt_runner(target.uuid)
+            now = self._clock()
+            decisions = {
+                target.uuid: give_up.decide(
+                    area=target, txn=self.state.transactions.get(target.uuid),
+                    lineage=self.state.lineage(target.uuid),
+                    leases=self._remote_leases(target), now=now, policy=self.policy,
+                )
+                for target in targets
+            }
+            where = f"area {area}" if area else f"service {service}"
+            for decision in decisions.values():
+                if isinstance(decision, give_up.Busy):
+                    self._start_runners()
+                    raise PermanentError(ErrorCode.TRANSACTION_CONFLICT,
+                                         f"{decision.detail}; ask again in a moment")
+            until = max((d.until for d in decisions.values()
+                         if isinstance(d, give_up.NotFenced)), default=None)
+            if until is not None:
+                self._start_runners()
+                raise give_up.VpsNotFenced(where=where, wait_s=until - now, wall=self._wall())
+            abandoned = {uuid: d for uuid, d in decisions.items()
+                         if isinstance(d, give_up.Abandon)}
+            if not abandoned:
+                self._start_runners()
+                raise PermanentError(ErrorCode.TRANSACTION_CONFLICT,
+                                     f"nothing of {where} is on the VPS: nothing to give up")
+            self._failures[service] = 0
+            self.last_errors.pop(service, None)
+            await self.state.record_desired(service=service, area=area, location=Side.LOCAL)
+            for uuid, decision in abandoned.items():
+                committed = self.state.committed[uuid]
+                await self.actions.abandon_remote_data(
+                    committed, reason=reason, generations=give_up.remote_generations(
+                        committed, self.state.transactions.get(uuid)),
+                )
+                self._not_before.pop(uuid, None)
+                txn = self.state.transactions.get(uuid)
+                if txn is None or decision.outcome is None:
+                    continue
+                generation = None
+                if decision.outcome is Outcome.SOURCE_ABANDONED:
+                    generation = await self.store.issue_generation(
+                        uuid, floor=max(committed.generation, txn.generation)
+                    )
+                await self._advance(txn, decision.outcome, new_generation=generation)
+            await self._open_for([self.state.committed[uuid] for uuid in abandoned])
+            self._status_changed()
+        self.wake()
+        self._start_runners()
+        return [
+            t.transaction_id for t in self.state.transactions.values() if t.area in abandoned
+        ]
+
+    async def _give_up_lost_vps(self) -> None:
+        """`[monitord] vps_lost_after_s`: the services with `on_vps_lost = "home"` give the
+        VPS up by themselves once it has been unreachable that long — with the same proof of
+        fencing as an operator's give-up (refused, and asked again next tick, until then)."""
+        since = self._vps_unreachable_since()
+        if self.vps_lost_after_s is None or since is None:
+            self._vps_lost_logged.clear()
+            return
+        lost_s = self._clock() - since
+        if lost_s < self.vps_lost_after_s:
+            return
+        for service in sorted(self.vps_lost_services):
+            if self.give_up_view(service) is None:
+                continue
+            try:
+                ids = await self.give_up_remote(service, reason="policy")
+            except MonitordError as e:
+                if service not in self._vps_lost_logged:  # once per outage, not every tick
+                    self._vps_lost_logged.add(service)
+                    log.critical("vps_lost_give_up_waiting", service=service,
+                                 error_code=e.code, detail=e.detail,
+                                 unreachable_s=round(lost_s, 1))
+                continue
+            log.critical("vps_lost_given_up", service=service, transaction_ids=ids,
+                         unreachable_s=round(lost_s, 1))
+
+    def give_up_view(self, service: str) -> dict[str, Any] | None:
+        """What giving the VPS up would do for `service` now, for the status: how many areas
+        would go home and from when (wall time) it is allowed; None when nothing is there."""
+        now, wall = self._clock(), self._wall()
+        areas, until = 0, now
+        for area in self.state.areas_of(service):
+            decision = give_up.decide(
+                area=area, txn=self.state.transactions.get(area.uuid),
+                lineage=self.state.lineage(area.uuid), leases=self._remote_leases(area),
+                now=now, policy=self.policy,
+            )
+            if isinstance(decision, give_up.NotFenced):
+                until = max(until, decision.until)
+            if isinstance(decision, give_up.Abandon | give_up.NotFenced):
+                areas += 1
+        if not areas:
+            return None
+        return {"areas": areas, "allowed_at": round(wall + (until - now), 3)}
+
+    async def _halt_runner(self, area: str) -> None:
+        """Stop the area's runner wherever it is (a step is crash-safe: the stored record
+        decides what happens next, as after a restart) and take the record as stored."""
+        task = self._runners.pop(area, None)
+        if task is not None and not task.done():
+            await self._runner_tasks.cancel([task])
+        await self.state.reread(area)
+
+    def _remote_leases(self, area: Area) -> dict[int, AreaLease]:
+        """The best-known lease of every generation of `area` that could run on the VPS."""
+        txn = self.state.transactions.get(area.uuid)
+        generations = give_up.remote_generations(area, txn)
+        if self.leases is None:
+            return {g: AreaLease(area=area.uuid, generation=g, owner_id="unknown",
+                                 acknowledged_at=float("-inf"), ttl=self.policy.ttl_s)
+                    for g in generations}
+        return {g: self.leases.lease_for(area.uuid, g) for g in generations}
+
     # -- opening transactions -----------------------------------------------------------
 
     async def _open_due(self) -> None:
@@ -318,8 +453,9 @@ class MigrationEngine:
                 continue
             if area.uuid in self.state.transactions:
                 continue
-            wanted = self.state.desired_location(area)
-            if wanted is area.location or self._not_before.get(area.uuid, 0.0) > now:
+            wanted = give_up.move_to_open(area, self.state.lineage(area.uuid),
+                                          desired=self.state.desired_location(area))
+            if wanted is None or self._not_before.get(area.uuid, 0.0) > now:
                 continue
             move_id = moves.setdefault(area.service, uuid.uuid4().hex)
             opened.append(await self._open(area, destination=wanted, move_id=move_id))
@@ -338,6 +474,7 @@ class MigrationEngine:
             source_generation=area.generation,
             started_at=at,
             updated_at=at,
+            source_abandoned=give_up.abandons_source(area, self.state.lineage(area.uuid)),
         )
         await self.state.save(txn)
         await self.downtime.opened(txn, move_id=move_id)
@@ -417,7 +554,8 @@ class MigrationEngine:
         new = await self._advance(txn, outcome, error=error, lease=lease)
         if error is None and any(isinstance(a, phases.RestartSource) for a in actions):
             self._watch_source(new)
-        return True, error is not None and new.phase is txn.phase and txn.phase in SELF_LOOPING
+        looping = txn.phase in SELF_LOOPING or txn.source_abandoned
+        return True, error is not None and new.phase is txn.phase and looping
 
     # -- downtime after a rollback ----------------------------------------------------------
 
@@ -478,7 +616,8 @@ class MigrationEngine:
         delay = STEP_RETRY_BASE_S
         for attempt in range(1, STEP_ATTEMPTS + 1):
             try:
-                return await self.actions.perform(txn, action)
+                with txn_log.step(txn):
+                    return await self.actions.perform(txn, action)
             except TransientError as e:
                 if e.code in rules.UNREACHABLE_CODES or attempt == STEP_ATTEMPTS \
                         or self._stopping:
@@ -508,8 +647,11 @@ class MigrationEngine:
         new_generation: int | None = None,
         lease: AreaLease | None = None,
     ) -> phases.StepContext:
-        if lease is None and txn.destination is Side.REMOTE and self.leases is not None:
-            lease = self.leases.lease_for(txn.area, txn.generation)
+        if lease is None and self.leases is not None:
+            if txn.destination is Side.REMOTE:
+                lease = self.leases.lease_for(txn.area, txn.generation)
+            elif txn.source_abandoned:  # its SUPPRESS_SOURCE waits out the source's lease
+                lease = self.leases.lease_for(txn.area, txn.source_generation)
         return phases.StepContext(
             at=self._wall(),
             now=self._clock(),

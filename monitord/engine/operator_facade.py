@@ -5,8 +5,10 @@ One typed object between `monitord.surface` and the running parts, built by
 tunnel directly; it calls these methods:
 
     record_placement(service, area, location)   durable wish + transactions (the 202 intake)
+    record_area_placement(area, location)       the same for one area named by its UUID
     retry(service)                              leave PARKED with fresh generations
     discard_remote_data(service, area)          a waiting rollback gives the newer data up
+    give_up_remote(service, area)               the VPS is given up: areas home on the PBX's copy
     snapshot()                                  the status document (GET /v1/status)
     status_key()                                what the status document is built from
     transactions(limit) / cleanup(limit)        history and the cleanup queue
@@ -39,6 +41,7 @@ from monitord.remote.remote_link import RemoteLink
 from monitord.store import spool_files
 from monitord.store.state_db import Store
 from orchestrator import status as status_rules
+from orchestrator.errors import ErrorCode, PermanentError
 
 _CONFLICT_STATES = frozenset({"lease_conflict", "port_occupied"})
 
@@ -67,8 +70,32 @@ class OperatorFacade:
     async def record_placement(
         self, *, service: str, area: str | None, location: str
     ) -> list[str]:
-        """Durably record a wish and open its transactions; their ids (for the 202)."""
+        """Durably record a wish and open its transactions; their ids (for the 202).
+
+        custom_config.json is checked here, once per request (re-read only if it changed): a
+        corrupt file refuses the request (CONFIG_CORRUPT, 409) before anything is recorded
+        or stops. The engine records on the areas this check left in the placement state."""
+        try:
+            await self.state.usable()
+        except spool_files.ConfigCorrupt as e:
+            raise PermanentError(
+                ErrorCode.CONFIG_CORRUPT, f"custom_config.json is unreadable: {e.detail}"
+            ) from e
         return await self.engine.record_placement(service=service, area=area, location=location)
+
+    async def record_area_placement(self, area: str, *, location: str) -> tuple[str, list[str]]:
+        """`record_placement` for one area named by its UUID: (its service, the transaction
+        ids). The same one check of custom_config.json finds the area: CONFIG_CORRUPT (409)
+        while the file cannot be used, UNKNOWN_AREA (404) when it does not list the area."""
+        committed = (await self.state.usable()).get(area)
+        if committed is None:
+            raise PermanentError(
+                ErrorCode.UNKNOWN_AREA, f"area {area} is not in {self.custom_config_path.name}"
+            )
+        ids = await self.engine.record_placement(
+            service=committed.service, area=area, location=location
+        )
+        return committed.service, ids
 
     async def retry(self, service: str) -> list[str]:
         """Let a parked service try again; the ids of the transactions resumed."""
@@ -79,8 +106,18 @@ class OperatorFacade:
         explicit choice, recorded as events); the ids of the transactions that did."""
         return await self.engine.discard_remote_data(service, area=area)
 
+    async def give_up_remote(self, service: str, *, area: str | None) -> list[str]:
+        """The VPS is given up for `service` (or one area): its areas start on the PBX's own
+        copy once every remote copy is provably fenced (VPS_NOT_FENCED until then); the ids
+        of the transactions that take them home."""
+        return await self.engine.give_up_remote(service, area=area)
+
     def knows_service(self, service: str) -> bool:
         return service in self.config.services
+
+    def knows_area(self, service: str, area: str) -> bool:
+        committed = self.state.committed.get(area)
+        return committed is not None and committed.service == service
 
     # -- reads -----------------------------------------------------------------------------
 
@@ -109,6 +146,8 @@ class OperatorFacade:
                 for e in self.state.quarantined
             ],
             "tunnel": self._tunnel_view(),
+            # VPS copies given up: where each was set aside on the VPS (once it answered)
+            "abandoned_data": [dict(row) for _, row in sorted(self.state.abandoned.items())],
             "counts": counts,
             "services": services,
             "transactions": [t.to_storage() for t in self.state.active()],
@@ -233,4 +272,7 @@ class OperatorFacade:
             ],
             "last_error": self.engine.last_errors.get(service) or view.last_error,
             "last_move": self.engine.last_move(service),
+            # Offered only while the VPS does not answer: a reachable VPS moves home whole.
+            "give_up": None if tunnel is None or tunnel.connected
+            else self.engine.give_up_view(service),
         }

@@ -46,6 +46,8 @@ class PlacementState:
         self.desired_area: dict[str, Side] = {}
         self.last_finished: dict[str, Transaction] = {}  # newest final record per area
         self.lineages: dict[str, Lineage] = {}  # recorded data lineage per area (durable)
+        # VPS copies given up, by (area, generation): set aside there, never started (durable)
+        self.abandoned: dict[tuple[str, int], dict[str, object]] = {}
         self._listeners: list[Listener] = []
         self.changed = asyncio.Event()
         # custom_config.json is read-changed-written by commits and re-read by the
@@ -65,6 +67,8 @@ class PlacementState:
         for record in await self.store.lineages():
             found = Lineage.from_storage(record)
             self.lineages[found.area] = found
+        for row in await self.store.abandoned_copies():
+            self.abandoned[(row["area"], row["generation"])] = row
         # In the order they were made: a later service-wide wish overrides per-area ones.
         rows = sorted(await self.store.desired_placements(), key=lambda r: r["updated_at"])
         for row in rows:
@@ -76,6 +80,15 @@ class PlacementState:
         if _stamp(self.custom_config_path) != self._read_stamp:
             return await self.reload_committed()
         return self.corrupt is None
+
+    async def usable(self) -> Mapping[str, Area]:
+        """The one check of custom_config.json an operator's request makes (`recheck`): the
+        committed areas by UUID, or the file's `ConfigCorrupt` (CONFIG_CORRUPT) when it
+        cannot be used, so nothing is recorded and nothing stops."""
+        if not await self.recheck():
+            assert self.corrupt is not None
+            raise spool_files.ConfigCorrupt(path=self.corrupt.path, detail=self.corrupt.reason)
+        return self.committed
 
     async def reload_committed(self) -> bool:
         """Re-read custom_config.json; False (and `corrupt` set) when it cannot be parsed.
@@ -157,6 +170,52 @@ class PlacementState:
             self.transactions.pop(txn.area, None)
             self.last_finished[txn.area] = txn
         self.notify()
+
+    async def abandon_remote(self, area: str, *, generations: Iterable[int]) -> Lineage:
+        """The VPS's copy of `area` is given up: the PBX holds the newest data from now on
+        (a new epoch), and `generations` on the VPS are set aside when it answers again —
+        one durable write, before anything acts on it. Returns the lineage it replaced."""
+        current = self.lineage(area)
+        updated = lineage.discarded(current, keep=Side.LOCAL)
+        now = time.time()
+        await self.store.record_abandoned(lineage=updated.to_storage(), generations=generations,
+                                          now=now)
+        self.lineages[area] = updated
+        for generation in generations:
+            self.abandoned.setdefault((area, generation), {
+                "area": area, "generation": generation, "abandoned_at": now,
+                "set_aside_path": None, "set_aside_at": None})
+        self.notify()
+        return current
+
+    def is_abandoned(self, area: str, generation: int) -> bool:
+        """A VPS copy at `generation` was given up (or an older one of a given-up area)."""
+        return any(a == area and generation <= g for a, g in self.abandoned)
+
+    async def record_set_aside(self, *, area: str, generation: int, path: str) -> None:
+        now = time.time()
+        await self.store.record_set_aside(area=area, generation=generation, path=path, now=now)
+        row = self.abandoned.setdefault((area, generation), {
+            "area": area, "generation": generation, "abandoned_at": now})
+        row.update(set_aside_path=path, set_aside_at=now)
+        self.notify()
+
+    async def reread(self, area: str) -> Transaction | None:
+        """The area's active record as stored: a write cut short (its task cancelled while the
+        store wrote) may have reached the disk but not this cache."""
+        cached = self.transactions.get(area)
+        if cached is None:
+            return None
+        row = await self.store.get_transaction(cached.transaction_id)
+        stored = Transaction.from_storage(row) if row else cached
+        if stored != cached:
+            if stored.is_active:
+                self.transactions[area] = stored
+            else:
+                self.transactions.pop(area, None)
+                self.last_finished[area] = stored
+            self.notify()
+        return self.transactions.get(area)
 
     async def record_lineage(self, updated: Lineage) -> None:
         """Persist a new lineage before anything acts on it, then tell the listeners."""

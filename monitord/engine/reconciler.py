@@ -17,20 +17,20 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from monitord.base import logs
 from monitord.base.metrics import Metrics
 from monitord.base.periodic import LoopBook, Periodic
-from monitord.engine.phase_actions import PhaseActions
+from monitord.engine.area_side import AreaSide
 from monitord.engine.placement_state import PlacementState
 from monitord.local.supervisor import LocalSupervisor
 from monitord.remote.agent_client import to_remote_inventory
 from monitord.remote.remote_link import RemoteLink
 from monitord.store.state_db import Store
-from orchestrator import lineage, planner
+from orchestrator import planner
 from orchestrator.errors import ErrorCode, MonitordError
 from orchestrator.models import CleanupItem, LocalInventory, ProcessInfo, RemoteInventory, Side
 
@@ -67,7 +67,7 @@ class Reconciler:
         store: Store,
         supervisor: LocalSupervisor,
         remote: RemoteLink | None,
-        actions: PhaseActions,
+        sides: Mapping[Side, AreaSide],
         metrics: Metrics,
         intake_lock: asyncio.Lock,
         interval_s: float,
@@ -79,7 +79,7 @@ class Reconciler:
         self.store = store
         self.supervisor = supervisor
         self.remote = remote
-        self.actions = actions
+        self.sides = sides
         self.metrics = metrics
         self.intake_lock = intake_lock
         self.interval_s = interval_s
@@ -187,24 +187,17 @@ class Reconciler:
         try:
             match action:
                 case planner.RemoveRemoteEntry():
-                    assert self.remote is not None
-                    if lineage.may_discard_data(self.state.lineage(action.area), Side.REMOTE):
-                        await self.remote.agent.delete(
-                            area=action.area, generation=action.generation
-                        )
-                    else:  # its data there is the newest: fence the process, keep the data
-                        await self.remote.agent.stop(
-                            area=action.area, generation=action.generation
-                        )
-                case planner.StopProcess(side=Side.REMOTE):
-                    assert self.remote is not None
-                    await self.remote.agent.stop(area=action.area, generation=action.generation)
-                case planner.StopProcess(side=Side.LOCAL):
-                    await self.supervisor.stop_area_at(action.area, action.generation)
+                    # Where its data there is the newest, only the process is fenced.
+                    await self.sides[Side.REMOTE].remove_unless_newest(
+                        area=action.area, generation=action.generation,
+                        lineage=self.state.lineage(action.area),
+                    )
+                case planner.StopProcess(side=side):
+                    await self.sides[side].stop_at(area=action.area, generation=action.generation)
                 case planner.CreateRemoteEntry():
                     # A start like any other: only on the newest data (raises DATA_NOT_NEWEST).
                     await self.state.claim_data(action.area, Side.REMOTE)
-                    await self.actions.restart_remote(
+                    await self.sides[Side.REMOTE].start(
                         service=action.service, area=action.area, generation=action.generation
                     )
         except MonitordError as e:

@@ -1,10 +1,21 @@
 """The log of one transaction: its identity bound once, so every line about it carries the
-same fields (transaction_id, service, area, source, destination, generation) without
-retyping them. Used by the migration engine and its phase actions."""
+same fields without retyping them. Used by the migration engine and its phase actions.
+
+- `step(txn)`: the unit of work of one step (the engine wraps each `perform` in it). Through
+  structlog's contextvars (monitord.base.logs) every line logged inside — by the agent client,
+  the copy, preflight, any module, and by tasks started inside — carries `transaction_id`,
+  `service` and `area`; the binding ends with the step.
+- `bound(txn)`: the engine's logger for a transaction, with its whole identity (also source,
+  destination and generation).
+"""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
+
+import structlog
 
 from monitord.base import logs
 from orchestrator.models import Transaction
@@ -22,6 +33,15 @@ def identity(txn: Transaction) -> dict[str, Any]:
         "destination": txn.destination.value,
         "generation": txn.generation,
     }
+
+
+@contextlib.contextmanager
+def step(txn: Transaction) -> Iterator[None]:
+    """Every line logged inside carries the transaction's id, service and area (see above)."""
+    with structlog.contextvars.bound_contextvars(
+        transaction_id=txn.transaction_id, service=txn.service, area=txn.area
+    ):
+        yield
 
 
 def bound(txn: Transaction) -> Any:

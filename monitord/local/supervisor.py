@@ -13,14 +13,17 @@ drive it through `set_desired()`, `start_area()` and `stop_area()` and read `inv
   daemon started with setgroups/setgid/setuid and no capabilities
   (monitord/base/run_as.py).
 - A per-area record `{state_dir}/records/{area}.json` (written atomically right after the
-  spawn) names the process by pid + start time + argv, and its generation.
+  spawn) names the process by pid + start time, its generation and the configured command.
 - A daemon that exits is restarted after a capped exponential backoff that never gives up
   (reset once a run lasted `min_uptime_s`); the next retry time is in the inventory.
 - Stop = SIGTERM to the process group, a grace period, SIGKILL, then verified gone.
 - `adopt_or_stop_survivors()` runs before anything starts: every process a previous
   instance left — found by its record, and also by the environment marker, which catches
   one spawned just before a crash and not yet recorded — is adopted when its identity
-  matches and it is wanted at that generation, and stopped otherwise. Never a duplicate.
+  matches, it is wanted at that generation and it runs the wanted command (resolved
+  executable and arguments: a `#!` script's or a wrapper's argv is not its command), replaced
+  with the reason logged when only its command changed, and stopped otherwise. Never a
+  duplicate.
 - `close()` stops supervising but leaves the daemons running: the next instance adopts them.
 - The supervising passes run under the root loops' error policy (monitord/base/periodic.py):
   a pass that raises is counted and shown, and the next pass runs after a back-off.
@@ -32,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -43,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import monitord
-from monitord.base import atomic_file, group_stop, log_sink, logs, proc_identity, run_as
+from monitord.base import area_paths, atomic_file, group_stop, log_sink, logs, proc_identity, run_as
 from monitord.base.config import ServiceSection
 from monitord.base.periodic import LoopBook, Periodic
 from monitord.base.proc_identity import ProcessIdentity
@@ -53,7 +55,6 @@ SUPERVISOR_ENV = "MONITORD_SUPERVISOR"
 AREA_ENV = "MONITORD_AREA"
 GENERATION_ENV = "MONITORD_GENERATION"
 TASK_NAME = "local supervisor"
-_PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
 
 log = logs.get_logger(__name__)
 
@@ -73,26 +74,13 @@ class AreaRun:
     group: str | None = None
 
 
-def expand(template: str, *, area: str, data_dir: str, generation: int, side: str,
-           remote_bin_dir: str = "") -> str:
-    """Expand {area}, {data_dir}, {generation}, {side} and {remote_bin_dir} in a template;
-    any other {name} is left as written (a daemon argument may contain braces)."""
-    known = {"area": area, "data_dir": data_dir, "generation": str(generation), "side": side,
-             "remote_bin_dir": remote_bin_dir}
-    return _PLACEHOLDER.sub(lambda m: known.get(m.group(1), m.group(0)), template)
-
-
 def area_run(*, service: str, section: ServiceSection, area: str, generation: int) -> AreaRun:
     """The local AreaRun of a configured service (command and data dir templates expanded)."""
-    data_dir = expand(section.local_data_dir, area=area, data_dir="", generation=generation,
-                      side="local")
-    command = tuple(
-        expand(part, area=area, data_dir=data_dir, generation=generation, side="local")
-        for part in section.command
-    )
+    data_dir = area_paths.local_data_dir_text(section, area=area, generation=generation)
+    command = area_paths.local_command(section, area=area, generation=generation)
     return AreaRun(service=service, area=area, generation=generation, command=command,
-                   data_dir=data_dir, env=dict(section.env), min_uptime_s=section.min_uptime_s,
-                   user=section.user, group=section.group)
+                   data_dir=data_dir, env=dict(section.env),
+                   min_uptime_s=section.min_uptime_s, user=section.user, group=section.group)
 
 
 @dataclass(frozen=True)
@@ -122,6 +110,7 @@ class SurvivorReport:
     adopted: tuple[str, ...]
     stopped: tuple[str, ...]
     stuck: tuple[str, ...]  # could not be verified gone
+    replaced: tuple[str, ...] = ()  # stopped because their configured command changed
 
 
 @dataclass
@@ -148,6 +137,47 @@ class _Slot:
         if self.popen is not None:
             return proc_identity.child_has_exited(self.popen)
         return not proc_identity.is_same_process(self.identity)
+
+
+@dataclass(frozen=True)
+class _Record:
+    """`{state_dir}/records/{area}.json`: the process a spawn started, and the configured
+    command it was started with (None in a record of a release before it was written)."""
+
+    area: str
+    generation: int
+    identity: ProcessIdentity
+    command: tuple[str, ...] | None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> _Record:
+        command = data.get("command")
+        return cls(area=str(data["area"]), generation=int(data["generation"]),
+                   identity=ProcessIdentity.from_json(data["identity"]),
+                   command=None if command is None else tuple(str(p) for p in command))
+
+
+def _search_path(env: Mapping[str, str] | None) -> str:
+    """The PATH a spawn with `env` searches (subprocess: os.get_exec_path of the env)."""
+    return os.pathsep.join(os.get_exec_path(dict(env) if env is not None else None))
+
+
+def _runs_command(
+    record: _Record, identity: ProcessIdentity, *, env: Mapping[str, str] | None, want: AreaRun
+) -> bool:
+    """Whether the survivor runs `want.command`, judged by resolved executable and
+    arguments, never by argv text: the command its record says it was started with is the
+    same command (proc_identity.same_command); a record without one (an older release's) is
+    matched by the argv /proc showed at its spawn or shows now against the forms the wanted
+    command takes once it runs (`#!` interpreters, env's program)."""
+    want_path = _search_path({**os.environ, **want.env})
+    if record.command is not None:
+        return proc_identity.same_command(
+            record.command, want.command, a_path=_search_path(env) if env is not None
+            else want_path, b_path=want_path, cwd=want.data_dir,
+        )
+    forms = proc_identity.exec_forms(want.command, search_path=want_path, cwd=want.data_dir)
+    return record.identity.cmdline in forms or identity.cmdline in forms
 
 
 class LocalSupervisor:
@@ -241,62 +271,111 @@ class LocalSupervisor:
     async def adopt_or_stop_survivors(
         self, wanted: Mapping[str, AreaRun] | None = None
     ) -> SurvivorReport:
-        """Before anything starts: adopt what a previous instance left if it is wanted at
-        that generation and its identity matches its record; stop everything else."""
+        """Before anything starts: adopt what a previous instance left if it is ours (its
+        record names it by pid + start time, its area and generation agree), it is wanted at
+        that generation and it runs the wanted command; replace it (stop, the loop starts
+        the new command) if only the command changed; stop everything else."""
         if wanted is not None:
             self.set_desired(wanted)
         adopted: list[str] = []
         stopped: list[str] = []
+        replaced: list[str] = []
         stuck: list[str] = []
-        recorded: dict[int, tuple[str, int, ProcessIdentity]] = {}
-        for path in sorted(self.records_dir.glob("*.json")):
-            try:
-                record = json.loads(path.read_text())
-                identity = ProcessIdentity.from_json(record["identity"])
-                recorded[identity.pid] = (str(record["area"]), int(record["generation"]),
-                                          identity)
-            except (OSError, ValueError, KeyError, TypeError):
-                log.warning("supervisor_record_unreadable", path=str(path))
-                path.unlink(missing_ok=True)
-        marked = proc_identity.find_by_environ(SUPERVISOR_ENV, str(self.state_dir))
-        for identity, env in marked:
+        recorded = self._read_records()
+        survivors: list[tuple[ProcessIdentity, dict[str, str] | None]] = list(
+            proc_identity.find_by_environ(SUPERVISOR_ENV, str(self.state_dir))
+        )
+        marked = {identity.pid for identity, _env in survivors}
+        for pid, known in recorded.items():
+            # a recorded process whose marker cannot be read (a daemon that rewrote its
+            # environment's memory, e.g. setproctitle): its record alone says it is ours
+            if pid not in marked:
+                live = proc_identity.read(pid)
+                if live is not None and live == known.identity:
+                    survivors.append((live, None))
+        for identity, env in survivors:
             try:
                 leads_group = os.getpgid(identity.pid) == identity.pid
             except ProcessLookupError:
                 continue
             if identity.pid == os.getpid() or not leads_group:
                 continue  # ourselves, or a child inside a daemon's group (stopped with it)
-            area = env.get(AREA_ENV, "")
-            generation = int(env.get(GENERATION_ENV, "-1") or -1)
             record = recorded.pop(identity.pid, None)
+            if env is not None:
+                area = env.get(AREA_ENV, "")
+                generation = int(env.get(GENERATION_ENV, "-1") or -1)
+            else:  # found by its record alone
+                assert record is not None
+                area, generation = record.area, record.generation
+            verdict = self._survivor_verdict(identity, env=env, record=record, area=area,
+                                             generation=generation)
             want = self._desired.get(area)
-            if (
-                record is not None
-                and record[2] == identity
-                and record[0] == area
-                and want is not None
-                and want.generation == record[1] == generation
-                and want.command == identity.cmdline
-                and area not in self._slots
-            ):
+            if verdict == "adopt" and want is not None:
                 self._slots[area] = _Slot(run=want, identity=identity, adopted=True,
                                           started_mono=self._clock())
                 adopted.append(area)
                 log.info("survivor_adopted", area=area, generation=generation,
-                         pid=identity.pid)
+                         pid=identity.pid, marker=env is not None)
                 continue
             gone = await group_stop.terminate_group(identity.pid, grace_s=self.stop_grace_s)
-            (stopped if gone else stuck).append(area)
-            log.warning("survivor_stopped", area=area, generation=generation,
-                        pid=identity.pid, verified_gone=gone, recorded=record is not None)
+            if not gone:
+                stuck.append(area)
+            if verdict == "command_changed" and want is not None and record is not None:
+                if gone:
+                    replaced.append(area)
+                log.warning("survivor_replaced", area=area, generation=generation,
+                            pid=identity.pid, reason=verdict, verified_gone=gone,
+                            was=None if record.command is None else list(record.command),
+                            now=list(want.command), cmdline=list(identity.cmdline))
+            else:
+                if gone:
+                    stopped.append(area)
+                log.warning("survivor_stopped", area=area, generation=generation,
+                            pid=identity.pid, reason=verdict, verified_gone=gone,
+                            recorded=record is not None)
             if gone and area not in self._slots:
                 (self.records_dir / f"{area}.json").unlink(missing_ok=True)
-        for _area, _generation, identity in recorded.values():
+        for left in recorded.values():
             # a record whose process is gone (or was never ours): drop it
-            if not proc_identity.is_same_process(identity):
-                (self.records_dir / f"{_area}.json").unlink(missing_ok=True)
+            if not proc_identity.is_same_process(left.identity):
+                self._record_path(left.area).unlink(missing_ok=True)
         self._survivors_handled = True
-        return SurvivorReport(tuple(adopted), tuple(stopped), tuple(stuck))
+        return SurvivorReport(adopted=tuple(adopted), stopped=tuple(stopped), stuck=tuple(stuck),
+                              replaced=tuple(replaced))
+
+    def _read_records(self) -> dict[int, _Record]:
+        """The records a previous instance left, by pid; an unreadable one is dropped."""
+        recorded: dict[int, _Record] = {}
+        for path in sorted(self.records_dir.glob("*.json")):
+            try:
+                record = _Record.from_json(json.loads(path.read_text()))
+            except (OSError, ValueError, KeyError, TypeError):
+                log.warning("supervisor_record_unreadable", path=str(path))
+                path.unlink(missing_ok=True)
+                continue
+            recorded[record.identity.pid] = record
+        return recorded
+
+    def _survivor_verdict(
+        self, identity: ProcessIdentity, *, env: Mapping[str, str] | None,
+        record: _Record | None, area: str, generation: int,
+    ) -> str:
+        """What to do with one survivor: "adopt", "command_changed" (ours and wanted at its
+        generation, but the configured command changed: replace it), or why it is stopped."""
+        if record is None:
+            return "unrecorded"  # spawned just before a crash: cannot be proven ours
+        if record.identity != identity or record.area != area or record.generation != generation:
+            return "record_mismatch"
+        want = self._desired.get(area)
+        if want is None:
+            return "not_wanted"
+        if want.generation != generation:
+            return "generation_changed"
+        if area in self._slots:
+            return "duplicate"
+        if not _runs_command(record, identity, env=env, want=want):
+            return "command_changed"
+        return "adopt"
 
     async def run(self) -> None:
         """The supervising loop, to run as a guarded root task ("local supervisor"): handle
@@ -428,7 +507,7 @@ class LocalSupervisor:
         slot.identity, slot.popen, slot.adopted, slot.sink = identity, popen, False, sink
         slot.started_mono = self._clock()
         record = {"area": area, "service": run.service, "generation": run.generation,
-                  "identity": identity.to_json()}
+                  "identity": identity.to_json(), "command": list(run.command)}
         try:
             # in a thread: its fsyncs are most of a start's time, and the loop goes on
             await asyncio.to_thread(atomic_file.atomic_write_bytes, self._record_path(area),

@@ -12,9 +12,13 @@ translated here, once, into typed errors with stable codes:
 - lost channel / timeout / 5xx                  -> AGENT_UNREACHABLE (maybe delivered)
 - 401                                           -> AGENT_UNAUTHORIZED
 - 409 (another owner, other generation)         -> DESTINATION_CONFLICT
-- the agent's own error document                -> its code
+- the agent's own error document                -> its code (AGENT_ROUTE_MISSING: the
+                                                   agent has no such route)
 - a body over the size limit, a 2xx that is not the JSON document the caller relies on,
   or any other status                          -> AGENT_UNREACHABLE (maybe delivered)
+
+Each answer is one debug line, `agent_call` (`call`, `status`, `bytes`); made during a step of
+a transaction it carries that transaction's id (monitord/engine/txn_log.py, `step`).
 
 `RemoteInventory` conversion lives here too, so the planner sees the agent's table as the
 orchestrator's frozen values.
@@ -32,10 +36,12 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import quote, urlencode
 
-from monitord.base import tree_digest
+from monitord.base import logs, tree_digest
 from orchestrator import names
 from orchestrator.errors import ErrorCode, MonitordError, TransientError, error_for
 from orchestrator.models import ProcessInfo, RemoteEntry, RemoteInventory
+
+log = logs.get_logger(__name__)
 
 DEFAULT_TIMEOUT_S = 10.0
 # A promote digests (and fsyncs) the whole staging dir: as long as the exec it replaces had.
@@ -173,6 +179,7 @@ class AgentClient:
             raise AgentUnreachable(
                 f"{where}: no answer within {timeout_s:g} s", maybe_delivered=True
             ) from e
+        log.debug("agent_call", call=where, status=status, bytes=len(raw))
         payload = _parse_json(raw)
         if 200 <= status < 300:
             return payload
@@ -254,12 +261,29 @@ class AgentClient:
             raise _malformed(where, f"healthy with an uptime of {uptime!r:.20} s")
         return AreaHealth(healthy=healthy, uptime_s=None if uptime is None else float(uptime))
 
+    async def routes(self) -> frozenset[str]:
+        """What the agent serves, one `METHOD /path/{area}` a route (`GET /v1/routes`), so
+        that a caller chooses its way once. An agent older than that route answers it 404
+        (UNKNOWN_AREA before AGENT_ROUTE_MISSING existed; this path names no area): it
+        serves none of the routes a caller would look for, the empty set."""
+        where = "GET /v1/routes"
+        try:
+            doc = _object(await self._call("GET", "/v1/routes"), where=where)
+        except MonitordError as e:
+            if e.code in (ErrorCode.AGENT_ROUTE_MISSING, ErrorCode.UNKNOWN_AREA):
+                return frozenset()
+            raise
+        listed = doc.get("routes")
+        if not isinstance(listed, list) or not all(isinstance(r, str) for r in listed):
+            raise _malformed(where, "routes is not a list of strings")
+        return frozenset(listed)
+
     async def promote(self, *, area: str, data_dir: str, expect: str,
                       timeout_s: float = PROMOTE_TIMEOUT_S) -> bool:
         """An upload's last step, answered by the agent (no new process inside the area's
         downtime): True once the staging dir beside `data_dir`, whose listing's SHA-256 is
         `expect`, has replaced it; False when the listing differs (nothing changed). An
-        agent without this route (an older one) answers UNKNOWN_AREA."""
+        agent without this route answers 404 (`routes` tells beforehand)."""
         where = f"POST /v1/areas/{area}/promote"
         doc = _object(await self._call(
             "POST", f"/v1/areas/{area}/promote", body={"data_dir": data_dir, "expect": expect},
@@ -273,7 +297,7 @@ class AgentClient:
     async def reset_staging(self, *, area: str, data_dir: str,
                             timeout_s: float = PROMOTE_TIMEOUT_S) -> None:
         """The staging dir beside `data_dir` made empty (where a copy to it starts). An agent
-        without this route (an older one) answers UNKNOWN_AREA."""
+        without this route answers 404 (`routes` tells beforehand)."""
         where = f"POST /v1/areas/{area}/staging"
         doc = _object(await self._call(
             "POST", f"/v1/areas/{area}/staging",
@@ -285,14 +309,14 @@ class AgentClient:
     async def staging_listing(self, *, area: str, data_dir: str,
                               timeout_s: float = PROMOTE_TIMEOUT_S) -> bytes:
         """The listing (`sha256sum` format, as the tree-digest verb prints it) of the staging
-        dir beside `data_dir`, every file fsynced there. UNKNOWN_AREA from an older agent."""
+        dir beside `data_dir`, every file fsynced there. 404 from an agent without it."""
         return await self._listing("staging", area=area, timeout_s=timeout_s,
                                    body={"data_dir": data_dir, "action": "digest"})
 
     async def data_listing(self, *, area: str, data_dir: str,
                            timeout_s: float = PROMOTE_TIMEOUT_S) -> bytes:
         """The listing of `data_dir` itself (its digest cache kept there): where a copy from
-        the VPS starts. UNKNOWN_AREA from an older agent."""
+        the VPS starts. 404 from an agent without it."""
         return await self._listing("listing", area=area, timeout_s=timeout_s,
                                    body={"data_dir": data_dir})
 
@@ -324,6 +348,18 @@ class AgentClient:
             "DELETE", f"/v1/areas/{area}", params={"generation": str(generation)}
         )
         return _result_of(result, where=f"DELETE /v1/areas/{area}")
+
+    async def set_aside(self, *, area: str, generation: int) -> str | None:
+        """Stop + remove the entry at `generation`, its data dir moved aside on the VPS
+        (a copy an operator gave up): where it went, or None when there was none."""
+        where = f"DELETE /v1/areas/{area}?aside=1"
+        result = _object(await self._call(
+            "DELETE", f"/v1/areas/{area}", params={"generation": str(generation), "aside": "1"}
+        ), where=where)
+        path = result.get("set_aside")
+        if path is not None and not isinstance(path, str):
+            raise error_for(ErrorCode.AGENT_UNREACHABLE, f"{where}: set_aside is not a path")
+        return path
 
     async def renew(
         self, *, owner_id: str, ttl_s: float, areas: Mapping[str, int]
@@ -409,28 +445,6 @@ def _parse_json(raw: bytes) -> Any:
         return json.loads(raw.decode("utf-8"))
     except (ValueError, RecursionError):  # bad UTF-8 or JSON, too many digits, too deep
         return None
-
-
-@dataclass(frozen=True, slots=True)
-class AreaCopy:
-    """One area's data dir on the VPS, and the staging dir beside it, as the agent answers
-    for them: what a copy to or from the VPS asks (monitord.remote.area_copy.CopyAgent)."""
-
-    client: AgentClient
-    area: str
-    data_dir: str
-
-    async def data_listing(self) -> bytes:
-        return await self.client.data_listing(area=self.area, data_dir=self.data_dir)
-
-    async def reset(self) -> None:
-        await self.client.reset_staging(area=self.area, data_dir=self.data_dir)
-
-    async def listing(self) -> bytes:
-        return await self.client.staging_listing(area=self.area, data_dir=self.data_dir)
-
-    async def promote(self, expect: str) -> bool:
-        return await self.client.promote(area=self.area, data_dir=self.data_dir, expect=expect)
 
 
 def _malformed(where: str, what: str) -> AgentUnreachable:

@@ -45,6 +45,7 @@ PORTABLE_MODULES = (
     "orchestrator/__init__.py",
     "orchestrator/errors.py",
     "orchestrator/names.py",
+    "orchestrator/sshd_session.py",
     "orchestrator/text_enum.py",
     "orchestrator/tunnel_lease.py",
 )

@@ -38,6 +38,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from types import MappingProxyType
 
 import asyncssh
 
@@ -47,7 +48,6 @@ from monitord.remote import artifact, remote_exec
 from monitord.remote.agent_client import AgentClient
 from monitord.remote.provisioning import LocalArtifact
 from monitord.remote.shared_facts import SharedFacts
-from orchestrator import classify
 from orchestrator.errors import ErrorCode, MonitordError, lookup
 
 log = logs.get_logger(__name__)
@@ -66,9 +66,19 @@ class CheckStatus(StrEnum):
     SKIPPED = "skipped"  # could not be evaluated because an earlier check failed
 
 
-# check name -> the code it fails with, in the order the report lists them: the one table,
-# kept with the classifier in the pure core.
-CHECK_CODES: Mapping[str, ErrorCode] = classify.PREFLIGHT_CHECKS
+# check name -> the code it fails with, in the order the report lists them.
+CHECK_CODES: Mapping[str, ErrorCode] = MappingProxyType({
+    "auth": ErrorCode.PREFLIGHT_AUTH,
+    "arch": ErrorCode.PREFLIGHT_ARCH,
+    "bin_dir": ErrorCode.PREFLIGHT_BIN_DIR,
+    "disk_space": ErrorCode.PREFLIGHT_DISK_SPACE,
+    "write_test": ErrorCode.PREFLIGHT_WRITE_TEST,
+    "agent": ErrorCode.PREFLIGHT_AGENT,
+    "artifacts": ErrorCode.PREFLIGHT_ARTIFACTS,
+    "tunnel_owner": ErrorCode.PREFLIGHT_TUNNEL_OWNER,
+    "forwards": ErrorCode.PREFLIGHT_FORWARDS,
+    "remote_config": ErrorCode.PREFLIGHT_REMOTE_CONFIG,
+})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

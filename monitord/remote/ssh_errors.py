@@ -1,7 +1,7 @@
 """The one place that knows asyncssh's exception types: SSH failures become catalogue errors.
 
 Every adapter in `monitord/remote/` that talks SSH (the tunnel keeper, its forwards and
-lease helper, remote_exec, area_copy, provisioning) catches `SSH_ERRORS` around an SSH
+lease helper, remote_exec, the copy, provisioning) catches `SSH_ERRORS` around an SSH
 operation and hands the exception here, or wraps the operation in
 `with ssh_errors.translated(code=..., during=...):`, which re-raises `... from e`. Nothing
 outside this module names an asyncssh exception class; code that needs a fact only an

@@ -15,7 +15,10 @@ With `--remote`, then: one SSH connection made exactly as the tunnel keeper make
 configured service (or `--service`), with this monitord's artifacts built into a temp dir
 to compare hashes — nothing is pushed and nothing is started — plus an `sftp` line
 (preflight does not use SFTP; provisioning and area copies do). One line per check
-(`✔` passed, `✘` failed, `–` not checked, with the reason) and a summary line. Where the
+(`✔` passed, `✘` failed, `–` not checked, with the reason) and a summary line. The `vps:`
+line names the SSH server's version (its identification string) and the interpreter's; a
+`warning:` line follows for either when it is outside the tested releases (`TESTED_OPENSSH`,
+`TESTED_PYTHON`: docs/vps-setup.md), or when the server is not OpenSSH. Where the
 check sees less than the daemon's preflight does, it says so instead of failing:
 
 - forwards: only the daemon's tunnel keeper can prove them (it requests each one and does
@@ -69,6 +72,11 @@ CLOSE_TIMEOUT_S = 2.0
 # The interpreter probe, exactly as an operator would type it on the VPS.
 PYTHON_PROBE = "import sys; print(sys.version_info[:3])"
 MIN_PYTHON = (3, 9)
+# The releases the fault tier runs every promise on (docs/vps-setup.md, "Tested releases"):
+# Debian 11 (OpenSSH 8.4, Python 3.9) to Debian 13 (OpenSSH 10.0, Python 3.13).
+TESTED_OPENSSH = ((8, 4), (10, 0))
+TESTED_PYTHON = (MIN_PYTHON, (3, 13))
+_OPENSSH_VERSION = re.compile(r"^SSH-2\.0-OpenSSH_(\d+)\.(\d+)")
 # A throwaway Unix socket in a temp dir under the bin dir ($1) that answers one connection
 # with "ok", then removes itself (also on SIGTERM/SIGHUP, when the session ends first).
 _SOCKET_PROBE = """
@@ -250,6 +258,7 @@ class VpsFacts:
     """What check finds out once per VPS, before preflight runs for each service."""
 
     python: PythonProbe
+    server_version: str  # the SSH server's identification line, e.g. SSH-2.0-OpenSSH_10.0p2
     refused_channel: str  # why sshd refuses the agent's kind of channel, or ""
     owner: OwnerJudgement
     sftp: CheckResult
@@ -289,8 +298,12 @@ async def check_remote(config: Config, *, services: Sequence[str]) -> int:
     try:
         facts = await _vps_facts(conn, config=config, timeout_s=timeout_s)
         print(f"vps: {ssh_connect.describe(remote)}: "
-              + (f"{remote.remote_python} -I is {facts.python.detail}" if conn else
+              + (f"{remote.remote_python} -I is {facts.python.detail},"
+                 f" SSH server {describe_ssh_server(facts.server_version)}" if conn else
                  "not connected"))
+        if conn is not None:
+            for warning in release_warnings(facts.server_version, facts.python.version):
+                print(f"warning: {warning}")
         secret, _ = _read_secret(config)
         agent = None if conn is None else AgentClient(
             channel=agent_channel.over_ssh(session, remote.agent_socket()),
@@ -329,6 +342,7 @@ async def _vps_facts(
     python = await _probe_python(conn, remote=remote, timeout_s=timeout_s)
     return VpsFacts(
         python=python,
+        server_version="" if conn is None else str(conn.get_extra_info("server_version") or ""),
         refused_channel=await _streamlocal_refused(conn, remote=remote, python=python,
                                                    timeout_s=timeout_s),
         owner=await _tunnel_owner(conn, config=config, timeout_s=timeout_s),
@@ -359,6 +373,53 @@ async def _service_results(
                for result in report.results]
     results.insert(1, facts.sftp)
     return results
+
+
+def describe_ssh_server(server_version: str) -> str:
+    """`OpenSSH_10.0p2 Debian-7+deb13u4` from `SSH-2.0-OpenSSH_10.0p2 Debian-7+deb13u4`."""
+    return server_version.removeprefix("SSH-2.0-") or "an SSH server that sent no version"
+
+
+def _dotted(version: tuple[int, ...]) -> str:
+    return ".".join(str(part) for part in version)
+
+
+def release_warnings(
+    server_version: str, python: tuple[int, ...] | None
+) -> list[str]:
+    """What lies outside the tested releases (TESTED_OPENSSH, TESTED_PYTHON), one sentence
+    each; [] for a VPS like one the fault tier runs on. Pure."""
+    warnings: list[str] = []
+    oldest, newest = TESTED_OPENSSH
+    tested = (f"tested: OpenSSH {_dotted(oldest)} to {_dotted(newest)}, Python"
+              f" {_dotted(TESTED_PYTHON[0])} to {_dotted(TESTED_PYTHON[1])};"
+              " docs/vps-setup.md")
+    found = _OPENSSH_VERSION.match(server_version)
+    if found is None:
+        warnings.append(
+            f"the VPS's SSH server is {describe_ssh_server(server_version)!r}, not OpenSSH"
+            f" ({tested}): monitord cannot recognise a session process there, so a stale"
+            " session of a dead monitord is never fenced; its forwarded ports stay taken"
+            " until the server drops it")
+    else:
+        openssh = (int(found.group(1)), int(found.group(2)))
+        if openssh < oldest:
+            warnings.append(
+                f"OpenSSH {_dotted(openssh)} on the VPS is older than any supported release"
+                f" ({tested}): upgrade the VPS to Debian 11 or newer")
+        elif openssh[0] > newest[0]:
+            warnings.append(
+                f"OpenSSH {_dotted(openssh)} on the VPS is newer than any tested release"
+                f" ({tested}): expected to work, not yet proven")
+    if python is not None and python[:2] < TESTED_PYTHON[0]:
+        warnings.append(
+            f"Python {_dotted(python)} on the VPS is older than supported ({tested}): the"
+            " agent cannot run there")
+    elif python is not None and python[:2] > TESTED_PYTHON[1]:
+        warnings.append(
+            f"Python {_dotted(python)} on the VPS is newer than any tested release"
+            f" ({tested}): expected to work, not yet proven")
+    return warnings
 
 
 def format_line(result: CheckResult) -> str:

@@ -31,6 +31,8 @@ VERBS: dict[str, tuple[str, str]] = {
     "retry": ("monitord.surface.client_commands", "let a parked service try again"),
     "rollback": ("monitord.surface.client_commands",
                  "override a rollback that waits for data: --discard-remote-data SERVICE"),
+    "give-up": ("monitord.surface.client_commands",
+                "give the VPS up for SERVICE: its areas start on the PBX's own copy"),
     "bundle": ("monitord.surface.client_commands", "write a diagnostic bundle (.tar.gz)"),
     "demo": ("monitord.surface.demo", "run the self-contained demonstration (no root, no VPS)"),
     "check": ("monitord.surface.check_command", "check the configuration (--remote: the VPS too)"),

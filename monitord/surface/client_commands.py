@@ -1,4 +1,5 @@
-"""Operator verbs that talk to a running daemon over its HTTP API: status, place, retry, bundle.
+"""Operator verbs that talk to a running daemon over its HTTP API: status, place, retry,
+rollback, give-up, bundle.
 
 Called by `monitord.surface.cli`. They are plain synchronous HTTP clients (stdlib urllib, short
 timeouts) so that they work the same from a shell, a PHP `exec()` or a support script.
@@ -111,6 +112,13 @@ def add_rollback_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--area", help="only this area (UUID)")
 
 
+def add_give_up_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_config(parser)
+    parser.add_argument("service")
+    parser.add_argument("--area", help="only this area (UUID)")
+    parser.add_argument("--json", action="store_true", help="print the API's answer as JSON")
+
+
 def add_bundle_arguments(parser: argparse.ArgumentParser) -> None:
     _add_config(parser)
     parser.add_argument("-o", "--output", type=Path, required=True, help="where to write .tar.gz")
@@ -142,9 +150,13 @@ class Client:
             payload = e.read()
             try:
                 err = json.loads(payload)["error"]
-                raise ApiError(e.code, err.get("code", "HTTP_ERROR"), err.get("detail", "")) from e
-            except (ValueError, KeyError, TypeError):
-                raise ApiError(e.code, "HTTP_ERROR", payload[:200].decode(errors="replace")) from e
+                code, detail = str(err["code"]), str(err.get("detail", ""))
+            except (ValueError, KeyError, TypeError, AttributeError):
+                # Not monitord's error document: something else answers on that port.
+                code = ErrorCode.DAEMON_UNREACHABLE
+                detail = (f"HTTP {e.code} from {self.base_url}{path} is not an answer of"
+                          f" monitord's API: {payload[:200].decode(errors='replace')}")
+            raise ApiError(e.code, code, detail) from e
         except (urllib.error.URLError, OSError) as e:
             reason = getattr(e, "reason", e)
             raise DaemonUnreachable(
@@ -264,6 +276,27 @@ def main_rollback(args: argparse.Namespace) -> int:
 
 
 @_guarded
+def main_give_up(args: argparse.Namespace) -> int:
+    """The VPS is given up: the areas start on the PBX's own copy; what they wrote on the VPS
+    since they moved there is lost (recorded as `remote_data_abandoned` events)."""
+    body = {"area": args.area} if args.area else {}
+    result = Client.from_config(_load(args)).json(
+        "POST", f"/v1/services/{args.service}/give-up", body
+    )
+    print(json.dumps(result) if args.json else give_up_line(result))
+    return EXIT_OK
+
+
+def give_up_line(result: dict[str, Any]) -> str:
+    """`tg: the VPS is given up; 2 areas go home on the PBX's own copy: ID, ID`."""
+    what = f"{result.get('service')} area {result['area']}" if result.get("area") \
+        else str(result.get("service"))
+    ids = list(result.get("transaction_ids") or [])
+    return (f"{what}: the VPS is given up; {_transactions(ids)} take the areas home on the"
+            f" PBX's own copy (their data on the VPS is lost): {', '.join(ids)}")
+
+
+@_guarded
 def main_place(args: argparse.Namespace) -> int:
     client = Client.from_config(_load(args))
     path = (
@@ -313,12 +346,21 @@ def _wait_converged(client: Client, *, service: str, location: str, timeout: flo
                 return EXIT_OK
             if outcome == "failed":
                 err = status.get("services", {}).get(service, {}).get("last_error") or {}
-                progress.finish(f"failed: {err.get('code', 'UNKNOWN')} {err.get('detail', '')}")
+                progress.finish(f"failed: {_error_words(err)}")
                 return EXIT_FAILED
             if time.monotonic() > deadline:
                 progress.finish(f"still not converged after {timeout:.0f} s")
                 return EXIT_FAILED
             time.sleep(0.5)
+
+
+def _error_words(err: dict[str, Any]) -> str:
+    """`CODE detail` of an error the status shows; a failure without a recorded code says so
+    instead of making one up (every code printed is a catalogue code)."""
+    code = err.get("code")
+    if not code:
+        return f"no error recorded {err.get('detail') or ''}".rstrip()
+    return f"{code} {err.get('detail') or ''}".rstrip()
 
 
 def area_progress(
@@ -342,9 +384,10 @@ def area_progress(
         return "failed", (f"{label}: failed: rolled back to {where}"
                           + (f" ({err.get('code')}: {err.get('detail', '')})" if err else ""))
     if phase == "PARKED":
-        code = txn.get("last_error_code") or (svc.get("last_error") or {}).get("code", "UNKNOWN")
-        detail = txn.get("last_error_detail") or (svc.get("last_error") or {}).get("detail", "")
-        return "failed", f"{label}: failed: {code} {detail}".rstrip()
+        shown = svc.get("last_error") or {}
+        err = {"code": txn.get("last_error_code") or shown.get("code"),
+               "detail": txn.get("last_error_detail") or shown.get("detail", "")}
+        return "failed", f"{label}: failed: {_error_words(err)}"
     attempt = f", attempt {txn['attempt']}" if txn.get("attempt") else ""
     return None, f"{label}: phase {phase}{attempt}, on {where}"
 
@@ -388,5 +431,6 @@ VERBS = {
     "place": (add_place_arguments, main_place),
     "retry": (add_retry_arguments, main_retry),
     "rollback": (add_rollback_arguments, main_rollback),
+    "give-up": (add_give_up_arguments, main_give_up),
     "bundle": (add_bundle_arguments, main_bundle),
 }

@@ -11,6 +11,9 @@ Placement requests follow the order of docs/design.md, "Daemon lifecycle" (Admis
 -> parse (400 changes nothing) -> validate (404) -> durable write through the `PlacementIntake`
 -> 202. A failing write is a 500, never a 202. Errors are
 `{"error": {"code": ..., "detail": ...}}` with the stable codes of orchestrator/errors.py.
+The handlers never read custom_config.json while an engine runs: its operator facade checks
+the file once per request and finds an area's service (docs/architecture.md, "The route of a
+placement request"); only the bare application (no engine behind it) reads the file itself.
 
 Every request first passes `guard` (one middleware, applied by `build_app`; docs/operator.md,
 "Browser safety"): a Host that does not name this API is 421, a present Origin that is not
@@ -41,7 +44,7 @@ from monitord.base.hostport import split_hostport
 from monitord.store import spool_files
 from monitord.surface.admission import Admission
 from orchestrator import names
-from orchestrator.errors import ErrorCode, MonitordError, PermanentError
+from orchestrator.errors import ErrorCode, MonitordError, PermanentError, error_for
 
 if TYPE_CHECKING:
     from monitord.engine.operator_facade import OperatorFacade
@@ -59,6 +62,7 @@ LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 
 # The status an intake's refusal is answered with; any other MonitordError is a 500.
 _REFUSAL_STATUS = {
+    ErrorCode.UNKNOWN_AREA: 404,
     ErrorCode.TRANSACTION_CONFLICT: 409,
     ErrorCode.CONFIG_CORRUPT: 409,
 }
@@ -157,7 +161,8 @@ def mutating(handler: Handler) -> Handler:
         ticket = request.app[CONTEXT].admission.enter()
         if ticket is None:
             return error_response(
-                503, code="DRAINING", detail="not accepting changes (starting up or stopping)"
+                503, code=ErrorCode.DRAINING,
+                detail="not accepting changes (starting up or stopping)",
             )
         with ticket:
             return await handler(request)
@@ -206,19 +211,35 @@ async def _read_location(request: web.Request) -> str:
     return str(location)
 
 
-async def _record(
-    ctx: ApiContext, *, service: str, area: str | None, location: str
+def _refused(error: MonitordError) -> web.Response:
+    """An intake's refusal (404, 409) or a write that failed (500: nothing was recorded)."""
+    status = _REFUSAL_STATUS.get(error.code, 500)
+    detail = error.detail if status != 500 else f"not recorded: {error.detail}"
+    return error_response(status, code=error.code, detail=detail)
+
+
+def _accepted(
+    *, service: str, area: str | None, location: str, transaction_ids: list[str]
 ) -> web.Response:
-    try:
-        transaction_ids = await ctx.placement.record_placement(
-            service=service, area=area, location=location
-        )
-    except MonitordError as e:
-        status = _REFUSAL_STATUS.get(e.code, 500)
-        detail = e.detail if status != 500 else f"not recorded: {e.detail}"
-        return error_response(status, code=e.code, detail=detail)
     accepted = {"service": service, "area": area, "location": location}
     return web.json_response({**accepted, "transaction_ids": transaction_ids}, status=202)
+
+
+async def _area_placement(ctx: ApiContext, uuid: str, *, location: str) -> tuple[str, list[str]]:
+    """(the area's service, the transaction ids) of a recorded area placement; a MonitordError
+    refuses it (CONFIG_CORRUPT, UNKNOWN_AREA, TRANSACTION_CONFLICT, or a failed write)."""
+    if ctx.operator is not None:  # the engine's facade: one check of the file finds the area
+        return await ctx.operator.record_area_placement(uuid, location=location)
+    # No engine behind the API (health and placement only): the file names the area's service.
+    placement = await asyncio.to_thread(spool_files.read_custom_config, ctx.custom_config_path)
+    entry = placement.entry(uuid)
+    if entry is None:
+        raise error_for(
+            ErrorCode.UNKNOWN_AREA, f"area {uuid} is not in {ctx.custom_config_path.name}"
+        )
+    ids = await ctx.placement.record_placement(service=entry.service, area=uuid,
+                                               location=location)
+    return entry.service, ids
 
 
 @mutating
@@ -231,9 +252,16 @@ async def put_service_placement(request: web.Request) -> web.StreamResponse:
         return error_response(400, code=e.code, detail=e.detail)
     if service not in ctx.config.services:
         return error_response(
-            404, code="UNKNOWN_SERVICE", detail=f"service {service!r} is not configured"
+            404, code=ErrorCode.UNKNOWN_SERVICE, detail=f"service {service!r} is not configured"
         )
-    return await _record(ctx, service=service, area=None, location=location)
+    try:
+        transaction_ids = await ctx.placement.record_placement(
+            service=service, area=None, location=location
+        )
+    except MonitordError as e:
+        return _refused(e)
+    return _accepted(service=service, area=None, location=location,
+                     transaction_ids=transaction_ids)
 
 
 @mutating
@@ -245,16 +273,13 @@ async def put_area_placement(request: web.Request) -> web.StreamResponse:
     except BadRequest as e:
         return error_response(400, code=e.code, detail=e.detail)
     try:
-        placement = await asyncio.to_thread(spool_files.read_custom_config, ctx.custom_config_path)
-    except spool_files.ConfigCorrupt as e:
-        # The authoritative file is unreadable: nothing may move until it is fixed.
-        return error_response(409, code=e.code, detail=e.detail)
-    entry = placement.entry(uuid)
-    if entry is None:
-        return error_response(
-            404, code="UNKNOWN_AREA", detail=f"area {uuid} is not in {ctx.custom_config_path.name}"
-        )
-    return await _record(ctx, service=entry.service, area=uuid, location=location)
+        # An unreadable custom_config.json is 409 CONFIG_CORRUPT: nothing may move until it
+        # is fixed; an area it does not list is 404 UNKNOWN_AREA.
+        service, transaction_ids = await _area_placement(ctx, uuid, location=location)
+    except MonitordError as e:
+        return _refused(e)
+    return _accepted(service=service, area=uuid, location=location,
+                     transaction_ids=transaction_ids)
 
 
 async def livez(request: web.Request) -> web.StreamResponse:
@@ -330,7 +355,7 @@ def _refusal(request: web.Request) -> web.Response | None:
     host = _authority(request.headers.get("Host", ""))
     if host is None or host[0] not in hosts or host[1] not in ports:
         return error_response(
-            421, code="BAD_REQUEST",
+            421, code=ErrorCode.BAD_REQUEST,
             detail=f"Host {request.headers.get('Host', '(none)')!r} does not name this API;"
                    f" use http://{listen} or http://localhost:{split_hostport(listen)[1]}",
         )
@@ -340,14 +365,14 @@ def _refusal(request: web.Request) -> web.Response | None:
         named = _authority(rest) if scheme.lower() == "http" else None
         if named is None or named[0] not in hosts or named[1] not in ports:
             return error_response(
-                403, code="BAD_REQUEST",
+                403, code=ErrorCode.BAD_REQUEST,
                 detail=f"Origin {origin!r} is not this API's own page; cross-site requests are"
                        " refused",
             )
     if request.match_info.handler in _MUTATING:
         if request.content_type != "application/json":
             return error_response(
-                400, code="BAD_REQUEST",
+                400, code=ErrorCode.BAD_REQUEST,
                 detail=f"Content-Type must be application/json, got"
                        f" {request.headers.get('Content-Type', '(none)')!r}",
             )
@@ -358,7 +383,8 @@ def _refusal(request: web.Request) -> web.Response | None:
             charset = value.strip().strip('"')
             if name.strip().lower() == "charset" and charset.lower() not in ("utf-8", "utf8"):
                 return error_response(
-                    400, code="BAD_REQUEST", detail=f"charset must be utf-8, got {charset!r}"
+                    400, code=ErrorCode.BAD_REQUEST,
+                    detail=f"charset must be utf-8, got {charset!r}",
                 )
     return None
 
@@ -366,11 +392,12 @@ def _refusal(request: web.Request) -> web.Response | None:
 def _shaped(request: web.Request, e: web.HTTPException) -> web.Response:
     """aiohttp's own refusal (404, 405, 413, ...) in the API's error shape."""
     if e.status == 404:
-        code, detail = "NOT_FOUND", f"no such endpoint: {request.method} {request.path}"
+        code, detail = ErrorCode.NOT_FOUND, f"no such endpoint: {request.method} {request.path}"
     elif e.status == 405:
-        code, detail = "BAD_REQUEST", f"{request.method} is not allowed on {request.path}"
+        code = ErrorCode.BAD_REQUEST
+        detail = f"{request.method} is not allowed on {request.path}"
     else:
-        code = "BAD_REQUEST"
+        code = ErrorCode.BAD_REQUEST
         text = e.text or ""
         detail = text if text and text != f"{e.status}: {e.reason}" else e.reason
     allow = e.headers.get("Allow")

@@ -1,10 +1,11 @@
 """Read-side HTTP routes of the daemon and the documents behind them.
 
 `GET /v1/status`, `GET /v1/transactions`, `GET /v1/cleanup`, `GET /metrics`,
-`GET /v1/diagnostics/bundle`, the status page at `/`, and the two operator actions
-`POST /v1/services/{s}/retry` and `POST /v1/services/{s}/discard-remote-data` (admitted like
-every mutating request). Every handler asks the operator facade
-(monitord.engine.operator_facade) for its answer; nothing here reaches into the engine.
+`GET /v1/diagnostics/bundle`, the status page at `/`, and the operator actions
+`POST /v1/services/{s}/retry`, `POST /v1/services/{s}/discard-remote-data` and
+`POST /v1/services/{s}/give-up` (admitted like every mutating request). Every handler asks
+the operator facade (monitord.engine.operator_facade) for its answer; nothing here reaches
+into the engine.
 Host, Origin and Content-Type were checked by `http_api.guard` before any handler runs; bodies
 are read with `http_api.read_json` (deep nesting, non-UTF-8: 400, never a 500).
 Called by `monitord.surface.daemon`, which serves these routes whenever an engine is behind
@@ -28,6 +29,7 @@ from aiohttp import web
 from monitord.base.metrics import CONTENT_TYPE
 from monitord.surface import bundle, http_api
 from orchestrator.errors import ErrorCode, MonitordError
+from orchestrator.give_up import VpsNotFenced
 
 if TYPE_CHECKING:
     from monitord.engine.operator_facade import OperatorFacade
@@ -97,13 +99,13 @@ async def post_retry(request: web.Request) -> web.StreamResponse:
     return web.json_response({"service": service, "transaction_ids": ids}, status=202)
 
 
-@http_api.mutating
-async def post_discard_remote_data(request: web.Request) -> web.StreamResponse:
-    """The operator's override for rollbacks waiting on the destination's newer data:
-    body `{}` for every waiting area of the service, `{"area": UUID}` for one."""
-    operator = _operator(request)
+async def _service_and_area(
+    request: web.Request,
+) -> tuple[str, str | None] | web.StreamResponse:
+    """The service of the path (404 unless configured) and the body's optional area: `{}` for
+    every area of the service, `{"area": UUID}` for one; an error response otherwise."""
     service = request.match_info["service"]
-    if not operator.knows_service(service):
+    if not _operator(request).knows_service(service):
         return http_api.error_response(
             404, code="UNKNOWN_SERVICE", detail=f"service {service!r} is not configured"
         )
@@ -117,12 +119,52 @@ async def post_discard_remote_data(request: web.Request) -> web.StreamResponse:
         return http_api.error_response(
             400, code="BAD_REQUEST", detail='body must be {} or {"area": "<uuid>"}'
         )
+    return service, body.get("area") or None
+
+
+@http_api.mutating
+async def post_discard_remote_data(request: web.Request) -> web.StreamResponse:
+    """The operator's override for rollbacks waiting on the destination's newer data."""
+    target = await _service_and_area(request)
+    if isinstance(target, web.StreamResponse):
+        return target
+    service, area = target
     try:
-        ids = await operator.discard_remote_data(service, area=body.get("area") or None)
+        ids = await _operator(request).discard_remote_data(service, area=area)
     except MonitordError as e:
         status = 409 if e.code is ErrorCode.TRANSACTION_CONFLICT else 500
         return http_api.error_response(status, code=e.code, detail=e.detail)
     return web.json_response({"service": service, "transaction_ids": ids}, status=202)
+
+
+@http_api.mutating
+async def post_give_up(request: web.Request) -> web.StreamResponse:
+    """The VPS is given up for a service (or one area): 202 with the transactions taking its
+    areas home on the PBX's own copy; 409 VPS_NOT_FENCED with `retry_after_s` while a copy
+    there may still run, 409 TRANSACTION_CONFLICT when there is nothing to give up."""
+    target = await _service_and_area(request)
+    if isinstance(target, web.StreamResponse):
+        return target
+    service, area = target
+    operator = _operator(request)
+    if area is not None and not operator.knows_area(service, area):
+        return http_api.error_response(
+            404, code="UNKNOWN_AREA",
+            detail=f"area {area!r} of {service} is not in custom_config.json",
+        )
+    try:
+        ids = await operator.give_up_remote(service, area=area)
+    except VpsNotFenced as e:
+        return web.json_response(
+            {"error": {"code": e.code, "detail": e.detail}, "retry_after_s": e.retry_after_s,
+             "allowed_at": e.allowed_at},
+            status=409, headers={"Retry-After": str(e.retry_after_s)},
+        )
+    except MonitordError as e:
+        status = 409 if e.code is ErrorCode.TRANSACTION_CONFLICT else 500
+        return http_api.error_response(status, code=e.code, detail=e.detail)
+    return web.json_response({"service": service, "area": area, "transaction_ids": ids},
+                             status=202)
 
 
 async def get_metrics(request: web.Request) -> web.Response:
@@ -183,6 +225,7 @@ def routes() -> list[web.RouteDef]:
         web.get("/v1/cleanup", get_cleanup),
         web.post("/v1/services/{service}/retry", post_retry),
         web.post("/v1/services/{service}/discard-remote-data", post_discard_remote_data),
+        web.post("/v1/services/{service}/give-up", post_give_up),
         web.get("/metrics", get_metrics),
         web.get("/v1/diagnostics/bundle", get_bundle),
         web.route("*", "/{tail:.*}", not_found),  # must stay last

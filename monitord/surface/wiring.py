@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import time
 from pathlib import Path
 
 import asyncssh
@@ -158,13 +159,18 @@ class Orchestration:
             retry_backoff_base_s=config.monitord.retry_backoff_base_s,
             retry_backoff_cap_s=config.monitord.retry_backoff_cap_s,
             rollback_data_wait_s=config.monitord.rollback_data_wait_s,
+            vps_lost_after_s=config.monitord.vps_lost_after_s,
+            vps_lost_services=frozenset(
+                name for name, section in config.services.items()
+                if section.on_vps_lost == "home"
+            ),
+            vps_unreachable_since=lambda: self._down_since,
             on_finished=self._transaction_finished,
             loops=self.loops,
         )
         self.cleanup = CleanupWorker(
             store=ctx.store,
-            supervisor=self.supervisor,
-            remote=self.link,
+            sides=self.actions.sides,
             metrics=self.metrics,
             interval_s=config.monitord.cleanup_interval_s,
             lineage_of=self.state.lineage,
@@ -175,7 +181,7 @@ class Orchestration:
             store=ctx.store,
             supervisor=self.supervisor,
             remote=self.link,
-            actions=self.actions,
+            sides=self.actions.sides,
             metrics=self.metrics,
             intake_lock=self.engine.intake_lock,
             interval_s=config.monitord.reconcile_interval_s,
@@ -201,6 +207,7 @@ class Orchestration:
         self.remote_state = RemoteStateFile(ctx.remote_state_path)
         self._was_connected = False
         self._last_state: TunnelState | None = None
+        self._down_since: float | None = None  # monotonic, since the tunnel was last up
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -216,7 +223,7 @@ class Orchestration:
         await self.engine.recover()
         report = await self.supervisor.adopt_or_stop_survivors(self.actions.local_runs())
         log.info("survivors_handled", adopted=list(report.adopted), stopped=list(report.stopped),
-                 stuck=list(report.stuck))
+                 replaced=list(report.replaced), stuck=list(report.stuck))
         self.state.add_listener(self._state_changed)
         tasks = ctx.tasks
         # A guarded root task: if the supervisor's loop ever died, the daemon would say so
@@ -272,6 +279,11 @@ class Orchestration:
         # Count each conflict once, when the keeper enters the state (it publishes often).
         if status.state is TunnelState.LEASE_CONFLICT and self._last_state is not status.state:
             self.metrics.tunnel_lease_conflicts.inc()
+        if status.connected:
+            self._down_since = None
+        elif self._down_since is None:
+            # Unreachable since now (or since start-up): the clock of vps_lost_after_s.
+            self._down_since = time.monotonic()
         self._was_connected = status.connected
         self._last_state = status.state
 

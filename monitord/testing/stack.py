@@ -101,6 +101,9 @@ class ExternalVps:
     nats_listen: str = "127.0.0.1:4222"  # the reverse forwards' listen side on the VPS
     heartbeat_listen: str = "127.0.0.1:4223"
     proxy_jump: str | None = None  # remote.proxy_jump: the jump hosts in front of the VPS
+    # How the VPS starts a fake daemon (e.g. its own python3 and a copy of fake_daemon.py on
+    # a VPS of another Debian release); empty: this interpreter's `-m monitord.testing...`.
+    remote_daemon_argv: tuple[str, ...] = ()
 
 
 @dataclass
@@ -122,6 +125,8 @@ class StackOptions:
     external_vps: ExternalVps | None = None  # None: the in-process VpsServer
     nats_target: str | None = None  # "host:port" of a real NATS server on this machine
     remote_overrides: Mapping[str, Any] = field(default_factory=dict)  # merged into [remote]
+    monitord_overrides: Mapping[str, Any] = field(default_factory=dict)  # into [monitord]
+    service_overrides: Mapping[str, Any] = field(default_factory=dict)  # into each service
 
 
 class Stack:
@@ -209,6 +214,9 @@ class Stack:
             heartbeat_via_tunnel = heartbeat_vps
         fake = [sys.executable, "-m", "monitord.testing.fake_daemon", "--area", "{area}",
                 "--data", "{data_dir}", "--generation", "{generation}"]
+        remote_fake = fake
+        if external is not None and external.remote_daemon_argv:
+            remote_fake = [*external.remote_daemon_argv, *fake[3:]]
         document: dict[str, dict[str, Any]] = {
             "monitord": {
                 "work_dir": work,
@@ -220,6 +228,7 @@ class Stack:
                 "park_after_failures": o.park_after_failures,
                 "rollback_data": o.rollback_data,
                 "rollback_data_wait_s": o.rollback_data_wait_s,
+                **o.monitord_overrides,
                 "retry_backoff_base_s": 0.5,
                 "retry_backoff_cap_s": 5.0,
                 "legacy_grace_s": 2.0,
@@ -255,7 +264,7 @@ class Stack:
                 # straight to the detector: the VPS is this machine, so the detector sees a
                 # remote daemon even while the tunnel is cut — the split-brain check must
                 # not be blind exactly when a split brain could happen.
-                "remote_command": [*fake, "--side", "remote", "--heartbeat",
+                "remote_command": [*remote_fake, "--side", "remote", "--heartbeat",
                                    heartbeat_via_tunnel, "--heartbeat", det_direct,
                                    *o.remote_daemon_args],
                 "local_data_dir": f"{self.root}/pbx/{service}/{{area}}",
@@ -263,6 +272,7 @@ class Stack:
                 "min_uptime_s": o.min_uptime_s,
                 "healthcheck_timeout_s": o.healthcheck_timeout_s,
                 "parallelism": o.parallelism,
+                **o.service_overrides,
             }
             self.areas[service] = []
             for _ in range(count):

@@ -1,8 +1,9 @@
 """Starting, stopping and adopting the lease guards that run the agent's daemons.
 
 Layout under the agent's dir: `leases/{area}.json` (the lease file each guard watches),
-`run/{area}.json` (the guard's identity: pid + start time + argv, the generation and owner,
-so that a restarted agent can adopt or stop it — never by PID alone), `run/{area}.daemon`
+`run/{area}.json` (the guard's identity: pid + start time, with its argv, which names the
+daemon command; the generation and owner, so that a restarted agent can adopt or stop it —
+never by PID alone), `run/{area}.daemon`
 (the daemon's pid, written by the guard once it started it: believed only while that pid is
 a live child of the guard, it spares the agent a scan of /proc per look) and
 `logs/{area}.log` (guard and daemon output, through a log sink that caps and rotates it:
@@ -27,6 +28,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -323,6 +325,17 @@ class AreaRunner:
             area=area, service="", generation=-1, owner_id="", command=(), data_dir=""
         )
         return await self.stop(self.adopt(spec, identity), fence=True)
+
+
+def guard_daemon_command(guard_argv: Sequence[str]) -> tuple[str, ...] | None:
+    """The daemon command a lease guard was started with: its argv after the first `--`
+    (`spawn` puts the command there, and no guard option's value is `--`); None if there is
+    none. The guard is the interpreter itself, so its argv is what `spawn` passed, whatever
+    the daemon's kernel argv is (a `#!` script, a wrapper that execs)."""
+    try:
+        return tuple(guard_argv[list(guard_argv).index("--") + 1 :])
+    except ValueError:
+        return None
 
 
 def _reported_daemon(handle: GuardHandle) -> ProcessIdentity | None:

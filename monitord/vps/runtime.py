@@ -7,9 +7,12 @@ daemons whose lease lapsed (within the tick plus the fence grace), restarts cras
 with capped backoff while their lease is current, and reaps guards that exited.
 
 Start-up (`start()`), before the API answers: load the cache (entries come back without a
-lease), then look at the guards a previous agent left: adopt a guard whose identity, entry
-and still-current lease file all match; stop every other one. Lease files of entries that
-were not adopted are revoked: a grant given to a previous agent starts nothing now.
+lease), then look at the guards a previous agent left: adopt a guard whose identity (pid +
+start time), entry and still-current lease file all match and whose daemon command is the
+entry's (the guard's own argv names it: a `#!` script's kernel argv plays no part); stop
+every other one — a guard running another command with a `survivor_replaced` event,
+`reason: "command_changed"`. Lease files of entries that were not adopted are revoked: a
+grant given to a previous agent starts nothing now.
 
 Shutdown (`close()`) stops the loop but leaves the daemons to their guards: an agent upgrade
 or restart does not interrupt areas, and a daemon still stops when its lease lapses.
@@ -29,7 +32,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from monitord.base import log_sink, proc_identity, run_as, tree_digest
-from monitord.vps import event_log, lease_file, lease_table, spool_cache
+from monitord.vps import area_runner, event_log, lease_file, lease_table, spool_cache
 from monitord.vps.area_runner import AreaRunner, GuardHandle
 from monitord.vps.lease_table import AreaEntry, AreaSpec, CreateVerdict, GenerationCheck
 from orchestrator import names
@@ -127,6 +130,13 @@ class AgentRuntime:
                     lease.expires_at_wall - time.time(),
                     lease.expires_at_boottime - lease_file.boottime(),
                 )
+                command = area_runner.guard_daemon_command(identity.cmdline)
+                if command is not None and command != tuple(entry.spec.command):
+                    gone = await self.runner.stop_survivor(identity, area)
+                    log.warning("survivor_replaced", area=area, pid=identity.pid,
+                                reason="command_changed", verified_gone=gone,
+                                was=list(command), now=list(entry.spec.command))
+                    continue
                 if remaining > 0:
                     self._entries[area] = replace(entry, lease_expires=now + remaining)
                     self._handles[area] = self.runner.adopt(entry.spec, identity)
@@ -252,9 +262,12 @@ class AgentRuntime:
             log.warning("area_hand_back_failed", area=spec.area, data_dir=str(data_dir),
                         detail=e.strerror or str(e))
 
-    async def delete(self, area: str, *, generation: int) -> dict[str, Any]:
+    async def delete(self, area: str, *, generation: int, aside: bool = False
+                     ) -> dict[str, Any]:
         """DELETE /v1/areas/{area}: stop, then remove the data, the lease and the entry.
-        If the data cannot be removed the entry stays (stopped) and the caller retries."""
+        If the data cannot be removed the entry stays (stopped) and the caller retries.
+        With `aside` (a copy the operator gave up) the data dir is moved to
+        `{dir}/abandoned/{area}-g{generation}-{time}` instead, for forensics."""
         async with self._lock(area):
             entry = self._generation_checked(area, generation)
             if entry is None:
@@ -263,7 +276,10 @@ class AgentRuntime:
             spool_cache.save(self.cache_path, self._entries.values())
             await self._stop_process(area, fence=False)
             data_dir = Path(entry.spec.data_dir)
-            if data_dir.is_relative_to(self.base_dir) and data_dir != self.base_dir:
+            set_aside = None
+            if aside and data_dir.is_relative_to(self.base_dir) and data_dir != self.base_dir:
+                set_aside = self._set_aside(area, generation, data_dir)
+            elif data_dir.is_relative_to(self.base_dir) and data_dir != self.base_dir:
                 try:
                     shutil.rmtree(data_dir)
                 except FileNotFoundError:
@@ -280,8 +296,29 @@ class AgentRuntime:
             self.runner.revoke(area)
             del self._entries[area]
             spool_cache.save(self.cache_path, self._entries.values())
-            log.info("area_deleted", area=area, generation=generation)
-            return {"area": area, "result": "deleted", "generation": generation}
+            log.info("area_deleted", area=area, generation=generation, set_aside=set_aside)
+            return {"area": area, "result": "deleted", "generation": generation,
+                    "set_aside": set_aside}
+
+    def _set_aside(self, area: str, generation: int, data_dir: Path) -> str | None:
+        """Move a given-up area's data dir aside (a rename within the agent's dir); where it
+        went, or None when there was no data dir."""
+        if not data_dir.is_dir():
+            return None
+        aside_dir = self.base_dir / "abandoned"
+        aside_dir.mkdir(mode=0o700, exist_ok=True)
+        target = aside_dir / f"{area}-g{generation}-{int(time.time())}"
+        try:
+            os.rename(data_dir, target)
+        except OSError as e:
+            raise AgentError(
+                code="CLEANUP_STUCK",
+                detail=f"area {area}: cannot set {data_dir} aside: {e.strerror or e}",
+                status=500,
+            ) from e
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(f"{data_dir}.digests")
+        return str(target)
 
     async def promote(self, area: str, *, data_dir: str, expect: str) -> dict[str, Any]:
         """POST /v1/areas/{area}/promote: an upload's last step, here rather than in a new

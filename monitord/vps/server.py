@@ -261,7 +261,9 @@ async def stop_area(runtime: AgentRuntime, request: Request, name: str | None) -
 
 async def delete_area(runtime: AgentRuntime, request: Request, name: str | None) -> Response:
     area = _area(name)
-    return Response(200, await runtime.delete(area, generation=_generation_param(request)))
+    aside = request.query.get("aside", "0") == "1"  # a copy the operator gave up
+    return Response(200, await runtime.delete(area, generation=_generation_param(request),
+                                              aside=aside))
 
 
 async def promote_area_data(
@@ -303,26 +305,39 @@ async def renew_leases(runtime: AgentRuntime, request: Request, _: str | None) -
     return Response(200, result)
 
 
-_AREA = r"/v1/areas/(?P<name>[^/]*)"
-ROUTES: tuple[tuple[str, re.Pattern[str], Handler], ...] = (
-    ("GET", re.compile(r"/livez"), livez),
-    ("GET", re.compile(r"/readyz"), readyz),
-    ("GET", re.compile(r"/v1/inventory"), inventory),
-    ("GET", re.compile(_AREA), get_area),
-    ("GET", re.compile(_AREA + r"/health"), area_health),
-    ("PUT", re.compile(_AREA), put_area),
-    ("POST", re.compile(_AREA + r"/stop"), stop_area),
-    ("POST", re.compile(_AREA + r"/promote"), promote_area_data),
-    ("POST", re.compile(_AREA + r"/staging"), area_staging),
-    ("POST", re.compile(_AREA + r"/listing"), area_listing),
-    ("DELETE", re.compile(_AREA), delete_area),
-    ("POST", re.compile(r"/v1/leases/renew"), renew_leases),
+async def routes(runtime: AgentRuntime, request: Request, _: str | None) -> Response:
+    """What this agent serves, one `METHOD /path/{area}` a route, so that the PBX can choose
+    its way once (a copy through these routes, or a shell where one is missing) instead of
+    trying each route in turn."""
+    return Response(200, {"routes": [f"{method} {template}" for method, template, _ in ROUTES]})
+
+
+ROUTES: tuple[tuple[str, str, Handler], ...] = (
+    ("GET", "/livez", livez),
+    ("GET", "/readyz", readyz),
+    ("GET", "/v1/routes", routes),
+    ("GET", "/v1/inventory", inventory),
+    ("GET", "/v1/areas/{area}", get_area),
+    ("GET", "/v1/areas/{area}/health", area_health),
+    ("PUT", "/v1/areas/{area}", put_area),
+    ("POST", "/v1/areas/{area}/stop", stop_area),
+    ("POST", "/v1/areas/{area}/promote", promote_area_data),
+    ("POST", "/v1/areas/{area}/staging", area_staging),
+    ("POST", "/v1/areas/{area}/listing", area_listing),
+    ("DELETE", "/v1/areas/{area}", delete_area),
+    ("POST", "/v1/leases/renew", renew_leases),
+)
+# Each template as the pattern a raw path must match whole: `{area}` is one path segment.
+_PATTERNS = tuple(
+    (method, re.compile(re.escape(template).replace(re.escape("{area}"), "(?P<name>[^/]*)")),
+     handler)
+    for method, template, handler in ROUTES
 )
 
 
 def _route(request: Request) -> tuple[Handler, str | None] | Response:
     allowed = False
-    for method, pattern, handler in ROUTES:
+    for method, pattern, handler in _PATTERNS:
         match = pattern.fullmatch(request.path)
         if match is None:
             continue
@@ -334,7 +349,9 @@ def _route(request: Request) -> tuple[Handler, str | None] | Response:
         allowed = True
     if allowed:
         return error_response(status=405, code="BAD_REQUEST", detail="method not allowed")
-    return error_response(status=404, code="UNKNOWN_AREA", detail=f"no route {request.path}")
+    # Its own code: an UNKNOWN_AREA here made "no such route" look like "no such area".
+    return error_response(status=404, code="AGENT_ROUTE_MISSING",
+                          detail=f"no route {request.path}")
 
 
 def _authorized(request: Request, secret_path: Path) -> bool:

@@ -5,11 +5,13 @@ The local keeper (through lease_client.py) runs
 Every lease operation holds an exclusive flock on `{dir}/tunnel_lease.lock` while it reads
 `{dir}/tunnel_lease.json`, asks orchestrator/tunnel_lease.py what to do, and writes the new
 record atomically (temp file, fsync, rename, fsync dir). The caller's session identity is
-found by walking up the parent chain to the per-connection sshd process (PID + start time)
-plus $SSH_CONNECTION. Output is ONE JSON object on stdout; exit status 0 whenever a decision
+found by walking up the parent chain to the nearest SSH session process (PID + start time;
+`sshd` or `sshd-session`, never the listener: orchestrator/sshd_session.py) plus
+$SSH_CONNECTION. Output is ONE JSON object on stdout; exit status 0 whenever a decision
 was made (granted or refused: see "ok"), 2 for a usage or environment problem.
 
-`fence` terminates one sshd session (verified by PID + start time, never the caller's own).
+`fence` terminates one SSH session process (verified by PID + start time and recognised as a
+session, never the listener, never the caller's own).
 `serve` is what the keeper runs: one helper process for the life of a connection that
 answers JSON-line requests (the lease ops, fence, and the forward probe: bind a socket,
 report its source port, then connect to a reverse-forwarded port and do a nonce round trip,
@@ -199,10 +201,17 @@ def _locked(path: Path) -> Iterator[None]:
 
 
 # -- sessions ------------------------------------------------------------------------------
+# Which process is an SSH session is orchestrator/sshd_session.py's recognition; this module
+# only reads the facts it needs from /proc. PROC_ROOT is where: a test points it at a fake
+# process tree.
+PROC_ROOT = Path("/proc")
+_LISTEN = "0A"  # the LISTEN state in /proc/net/tcp
+
+
 def _stat(pid: int) -> tuple[str, int, int] | None:
     """(comm, ppid, start_ticks) of a live process, None if it is gone or a zombie."""
     try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
+        raw = (PROC_ROOT / str(pid) / "stat").read_text()
     except OSError:
         return None
     comm = raw[raw.index("(") + 1 : raw.rindex(")")]
@@ -223,8 +232,72 @@ def _ancestor_pids(pid: int) -> list[int]:
     return chain
 
 
+def _ssh_port(ssh_connection: str) -> int | None:
+    parsed = _tcp_tuple(ssh_connection)
+    return None if parsed is None else parsed[3]
+
+
+def _listening_inodes(port: int) -> set[str]:
+    """Socket inodes listening on TCP `port` (IPv4 and IPv6) in this network namespace."""
+    inodes: set[str] = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = (PROC_ROOT / "net" / table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if (len(fields) > 9 and fields[3] == _LISTEN
+                    and int(fields[1].rsplit(":", 1)[1], 16) == port):
+                inodes.add(fields[9])
+    return inodes
+
+
+def _listens_on(pid: int, port: int | None) -> bool | None:
+    """Does the process hold a socket listening on `port`? None: cannot tell (unknown port,
+    or another user's descriptors)."""
+    if port is None:
+        return None
+    listening = _listening_inodes(port)
+    fd_dir = PROC_ROOT / str(pid) / "fd"
+    try:
+        names = os.listdir(fd_dir)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return None
+    for name in names:
+        try:
+            target = os.readlink(fd_dir / name)
+        except OSError:
+            continue
+        if target.startswith("socket:[") and target[8:-1] in listening:
+            return True
+    return False
+
+
+def _role(pid: int, stat: tuple[str, int, int], *, ssh_port: int | None) -> Any:
+    """orchestrator/sshd_session.py's role of a live process."""
+    from orchestrator import sshd_session
+
+    parent = _stat(stat[1]) if stat[1] > 0 else None
+    listens = _listens_on(pid, ssh_port) if stat[0] in sshd_session.SSHD_COMMANDS else None
+    return sshd_session.role(sshd_session.ProcessFacts(
+        comm=stat[0], parent_comm="" if parent is None else parent[0],
+        listens_on_ssh_port=listens,
+    ))
+
+
+def _is_session(pid: int, stat: tuple[str, int, int], *, ssh_port: int | None) -> bool:
+    from orchestrator.sshd_session import Role
+
+    return bool(_role(pid, stat, ssh_port=ssh_port) is Role.SESSION)
+
+
 def _caller_session() -> Any:
-    """The per-connection sshd process above us, and $SSH_CONNECTION.
+    """The nearest SSH session process above us (the per-connection process that owns our
+    channel and forwards: `sshd` up to OpenSSH 9.7, `sshd-session` since 9.8, never the
+    listener), and $SSH_CONNECTION.
 
     An SSH server without a per-connection process (an embedded server such as the one
     `monitord demo` runs) is identified by $SSH_CONNECTION alone (sshd_pid 0): such a
@@ -233,9 +306,10 @@ def _caller_session() -> Any:
     from orchestrator.tunnel_lease import SessionIdentity
 
     ssh_connection = os.environ.get("SSH_CONNECTION", "")
+    ssh_port = _ssh_port(ssh_connection)
     for pid in _ancestor_pids(os.getppid()):
         stat = _stat(pid)
-        if stat is not None and stat[0] == "sshd":
+        if stat is not None and _is_session(pid, stat, ssh_port=ssh_port):
             return SessionIdentity(
                 sshd_pid=pid,
                 sshd_start_ticks=stat[2],
@@ -250,7 +324,11 @@ def _session_alive(session: Any) -> bool:
     if session.sshd_pid <= 0:
         return _tcp_established(session.ssh_connection)
     stat = _stat(session.sshd_pid)
-    return stat is not None and stat[0] == "sshd" and stat[2] == session.sshd_start_ticks
+    return (
+        stat is not None
+        and stat[2] == session.sshd_start_ticks
+        and _is_session(session.sshd_pid, stat, ssh_port=_ssh_port(session.ssh_connection))
+    )
 
 
 def _tcp_tuple(ssh_connection: str) -> tuple[str, int, str, int] | None:
@@ -284,7 +362,7 @@ def _tcp_established(ssh_connection: str) -> bool:
     if local is None or remote is None:
         return True
     try:
-        lines = Path("/proc/net/tcp").read_text().splitlines()[1:]
+        lines = (PROC_ROOT / "net" / "tcp").read_text().splitlines()[1:]
     except OSError:
         return True
     for line in lines:
@@ -295,16 +373,19 @@ def _tcp_established(ssh_connection: str) -> bool:
 
 
 def _fence(pid: int, start_ticks: int) -> bool:
-    """End that exact sshd session: SIGTERM, then SIGKILL; True once it is gone.
+    """End that exact SSH session process: SIGTERM, then SIGKILL; True once it is gone.
 
-    Refuses (False) for a process that is not an sshd, has another start time (a reused
+    Refuses (False) for a process that is not a session by orchestrator/sshd_session.py
+    (the listener, a pre-auth helper, anything not sshd), has another start time (a reused
     PID), or is one of our own ancestors (our own live session)."""
     if pid <= 0:
         return False  # a session without its own process cannot be fenced; wait for it
     stat = _stat(pid)
     if stat is None:
         return True
-    if stat[0] != "sshd" or stat[2] != start_ticks or pid in _ancestor_pids(os.getpid()):
+    ssh_port = _ssh_port(os.environ.get("SSH_CONNECTION", ""))
+    if (stat[2] != start_ticks or not _is_session(pid, stat, ssh_port=ssh_port)
+            or pid in _ancestor_pids(os.getpid())):
         return False
     for sig, wait_s in ((signal.SIGTERM, FENCE_TIMEOUT_S / 2), (signal.SIGKILL, FENCE_TIMEOUT_S)):
         with contextlib.suppress(ProcessLookupError):

@@ -1,7 +1,9 @@
 """Fixtures of the fault tier: a namespace VPS with real OpenSSH, a real nats-server on the
 PBX side, and whole installations (`Stack`) pointed at them.
 
-`netns_vps` is a fresh network namespace with sshd (see netns_vps.py); `jump_host` a second
+`netns_vps` is a fresh network namespace with sshd (see netns_vps.py) — this machine's, or,
+parametrised indirectly with a Debian suite (`RELEASE_MATRIX`), that release's sshd and python3
+chrooted into its cached root (debian_root.py); `jump_host` a second
 one in front of it, through which alone the PBX reaches that sshd; `nats` a PBX-side
 nats-server; `fault_stack(**options)` starts a `Stack` whose VPS is that namespace and whose
 `nats` reverse forward leads to that nats-server (remote fake daemons report heartbeats
@@ -16,7 +18,9 @@ Every test here needs root, iproute2, nft, sshd and nats-server; without them it
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import shutil
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -24,8 +28,9 @@ from typing import Any
 
 import pytest
 
+from monitord.testing import fake_daemon
 from monitord.testing.stack import ExternalVps, Stack
-from tests.faults import monitord_process
+from tests.faults import debian_root, monitord_process
 from tests.faults.monitord_process import MonitordRun
 from tests.faults.nats_server import NatsServer, can_run_nats, running_nats_server
 from tests.faults.netns_vps import (
@@ -49,11 +54,36 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 item.add_marker(pytest.mark.skip(reason="needs root, ip, nft and sshd"))
             elif not can_run_nats():
                 item.add_marker(pytest.mark.skip(reason="needs nats-server"))
+            elif _on_a_debian_root(item) and not debian_root.can_build_roots():
+                item.add_marker(pytest.mark.skip(reason="needs mmdebstrap or built roots"))
+
+
+def _on_a_debian_root(item: pytest.Item) -> bool:
+    callspec = getattr(item, "callspec", None)
+    return callspec is not None and "netns_vps" in callspec.params
+
+
+# The VPS releases every release-dependent promise is proven on (docs/vps-setup.md's table):
+# `@pytest.mark.parametrize("netns_vps", RELEASE_MATRIX, indirect=True)`.
+RELEASE_MATRIX = list(debian_root.RELEASES)
+FAKE_DAEMON = Path(fake_daemon.__file__)
+
+
+# The same with a dedicated non-root login, as docs/vps-setup.md sets a VPS up ("SUITE:USER").
+RELEASE_MATRIX_AS_LOGIN_USER = [f"{suite}:offload" for suite in RELEASE_MATRIX]
 
 
 @pytest.fixture
-async def netns_vps(tmp_path: Path) -> AsyncIterator[NetnsVps]:
-    async with running_netns_vps(tmp_path / "vps") as vps:
+async def netns_vps(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[NetnsVps]:
+    param: str | None = getattr(request, "param", None)
+    if param is None:
+        async with running_netns_vps(tmp_path / "vps") as vps:
+            yield vps
+        return
+    suite, _, login = param.partition(":")
+    root = await asyncio.to_thread(debian_root.debian_root, suite)
+    async with running_netns_vps(tmp_path / "vps", debian_root=root, shared=tmp_path,
+                                 login=login or "root") as vps:
         yield vps
 
 
@@ -71,10 +101,18 @@ async def nats(tmp_path: Path) -> AsyncIterator[NatsServer]:
 
 
 def external_vps(vps: NetnsVps) -> ExternalVps:
+    """The stack's view of the VPS. On a Debian root the fake daemons run under that
+    release's python3, from a copy of their one stdlib-only file the VPS can see."""
+    daemon_argv: tuple[str, ...] = ()
+    if vps.debian_root is not None:
+        copy = vps.root / "fake_daemon.py"
+        shutil.copyfile(FAKE_DAEMON, copy)
+        daemon_argv = ("python3", str(copy))
     return ExternalVps(
         host=vps.vps_address, port=vps.port, user=vps.user,
         key_file=vps.client_key.private_path, known_hosts=vps.known_hosts,
         remote_bin_dir=vps.remote_bin_dir, observer_host=vps.pbx_address,
+        remote_daemon_argv=daemon_argv,
     )
 
 

@@ -7,9 +7,11 @@
   `mtd<hex>v` (VPS side, 10.231.N.2/30, inside the namespace);
 - OpenSSH `sshd -D -e -f CONFIG` started with `ip netns exec`, listening on 10.231.N.2:22,
   root logins by a client key generated at run time, authorised as docs/vps-setup.md says
-  (`restrict,port-forwarding`); CONFIG is the documented config/sshd_config.monitord first,
-  then the test's own lines (`documented_sshd_config`), so a black-holed session and its
-  forwards stay until sshd's ClientAlive probes (45 s) or a fence end them.
+  (`restrict,port-forwarding`); CONFIG is the test's own lines with forwarding off for
+  everyone, then the documented config/sshd_config.monitord with its `Match User` naming
+  root (`documented_sshd_config`): only that block lets the login forward, and a
+  black-holed session and its forwards stay until sshd's ClientAlive probes (45 s) or a
+  fence end them.
 
 Everything the agent starts over SSH inherits the namespace, so processes "on the VPS" see
 only the VPS network: 127.0.0.1 there is the VPS's own loopback, and the PBX is reachable only
@@ -55,6 +57,29 @@ FAULT_TABLE = "mtd_fault"
 # What docs/vps-setup.md tells a VPS to run with: its sshd lines and its authorized_keys options.
 DOCUMENTED_SSHD_CONFIG = Path(__file__).parents[2] / "config" / "sshd_config.monitord"
 AUTHORIZED_KEY_OPTIONS = "restrict,port-forwarding"
+DOCUMENTED_USER = "offload"  # the login user the documented block's `Match User` names
+LOGIN_UID = 2000  # of a non-root login added to a Debian root
+_FORWARDING_OFF = {
+    "allowtcpforwarding": "AllowTcpForwarding no",
+    "allowstreamlocalforwarding": "AllowStreamLocalForwarding no",
+}
+# $1 the Debian root, $2 the shared directory, $3 a directory of passwd, group and shadow
+# files to use instead of the root's ("-": the root's own), then sshd's argv.
+CHROOT_SCRIPT = r"""
+set -e
+root="$1"; shared="$2"; accounts="$3"; shift 3
+if [ "$accounts" != "-" ]; then
+    for f in passwd group shadow; do mount --bind "$accounts/$f" "$root/etc/$f"; done
+fi
+mount -t proc proc "$root/proc"
+mount --rbind /dev "$root/dev"
+mount -t tmpfs -o mode=0755 tmpfs "$root/run"
+mkdir -p "$root/run/sshd"
+mount -t tmpfs -o mode=1777 tmpfs "$root/tmp"
+mkdir -p "$root$shared"
+mount --bind "$shared" "$root$shared"
+exec chroot "$root" "$@"
+"""
 
 
 class NetnsError(RuntimeError):
@@ -121,6 +146,11 @@ class NetnsVps:
     spawned: list[asyncio.subprocess.Process] = field(default_factory=list)
     user: str = "root"
     port: int = SSH_PORT
+    # A Debian root (tests/faults/debian_root.py) sshd runs chrooted into, and the directory
+    # the tests share with it (bind-mounted at the same path); None: this machine's sshd.
+    debian_root: Path | None = None
+    shared: Path | None = None
+    accounts: Path | None = None  # passwd, group, shadow with the login user added
 
     @property
     def remote_bin_dir(self) -> Path:
@@ -168,11 +198,25 @@ class NetnsVps:
 
     # -- sshd ----------------------------------------------------------------------------
 
+    def sshd_argv(self) -> list[str]:
+        """This machine's sshd, or (with `debian_root`) that release's, chrooted into its root
+        in a mount namespace of its own: /proc, /dev, a fresh /run and /tmp, and `shared` at
+        its own path. The mounts die with the namespace's last process."""
+        sshd_argv = [str(SSHD_BINARY), "-D", "-e", "-f", str(self.config_path)]
+        if self.debian_root is None:
+            return self.netns_argv(sshd_argv)
+        assert self.shared is not None
+        return self.netns_argv([
+            "unshare", "--mount", "--propagation", "private", "/bin/sh", "-c", CHROOT_SCRIPT,
+            "chroot-sshd", str(self.debian_root), str(self.shared),
+            str(self.accounts or "-"), *sshd_argv,
+        ])
+
     async def start_sshd(self) -> None:
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # privilege separation dir
         with self.log_path.open("ab") as log_file:
             self.sshd = await asyncio.create_subprocess_exec(
-                *self.netns_argv([str(SSHD_BINARY), "-D", "-e", "-f", str(self.config_path)]),
+                *self.sshd_argv(),
                 stdin=asyncio.subprocess.DEVNULL, stdout=log_file, stderr=log_file,
             )
         await self._wait_accepting()
@@ -219,6 +263,19 @@ class NetnsVps:
         )
         run_command(self.netns_argv([NFT_BINARY, "-f", "-"]), stdin=rules)
 
+    def black_hole_client(self, client_port: int) -> None:
+        """Drop every packet of the one SSH connection from `client_port`, both ways,
+        silently: that session goes stale on the VPS while new connections still work."""
+        rules = (
+            f"table inet {FAULT_TABLE} {{\n"
+            f"  chain input {{ type filter hook input priority -10; policy accept;\n"
+            f"    tcp dport {self.port} tcp sport {client_port} drop\n  }}\n"
+            f"  chain output {{ type filter hook output priority -10; policy accept;\n"
+            f"    tcp sport {self.port} tcp dport {client_port} drop\n  }}\n"
+            "}\n"
+        )
+        run_command(self.netns_argv([NFT_BINARY, "-f", "-"]), stdin=rules)
+
     def heal(self) -> None:
         """Remove the black hole (SSH packets flow again)."""
         run_command(self.netns_argv([NFT_BINARY, "delete", "table", "inet", FAULT_TABLE]))
@@ -235,7 +292,21 @@ class NetnsVps:
         await self.start_sshd()
 
 
-def _build(tmp: Path) -> NetnsVps:
+def _add_login(debian_root: Path, accounts: Path, *, login: str, home: Path) -> None:
+    """The root's account files plus `login` (no password, not locked: key only)."""
+    accounts.mkdir()
+    lines = {
+        "passwd": f"{login}:x:{LOGIN_UID}:{LOGIN_UID}::{home}:/bin/sh\n",
+        "group": f"{login}:x:{LOGIN_UID}:\n",
+        "shadow": f"{login}:*:20000:0:99999:7:::\n",
+    }
+    for name, line in lines.items():
+        (accounts / name).write_text((debian_root / "etc" / name).read_text() + line)
+    (accounts / "shadow").chmod(0o640)
+
+
+def _build(tmp: Path, *, debian_root: Path | None = None, shared: Path | None = None,
+           match_user: str = "root", login: str = "root") -> NetnsVps:
     token = secrets.token_hex(3)
     name, pbx_dev, vps_dev = f"mtd-{token}", f"mtd{token}p", f"mtd{token}v"
     tmp.mkdir(parents=True, exist_ok=True)
@@ -248,27 +319,41 @@ def _build(tmp: Path) -> NetnsVps:
     config_path.write_text(documented_sshd_config(sshd.config_text(
         port=SSH_PORT, listen=vps_address, host_key=host_key.private_path,
         authorized=authorized, pid_file=tmp / "sshd.pid",
-    )))
+    ), user=match_user))
     known_hosts = tmp / "known_hosts"
     known_hosts.write_text(ssh_keys.known_hosts_line(
         host=vps_address, port=SSH_PORT, host_public_line=host_key.public_line
     ))
+    accounts = None
+    if login != "root":
+        # As docs/vps-setup.md sets the VPS up: a login user owning remote_bin_dir (0700),
+        # who may traverse the test's directory to reach it.
+        assert debian_root is not None and shared is not None
+        accounts = tmp / "accounts"
+        _add_login(debian_root, accounts, login=login, home=tmp)
+        shared.chmod(0o755)
+        bin_dir = tmp / "opt"
+        bin_dir.mkdir(mode=0o700)
+        os.chown(bin_dir, LOGIN_UID, LOGIN_UID)
     return NetnsVps(
         name=name, pbx_dev=pbx_dev, vps_dev=vps_dev, pbx_address=pbx_address,
         vps_address=vps_address, root=tmp, host_key=host_key, client_key=client_key,
         known_hosts=known_hosts, config_path=config_path, log_path=tmp / "sshd.log",
+        debian_root=debian_root, shared=shared, accounts=accounts, user=login,
     )
 
 
-def documented_sshd_config(test_lines: str) -> str:
-    """The documented sshd lines first (sshd keeps the first value of a keyword, as with the
-    documented drop-in), then the test's own lines minus the keywords they set."""
-    documented = DOCUMENTED_SSHD_CONFIG.read_text()
-    keywords = {line.split()[0].lower() for line in documented.splitlines()
-                if line.strip() and not line.lstrip().startswith("#")}
+def documented_sshd_config(test_lines: str, *, user: str) -> str:
+    """The test's own lines as the global settings, with forwarding off for everyone (as on a
+    VPS whose other accounts get none), then the documented block with its `Match User`
+    naming `user`: only that block lets monitord's login forward."""
     own = [line for line in test_lines.splitlines()
-           if line.strip() and line.split()[0].lower() not in keywords]
-    return documented + "\n".join(own) + "\n"
+           if line.strip() and line.split()[0].lower() not in _FORWARDING_OFF]
+    documented = DOCUMENTED_SSHD_CONFIG.read_text()
+    match_line = f"Match User {DOCUMENTED_USER}\n"
+    assert match_line in documented, f"{DOCUMENTED_SSHD_CONFIG} has no {match_line!r}"
+    return ("\n".join([*own, *_FORWARDING_OFF.values()]) + "\n"
+            + documented.replace(match_line, f"Match User {user}\n"))
 
 
 def _create_network(vps: NetnsVps) -> None:
@@ -293,9 +378,18 @@ def _delete_network(vps: NetnsVps) -> None:
 
 
 @contextlib.asynccontextmanager
-async def running_netns_vps(tmp: Path) -> AsyncIterator[NetnsVps]:
-    """Build the namespace, veth and sshd; always tear all of it down on exit."""
-    vps = _build(tmp)
+async def running_netns_vps(
+    tmp: Path, *, debian_root: Path | None = None, shared: Path | None = None,
+    match_user: str | None = None, login: str = "root",
+) -> AsyncIterator[NetnsVps]:
+    """Build the namespace, veth and sshd; always tear all of it down on exit. With
+    `debian_root`, the VPS runs that root's sshd and python3 (`shared`: the directory the
+    tests and the VPS both see, at the same path; it must hold `tmp`). `match_user`: whom
+    the documented `Match User` block names (default: the login; another user: the login
+    gets no forwarding). `login` (with `debian_root`): the user monitord logs in as; other
+    than root, it is added to the root's accounts and owns `remote_bin_dir`."""
+    vps = _build(tmp, debian_root=debian_root, shared=shared,
+                 match_user=login if match_user is None else match_user, login=login)
     try:
         _create_network(vps)
         await vps.start_sshd()

@@ -10,8 +10,10 @@ import sys
 import time
 from typing import Any
 
+import pytest
+
 from monitord.testing.stack import Stack
-from tests.faults.conftest import FaultStackFactory
+from tests.faults.conftest import RELEASE_MATRIX, FaultStackFactory
 from tests.faults.netns_vps import NetnsVps
 
 L2R = "local_to_remote"
@@ -39,8 +41,10 @@ def local_lives_since(stack: Stack, area: str, since: float) -> list[Any]:
     ]
 
 
+@pytest.mark.parametrize("netns_vps", RELEASE_MATRIX, indirect=True)
 class TestForeignListenerOnTheNatsPort:
-    """A non-sshd process holding 4222 on the VPS shows as PORT_OCCUPIED, and clears when freed."""
+    """A process that is no SSH session holding 4222 on the VPS shows as PORT_OCCUPIED, and
+    clears when freed (on each Debian release: the diagnosis reads that release's `ss`)."""
 
     async def test_port_occupied_is_named_in_status_and_recovers_when_freed(
         self, fault_stack: FaultStackFactory, netns_vps: NetnsVps
@@ -115,8 +119,10 @@ class TestBlackHoleDuringCopy:
         await stack.wait_settled(expect={"tg": "remote"}, timeout_s=90)
 
 
+@pytest.mark.parametrize("netns_vps", RELEASE_MATRIX, indirect=True)
 class TestLinkDownUnderRemoteAreas:
-    """With the veth down, committed remote areas are never started locally; they come back."""
+    """With the veth down, committed remote areas are never started locally; they come back
+    (on each Debian release: the VPS's lease guards, under its python3, stop the daemons)."""
 
     async def test_link_down_never_starts_the_source_and_recovers_on_link_up(
         self, fault_stack: FaultStackFactory, netns_vps: NetnsVps

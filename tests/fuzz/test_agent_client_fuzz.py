@@ -37,6 +37,7 @@ VALID = {
     "livez": {"status": "alive"},
     "health": {"area": "a1", "generation": 3, "running": True, "pid": 42, "uptime_s": 0.6,
                "healthy": True},
+    "routes": {"routes": ["GET /livez", "POST /v1/areas/{area}/promote"]},
 }
 METHODS = list(VALID) + ["inventory_raw"]
 # The limits as shipped, fixed here: the demo below switches the client's off.
@@ -175,7 +176,18 @@ async def call(client: AgentClient, method: str) -> Any:
         return await client.renew(owner_id="o", ttl_s=30, areas={"a1": 3})
     if method == "health":
         return await client.health(area="a1", generation=3, min_uptime_s=0.5, wait_s=0.1)
+    if method == "routes":
+        return await client.routes()
     return await client.livez()
+
+
+def _says_no_such_route(plan: Plan) -> bool:
+    """An error answer whose code says the path is not served: the routes question's 'none'
+    (an agent older than that route)."""
+    error = plan.payload.get("error") if isinstance(plan.payload, dict) else None
+    return (plan.body == "json" and 400 <= plan.status < 500 and plan.status not in (401, 409)
+            and isinstance(error, dict)
+            and error.get("code") in ("AGENT_ROUTE_MISSING", "UNKNOWN_AREA"))
 
 
 def _well_typed(method: str, value: Any) -> bool:
@@ -189,6 +201,8 @@ def _well_typed(method: str, value: Any) -> bool:
         return isinstance(value, AreaHealth) and isinstance(value.healthy, bool) and (
             value.uptime_s is None or isinstance(value.uptime_s, float)) and (
             not value.healthy or (value.uptime_s is not None and value.uptime_s >= 0.499))
+    if method == "routes":
+        return isinstance(value, frozenset) and all(isinstance(r, str) for r in value)
     if method == "renew":
         return isinstance(value, dict) and all(
             isinstance(k, str) and isinstance(v, RenewResult) and isinstance(v.result, str)
@@ -213,6 +227,9 @@ async def check_call(double: Double, method: str, plan: Plan) -> None:
     assert _well_typed(method, value), (method, value)
     if method == "livez":
         assert value is (200 <= plan.status < 300 and plan.body != "huge"), (plan, value)
+        return
+    if method == "routes" and _says_no_such_route(plan):
+        assert value == frozenset(), (plan, value)
         return
     assert plan.body != "huge", f"{method}: an answer over the limit was accepted"
     assert 200 <= plan.status < 300, f"{method}: HTTP {plan.status} accepted"

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from monitord.testing.stack import free_port
+from orchestrator import sshd_session
 from tests.support import ssh_keys
 
 SSHD_BINARY = Path("/usr/sbin/sshd")
@@ -48,8 +49,10 @@ class Sshd:
         return self.process.pid
 
     def session_pids(self) -> list[int]:
-        """PIDs of every sshd process serving a connection (all descendants named sshd)."""
-        return [pid for pid in _descendants(self.pid) if _comm(pid) == "sshd"]
+        """PIDs of every sshd process serving a connection: the listener's descendants named
+        `sshd` (OpenSSH <= 9.7) or `sshd-session` (>= 9.8; orchestrator/sshd_session.py)."""
+        return [pid for pid in _descendants(self.pid)
+                if _comm(pid) in sshd_session.SSHD_COMMANDS]
 
     def session_pid_for_client_port(self, client_port: int) -> int | None:
         """The per-connection sshd whose TCP peer is 127.0.0.1:client_port, if any."""

@@ -86,13 +86,13 @@ class TestTranslate:
     def test_with_ssh_unreachable_as_the_default_everything_but_specifics_is_unreachable(
         self, error: BaseException, code: ErrorCode
     ) -> None:
-        """What remote_exec, the lease helper, the forwards and area_copy pass."""
+        """What remote_exec, the lease helper, the forwards and the copy pass."""
         translated = ssh_errors.translate(error, code=ErrorCode.SSH_UNREACHABLE, during=DURING)
         expected = ErrorCode.SSH_UNREACHABLE if code is ErrorCode.PROVISION_FAILED else code
         _assert_typed(translated, expected)
 
     def test_the_caller_names_what_running_out_of_time_means(self) -> None:
-        """area_copy: a transfer that does not finish is COPY_INCOMPLETE, not SSH_TIMEOUT."""
+        """The copy: a transfer that does not finish is COPY_INCOMPLETE, not SSH_TIMEOUT."""
         translated = ssh_errors.translate(
             TimeoutError(), code=ErrorCode.SSH_UNREACHABLE, during=DURING,
             timeout_code=ErrorCode.COPY_INCOMPLETE, timeout_s=600.0,

@@ -249,6 +249,10 @@ class TestReconnectBackoff:
 SS_SSHD = """LISTEN 0      128    127.0.0.1:4222 0.0.0.0:* users:(("sshd",pid=6200,fd=5))
 @@stat
 6200 (sshd) S 6196 6196 6196 0 -1 4194560 700 0 0 0 1 2 0 0 20 0 1 0 987654 1 2 3
+@@parent
+6196 (sshd) S 700 6196 6196 0 -1 4194560 700 0 0 0 1 2 0 0 20 0 1 0 987650 1 2 3
+@@sshd_listen
+LISTEN 0      128    0.0.0.0:22 0.0.0.0:* users:(("sshd",pid=700,fd=3))
 @@estab
 0 0 127.0.0.1:22 127.0.0.1:50104 users:(("sshd",pid=6300,fd=4)) bbr lastsnd:4 lastrcv:9 lastack:4
 0 0 127.0.0.1:22 127.0.0.1:50200 users:(("sshd",pid=6200,fd=4)) lastsnd:10 lastrcv:4016 lastack:9

@@ -1,15 +1,20 @@
 """Who holds a TCP port on the VPS, observed with `ss` over the keeper's own connection.
 
 One exec runs a fixed /bin/sh script (the port travels as "$1", never as script text):
-1. `ss -Htlnp 'sport = :PORT'` — the listener and its process (`users:(("sshd",pid=P,…))`);
-2. for that PID: its start time (field 22 of /proc/P/stat) so a fence can never hit a
-   reused PID;
-3. `ss -HtnpiO state established '( sport = :SSHD_PORT )'` — the sshd's client sockets with
-   `lastrcv:` (ms since the client last sent anything), SSHD_PORT taken from our own
+1. `ss -Htlnp 'sport = :PORT'` — the listener and its process
+   (`users:(("sshd-session",pid=P,…))`, `("sshd",…)` up to OpenSSH 9.7);
+2. for that PID: /proc/P/stat (its start time, field 22, so a fence can never hit a reused
+   PID) and its parent's /proc/PPID/stat (the parent's command name);
+3. `ss -Htlnp 'sport = :SSHD_PORT'` — who listens on the SSH port itself (the listener);
+4. `ss -HtnpiO state established '( sport = :SSHD_PORT )'` — the sessions' client sockets
+   with `lastrcv:` (ms since the client last sent anything), SSHD_PORT taken from our own
    $SSH_CONNECTION.
-The text is parsed here into an orchestrator `PortHolder`; forwards.py asks
-orchestrator/forward_diagnosis.py what it means. Fencing itself goes through
-`monitord tunnel-lease fence` (lease_client.py), which re-checks the identity on the VPS.
+The text is parsed here into an orchestrator `PortHolder`: the holder is an SSH session
+(`HolderKind.SSHD`) only if orchestrator/sshd_session.py recognises it as one — the
+recognition the VPS side's lease and fence use — so the listener, a pre-auth helper or any
+other program is foreign. forwards.py asks orchestrator/forward_diagnosis.py what it means.
+Fencing itself goes through `monitord tunnel-lease fence` (lease_client.py), which re-checks
+the identity on the VPS.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from dataclasses import dataclass
 import asyncssh
 
 from monitord.remote import remote_exec
+from orchestrator import sshd_session
 from orchestrator.errors import ErrorCode, TransientError
 from orchestrator.forward_diagnosis import HolderKind, PortHolder
 
@@ -29,8 +35,13 @@ ss -Htlnp "sport = :$port" 2>&1
 echo '@@stat'
 pid=$(ss -Htlnp "sport = :$port" | sed -n 's/.*pid=\([0-9][0-9]*\),.*/\1/p' | head -n 1)
 [ -n "$pid" ] && cat "/proc/$pid/stat" 2>/dev/null
-echo '@@estab'
+echo '@@parent'
+ppid=$( [ -n "$pid" ] && sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f2)
+[ -n "$ppid" ] && cat "/proc/$ppid/stat" 2>/dev/null
 sshd_port="${SSH_CONNECTION##* }"
+echo '@@sshd_listen'
+ss -Htlnp "sport = :$sshd_port" 2>&1
+echo '@@estab'
 ss -HtnpiO state established "( sport = :$sshd_port )" 2>&1
 echo '@@self'
 echo "$SSH_CONNECTION"
@@ -38,6 +49,10 @@ echo "$SSH_CONNECTION"
 
 _USERS = re.compile(r'users:\(\("(?P<name>[^"]*)",pid=(?P<pid>\d+),')
 _LASTRCV = re.compile(r"\blastrcv:(\d+)")
+_ROLE_NOTE = {
+    sshd_session.Role.LISTENER: ": the VPS's sshd listener itself",
+    sshd_session.Role.PRE_AUTH: ": an unauthenticated connection's helper",
+}
 
 
 @dataclass(frozen=True)
@@ -93,8 +108,13 @@ def parse_probe(text: str, *, port: int) -> HolderObservation:
     pid = int(users["pid"])
     name = users["name"]
     start_ticks = _start_ticks(sections.get("stat", []))
-    if name != "sshd":
-        holder = PortHolder(port=port, kind=HolderKind.OTHER, pid=pid, command=name)
+    role = sshd_session.role(sshd_session.ProcessFacts(
+        comm=name, parent_comm=_comm(sections.get("parent", [])),
+        listens_on_ssh_port=_listens_on_ssh_port(sections.get("sshd_listen", []), pid),
+    ))
+    if role is not sshd_session.Role.SESSION:
+        command = name + _ROLE_NOTE.get(role, "")
+        holder = PortHolder(port=port, kind=HolderKind.OTHER, pid=pid, command=command)
         return HolderObservation(holder=holder, start_ticks=start_ticks, our_ssh_connection=ours)
     lastrcv_s: float | None = None
     client = ""
@@ -112,6 +132,23 @@ def parse_probe(text: str, *, port: int) -> HolderObservation:
         client=client,
     )
     return HolderObservation(holder=holder, start_ticks=start_ticks, our_ssh_connection=ours)
+
+
+def _comm(lines: list[str]) -> str:
+    """The command name in a /proc/PID/stat line ("" if there is none)."""
+    if not lines or "(" not in lines[0] or ")" not in lines[0]:
+        return ""
+    raw = lines[0]
+    return raw[raw.index("(") + 1 : raw.rindex(")")]
+
+
+def _listens_on_ssh_port(lines: list[str], pid: int) -> bool | None:
+    """Is `pid` among the processes listening on the SSH port? None when `ss` named no
+    process there (another user's sockets: not ours to see)."""
+    named = [line for line in lines if _USERS.search(line)]
+    if not named:
+        return None
+    return any(f"pid={pid}," in line for line in named)
 
 
 def _start_ticks(lines: list[str]) -> int | None:

@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from monitord.base import proc_identity, tree_digest
+from monitord.remote.agent_client import AgentClient, unix_channel
+from monitord.remote.copy import AreaCopy, vps_tree
 from monitord.testing.split_brain import Detector
 from tests.integration.agent.conftest import area_body
 from tests.support.agent_process import AgentProcess
@@ -401,3 +403,31 @@ class TestListing:
             status, answer = await agent.request("POST", f"/v1/areas/{AREA}/listing",
                                                  json_body=body)
             assert (status, answer["error"]["code"]) == (400, "BAD_REQUEST"), (body, answer)
+
+
+class TestRoutes:
+    """GET /v1/routes names every route the agent serves, so that the PBX chooses its way
+    once; a path it does not serve is 404 AGENT_ROUTE_MISSING, never UNKNOWN_AREA."""
+
+    async def test_the_agent_names_the_copy_routes_it_serves(self, agent: AgentProcess) -> None:
+        client = AgentClient(channel=unix_channel(agent.address), secret=agent.secret.encode())
+        served = await client.routes()
+        assert vps_tree.COPY_ROUTES <= served, served
+        assert {"GET /v1/routes", "GET /v1/areas/{area}/health"} <= served
+        assert await AreaCopy(client, AREA, str(agent.base_dir / "data" / AREA)).serves_copies()
+
+    async def test_a_route_it_lists_is_never_missing(self, agent: AgentProcess) -> None:
+        status, answer = await agent.request("GET", "/v1/routes")
+        assert status == 200, answer
+        for route in answer["routes"]:
+            method, path = route.split(" ")
+            status, body = await agent.request(method, path.replace("{area}", AREA),
+                                               json_body={})
+            assert not (status == 404 and body["error"]["code"] == "AGENT_ROUTE_MISSING"), route
+
+    async def test_a_path_it_does_not_serve_is_route_missing(self, agent: AgentProcess) -> None:
+        status, answer = await agent.request("POST", f"/v1/areas/{AREA}/unheard-of",
+                                             json_body={})
+        assert (status, answer["error"]["code"]) == (404, "AGENT_ROUTE_MISSING"), answer
+        status, answer = await agent.request("GET", f"/v1/areas/{AREA}")
+        assert (status, answer["error"]["code"]) == (404, "UNKNOWN_AREA"), answer

@@ -19,8 +19,8 @@ from monitord.testing.stack import Stack
 from tests.support import stacks
 from tests.support.stacks import StackFactory
 
-__all__ = ["StackFactory", "destination_runs_held_at_healthcheck", "settle_remote",
-           "stack_factory"]
+__all__ = ["StackFactory", "destination_runs_held_at_healthcheck", "parked_waiting_for_data",
+           "settle_remote", "stack_factory"]
 
 
 @pytest.fixture
@@ -54,3 +54,22 @@ async def destination_runs_held_at_healthcheck(
         timeout_s=20, what="the destination runs on the VPS",
     )
     await asyncio.sleep(writes_for_s)
+
+
+async def parked_waiting_for_data(stack: Stack, area: str) -> dict[str, object]:
+    """A move to the VPS held at its health check, the VPS cut off, the operator back to
+    local: the rollback waits for the VPS's data and parks after rollback_data_wait_s."""
+    await destination_runs_held_at_healthcheck(stack, area, writes_for_s=1.0)
+    await stack.partition()
+    await stack.place("tg", "local")
+    stack.release_hold()
+
+    async def parked() -> dict[str, object] | None:
+        service = (await stack.status())["services"]["tg"]
+        return service if service["state"] == "parked" else None
+
+    await stack.wait_until(parked, timeout_s=60, what="parked after rollback_data_wait_s")
+    service = await parked()
+    assert service is not None
+    assert not any(k.side == "local" for k in stack.detector.alive(area))
+    return service

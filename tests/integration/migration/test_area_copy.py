@@ -15,7 +15,9 @@ from typing import Any
 import pytest
 
 from monitord.base import tree_digest
-from monitord.remote import area_copy, remote_exec
+from monitord.remote import copy as area_copy
+from monitord.remote import remote_exec
+from monitord.remote.copy import transfer
 from monitord.testing.vps_server import VpsServer
 from orchestrator.errors import ErrorCode, MonitordError
 from tests.support.agent_process import vps_command, wait_until
@@ -45,11 +47,17 @@ def _tear_when_sent(remote: Path) -> Callable[[int, int], None]:
 
 class _Agent:
     """What the agent runs for a copy's steps on the VPS, on the same files (`calls`: the
-    name of each step asked, with a promote's expected SHA-256)."""
+    name of each step asked, with a promote's expected SHA-256; `asked`: how often it was
+    asked whether it serves them)."""
 
     def __init__(self, remote: Path) -> None:
         self.remote = remote
         self.calls: list[str] = []
+        self.asked = 0
+
+    async def serves_copies(self) -> bool:
+        self.asked += 1
+        return True
 
     async def data_listing(self) -> bytes:
         self.calls.append("data_listing")
@@ -72,19 +80,28 @@ class _Agent:
 
 
 class _OlderAgent(_Agent):
-    """An agent without the listing, staging and promote routes: UNKNOWN_AREA for each."""
+    """An agent without the listing, staging and promote routes: it says so when asked, and
+    answers each route AGENT_ROUTE_MISSING (`calls` records any such attempt)."""
+
+    async def serves_copies(self) -> bool:
+        self.asked += 1
+        return False
 
     async def data_listing(self) -> bytes:
-        raise MonitordError(ErrorCode.UNKNOWN_AREA, "no route /v1/areas/x/listing")
+        self.calls.append("data_listing")
+        raise MonitordError(ErrorCode.AGENT_ROUTE_MISSING, "no route /v1/areas/x/listing")
 
     async def reset(self) -> None:
-        raise MonitordError(ErrorCode.UNKNOWN_AREA, "no route /v1/areas/x/staging")
+        self.calls.append("reset")
+        raise MonitordError(ErrorCode.AGENT_ROUTE_MISSING, "no route /v1/areas/x/staging")
 
     async def listing(self) -> bytes:
-        raise MonitordError(ErrorCode.UNKNOWN_AREA, "no route /v1/areas/x/staging")
+        self.calls.append("listing")
+        raise MonitordError(ErrorCode.AGENT_ROUTE_MISSING, "no route /v1/areas/x/staging")
 
     async def promote(self, expect: str) -> bool:
-        raise MonitordError(ErrorCode.UNKNOWN_AREA, "no route /v1/areas/x/promote")
+        self.calls.append("promote")
+        raise MonitordError(ErrorCode.AGENT_ROUTE_MISSING, "no route /v1/areas/x/promote")
 
 
 def _counting_execs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -307,7 +324,7 @@ class TestPreCopy:
     async def test_a_file_of_many_chunks_arrives_whole_and_hashed_in_order(
         self, vps: VpsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        monkeypatch.setattr(area_copy, "_CHUNK", 4096)  # 64 chunks, several on the wire
+        monkeypatch.setattr(transfer, "_CHUNK", 4096)  # 64 chunks, several on the wire
         src, remote = tmp_path / "src", tmp_path / "vps" / "data" / "c1"
         src.mkdir()
         data = os.urandom(64 * 4096 - 100)
@@ -322,7 +339,7 @@ class TestPreCopy:
     async def test_a_connection_lost_mid_file_fails_the_pre_copy_and_leaves_no_task(
         self, vps: VpsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        monkeypatch.setattr(area_copy, "_CHUNK", 64 * 1024)
+        monkeypatch.setattr(transfer, "_CHUNK", 64 * 1024)
         src, remote = tmp_path / "src", tmp_path / "vps" / "data" / "c2"
         src.mkdir()
         (src / "big.db").write_bytes(os.urandom(32 << 20))
@@ -583,6 +600,7 @@ class TestAgentStaging:
         assert _tree(remote) == _tree(src)
         assert execs == [], execs
         assert [c.split()[0] for c in helper.calls] == ["reset", "listing", "promote"]
+        assert helper.asked == 1  # the pre-copy's answer holds for the copy after the stop
 
     async def test_an_upload_without_a_pre_copy_runs_nothing_on_the_vps(
         self, vps: VpsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -602,6 +620,7 @@ class TestAgentStaging:
         assert not (remote / "leftover").exists()
         assert execs == [], execs
         assert [c.split()[0] for c in helper.calls] == ["reset", "promote"]
+        assert helper.asked == 1
 
     async def test_an_agent_without_the_routes_leaves_them_to_the_vps_shell(
         self, vps: VpsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -609,10 +628,66 @@ class TestAgentStaging:
         src, remote = tmp_path / "src", tmp_path / "vps" / "data" / "p2"
         _make_area(src)
         execs = _counting_execs(monkeypatch)
-        report = await _pre_copy_then_upload(vps, src, remote, agent=_OlderAgent(remote))
+        older = _OlderAgent(remote)
+        report = await _pre_copy_then_upload(vps, src, remote, agent=older)
         assert _tree(remote) == _tree(src)
         assert report.reused == 3
         assert len(execs) == 3, execs  # make the staging dir, list it, check and promote it
+        assert (older.asked, older.calls) == (1, [])  # asked once, no route tried
+
+    async def test_an_agent_without_the_routes_is_asked_once_per_copy_without_a_pre_copy(
+        self, vps: VpsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        src, remote = tmp_path / "src", tmp_path / "vps" / "data" / "p6"
+        _make_area(src)
+        execs = _counting_execs(monkeypatch)
+        older = _OlderAgent(remote)
+        async with vps.connect() as conn:
+            await area_copy.upload(conn, vps_command=vps_command(), local_dir=src,
+                                   remote_dir=str(remote), agent=older)
+        assert _tree(remote) == _tree(src)
+        assert len(execs) == 2, execs  # make the staging dir, check and promote it
+        assert (older.asked, older.calls) == (1, [])
+
+    async def test_an_agent_that_cannot_be_asked_fails_the_copy_with_its_own_code(
+        self, vps: VpsServer, tmp_path: Path
+    ) -> None:
+        src, remote = tmp_path / "src", tmp_path / "vps" / "data" / "p8"
+        _make_area(src)
+
+        class Gone(_Agent):
+            async def serves_copies(self) -> bool:
+                raise MonitordError(ErrorCode.AGENT_UNREACHABLE, "no channel")
+
+        async with vps.connect() as conn:
+            with pytest.raises(MonitordError) as err:
+                await area_copy.upload(conn, vps_command=vps_command(), local_dir=src,
+                                       remote_dir=str(remote), agent=Gone(remote))
+        assert err.value.code == ErrorCode.AGENT_UNREACHABLE
+        assert not remote.exists()
+
+    async def test_a_route_missing_after_all_fails_the_copy_and_changes_nothing(
+        self, vps: VpsServer, tmp_path: Path
+    ) -> None:
+        """An agent that said it serves the routes but no longer has one (replaced by an
+        older build meanwhile): the copy fails with that code, the next try asks again."""
+        src, remote = tmp_path / "src", tmp_path / "vps" / "data" / "p7"
+        _make_area(src)
+
+        class Replaced(_Agent):
+            async def promote(self, expect: str) -> bool:
+                raise MonitordError(ErrorCode.AGENT_ROUTE_MISSING, "no route …/promote")
+
+        async with vps.connect() as conn:
+            with pytest.raises(MonitordError) as err:
+                await area_copy.upload(conn, vps_command=vps_command(), local_dir=src,
+                                       remote_dir=str(remote), agent=Replaced(remote))
+            assert err.value.code == ErrorCode.AGENT_ROUTE_MISSING
+            assert not remote.exists()
+            older = _OlderAgent(remote)
+            await area_copy.upload(conn, vps_command=vps_command(), local_dir=src,
+                                   remote_dir=str(remote), agent=older)
+        assert _tree(remote) == _tree(src) and older.asked == 1
 
     async def test_a_hostile_listing_from_the_agent_fails_the_pre_copy(
         self, vps: VpsServer, tmp_path: Path
@@ -671,6 +746,7 @@ class TestAgentListing:
         assert (report.files, report.reused) == (3, 1)
         assert execs == [], execs
         assert helper.calls == ["data_listing", "data_listing"]
+        assert helper.asked == 1
 
     async def test_an_agent_without_the_route_leaves_it_to_the_verb(
         self, vps: VpsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -678,11 +754,30 @@ class TestAgentListing:
         remote, back = tmp_path / "vps" / "data" / "l2", tmp_path / "back"
         _make_area(remote)
         execs = _counting_execs(monkeypatch)
+        older = _OlderAgent(remote)
         async with vps.connect() as conn:
             await area_copy.download(conn, vps_command=vps_command(), remote_dir=str(remote),
-                                     local_dir=back, agent=_OlderAgent(remote))
+                                     local_dir=back, agent=older)
         assert _tree(back) == _tree(remote)
         assert len(execs) == 1, execs
+        assert (older.asked, older.calls) == (1, [])
+
+    async def test_a_pre_copied_download_from_an_older_agent_asks_it_once(
+        self, vps: VpsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        remote, back = tmp_path / "vps" / "data" / "l4", tmp_path / "back"
+        _make_area(remote)
+        execs = _counting_execs(monkeypatch)
+        older = _OlderAgent(remote)
+        async with vps.connect() as conn:
+            staged = await area_copy.pre_download(conn, vps_command=vps_command(),
+                                                  remote_dir=str(remote), local_dir=back,
+                                                  agent=older)
+            await area_copy.download(conn, vps_command=vps_command(), remote_dir=str(remote),
+                                     local_dir=back, staged=staged, agent=older)
+        assert _tree(back) == _tree(remote)
+        assert len(execs) == 2, execs  # the verb's listing, before and after the stop
+        assert (older.asked, older.calls) == (1, [])
 
     async def test_a_hostile_listing_from_the_agent_writes_nothing_here(
         self, vps: VpsServer, tmp_path: Path

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from monitord.remote import area_copy
+from monitord.remote import copy as area_copy
+from monitord.remote.copy import listing, local_tree, vps_tree
 from monitord.testing.vps_server import VpsServer
 from orchestrator.errors import ErrorCode, MonitordError
 from tests.support.agent_process import vps_command
@@ -65,7 +68,7 @@ class Scene:
     def listing(self, monkeypatch: pytest.MonkeyPatch, text: bytes) -> None:
         """Make the VPS answer the listing request with exactly `text`."""
         Path(str(self.remote) + ".listing").write_bytes(text)
-        monkeypatch.setattr(area_copy, "_LIST", 'cat -- "$1.listing"')
+        monkeypatch.setattr(vps_tree, "_LIST", 'cat -- "$1.listing"')
 
     def honest_line(self) -> bytes:
         return f"{_sha(b'honest data')}  ./session.db\n".encode()
@@ -222,7 +225,7 @@ class TestTheShapeOfTheListing:
         self, vps: VpsServer, scene: Scene, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         monkeypatch.setattr(
-            area_copy,
+            vps_tree,
             "_LIST",
             """awk 'BEGIN { for (i = 0; i < 300000; i++) printf "%064d  ./f%d\\n", 0, i }'""",
         )
@@ -236,11 +239,34 @@ class TestTheShapeOfTheListing:
     ) -> None:
         # one 100 MB line: the PBX keeps at most the bound in memory, then refuses it
         monkeypatch.setattr(
-            area_copy, "_LIST", "yes 0123456789abcdef | head -c 100000000 | tr -d '\\n'"
+            vps_tree, "_LIST", "yes 0123456789abcdef | head -c 100000000 | tr -d '\\n'"
         )
         error = await scene.download_fails(vps)
         assert error.code == ErrorCode.COPY_INCOMPLETE
         assert "bytes" in error.detail
+        scene.assert_untouched()
+
+    async def test_a_listing_of_deeply_nested_names_is_refused_off_the_event_loop(
+        self, vps: VpsServer, scene: Scene, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        # Lines of 8 KiB `a/a/a/…`: before the limits on names, the parents of each cost
+        # 16 MB and a quarter of a second, on the event loop.
+        deep = "/".join(["a"] * 4096)
+        scene.listing(monkeypatch, b"".join(
+            f"{_sha(b'x')}  ./{i}/{deep}\n".encode() for i in range(16)
+        ))
+        parsed_in: list[int] = []
+        parse = listing.parse
+
+        def spied(raw: bytes) -> Any:
+            parsed_in.append(threading.get_ident())
+            return parse(raw)
+
+        monkeypatch.setattr(listing, "parse", spied)
+        error = await scene.download_fails(vps)
+        assert error.code == ErrorCode.COPY_INCOMPLETE
+        assert "more than 4096" in error.detail, error.detail
+        assert parsed_in and threading.get_ident() not in parsed_in
         scene.assert_untouched()
 
     @pytest.mark.parametrize(
@@ -277,13 +303,13 @@ class TestStagingIsNeverFollowed:
     ) -> None:
         (scene.remote / "sub").mkdir()
         (scene.remote / "sub" / "x").write_bytes(PWNED)
-        reset = area_copy._reset_dir
+        reset = local_tree.reset_dir
 
         def reset_and_plant(path: Path) -> None:  # something left a link in the fresh staging
             reset(path)
             (path / "sub").symlink_to(scene.victim)
 
-        monkeypatch.setattr(area_copy, "_reset_dir", reset_and_plant)
+        monkeypatch.setattr(local_tree, "reset_dir", reset_and_plant)
         async with vps.connect() as conn:
             with pytest.raises(MonitordError) as err:
                 await area_copy.download(

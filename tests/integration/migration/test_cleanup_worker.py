@@ -6,12 +6,15 @@ import asyncio
 import time
 from pathlib import Path
 
+from monitord.base.config import Config, MonitordSection
 from monitord.base.metrics import Metrics
 from monitord.engine.cleanup_worker import CleanupWorker
+from monitord.engine.local_side import LocalSide
 from monitord.local.supervisor import LocalSupervisor
 from monitord.store.state_db import Store
 from orchestrator.cleanup_policy import CleanupPolicy
 from orchestrator.lineage import Lineage
+from orchestrator.models import Side
 
 ITEMS = 2000
 CYCLES = 3
@@ -33,8 +36,10 @@ class TestDrainCycles:
                 return done
 
             store.complete = counting_complete  # type: ignore[method-assign]
+            config = Config(monitord=MonitordSection(work_dir=tmp_path / "work"), services={})
+            local = LocalSide(config=config, supervisor=supervisor, runs=dict, remote=None)
             worker = CleanupWorker(
-                store=store, supervisor=supervisor, remote=None, metrics=Metrics(),
+                store=store, sides={Side.LOCAL: local}, metrics=Metrics(),
                 interval_s=60.0, policy=CleanupPolicy(),
                 # the queue alone: no area's newest data is on a side being cleaned
                 lineage_of=lambda area: Lineage(area=area, holders=frozenset()),

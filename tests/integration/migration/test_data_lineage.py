@@ -17,6 +17,7 @@ from monitord.testing.stack import Stack
 from tests.integration.migration.conftest import (
     StackFactory,
     destination_runs_held_at_healthcheck,
+    parked_waiting_for_data,
     settle_remote,
 )
 from tests.integration.operator.conftest import run_cli
@@ -136,25 +137,6 @@ class TestRecoveryFirst:
         assert survivor_life.goodbye_at is not None
 
 
-async def _parked_waiting_for_data(stack: Stack, area: str) -> dict[str, object]:
-    """A move to the VPS held at its health check, the VPS cut off, the operator back to
-    local: the rollback waits for the VPS's data and parks after rollback_data_wait_s."""
-    await destination_runs_held_at_healthcheck(stack, area, writes_for_s=1.0)
-    await stack.partition()
-    await stack.place("tg", "local")
-    stack.release_hold()
-
-    async def parked() -> dict[str, object] | None:
-        service = (await stack.status())["services"]["tg"]
-        return service if service["state"] == "parked" else None
-
-    await stack.wait_until(parked, timeout_s=60, what="parked after rollback_data_wait_s")
-    service = await parked()
-    assert service is not None
-    assert not any(k.side == "local" for k in stack.detector.alive(area))
-    return service
-
-
 class TestOperatorOverride:
     """A rollback that waits too long for its data parks with both choices named; the
     operator's `rollback --discard-remote-data` restarts the source and says so."""
@@ -164,7 +146,7 @@ class TestOperatorOverride:
     ) -> None:
         stack = await stack_factory(services={"tg": 1}, rollback_data_wait_s=3.0)
         area = stack.areas["tg"][0]
-        service = await _parked_waiting_for_data(stack, area)
+        service = await parked_waiting_for_data(stack, area)
         code, body = await stack.request(
             "POST", "/v1/services/tg/discard-remote-data", {"nonsense": 1}
         )
@@ -199,7 +181,7 @@ class TestOperatorOverride:
     ) -> None:
         stack = await stack_factory(services={"tg": 1}, rollback_data_wait_s=3.0)
         area = stack.areas["tg"][0]
-        await _parked_waiting_for_data(stack, area)
+        await parked_waiting_for_data(stack, area)
         await stack.heal()
         await asyncio.sleep(2.0)
         assert not any(k.side == "local" for k in stack.detector.alive(area)), (

@@ -14,10 +14,12 @@ from typing import Any
 
 import pytest
 
+from monitord.base.config import Config, MonitordSection
 from monitord.base.metrics import Metrics
 from monitord.engine.cleanup_worker import CleanupWorker
 from monitord.engine.lease_ledger import LeaseLedger
 from monitord.engine.lease_renewer import LeaseRenewer
+from monitord.engine.local_side import LocalSide
 from monitord.engine.migration_engine import MigrationEngine
 from monitord.engine.placement_state import PlacementState
 from monitord.engine.reconciler import Reconciler
@@ -175,8 +177,10 @@ async def _loop_under_test(
         return None
 
     if which == "cleanup worker":
+        local = LocalSide(config=Config(monitord=MonitordSection(work_dir=tmp_path / "work")),
+                          supervisor=supervisor, runs=dict, remote=None)
         worker = CleanupWorker(
-            store=store, supervisor=supervisor, remote=None, metrics=Metrics(),
+            store=store, sides={Side.LOCAL: local}, metrics=Metrics(),
             interval_s=0.05, lineage_of=state.lineage,
         )
         fault = Fault(store.take_due, error)
@@ -185,7 +189,7 @@ async def _loop_under_test(
     if which == "reconciler":
         reconciler = Reconciler(
             state=state, store=store, supervisor=supervisor, remote=None,
-            actions=None,  # type: ignore[arg-type]  # no action is planned here
+            sides={},  # no action is planned here
             metrics=Metrics(), intake_lock=asyncio.Lock(), interval_s=0.05, legacy_grace_s=60,
         )
         fault = Fault(state.reload_committed, error)

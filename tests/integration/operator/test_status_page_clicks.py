@@ -214,3 +214,51 @@ class TestRefusedRequest:
         assert await browser.js("return document.getElementById('request-error').hidden") is True
         assert (await stack.status())["services"]["tg"]["desired"] == "local"
         await stack.wait_settled(expect={"tg": "local"})
+
+
+class TestGiveUpTheVps:
+    """A service on a VPS that does not answer offers "give up VPS" — disabled until it is
+    allowed, then through a dialog that names what is lost; nowhere else."""
+
+    async def test_offered_only_while_the_vps_is_gone_and_confirmed_in_a_dialog(
+        self, stack_factory: StackFactory, browser: ClickingBrowser
+    ) -> None:
+        stack = await stack_factory(services={"tg": 1, "chats": 1})
+        (area,) = stack.areas["tg"]
+        await stack.place("tg", "remote")
+        await stack.wait_settled(expect={"tg": "remote", "chats": "local"}, timeout_s=60)
+        await open_page(browser, stack)
+        give_up = 'tr[data-service="tg"] button[data-action="give-up"]'
+        await browser.wait_refreshes(2)
+        assert await browser.js(f"return document.querySelector('{give_up}')") is None, \
+            "a VPS that answers is not given up: the button is not there"
+
+        await stack.partition()
+        await browser.wait_js(f"return document.querySelector('{give_up}') !== null",
+                              what="the give-up button once the VPS is gone", timeout_s=30)
+        assert await browser.js(
+            'return document.querySelector(\'tr[data-service="chats"] '
+            'button[data-action="give-up"]\')') is None, "chats has nothing on the VPS"
+        assert await browser.js(f"return document.querySelector('{give_up}').disabled"), \
+            "not allowed before the VPS's copy is provably fenced"
+        await browser.wait_js(f"return !document.querySelector('{give_up}').disabled",
+                              what="allowed once the lease bound passed", timeout_s=60)
+
+        await browser.click(give_up)
+        await browser.wait_js("return document.getElementById('confirm-give-up').open",
+                              what="the give-up dialog")
+        assert await browser.text("#confirm-give-up .give-up-count") == "1 area"
+        assert "lost" in await browser.text("#give-up-text")
+        await browser.click("#confirm-give-up .give-up-cancel")
+        assert await browser.sent_changes() == [], "Cancel must send nothing"
+
+        stack.accepted_data_loss.add(area)
+        await browser.click(give_up)
+        await browser.wait_js("return document.getElementById('confirm-give-up').open",
+                              what="the give-up dialog, again")
+        await browser.click("#confirm-give-up .give-up-ok")
+        await wait_row(browser, "tg", desired="local", local="1", timeout_s=MOVE_TIMEOUT_S)
+        [post] = await browser.sent_changes()
+        assert (post.method, post.url.rsplit("/v1/", 1)[1]) == ("POST", "services/tg/give-up")
+        await stack.heal()
+        await stack.wait_settled(expect={"tg": "local", "chats": "local"}, timeout_s=90)

@@ -4,10 +4,7 @@ stops what a killed predecessor left running — never a duplicate."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
-import signal
-import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -15,12 +12,11 @@ from typing import Any
 import pytest
 
 from monitord.base import atomic_file, proc_identity
-from monitord.local.supervisor import AreaRun, LocalSupervisor
+from monitord.local.supervisor import LocalSupervisor
 from monitord.testing.split_brain import Detector
-from tests.integration.supervisor.conftest import fake_run
+from tests.integration.supervisor.conftest import fake_run, host_killed_with_sigkill
 from tests.support.agent_process import wait_until
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
 AREA = "0a0a0a0a-0000-4000-8000-000000000001"
 OTHER = "0a0a0a0a-0000-4000-8000-000000000002"
 
@@ -91,22 +87,6 @@ class TestStop:
         assert not await detector.wait_for(lambda d: d.alive(AREA), timeout_s=1.0)
 
 
-async def _host_killed_with_sigkill(state_dir: Path, runs: list[AreaRun]) -> None:
-    """Run a supervisor in another process until its areas run, then kill it with -9."""
-    payload = json.dumps([{**dataclasses.asdict(run), "env": {}} for run in runs])
-    host = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tests.integration.supervisor.supervisor_host",
-        str(state_dir), payload, cwd=REPO_ROOT, stdout=asyncio.subprocess.PIPE,
-    )
-    try:
-        assert host.stdout is not None
-        line = await asyncio.wait_for(host.stdout.readline(), timeout=20)
-        assert line.strip() == b"ready"
-    finally:
-        host.send_signal(signal.SIGKILL)
-        await asyncio.wait_for(host.wait(), timeout=10)
-
-
 class TestSurvivors:
     """After the owning process is killed with -9, the next supervisor adopts the wanted
     survivors and stops the rest before starting anything; the detector sees no overlap."""
@@ -117,7 +97,7 @@ class TestSurvivors:
         state_dir = tmp_path / "state"
         keep = fake_run(detector, tmp_path, area=AREA, generation=1)
         move = fake_run(detector, tmp_path, area=OTHER, generation=1)
-        await _host_killed_with_sigkill(state_dir, [keep, move])
+        await host_killed_with_sigkill(state_dir, [keep, move])
         assert await detector.wait_for(lambda d: len(d.alive()) == 2, timeout_s=10)
         kept_pid = detector.alive(AREA)[0].pid
 
@@ -143,7 +123,7 @@ class TestSurvivors:
     ) -> None:
         state_dir = tmp_path / "state"
         run = fake_run(detector, tmp_path, area=AREA)
-        await _host_killed_with_sigkill(state_dir, [run])
+        await host_killed_with_sigkill(state_dir, [run])
         assert await detector.wait_for(lambda d: d.alive(AREA), timeout_s=10)
         old_pid = detector.alive(AREA)[0].pid
         (state_dir / "records" / f"{AREA}.json").unlink()  # as if killed before recording

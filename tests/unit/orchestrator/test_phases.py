@@ -66,6 +66,14 @@ EXPECTED |= {
     (R2L, P.COPY, Out.UNREACHABLE, P.ROLLBACK),
     (R2L, P.CLEANUP_SOURCE, Out.UNREACHABLE, P.DONE),
 }
+# A VPS given up: a move home starts over without its source, from any phase before the
+# commit, and its source is waited out by the lease instead of stopped.
+EXPECTED |= {
+    (R2L, phase, Out.SOURCE_ABANDONED, P.PREFLIGHT)
+    for phase in (P.PREFLIGHT, P.SUPPRESS_SOURCE, P.COPY, P.CREATE_DESTINATION,
+                  P.HEALTHCHECK_DESTINATION, P.ROLLBACK, P.PARKED)
+}
+EXPECTED.add((R2L, P.SUPPRESS_SOURCE, Out.LEASE_EXPIRED, P.COPY))
 ALL_MOVES = list(itertools.product(BOTH, Phase, Outcome))
 POLICY = LeasePolicy(ttl_s=2.0, clock_margin=0.1, safety_margin_s=0.5)
 
@@ -81,12 +89,19 @@ def _record_satisfying_guards(direction: Direction, phase: Phase, outcome: Outco
         changes["destination_fenced"] = outcome in (Out.OK, Out.PARK)
     if phase is P.PARKED and outcome is Out.ROLLBACK_RESUMED:
         changes.update(rollback_from=P.HEALTHCHECK_DESTINATION, destination_fenced=True)
+    if phase is P.SUPPRESS_SOURCE and outcome is Out.LEASE_EXPIRED:
+        changes["source_abandoned"] = True
     return transaction(source=_source(direction), phase=phase, **changes)
 
 
-def _context_satisfying_guards(outcome: Outcome) -> StepContext:
-    lease = AreaLease(area="a1", generation=8, owner_id="me", acknowledged_at=100.0, ttl=2.0)
-    return StepContext(at=2_000.0, now=10_000.0, policy=POLICY, lease=lease, new_generation=9)
+def _context_satisfying_guards(outcome: Outcome, phase: Phase = P.ROLLBACK) -> StepContext:
+    # A source's lease is of the source generation (7), a destination's of the new one (8).
+    waited = 7 if phase is P.SUPPRESS_SOURCE else 8
+    lease = AreaLease(area="a1", generation=waited, owner_id="me", acknowledged_at=100.0,
+                      ttl=2.0)
+    given_up = Lineage(area="a1", holders=frozenset({Side.LOCAL}), epoch=3)
+    return StepContext(at=2_000.0, now=10_000.0, policy=POLICY, lease=lease, new_generation=9,
+                       lineage=given_up if outcome is Out.SOURCE_ABANDONED else None)
 
 
 def _id(move: tuple[Direction, Phase, Outcome]) -> str:
@@ -132,7 +147,8 @@ class TestAllowedMoves:
     ) -> None:
         direction, phase, outcome = move
         record = _record_satisfying_guards(direction, phase, outcome)
-        new, actions = phases.step(record, outcome, _context_satisfying_guards(outcome))
+        new, actions = phases.step(record, outcome,
+                                   _context_satisfying_guards(outcome, phase))
         assert new.phase is phases.TRANSITIONS[direction][phase][outcome]
         assert new.updated_at == 2_000.0
         assert actions, "every reachable record tells the runtime what to do next"
@@ -151,7 +167,7 @@ class TestForbiddenMoves:
         record = _record_satisfying_guards(direction, phase, outcome)
         before = record.model_dump()
         with pytest.raises(phases.IllegalTransition) as raised:
-            phases.step(record, outcome, _context_satisfying_guards(outcome))
+            phases.step(record, outcome, _context_satisfying_guards(outcome, phase))
         assert raised.value.code == "TRANSACTION_CONFLICT"
         assert record.model_dump() == before
 
@@ -378,3 +394,73 @@ class TestARollbackParkedForItsData:
         parked_preflight = transaction(phase=P.PARKED, last_error_code="PREFLIGHT_ARCH")
         with pytest.raises(phases.IllegalTransition, match="only a rollback"):
             phases.step(parked_preflight, Out.ROLLBACK_RESUMED, StepContext(at=1.0))
+
+
+class TestGivingTheVpsUp:
+    """A move home from a given-up VPS never asks its source: it waits the lease out."""
+
+    def _abandoned(self, phase: Phase = P.ROLLBACK, **changes: object) -> Transaction:
+        return transaction(source=Side.REMOTE, phase=phase, **changes)
+
+    def _ctx(self, **changes: object) -> StepContext:
+        base = _context_satisfying_guards(Out.SOURCE_ABANDONED)
+        return StepContext(**{**{f: getattr(base, f) for f in base.__dataclass_fields__},
+                              **changes})
+
+    def test_a_give_up_needs_the_lineage_to_record_it_first(self) -> None:
+        record = self._abandoned(rollback_from=P.COPY, destination_fenced=True)
+        with pytest.raises(phases.IllegalTransition, match="lineage"):
+            phases.advance(record, Out.SOURCE_ABANDONED, self._ctx(lineage=Lineage(
+                area="a1", holders=frozenset({Side.REMOTE}))))
+        with pytest.raises(phases.IllegalTransition, match="lineage"):
+            phases.advance(record, Out.SOURCE_ABANDONED, self._ctx(lineage=None))
+
+    def test_a_give_up_needs_a_new_generation(self) -> None:
+        record = self._abandoned(rollback_from=P.COPY, destination_fenced=True)
+        with pytest.raises(phases.IllegalTransition, match="generation"):
+            phases.advance(record, Out.SOURCE_ABANDONED, self._ctx(new_generation=8))
+
+    def test_a_move_home_stuck_on_its_source_starts_over_without_it(self) -> None:
+        record = self._abandoned(rollback_from=P.COPY, destination_fenced=True,
+                                 last_error_code="SSH_UNREACHABLE", data_wait_since=5.0)
+        new = phases.advance(record, Out.SOURCE_ABANDONED, self._ctx())
+        assert (new.phase, new.generation, new.attempt) == (P.PREFLIGHT, 9, 2)
+        assert new.source_abandoned and new.rollback_from is None
+        assert not new.destination_fenced and new.data_wait_since is None
+
+    def test_its_source_is_waited_out_by_the_source_generations_lease(self) -> None:
+        record = self._abandoned(P.SUPPRESS_SOURCE, source_abandoned=True)
+        ctx = self._ctx(now=42.0, lease=AreaLease(area="a1", generation=7, owner_id="me",
+                                                   acknowledged_at=40.0, ttl=2.0))
+        (action,) = phases.next_actions(record, ctx)
+        assert isinstance(action, phases.WaitLeaseExpiry)
+        assert action.lease.generation == 7 and action.until == pytest.approx(40 + 2.2 + 0.5)
+        with pytest.raises(phases.IllegalTransition, match="not provably lapsed"):
+            phases.advance(record, Out.LEASE_EXPIRED, ctx)
+        assert phases.advance(record, Out.LEASE_EXPIRED, self._ctx(
+            now=43.0, lease=action.lease)).phase is P.COPY
+
+    def test_a_lease_of_another_generation_ends_no_wait(self) -> None:
+        record = self._abandoned(P.SUPPRESS_SOURCE, source_abandoned=True)
+        other = AreaLease(area="a1", generation=8, owner_id="me", acknowledged_at=0.0, ttl=2.0)
+        with pytest.raises(phases.IllegalTransition, match="generation 8"):
+            phases.advance(record, Out.LEASE_EXPIRED, self._ctx(now=50.0, lease=other))
+
+    def test_a_source_that_was_not_given_up_is_never_waited_out(self) -> None:
+        record = self._abandoned(P.SUPPRESS_SOURCE)
+        (action,) = phases.next_actions(record, self._ctx())
+        assert isinstance(action, phases.SuppressSource)
+        with pytest.raises(phases.IllegalTransition, match="stopped, not waited out"):
+            phases.advance(record, Out.LEASE_EXPIRED, self._ctx(now=10_000.0, lease=AreaLease(
+                area="a1", generation=7, owner_id="me", acknowledged_at=0.0, ttl=2.0)))
+
+    def test_a_failure_after_the_give_up_retries_instead_of_rolling_back(self) -> None:
+        for phase in (P.COPY, P.CREATE_DESTINATION, P.HEALTHCHECK_DESTINATION):
+            record = self._abandoned(phase, source_abandoned=True)
+            new = phases.advance(record, Out.FAILED, self._ctx(error_code="DAEMON_START_FAILED"))
+            assert new.phase is phase and new.last_error_code == "DAEMON_START_FAILED"
+
+    def test_a_move_out_cannot_be_given_up_this_way(self) -> None:
+        record = transaction(source=Side.LOCAL, phase=P.ROLLBACK, rollback_from=P.COPY)
+        with pytest.raises(phases.IllegalTransition):
+            phases.advance(record, Out.SOURCE_ABANDONED, self._ctx())

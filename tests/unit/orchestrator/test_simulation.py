@@ -39,6 +39,7 @@ class PbxVpsLink(RuleBasedStateMachine):
     discard_unreachable_data = False
 
     broken_copy_back = False
+    broken_give_up = False
 
     def __init__(self) -> None:
         super().__init__()
@@ -46,6 +47,7 @@ class PbxVpsLink(RuleBasedStateMachine):
             broken_lease_wait=self.broken_lease_wait,
             broken_copy_back=self.broken_copy_back,
             discard_unreachable_data=self.discard_unreachable_data,
+            broken_give_up=self.broken_give_up,
         )
 
     @initialize(a1=st.sampled_from(list(Location)), a2=st.sampled_from(list(Location)))
@@ -69,6 +71,10 @@ class PbxVpsLink(RuleBasedStateMachine):
     @rule()
     def operator_retries_parked(self) -> None:
         self.world.retry_parked()
+
+    @rule(area=AREAS)
+    def operator_gives_the_vps_up(self, area: str) -> None:
+        self.world.give_up_vps(area)
 
     @rule(up=st.booleans())
     def link_changes(self, up: bool) -> None:
@@ -147,6 +153,10 @@ class BrokenPbxVpsLink(DiscardingPbxVpsLink):
 
 class NoCopyBackPbxVpsLink(PbxVpsLink):
     broken_copy_back = True
+
+
+class BrokenGiveUpPbxVpsLink(PbxVpsLink):
+    broken_give_up = True
 
 
 def _drive_to_unreachable_rollback(world: World) -> None:
@@ -253,3 +263,81 @@ class TestDataNeverGoesBackInTime:
                     report_multiple_bugs=False,
                 ),
             )
+
+
+def _search(machine: type[RuleBasedStateMachine]) -> None:
+    run_state_machine_as_test(
+        machine,
+        settings=settings(
+            max_examples=1000,
+            phases=[Phase.generate],
+            stateful_step_count=40,
+            deadline=None,
+            derandomize=True,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+            report_multiple_bugs=False,
+        ),
+    )
+
+
+class TestGivingTheVpsUp:
+    """A given-up VPS never runs its areas again, and the PBX starts them only once every
+    remote copy is provably fenced: the one explicit start on older data."""
+
+    def _vps_gone(self) -> World:
+        world = World()
+        world.desired["a2"] = Location.LOCAL  # home, from a VPS that is about to vanish
+        world.link_up = False
+        world.engine_step("a2", crash_before_persist=False, cut_link_after=False)
+        assert world.remote_procs["a2"] == 2, "still running there under its lease"
+        return world
+
+    def test_the_give_up_is_refused_while_a_remote_copy_may_still_run(self) -> None:
+        world = self._vps_gone()
+        assert not world.give_up_vps("a2")
+        assert world.lineage("a2").holders == {Side.REMOTE}, "a refusal changes nothing"
+        world.advance(2.0)  # the VPS's copy fences itself (2.1 s on its slow clock) ...
+        assert not world.give_up_vps("a2"), "... but the PBX cannot know before 2.7 s"
+        world.advance(0.8)
+        assert world.give_up_vps("a2")
+        assert world.lineage("a2").holders == {Side.LOCAL}
+
+    def test_the_area_starts_on_the_pbxs_copy_and_the_vps_never_runs_it_again(self) -> None:
+        world = self._vps_gone()
+        world.archive["a2"] = 1  # what the PBX kept when a2 moved out
+        world.advance(3.0)
+        assert world.give_up_vps("a2")
+        for _ in range(8):
+            world.engine_step("a2", crash_before_persist=False, cut_link_after=False)
+            world.check()
+        assert world.transactions["a2"].phase is TxnPhase.DONE
+        assert world.transactions["a2"].source_abandoned
+        assert world.local_procs["a2"] == world.committed["a2"].generation
+        # it started on the archive's version 1 (a start on anything else raised Violation)
+        assert "a2" not in world.archive and world.data[(Side.LOCAL, "a2")] > 1
+        assert world.newest["a2"] == world.data[(Side.LOCAL, "a2")]
+        world.link_up = True  # the VPS returns with its copy: never granted, cleaned up
+        for _ in range(6):
+            world.renew()
+            world.reconcile()
+            world.run_cleanup()
+            world.advance(1.0)
+            world.check()
+            assert "a2" not in world.remote_procs
+        world.settle()
+        assert "a2" not in world.entries
+
+    def test_a_give_up_that_does_not_wait_is_caught_in_a_scripted_run(self) -> None:
+        world = World(broken_give_up=True)
+        world.desired["a2"] = Location.LOCAL
+        world.link_up = False
+        assert world.give_up_vps("a2")
+        with pytest.raises(AssertionError, match="runs locally"):
+            for _ in range(6):
+                world.engine_step("a2", crash_before_persist=False, cut_link_after=False)
+                world.check()
+
+    def test_a_give_up_that_does_not_wait_is_found_by_the_random_search(self) -> None:
+        with pytest.raises(AssertionError, match="runs locally"):
+            _search(BrokenGiveUpPbxVpsLink)

@@ -18,15 +18,20 @@ against the versions it really has.
 
 `check()` raises `Violation` when a safety promise breaks. `broken_lease_wait=True` swaps in
 a deliberately wrong runtime that restarts the source without waiting for the lease, and
-`broken_copy_back=True` one that reports the rollback's copy-back done without copying, so
-tests can prove the checks catch them.
+`broken_copy_back=True` one that reports the rollback's copy-back done without copying, and
+`broken_give_up=True` an operator's give-up of the VPS (orchestrator/give_up.py) that does not
+wait for the remote copies' lease bound, so tests can prove the checks catch them.
+
+Giving the VPS up (`give_up_vps`) is the one explicit way to start an area on older data: the
+operator accepts the loss, so from then on the newest data is what the PBX holds (its live
+data dir or its archive of a migrated-away source).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orchestrator import area_leases, cleanup_policy, lineage, phases, planner, rules
+from orchestrator import area_leases, cleanup_policy, give_up, lineage, phases, planner, rules
 from orchestrator.area_leases import LeasePolicy
 from orchestrator.cleanup_policy import CleanupPolicy, SideObservation
 from orchestrator.lineage import CopyPlan, Lineage
@@ -74,9 +79,11 @@ class World:
         broken_lease_wait: bool = False,
         broken_copy_back: bool = False,
         discard_unreachable_data: bool = False,
+        broken_give_up: bool = False,
     ) -> None:
         self.broken_lease_wait = broken_lease_wait
         self.broken_copy_back = broken_copy_back
+        self.broken_give_up = broken_give_up
         # rollback_data = "discard": a copy-back the VPS cannot serve gives its data up
         self.discard_unreachable_data = discard_unreachable_data
         self.t = 100.0
@@ -112,6 +119,10 @@ class World:
         }
         self.newest: dict[str, int] = {"a1": 1, "a2": 1, LEGACY_AREA: 1}
         self.lineages: dict[str, Lineage] = {}
+        # the PBX's archive of migrated-away sources' data (CLEANUP_SOURCE moves it there)
+        self.archive: dict[str, int | None] = {}
+        self.given_up: set[str] = set()
+        self.started_at = self.t  # monitord's start: what an unknown grant is assumed at
         # faults
         self.preflight_fault = False
         self.copy_fault = False
@@ -285,17 +296,20 @@ class World:
             service=SERVICE,
             area=area,
             source=committed.location,
-            destination=committed.location.other,
+            destination=committed.location.other,  # (move_to_open: never where it is)
             generation=generation,
             source_generation=committed.generation,
             started_at=self.t,
             updated_at=self.t,
+            source_abandoned=give_up.abandons_source(committed, self.lineage(area)),
         )
 
     def engine_step(self, area: str, *, crash_before_persist: bool, cut_link_after: bool) -> None:
         txn = self.transactions.get(area)
         if txn is None or not txn.is_active:
-            if self.desired[area] is not self.committed[area].location and not self.parked():
+            destination = give_up.move_to_open(self.committed[area], self.lineage(area),
+                                               desired=self.desired[area])
+            if destination is not None and not self.parked():
                 self.start_transaction(area)
             return
         if txn.phase is Phase.PARKED:
@@ -321,9 +335,12 @@ class World:
             return
         outcome = self._count_failures(txn, outcome)
         lease = None
-        if outcome is Outcome.LEASE_EXPIRED and self.broken_lease_wait:
+        if outcome is Outcome.LEASE_EXPIRED and (
+            self.broken_lease_wait or (self.broken_give_up and txn.source_abandoned)
+        ):
+            waited = txn.source_generation if txn.phase is Phase.SUPPRESS_SOURCE else txn.generation
             lease = AreaLease(
-                area=area, generation=txn.generation, owner_id="me", acknowledged_at=-1e9, ttl=TTL
+                area=area, generation=waited, owner_id="me", acknowledged_at=-1e9, ttl=TTL
             )
         self._persist(txn, outcome, error_code=error, lease=lease)
         self.supervise()
@@ -365,6 +382,10 @@ class World:
         for action in actions:
             match action:
                 case phases.RunPreflight():
+                    if txn.source_abandoned:  # a given-up VPS is never asked
+                        if self.preflight_fault:
+                            return Outcome.FAILED, "PREFLIGHT_DISK_SPACE"
+                        return Outcome.OK, None
                     if not self._vps():
                         return Outcome.UNREACHABLE, "PREFLIGHT_AGENT"
                     if self.preflight_fault:
@@ -382,6 +403,11 @@ class World:
                         return Outcome.FAILED, "DAEMON_STOP_FAILED"
                     return Outcome.OK, None
                 case phases.CopyData(source=source, destination=destination):
+                    if txn.source_abandoned:  # the PBX's own copy, back from its archive
+                        if (Side.LOCAL, txn.area) not in self.data:
+                            kept = self.archive.pop(txn.area, None)
+                            self.data[(Side.LOCAL, txn.area)] = kept or 0
+                        return Outcome.OK, None
                     if not self._vps():
                         return Outcome.UNREACHABLE, "SSH_UNREACHABLE"
                     if self.copy_fault:
@@ -448,6 +474,7 @@ class World:
                     if side is Side.LOCAL:
                         if self.local_procs.get(txn.area) == generation:
                             del self.local_procs[txn.area]
+                        self.archive[txn.area] = self.data.get((Side.LOCAL, txn.area))
                         self._delete_data(Side.LOCAL, txn.area)  # archived away
                         return Outcome.OK, None
                     if not self._vps():
@@ -470,6 +497,9 @@ class World:
                     self.cleanup.setdefault(item.id, item)
                 case phases.WaitLeaseExpiry(until=until, lease=lease):
                     self.leases[txn.area] = lease  # the grant being waited out
+                    broken_wait = self.broken_give_up and txn.source_abandoned
+                    if broken_wait:
+                        return Outcome.LEASE_EXPIRED, None
                     if self.broken_lease_wait or self.t >= until:
                         return Outcome.LEASE_EXPIRED, None
                     return None
@@ -482,8 +512,46 @@ class World:
                     return None
         return None
 
+    def give_up_vps(self, area: str) -> bool:
+        """The operator gives the VPS up for `area` (orchestrator/give_up.py): False when it
+        is refused; otherwise the loss is accepted — the newest data is what the PBX holds."""
+        committed = self.committed[area]
+        txn = self.transactions.get(area)
+        leases = {g: self._known_lease(area, g)
+                  for g in give_up.remote_generations(committed, txn)}
+        decision = give_up.decide(area=committed, txn=txn, lineage=self.lineage(area),
+                                  leases=leases, now=self.t, policy=POLICY)
+        if not isinstance(decision, give_up.Abandon):
+            return False
+        self.desired[area] = Location.LOCAL
+        self.lineages[area] = lineage.discarded(self.lineage(area), keep=Side.LOCAL)
+        kept = self.data.get((Side.LOCAL, area), self.archive.get(area))
+        self.newest[area] = kept or 0
+        self.given_up.add(area)
+        if txn is not None and decision.outcome is not None:
+            generation = None
+            if decision.outcome is Outcome.SOURCE_ABANDONED:
+                self.ledger, generation = self.ledger.issue(
+                    area, floor=max(committed.generation, txn.generation)
+                )
+            self._persist(txn, decision.outcome, new_generation=generation)
+        self.supervise()
+        return True
+
+    def _known_lease(self, area: str, generation: int) -> AreaLease:
+        """The best-known grant of (area, generation), as the runtime's renewer has it."""
+        if self.broken_give_up:  # deliberately wrong: as if every grant were long gone
+            return AreaLease(area=area, generation=generation, owner_id="me",
+                             acknowledged_at=-1e9, ttl=TTL)
+        lease = self.leases.get(area)
+        if lease is not None and lease.generation == generation:
+            return lease
+        return area_leases.after_restart(area=area, generation=generation, owner_id="me",
+                                         now=self.started_at, policy=POLICY)
+
     def crash_local(self) -> None:
         """monitord dies and restarts: volatile state is lost, recovery runs on start."""
+        self.started_at = self.t
         self.leases = {
             t.area: area_leases.after_restart(
                 area=t.area, generation=t.generation, owner_id="me", now=self.t, policy=POLICY

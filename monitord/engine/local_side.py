@@ -1,0 +1,301 @@
+"""The PBX as a side (monitord.engine.area_side): the local supervisor runs the area, its
+data is a directory here, and a copy to it comes down from the VPS.
+
+Locally an area has no entry beyond the supervisor's wanted set (`PlacementState.runs`,
+fed through `LocalRuns` on every change), so "suppressing" is the persisted phase plus a
+verified stop, and "removing" is stopping: a migrated-away source's data is archived by
+`retire()`, never deleted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import shutil
+from collections.abc import Callable, Collection
+from pathlib import Path
+
+from monitord.base import area_paths
+from monitord.base.config import Config, ServiceSection
+from monitord.engine.area_side import STOP_GRACE_S
+from monitord.engine.placement_state import PlacementState
+from monitord.local.supervisor import AreaRun, LocalSupervisor, area_run
+from monitord.remote import artifact
+from monitord.remote import copy as area_copy
+from monitord.remote.copy import AreaCopy
+from monitord.remote.remote_link import RemoteLink
+from orchestrator.cleanup_policy import SideObservation
+from orchestrator.errors import ErrorCode, error_for
+from orchestrator.lineage import Lineage
+from orchestrator.models import Side, Transaction
+
+# Free space a move home needs on the PBX's data file system, whatever the area's size.
+MIN_FREE_BYTES = 64 * 1024 * 1024
+
+
+class LocalSide:
+    side = Side.LOCAL
+
+    def __init__(
+        self,
+        *,
+        config: Config,
+        supervisor: LocalSupervisor,
+        runs: Callable[[], dict[str, AreaRun]],
+        remote: RemoteLink | None,
+    ) -> None:
+        self.config = config
+        self.supervisor = supervisor
+        self._runs = runs  # what may run locally now: the supervisor's wanted set
+        self._remote = remote
+        self.archive_dir = config.monitord.work_dir / "archive"
+
+    def _section(self, service: str) -> ServiceSection:
+        return self.config.services[service]
+
+    def reachable(self) -> bool:
+        return True
+
+    def data_dir(self, *, service: str, area: str, generation: int) -> str:
+        return str(self._path(service=service, area=area, generation=generation))
+
+    def _path(self, *, service: str, area: str, generation: int) -> Path:
+        return area_paths.local_data_dir(self._section(service), area=area, generation=generation)
+
+    async def data_size(self, *, service: str, area: str, generation: int) -> int | None:
+        path = self._path(service=service, area=area, generation=generation)
+        return await asyncio.to_thread(_tree_size, path)
+
+    async def check_ready(self, txn: Transaction, *, incoming_bytes: int | None) -> None:
+        target = self._path(service=txn.service, area=txn.area, generation=txn.generation)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(target.parent).free
+        if free < MIN_FREE_BYTES:
+            raise error_for(ErrorCode.PREFLIGHT_DISK_SPACE, f"only {free} bytes free locally")
+
+    # -- stopping and removing -------------------------------------------------------------
+
+    async def stop(self, *, area: str, generation: int) -> None:
+        # The stored phase already took the area out of the wanted set (the placement
+        # state's listener fed it to the supervisor): this stop is the one stop request.
+        if not await self.supervisor.stop_area(area, grace_s=STOP_GRACE_S):
+            raise error_for(ErrorCode.DAEMON_STOP_FAILED, f"{area} would not stop")
+
+    async def remove(self, *, service: str, area: str, generation: int) -> None:
+        await self.stop(area=area, generation=generation)
+        target = self._path(service=service, area=area, generation=generation)
+        await asyncio.to_thread(_remove_staging, target)
+
+    async def verify_gone(self, *, area: str, generation: int, entry_gone: bool = True) -> None:
+        if any(v.area == area and v.pid and v.generation <= generation
+               for v in self.supervisor.inventory()):
+            raise error_for(ErrorCode.DAEMON_STOP_FAILED,
+                            f"{area} still runs locally at generation {generation}")
+
+    async def observe(self, areas: Collection[str]) -> dict[str, SideObservation] | None:
+        wanted = set(areas)
+        running: dict[str, set[int]] = {area: set() for area in wanted}
+        for view in self.supervisor.inventory():
+            if view.area in wanted and view.pid:
+                running[view.area].add(view.generation)
+        return {
+            area: SideObservation(side=Side.LOCAL, area=area,
+                                  process_generations=frozenset(generations))
+            for area, generations in running.items()
+        }
+
+    async def retire(self, *, service: str, area: str, generation: int) -> None:
+        if not await self.supervisor.stop_area(area, grace_s=STOP_GRACE_S):
+            raise error_for(ErrorCode.DAEMON_STOP_FAILED, f"{area} would not stop")
+        source_dir = self._path(service=service, area=area, generation=generation)
+        target = self.archive_dir / service / f"{area}-g{generation}"
+        await asyncio.to_thread(_archive, source_dir, target)
+
+    async def stop_at(self, *, area: str, generation: int) -> None:
+        if not await self.supervisor.stop_area_at(area, generation):
+            raise error_for(ErrorCode.DAEMON_STOP_FAILED, f"{area} would not stop")
+
+    async def remove_unless_newest(
+        self, *, area: str, generation: int, lineage: Lineage
+    ) -> bool:
+        # Removing a local area is stopping it: its data is never deleted here.
+        await self.stop_at(area=area, generation=generation)
+        return True
+
+    # -- starting and health ---------------------------------------------------------------
+
+    async def start(self, *, service: str, area: str, generation: int) -> None:
+        run = area_run(service=service, section=self._section(service), area=area,
+                       generation=generation)
+        self.supervisor.set_desired(self._runs())
+        view = await self.supervisor.start_area(run)
+        if view.generation != generation:
+            raise error_for(ErrorCode.DAEMON_START_FAILED, f"{area} did not start")
+
+    async def resume(self, *, service: str, area: str, generation: int) -> None:
+        # The persisted phase lets it run again; the supervisor's loop starts it.
+        self.supervisor.set_desired(self._runs())
+
+    async def uptime(self, *, area: str, generation: int) -> float | None:
+        for view in self.supervisor.inventory():
+            if view.area == area and view.generation == generation and view.pid:
+                return view.uptime_s
+        return None
+
+    async def healthy_by(
+        self, txn: Transaction, *, generation: int, min_uptime_s: float, deadline: float
+    ) -> bool:
+        return False  # the supervisor's inventory is local: looking at it costs nothing
+
+    async def probe(self, txn: Transaction) -> bool:
+        section = self._section(txn.service)
+        if not section.probe:
+            return True
+        argv = [part.format(area=txn.area) for part in section.probe]
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
+        )
+        try:
+            async with asyncio.timeout(section.healthcheck_timeout_s):
+                return await proc.wait() == 0
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            return False
+
+    # -- the PBX's own copy, when the VPS is given up ---------------------------------------
+
+    def _archive_of(self, *, service: str, area: str) -> Path | None:
+        """The newest archived copy of the area (a migrated-away source's data dir)."""
+        newest: tuple[int, Path] | None = None
+        for path in (self.archive_dir / service).glob(f"{area}-g*"):
+            generation = path.name.removeprefix(f"{area}-g")
+            if generation.isdigit() and (newest is None or int(generation) > newest[0]):
+                newest = (int(generation), path)
+        return newest[1] if newest else None
+
+    async def own_copy(self, *, service: str, area: str, generation: int) -> dict[str, object]:
+        """What the PBX holds of the area: its data dir at `generation`, else the newest
+        archive; with the time it was last written (None: no copy at all)."""
+        live = self._path(service=service, area=area, generation=generation)
+        path = live if live.is_dir() else self._archive_of(service=service, area=area)
+        if path is None:
+            return {"path": None, "modified_at": None}
+        modified = await asyncio.to_thread(_newest_mtime, path)
+        return {"path": str(path), "modified_at": modified}
+
+    async def restore_own_copy(self, *, service: str, area: str, generation: int) -> str | None:
+        """Put the PBX's newest copy in place as the data dir at `generation` (a given-up
+        VPS's move home starts on it): kept if there, else the newest archive moved back.
+        The path it came from; None when the PBX has no copy (the area starts empty)."""
+        target = self._path(service=service, area=area, generation=generation)
+        if target.exists():
+            return str(target)
+        archive = self._archive_of(service=service, area=area)
+        if archive is None:
+            return None
+        target.parent.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(_archive, archive, target)  # the same crash-safe move
+        return str(archive)
+
+    # -- receiving a copy from the VPS -----------------------------------------------------
+
+    def _link(self) -> RemoteLink:
+        if self._remote is None:
+            raise error_for(ErrorCode.PREFLIGHT_REMOTE_CONFIG, "no [remote] section configured")
+        return self._remote
+
+    async def pre_receive(self, *, local_dir: Path, remote_dir: str, area: str) -> area_copy.Staged:
+        link = self._link()
+        async with link.session() as conn:
+            return await area_copy.pre_download(
+                conn, remote_dir=remote_dir, local_dir=local_dir,
+                vps_command=artifact.remote_command(link.remote),
+                agent=AreaCopy(link.agent, area, remote_dir),
+            )
+
+    async def receive(
+        self, *, local_dir: Path, remote_dir: str, area: str, staged: area_copy.Staged | None
+    ) -> area_copy.CopyReport:
+        link = self._link()
+        async with link.session() as conn:
+            return await area_copy.download(
+                conn, remote_dir=remote_dir, local_dir=local_dir, staged=staged,
+                vps_command=artifact.remote_command(link.remote),
+                agent=AreaCopy(link.agent, area, remote_dir),
+            )
+
+
+class LocalRuns:
+    """The supervisor's wanted set: every area that may run locally, as AreaRuns. Asked on
+    every change of the placement state (each phase of each area), so an AreaRun is built
+    once per (area, service, generation) and reused while that stays what may run."""
+
+    def __init__(self, config: Config) -> None:
+        self._config = config
+        self._built: dict[tuple[str, str, int], AreaRun] = {}
+
+    def __call__(self, state: PlacementState) -> dict[str, AreaRun]:
+        runs: dict[str, AreaRun] = {}
+        built: dict[tuple[str, str, int], AreaRun] = {}
+        for area, generation in state.runs(Side.LOCAL).items():
+            committed = state.committed.get(area)
+            txn = state.transactions.get(area)
+            service = txn.service if txn else committed.service if committed else None
+            if service is None or service not in self._config.services:
+                continue
+            key = (area, service, generation)
+            run = self._built.get(key)
+            if run is None:
+                run = area_run(service=service, section=self._config.services[service],
+                               area=area, generation=generation)
+            runs[area] = built[key] = run
+        self._built = built
+        return runs
+
+
+def _tree_size(root: Path) -> int:
+    if not root.is_dir():
+        return 0
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def _newest_mtime(root: Path) -> float:
+    """When anything in the tree was last written (the dir itself when it is empty)."""
+    newest = root.lstat().st_mtime
+    for path in root.rglob("*"):
+        newest = max(newest, path.lstat().st_mtime)
+    return newest
+
+
+def _remove_staging(target: Path) -> None:
+    shutil.rmtree(target.with_name(target.name + area_copy.STAGING_SUFFIX), ignore_errors=True)
+
+
+def _archive(source: Path, target: Path) -> None:
+    if not source.exists():
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(target, ignore_errors=True)
+    try:
+        source.rename(target)
+    except OSError as e:
+        if e.errno != errno.EXDEV:
+            raise
+        _move_across_filesystems(source, target)
+
+
+def _move_across_filesystems(source: Path, target: Path) -> None:
+    """The data dir and work_dir are on different file systems (EXDEV): copy to a temporary
+    name next to the target, fsync every file, rename it into place, then remove the source
+    — a crash at any point leaves the source whole."""
+    staging = target.with_name(target.name + ".moving")
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(source, staging, symlinks=True)
+    for path in staging.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            with path.open("rb") as f:
+                os.fsync(f.fileno())
+    staging.rename(target)
+    shutil.rmtree(source)

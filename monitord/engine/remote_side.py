@@ -1,0 +1,281 @@
+"""The VPS as a side (monitord.engine.area_side): the agent runs the area under a grant
+and an area lease, its data is a directory on the VPS, and a copy to it goes up the SSH
+connection (monitord.remote.copy).
+
+Every call goes through the one `RemoteLink`; without a `[remote]` section each raises
+PREFLIGHT_REMOTE_CONFIG. A start is a grant: the lease renewer learns of it (acknowledged,
+or failed with what is known), so the lease bound of every grant is on record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Collection
+from pathlib import Path
+
+import asyncssh
+
+from monitord.base import area_paths, logs
+from monitord.base.config import Config
+from monitord.engine.area_side import health_timeout
+from monitord.engine.lease_renewer import LeaseRenewer
+from monitord.engine.placement_state import PlacementState
+from monitord.remote import artifact
+from monitord.remote import copy as area_copy
+from monitord.remote import preflight as preflight_checks
+from monitord.remote.copy import AreaCopy
+from monitord.remote.remote_link import RemoteLink
+from monitord.remote.shared_facts import SharedFacts
+from orchestrator import lineage as lineages
+from orchestrator.cleanup_policy import SideObservation
+from orchestrator.errors import ErrorCode, MonitordError, error_for
+from orchestrator.lineage import Lineage
+from orchestrator.models import Side, Transaction
+
+log = logs.get_logger(__name__)
+
+POLL_S = 0.1
+# The longest one health question to the agent is held open (it answers when the window
+# closes); several are asked in turn up to the health check's deadline.
+HEALTH_WAIT_S = 5.0
+
+
+class RemoteSide:
+    side = Side.REMOTE
+
+    def __init__(
+        self,
+        *,
+        config: Config,
+        remote: RemoteLink | None,
+        renewer: LeaseRenewer | None,
+        owner_id: str,
+        state: PlacementState | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self._remote = remote
+        self.renewer = renewer
+        self.owner_id = owner_id
+        self._state = state  # which VPS copies were given up (set aside, never deleted)
+        self._clock = clock
+        # One probe and one self-check of the VPS for the areas whose preflights run together.
+        self._preflight_facts = SharedFacts()
+
+    def _link(self) -> RemoteLink:
+        if self._remote is None:
+            raise error_for(ErrorCode.PREFLIGHT_REMOTE_CONFIG, "no [remote] section configured")
+        return self._remote
+
+    def reachable(self) -> bool:
+        return self._remote is not None and self._remote.connected()
+
+    def data_dir(self, *, service: str, area: str, generation: int) -> str:
+        data_dir, _ = area_paths.remote_paths(self.config, service=service, area=area,
+                                              generation=generation)
+        return data_dir
+
+    async def data_size(self, *, service: str, area: str, generation: int) -> int | None:
+        return None  # known only from the VPS's listing, which the copy itself reads
+
+    # -- preflight -------------------------------------------------------------------------
+
+    async def check_ready(self, txn: Transaction, *, incoming_bytes: int | None) -> None:
+        """Every preflight check of a move to the VPS (monitord.remote.preflight); an agent
+        that is not running but can be is started."""
+        link = self._link()
+        ours, owner_id, owner_label = link.tunnel_owner()
+        last = link.keeper.status().last_error
+        async with link.session() as conn:
+            report = await preflight_checks.run_preflight(
+                conn,
+                config=self.config,
+                service=txn.service,
+                artifacts=link.artifacts,
+                area_data_bytes=incoming_bytes or 0,
+                tunnel_owner=preflight_checks.TunnelOwnerView(
+                    ours=ours, owner_id=owner_id, owner_label=owner_label
+                ),
+                forwards_ready=link.forwards_ready(),
+                auth_error=f"{last.code}: {last.detail}" if last else "",
+                agent=link.agent,
+                shared=self._preflight_facts,
+            )
+        failure = report.first_failure()
+        if failure is None and not report.ok and link.connected():
+            # Only "startable" failed: the agent is not running but can be; start it.
+            await link.ensure_agent()
+        if failure is not None:
+            raise error_for(failure.code, f"{failure.detail} — {failure.hint}".rstrip(" —"))
+
+    async def warm(self, conn: asyncssh.SSHClientConnection) -> None:
+        """A connection just came up: fetch what every preflight over it will ask first
+        (monitord.remote.preflight.warm), so that the first move need not wait for it."""
+        link = self._link()
+        await preflight_checks.warm(
+            conn, config=self.config, artifacts=link.artifacts, shared=self._preflight_facts,
+        )
+
+    # -- stopping and removing -------------------------------------------------------------
+
+    async def stop(self, *, area: str, generation: int) -> None:
+        await self._link().agent.stop(area=area, generation=generation)
+        await self.verify_gone(area=area, generation=generation, entry_gone=False)
+
+    async def remove(self, *, service: str, area: str, generation: int) -> None:
+        await self._delete(area=area, generation=generation)
+        await self.verify_gone(area=area, generation=generation)
+
+    async def _delete(self, *, area: str, generation: int) -> None:
+        """The agent removes the area at `generation`; a copy an operator gave up is set
+        aside on the VPS instead of deleted (kept for forensics, never started)."""
+        agent = self._link().agent
+        if self._state is None or not self._state.is_abandoned(area, generation):
+            await agent.delete(area=area, generation=generation)
+            return
+        path = await agent.set_aside(area=area, generation=generation)
+        if path is not None:
+            await self._state.record_set_aside(area=area, generation=generation, path=path)
+            log.warning("abandoned_data_set_aside", area=area, generation=generation,
+                        path=path)
+
+    async def verify_gone(self, *, area: str, generation: int, entry_gone: bool = True) -> None:
+        inventory = await self._link().agent.inventory()
+        running = [p for p in inventory.processes if p.area == area and p.generation <= generation]
+        entries = [e for e in inventory.entries if e.area == area and e.generation == generation]
+        if running or (entry_gone and entries):
+            raise error_for(
+                ErrorCode.DAEMON_STOP_FAILED,
+                f"{area} still present on the VPS at generation {generation}",
+            )
+
+    async def observe(self, areas: Collection[str]) -> dict[str, SideObservation] | None:
+        if not self.reachable():
+            return None
+        try:
+            inventory = await self._link().agent.inventory()
+        except MonitordError as e:
+            log.warning("remote_inventory_failed", error_code=e.code, detail=e.detail)
+            return None
+        wanted = set(areas)
+        entries: dict[str, set[int]] = {area: set() for area in wanted}
+        processes: dict[str, set[int]] = {area: set() for area in wanted}
+        for entry in inventory.entries:
+            if entry.area in wanted:
+                entries[entry.area].add(entry.generation)
+        for proc in inventory.processes:
+            if proc.area in wanted:
+                processes[proc.area].add(proc.generation)
+        return {
+            area: SideObservation(side=Side.REMOTE, area=area,
+                                  entry_generations=frozenset(entries[area]),
+                                  process_generations=frozenset(processes[area]))
+            for area in wanted
+        }
+
+    async def retire(self, *, service: str, area: str, generation: int) -> None:
+        await self.remove(service=service, area=area, generation=generation)
+
+    async def stop_at(self, *, area: str, generation: int) -> None:
+        await self._link().agent.stop(area=area, generation=generation)
+
+    async def remove_unless_newest(
+        self, *, area: str, generation: int, lineage: Lineage
+    ) -> bool:
+        agent = self._link().agent
+        if lineages.may_discard_data(lineage, Side.REMOTE):
+            await self._delete(area=area, generation=generation)
+            return True
+        # Its data there is the newest (not brought back yet): fence the process, keep the data.
+        await agent.stop(area=area, generation=generation)
+        return False
+
+    # -- starting and health ---------------------------------------------------------------
+
+    async def start(self, *, service: str, area: str, generation: int) -> None:
+        """Create (or confirm) the agent's entry at `generation` with a fresh lease; start it."""
+        link = self._link()
+        data_dir, command = area_paths.remote_paths(self.config, service=service, area=area,
+                                                    generation=generation)
+        section = self.config.services[service]
+        epoch = self.renewer.epoch() if self.renewer is not None else 0
+        try:
+            await link.agent.create(
+                area=area, service=service, generation=generation, owner_id=self.owner_id,
+                lease_ttl_s=link.remote.area_lease_ttl_s, command=command, data_dir=data_dir,
+                env=section.env, user=section.user, group=section.group,
+                log_max_bytes=self.config.monitord.area_log_max_bytes,
+                log_keep=self.config.monitord.area_log_keep,
+            )
+        except MonitordError as e:
+            if self.renewer is not None:
+                self.renewer.grant_failed(area, generation, epoch=epoch, error=e)
+            raise
+        if self.renewer is not None:
+            self.renewer.acknowledge(area, generation)
+
+    async def resume(self, *, service: str, area: str, generation: int) -> None:
+        await self.start(service=service, area=area, generation=generation)
+
+    async def uptime(self, *, area: str, generation: int) -> float | None:
+        raw = await self._link().agent.inventory_raw()
+        for proc in raw.get("processes", []):
+            if proc.get("area") == area and proc.get("generation") == generation:
+                if proc.get("alive", True) and proc.get("pid"):
+                    return float(proc.get("uptime_s") or 0.0)
+        return None
+
+    async def healthy_by(
+        self, txn: Transaction, *, generation: int, min_uptime_s: float, deadline: float
+    ) -> bool:
+        """Ask the agent until `deadline` whether the area has run min_uptime_s: it answers
+        the moment the window closes (one question held open instead of a poll of its whole
+        inventory). False only for an agent without that question (an older one): the
+        caller then looks at `uptime`; a timeout raises as there."""
+        agent = self._link().agent
+        while True:
+            asked = self._clock()
+            wait_s = max(0.0, min(deadline - asked, HEALTH_WAIT_S))
+            try:
+                answer = await agent.health(
+                    area=txn.area, generation=generation, min_uptime_s=min_uptime_s,
+                    wait_s=wait_s,
+                )
+            except MonitordError as e:
+                if e.code in (ErrorCode.UNKNOWN_AREA, ErrorCode.AGENT_ROUTE_MISSING):
+                    # no such route on this agent (an older one answers UNKNOWN_AREA)
+                    return False
+                raise
+            if answer.healthy:
+                return True
+            now = self._clock()
+            if now >= deadline:
+                raise health_timeout(txn, self.config.services[txn.service], Side.REMOTE)
+            if now - asked < wait_s:  # an early "no" (it should wait): never a busy loop
+                await asyncio.sleep(min(POLL_S, deadline - now))
+
+    async def probe(self, txn: Transaction) -> bool:
+        return True  # a probe is a local command; the VPS's health is its uptime
+
+    # -- receiving a copy from the PBX -----------------------------------------------------
+
+    async def pre_receive(self, *, local_dir: Path, remote_dir: str, area: str) -> area_copy.Staged:
+        link = self._link()
+        async with link.session() as conn:
+            return await area_copy.pre_upload(
+                conn, local_dir=local_dir, remote_dir=remote_dir,
+                vps_command=artifact.remote_command(link.remote),
+                agent=AreaCopy(link.agent, area, remote_dir),
+            )
+
+    async def receive(
+        self, *, local_dir: Path, remote_dir: str, area: str, staged: area_copy.Staged | None
+    ) -> area_copy.CopyReport:
+        link = self._link()
+        async with link.session() as conn:
+            return await area_copy.upload(
+                conn, local_dir=local_dir, remote_dir=remote_dir, staged=staged,
+                vps_command=artifact.remote_command(link.remote),
+                agent=AreaCopy(link.agent, area, remote_dir),
+            )

@@ -1,0 +1,161 @@
+"""The PBX's side of a copy: one area's local data dir and the staging dir beside it.
+
+What is read here is listed first (`manifest`, `pre_listing`); what is written here comes
+from the VPS, so it is written only through directory fds with O_NOFOLLOW and O_EXCL
+(`create_inside`): a symlink found, or planted, in the staging dir is refused, never
+followed. A staging dir replaces the data dir only fsynced whole (`promote`); what a
+pre-copy wrote and fsynced before the stop (`settle`) is not fsynced again while the area
+is down. All of it is blocking file I/O, run in a thread by monitord.remote.copy.transfer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from monitord.base import tree_digest
+from monitord.base.atomic_file import fsync_path
+from monitord.remote.copy.listing import incomplete, name_problem
+
+
+@dataclass(frozen=True, slots=True)
+class FileEntry:
+    path: str  # relative, POSIX separators
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True, slots=True)
+class Fetched:
+    """One file written into the staging dir from the bytes the VPS sent."""
+
+    size: int
+    sha256: str
+    written: os.stat_result  # the file's stat right after its last byte was written
+
+
+def manifest(root: Path, cache: tree_digest.Cache | None = None) -> tuple[FileEntry, ...]:
+    """Every regular file under root (sorted), with size and SHA-256; a file unchanged since
+    `cache` recorded it is not read again. Missing root: empty."""
+    found, _ = tree_digest.digest_tree(root, cache)
+    return tuple(FileEntry(rel, size, sha) for rel, (size, sha) in sorted(found.items()))
+
+
+def pre_listing(root: Path) -> tuple[int, list[str]]:
+    """(the epoch of root's filesystem, taken before anything is read; the regular files
+    under root with names a copy can carry). No hashing: a pre-copy hashes what it sends."""
+    if not root.is_dir():
+        return 0, []
+    epoch = tree_digest.epoch_ns(root.parent)
+    return epoch, sorted(rel for rel, _, _ in tree_digest.regular_files(root)
+                         if name_problem(rel) is None)
+
+
+def staging_of(final: Path) -> Path:
+    """The staging dir beside a local data dir."""
+    return final.with_name(final.name + tree_digest.STAGING_SUFFIX)
+
+
+def create_inside(root: Path, rel: str) -> BinaryIO:
+    """A new file root/rel opened for writing, never through a symlink.
+
+    rel is already validated (name_problem). The resolved path must lie strictly inside
+    root; each directory on the way is created or opened relative to its parent's fd with
+    O_NOFOLLOW and the file is created with O_EXCL|O_NOFOLLOW, so a symlink found (or
+    planted) in the staging dir is refused, never followed."""
+    resolved_root = root.resolve()
+    resolved = (root / rel).resolve()
+    if resolved == resolved_root or not resolved.is_relative_to(resolved_root):
+        raise incomplete(f"refusing to write {rel!r}: it resolves outside {root}")
+    *dirs, name = rel.split("/")
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(root, flags)
+    try:
+        for part in dirs:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, dir_fd=fd)
+            try:
+                child = os.open(part, flags, dir_fd=fd)
+            except OSError as e:  # ELOOP / ENOTDIR: a symlink or a file is in the way
+                raise incomplete(f"refusing to write {rel!r}: {part!r} is not a directory"
+                                 f" ({e.strerror})") from e
+            os.close(fd)
+            fd = child
+        try:
+            out = os.open(
+                name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o666, dir_fd=fd,
+            )
+        except OSError as e:
+            raise incomplete(f"refusing to write {rel!r}: {e.strerror}") from e
+    finally:
+        os.close(fd)
+    return os.fdopen(out, "wb")
+
+
+def reset_dir(path: Path) -> None:
+    """path made again, empty."""
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+
+
+def remove(path: Path) -> None:
+    """A refused copy's staging dir, gone (nothing of a refused listing is kept)."""
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def prune_to(root: Path, keep: set[str]) -> None:
+    """Leave under root only the regular files named in `keep` (what a pre-copy staged and
+    is still current); anything else — changed, gone, half-written, a symlink — goes."""
+    if not root.is_dir():
+        root.mkdir(parents=True)
+        return
+    for dirpath, dirs, names in os.walk(root):
+        for name in [*names, *(d for d in dirs if (Path(dirpath) / d).is_symlink())]:
+            full = Path(dirpath) / name
+            rel = full.relative_to(root).as_posix()
+            if rel not in keep or full.is_symlink():
+                full.unlink()
+
+
+def settle(staging: Path, fetched: dict[str, Fetched]) -> tree_digest.Cache:
+    """fsync what a pre-copy wrote (off the downtime) and cache each file's hash under the
+    identity it had when written — if it still has it and was not written too recently for
+    a stat to tell. The epoch is taken after the last write and before the fsync, so that
+    an identity in the cache also proves the file unchanged since it was fsynced (the
+    promote fsyncs only the others)."""
+    epoch = tree_digest.epoch_ns(staging.parent)
+    _fsync_tree(staging)
+    cache: tree_digest.Cache = {}
+    for rel, f in fetched.items():
+        with contextlib.suppress(FileNotFoundError):
+            ident = tree_digest.cacheable(f.written, os.lstat(staging / rel), epoch)
+            if ident is not None:
+                cache[rel] = (ident, f.sha256)
+    return cache
+
+
+def promote(staging: Path, final: Path, *, settled: tree_digest.Cache | None = None) -> None:
+    """Swap staging in for final, durably; the files a pre-copy settled (fsynced) and that
+    are unchanged since are not fsynced again."""
+    _fsync_tree(staging, settled)
+    tree_digest.swap_in(staging, final)
+
+
+def _fsync_tree(root: Path, settled: tree_digest.Cache | None = None) -> None:
+    """fsync every directory under root and its files — but a file `settled` records with
+    the identity it still has: it was fsynced then and not changed since (its ctime would
+    say so; it cannot be set back)."""
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            path = Path(dirpath) / name
+            if settled:
+                known = settled.get(path.relative_to(root).as_posix())
+                if known is not None and known[0] == tree_digest.identity(os.lstat(path)):
+                    continue
+            fsync_path(path)
+        fsync_path(Path(dirpath))

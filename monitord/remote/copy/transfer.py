@@ -1,0 +1,451 @@
+"""COPY phase I/O: move one area's data dir between the PBX and the VPS, verified.
+
+Called by the migration engine. Both directions follow the same protocol:
+  1. the sender lists its files with size and SHA-256 (the manifest);
+  2. the files go over SFTP into a fresh staging dir next to the destination dir;
+  3. the RECEIVING side digests the staging dir (every file fsynced) and the two lists must
+     be equal: every hash, no file missing, none extra;
+  4. only then the staging dir replaces the destination dir by rename (and is fsynced).
+Each direction is one strategy (`_Upload`, `_Download`) doing both the pre-copy and the
+copy after the stop. The VPS side of steps 1, 3 and 4 is a monitord.remote.copy.vps_tree
+(the agent, else the shell and the `tree-digest` verb: chosen once per copy, the choice
+kept in `Staged`); the PBX side is monitord.remote.copy.local_tree. A copy
+cut at any point leaves at most a staging dir behind (removed by the next try); the
+destination dir is either the old one or the complete new one, never a mix. A mismatch
+raises COPY_INCOMPLETE; the engine retries or rolls back.
+
+Pre-copy (`pre_upload`, `pre_download`): while the source still runs, its files go into
+the staging dir ahead of time, each hashed from the very bytes sent (`Staged`). The copy
+after the stop, given that `Staged`, sends only the files whose hash changed since, removes
+the ones that are gone, and then checks and promotes exactly as above — so the area is
+down for the bytes that changed, not for all of them, and what is promoted is still
+verified whole against the stopped source. Nothing is ever started from a staging dir; a
+pre-copy that fails or is lost (a restart) only means a full copy.
+
+Hashing is what made a large area's downtime long, so both sides keep digest caches
+(monitord.base.tree_digest): a file is re-read after the stop only if its stat identity
+(inode, size, mtime, ctime) changed since it was hashed during the pre-copy, or it was
+changed too recently for a stat to tell. The PBX keeps its caches in `Staged`; the VPS
+keeps one per tree in `<dir>.digests` beside it (moved with a promoted staging dir, removed
+with the dir). A cache only ever skips re-reading a file whose identity is unchanged, so
+the lists compared in step 3 still describe the bytes on disk.
+
+The VPS is untrusted input: its listing (step 1 of a download) is validated whole before
+the staging dir is even created (monitord.remote.copy.listing). Each file is then fetched
+only if its real path on the VPS is the listed one (no remote symlink on the way) and
+written through directory fds (local_tree.create_inside). Upload writes names with a
+backslash or newline in the escaped form and refuses names no listing could carry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+import asyncssh
+
+from monitord.base import tree_digest
+from monitord.remote import ssh_errors
+from monitord.remote.copy import listing, local_tree, vps_tree
+from monitord.remote.copy.listing import incomplete
+from monitord.remote.copy.vps_tree import CopyAgent, VpsTree
+from orchestrator.errors import ErrorCode, MonitordError
+
+_CHUNK = 1 << 20
+_WRITES_IN_FLIGHT = 4  # chunks of one file a pre-copy has on the wire at once
+
+Progress = Callable[[int, int], None]  # (bytes done, bytes total)
+
+
+@dataclass(frozen=True, slots=True)
+class CopyReport:
+    files: int
+    bytes: int
+    reused: int = 0  # files a pre-copy had already put in place unchanged
+
+
+@dataclass(frozen=True, slots=True)
+class Staged:
+    """What a pre-copy left in the destination's staging dir: relative path -> SHA-256 of
+    the bytes actually written there (the source was running: not yet the manifest), and
+    the PBX's digest cache of the local tree it read (upload) or wrote (download)."""
+
+    local_dir: Path
+    remote_dir: str
+    upload: bool  # True: PBX -> VPS staging; False: VPS -> PBX staging
+    files: dict[str, str]
+    cache: tree_digest.Cache
+    through_agent: bool = False  # the way the pre-copy took on the VPS: the copy's too
+
+    def matches(self, *, local_dir: Path, remote_dir: str, upload: bool) -> bool:
+        return (self.local_dir, self.remote_dir, self.upload) == (local_dir, remote_dir, upload)
+
+
+def _sftp_translated(during: str, *, timeout_s: float) -> AbstractContextManager[None]:
+    """SFTP failures of one transfer: running out of time is COPY_INCOMPLETE (the source keeps
+    its data, the engine retries), a lost link or a refused SFTP request SSH_UNREACHABLE
+    (the table in ssh_errors.py)."""
+    return ssh_errors.translated(
+        code=ErrorCode.SSH_UNREACHABLE, during=during,
+        timeout_code=ErrorCode.COPY_INCOMPLETE, timeout_s=timeout_s,
+    )
+
+
+# -- PBX -> VPS ---------------------------------------------------------------------------
+
+async def upload(
+    conn: asyncssh.SSHClientConnection,
+    *,
+    local_dir: Path,
+    remote_dir: str,
+    vps_command: Sequence[str],
+    progress: Progress | None = None,
+    timeout_s: float = 600.0,
+    staged: Staged | None = None,
+    agent: CopyAgent | None = None,
+) -> CopyReport:
+    """Copy local_dir to remote_dir on the VPS, verified there, swapped in by rename. With
+    `staged` (a pre-copy of the same dirs), only what changed since is sent; if the VPS
+    then finds the staging dir wrong, the copy is redone whole, once. `vps_command` runs
+    monitord.pyz on the VPS (its tree-digest verb checks the staging dir). `agent` makes
+    the staging dir and answers steps 3 and 4 (given the expected listing's SHA-256:
+    promoted or not) with no new process on the VPS while the area is down; the shell and
+    the verb answer instead when the agent does not serve those routes, and the verb names
+    the differences when it found some."""
+    if staged is not None and not staged.matches(
+        local_dir=local_dir, remote_dir=remote_dir, upload=True
+    ):
+        staged = None
+    if staged is not None:
+        tree = await vps_tree.chosen(conn, remote_dir=remote_dir, vps_command=vps_command,
+                                     agent=agent, through_agent=staged.through_agent)
+        return await _Upload(conn, local_dir, remote_dir, tree, timeout_s).copy(
+            staged, progress)
+    # No pre-copy (the area is down already): the agent is asked while the files are hashed;
+    # both are awaited to the end, then the first failure is raised as it is.
+    way, hashed = await asyncio.gather(
+        vps_tree.chosen(conn, remote_dir=remote_dir, vps_command=vps_command, agent=agent),
+        asyncio.to_thread(local_tree.manifest, local_dir),
+        return_exceptions=True,
+    )
+    if isinstance(way, BaseException):
+        raise way
+    if isinstance(hashed, BaseException):
+        raise hashed
+    return await _Upload(conn, local_dir, remote_dir, way, timeout_s).copy(
+        None, progress, manifest=hashed)
+
+
+async def pre_upload(
+    conn: asyncssh.SSHClientConnection,
+    *,
+    local_dir: Path,
+    remote_dir: str,
+    vps_command: Sequence[str],
+    timeout_s: float = 600.0,
+    agent: CopyAgent | None = None,
+) -> Staged:
+    """While the source runs: put local_dir's files into the VPS staging dir, each hashed
+    from the bytes sent, then let the VPS digest (and fsync) what arrived, so that the copy
+    after the stop re-reads only what changed on either side. A file that changes meanwhile
+    is simply sent again by `upload`. `agent`: as for `upload`."""
+    tree = await vps_tree.chosen(conn, remote_dir=remote_dir, vps_command=vps_command,
+                                 agent=agent)
+    return await _Upload(conn, local_dir, remote_dir, tree, timeout_s).pre_copy()
+
+
+@dataclass(frozen=True, slots=True)
+class _Upload:
+    """PBX -> VPS, the pre-copy and the copy after the stop, through one way on the VPS."""
+
+    conn: asyncssh.SSHClientConnection
+    local_dir: Path
+    remote_dir: str
+    tree: VpsTree
+    timeout_s: float
+
+    async def pre_copy(self) -> Staged:
+        """`pre_upload`: the running source's files into a fresh VPS staging dir."""
+        sent: dict[str, str] = {}
+        cache: tree_digest.Cache = {}
+        staging = vps_tree.staging_of(self.remote_dir)
+        await self.tree.reset_staging()
+        epoch, names = await asyncio.to_thread(local_tree.pre_listing, self.local_dir)
+        if names:
+            with _sftp_translated(f"pre-copy to {self.remote_dir}", timeout_s=self.timeout_s):
+                async with asyncio.timeout(self.timeout_s), \
+                        self.conn.start_sftp_client() as sftp:
+                    made: set[str] = {staging}
+                    for rel in names:
+                        target = str(PurePosixPath(staging) / rel)
+                        parent = str(PurePosixPath(target).parent)
+                        if parent not in made:
+                            await sftp.makedirs(parent, exist_ok=True)
+                            made.add(parent)
+                        staged_file = await _send_hashed(
+                            sftp, self.local_dir / rel, target, epoch)
+                        if staged_file is not None:
+                            sent[rel], identity = staged_file
+                            if identity is not None:
+                                cache[rel] = (identity, sent[rel])
+        found = await self.tree.staging_listing(during=f"pre-copy to {self.remote_dir}")
+        files = {rel: sha for rel, sha in sent.items() if found.get(rel) == sha}
+        return Staged(local_dir=self.local_dir, remote_dir=self.remote_dir, upload=True,
+                      files=files, cache=cache, through_agent=self.tree.through_agent)
+
+    async def copy(
+        self, staged: Staged | None, progress: Progress | None, *,
+        manifest: tuple[local_tree.FileEntry, ...] | None = None,
+    ) -> CopyReport:
+        """`upload` after the stop (`manifest`: local_dir's, if hashed already)."""
+        if manifest is None:
+            manifest = await asyncio.to_thread(
+                local_tree.manifest, self.local_dir, None if staged is None else staged.cache
+            )
+        for entry in manifest:
+            if (problem := listing.name_problem(entry.path)) is not None:
+                raise incomplete(f"cannot copy {self.local_dir}: {entry.path!r} has {problem}")
+        total = sum(e.size for e in manifest)
+        staging = vps_tree.staging_of(self.remote_dir)
+        kept = {} if staged is None else staged.files
+        if staged is None:  # a pre-copy made the staging dir: no round trip to make it again
+            await self.tree.reset_staging()
+        to_send = [e for e in manifest if kept.get(e.path) != e.sha256]
+        gone = sorted(set(kept) - {e.path for e in manifest})
+        done = total - sum(e.size for e in to_send)
+        staged_lost = False
+        with _sftp_translated(f"upload to {self.remote_dir}", timeout_s=self.timeout_s):
+            try:
+                async with asyncio.timeout(self.timeout_s), \
+                        self.conn.start_sftp_client() as sftp:
+                    for rel in gone:
+                        with contextlib.suppress(*ssh_errors.SFTP_NO_SUCH_FILE):
+                            await sftp.remove(str(PurePosixPath(staging) / rel))
+                    made: set[str] = {staging}
+                    for entry in to_send:
+                        target = str(PurePosixPath(staging) / entry.path)
+                        parent = str(PurePosixPath(target).parent)
+                        if parent not in made:
+                            await sftp.makedirs(parent, exist_ok=True)
+                            made.add(parent)
+                        await sftp.put(str(self.local_dir / entry.path), target)
+                        done += entry.size
+                        if progress:
+                            progress(done, total)
+            except ssh_errors.SFTP_NO_SUCH_FILE:
+                if staged is None:
+                    raise
+                staged_lost = True  # the pre-copy's staging dir went away on the VPS
+        expected = {e.path: e.sha256 for e in manifest}
+        if not staged_lost:
+            found = await self.tree.promote(expected)
+            if found is None:
+                return CopyReport(files=len(manifest), bytes=total,
+                                  reused=len(manifest) - len(to_send))
+            if staged is None:
+                raise incomplete(f"the VPS found {self.remote_dir} incomplete: it differs in"
+                                 f" {listing.differences(found, expected)}")
+        # the staging dir changed under us since the pre-copy: start it over, whole
+        return await self.copy(None, progress)
+
+
+async def _send_hashed(
+    sftp: asyncssh.SFTPClient, source_path: Path, target: str, epoch: int
+) -> tuple[str, tree_digest.Identity | None] | None:
+    """Send one file of a running source: (SHA-256 of the bytes sent, the identity under
+    which that hash describes the source file, if any); None if it is gone."""
+    try:
+        fd = os.open(source_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None  # gone (or replaced by a symlink) since the listing: nothing staged
+    digest = hashlib.sha256()
+    with os.fdopen(fd, "rb") as source:
+        before = os.fstat(fd)
+        async with sftp.open(target, "wb") as out:
+            # Several chunks on the wire at once (each at its own offset), as `sftp.put`
+            # does: one at a time left the link idle for a round trip per chunk.
+            writes: set[asyncio.Future[int]] = set()
+            offset = 0
+            try:
+                while chunk := await asyncio.to_thread(source.read, _CHUNK):
+                    digest.update(chunk)
+                    if len(writes) >= _WRITES_IN_FLIGHT:
+                        done, writes = await asyncio.wait(
+                            writes, return_when=asyncio.FIRST_COMPLETED)
+                        for write in done:
+                            write.result()  # (a failed write fails the send)
+                    writes.add(asyncio.ensure_future(out.write(chunk, offset)))
+                    offset += len(chunk)
+                await asyncio.gather(*writes)
+            finally:
+                for write in writes:
+                    write.cancel()
+                await asyncio.gather(*writes, return_exceptions=True)
+        after = os.fstat(fd)
+    return digest.hexdigest(), tree_digest.cacheable(before, after, epoch)
+
+
+# -- VPS -> PBX ---------------------------------------------------------------------------
+
+async def download(
+    conn: asyncssh.SSHClientConnection,
+    *,
+    remote_dir: str,
+    local_dir: Path,
+    vps_command: Sequence[str],
+    progress: Progress | None = None,
+    timeout_s: float = 600.0,
+    staged: Staged | None = None,
+    agent: CopyAgent | None = None,
+) -> CopyReport:
+    """Copy remote_dir from the VPS to local_dir, verified here, swapped in by rename. With
+    `staged` (a pre-copy of the same dirs), only files whose hash changed are fetched.
+    `agent` lists remote_dir (else the tree-digest verb does, a Python start on the VPS).
+
+    The VPS's listing is validated whole before anything is written (a bad one raises
+    COPY_INCOMPLETE and leaves local_dir and its staging dir as they were); a file reached
+    through a symlink, on either side, fails the copy and removes the staging dir."""
+    if staged is not None and not staged.matches(
+        local_dir=local_dir, remote_dir=remote_dir, upload=False
+    ):
+        staged = None
+    tree = await vps_tree.chosen(conn, remote_dir=remote_dir, vps_command=vps_command,
+                                 agent=agent,
+                                 through_agent=None if staged is None else staged.through_agent)
+    return await _Download(conn, local_dir, remote_dir, tree, timeout_s).copy(staged, progress)
+
+
+async def pre_download(
+    conn: asyncssh.SSHClientConnection,
+    *,
+    remote_dir: str,
+    local_dir: Path,
+    vps_command: Sequence[str],
+    timeout_s: float = 600.0,
+    agent: CopyAgent | None = None,
+) -> Staged:
+    """While the VPS's daemon runs: fetch remote_dir's files into the local staging dir,
+    each hashed from the bytes written, and fsync them. The listing is checked as
+    `download` checks it (and leaves the VPS a digest cache of the running tree)."""
+    tree = await vps_tree.chosen(conn, remote_dir=remote_dir, vps_command=vps_command,
+                                 agent=agent)
+    return await _Download(conn, local_dir, remote_dir, tree, timeout_s).pre_copy()
+
+
+@dataclass(frozen=True, slots=True)
+class _Download:
+    """VPS -> PBX, the pre-copy and the copy after the stop, through one way on the VPS."""
+
+    conn: asyncssh.SSHClientConnection
+    local_dir: Path
+    remote_dir: str
+    tree: VpsTree
+    timeout_s: float
+
+    @property
+    def staging(self) -> Path:
+        return local_tree.staging_of(self.local_dir)
+
+    async def pre_copy(self) -> Staged:
+        """`pre_download`: the running VPS tree's files into a fresh local staging dir."""
+        listed = await self.tree.data_listing()
+        staging = self.staging
+        await asyncio.to_thread(local_tree.reset_dir, staging)
+        fetched: dict[str, local_tree.Fetched] = {}
+        async with self._refused_leaves_nothing(f"pre-copy of {self.remote_dir}") as sftp:
+            remote_root = (await sftp.realpath(self.remote_dir)).rstrip("/") if listed else ""
+            for rel in sorted(listed):
+                try:
+                    fetched[rel] = await _fetch(
+                        sftp, remote_root, rel, staging, where=self.remote_dir
+                    )
+                except ssh_errors.SFTP_NO_SUCH_FILE:
+                    continue  # gone since the listing (the daemon runs)
+        cache = await asyncio.to_thread(local_tree.settle, staging, fetched)
+        return Staged(local_dir=self.local_dir, remote_dir=self.remote_dir, upload=False,
+                      files={rel: f.sha256 for rel, f in fetched.items()}, cache=cache,
+                      through_agent=self.tree.through_agent)
+
+    async def copy(self, staged: Staged | None, progress: Progress | None) -> CopyReport:
+        """`download` after the stop."""
+        expected = await self.tree.data_listing()
+        staging = self.staging
+        kept = {} if staged is None else staged.files
+        if staged is None:
+            await asyncio.to_thread(local_tree.reset_dir, staging)
+        else:
+            kept = {rel: h for rel, h in kept.items() if expected.get(rel) == h}
+            await asyncio.to_thread(local_tree.prune_to, staging, set(kept))
+        to_fetch = sorted(rel for rel in expected if kept.get(rel) != expected[rel])
+        done = 0
+        async with self._refused_leaves_nothing(f"download of {self.remote_dir}") as sftp:
+            remote_root = (await sftp.realpath(self.remote_dir)).rstrip("/") if expected else ""
+            for rel in to_fetch:
+                fetched = await _fetch(sftp, remote_root, rel, staging, where=self.remote_dir)
+                done += fetched.size
+                if progress:
+                    progress(done, done)
+        manifest = await asyncio.to_thread(
+            local_tree.manifest, staging, None if staged is None else staged.cache
+        )
+        got = {e.path: e.sha256 for e in manifest}
+        if got != expected:
+            if staged is not None:  # the staging dir changed under us: start it over, whole
+                return await self.copy(None, progress)
+            raise incomplete(f"downloaded copy of {self.remote_dir} differs in"
+                             f" {listing.differences(got, expected)}")
+        # What a pre-copy staged was fsynced before the stop: only what was written since
+        # costs an fsync while the area is down.
+        await asyncio.to_thread(local_tree.promote, staging, self.local_dir,
+                                settled=None if staged is None else staged.cache)
+        return CopyReport(files=len(got), bytes=done, reused=len(expected) - len(to_fetch))
+
+    @contextlib.asynccontextmanager
+    async def _refused_leaves_nothing(self, during: str) -> AsyncIterator[asyncssh.SFTPClient]:
+        """An SFTP session for fetching into the staging dir, its failures translated; a
+        refusal (COPY_INCOMPLETE, not a cut) removes the staging dir: nothing of a refused
+        copy stays behind."""
+        try:
+            with _sftp_translated(during, timeout_s=self.timeout_s):
+                async with asyncio.timeout(self.timeout_s), \
+                        self.conn.start_sftp_client() as sftp:
+                    yield sftp
+        except MonitordError as e:
+            if e.code == ErrorCode.COPY_INCOMPLETE:
+                await asyncio.to_thread(local_tree.remove, self.staging)
+            raise
+
+
+async def _fetch(
+    sftp: asyncssh.SFTPClient, remote_root: str, rel: str, staging: Path, *, where: str
+) -> local_tree.Fetched:
+    """Fetch remote_root/rel into staging/rel (never through a symlink on either side)."""
+    source = f"{remote_root}/{rel}"
+    if await sftp.realpath(source) != source:
+        raise incomplete(f"refusing {rel!r} from {where}: a symlink on the VPS leads elsewhere")
+    digest = hashlib.sha256()
+    with local_tree.create_inside(staging, rel) as out:
+        async with sftp.open(source, "rb") as f:
+            while chunk := await f.read(_CHUNK):
+                data = _as_bytes(chunk)
+                digest.update(data)
+                out.write(data)
+        out.flush()
+        return local_tree.Fetched(out.tell(), digest.hexdigest(), os.fstat(out.fileno()))
+
+
+def _as_bytes(chunk: bytes | str) -> bytes:
+    if isinstance(chunk, str):  # a file opened "rb" without an encoding reads bytes
+        raise TypeError("SFTP read returned text")
+    return chunk
+
+
+async def remove_remote_leftovers(conn: asyncssh.SSHClientConnection, *, remote_dir: str) -> None:
+    """Remove a staging dir (and its manifest) a cut copy left on the VPS."""
+    await vps_tree.remove_leftovers(conn, remote_dir=remote_dir)

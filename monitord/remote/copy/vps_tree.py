@@ -1,0 +1,259 @@
+"""The VPS's side of a copy: one area's data dir there and the staging dir beside it.
+
+Four operations (`VpsTree`): list the data dir (a download's first step), make the staging
+dir empty (where an upload starts), list what a pre-copy put in the staging dir, and check
+the staging dir against the expected listing and promote it (an upload's last steps).
+Two ways to do them, chosen once per copy by `chosen` from what the agent says it serves
+(`CopyAgent.serves_copies`, the agent's `GET /v1/routes`), never by trying a route and
+falling back:
+
+- `AgentTree`: the agent's routes (`AreaCopy`), with no shell and no Python start on the
+  VPS, inside the downtime or out of it (on a VPS whose login shell sources a slow rc
+  file, one exec cost 80 ms here). When its promote finds the listing differs, the verb
+  lists the staging dir so that the refusal names the differences.
+- `ShellTree`: fixed shell scripts and the `tree-digest` verb (monitord.base.tree_digest),
+  for an agent older than those routes (or none).
+
+A pre-copy's choice travels with its `Staged` to the copy after the stop, so the agent is
+asked once per move. A route that goes missing after all (AGENT_ROUTE_MISSING) fails the
+copy like any other agent error; the next try asks again. Either way's listings are
+bounded and validated alike (monitord.remote.copy.listing), in a thread.
+
+Called by monitord.remote.copy.transfer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import asyncssh
+
+from monitord.base import tree_digest
+from monitord.remote import remote_exec
+from monitord.remote.agent_client import AgentClient
+from monitord.remote.copy import listing
+from orchestrator.errors import ErrorCode
+
+_SCRIPT_TIMEOUT_S = 60.0
+# The agent's routes a copy through the agent needs (as `GET /v1/routes` names them).
+COPY_ROUTES = frozenset({
+    "POST /v1/areas/{area}/listing",
+    "POST /v1/areas/{area}/staging",
+    "POST /v1/areas/{area}/promote",
+})
+
+
+class CopyAgent(Protocol):
+    """The agent's answers about one area's data dir on the VPS and the staging dir beside
+    it (`AreaCopy`: AgentClient's routes bound to the area and its data dir)."""
+
+    async def serves_copies(self) -> bool:
+        """Whether the agent serves every route below; False from an older agent."""
+
+    async def data_listing(self) -> bytes:
+        """The data dir's own listing (tree-digest's output format, its cache kept)."""
+
+    async def reset(self) -> None:
+        """The staging dir made empty, its digest cache gone."""
+
+    async def listing(self) -> bytes:
+        """The staging dir's listing, every file fsynced (tree-digest's output format)."""
+
+    async def promote(self, expect: str) -> bool:
+        """True once the staging dir, its listing's SHA-256 being `expect`, has replaced
+        the data dir; False (nothing changed) when the listing differs."""
+
+
+@dataclass(frozen=True, slots=True)
+class AreaCopy:
+    """One area's data dir on the VPS, and the staging dir beside it, as the agent answers
+    for them (`CopyAgent`). Built by the migration engine for each copy."""
+
+    client: AgentClient
+    area: str
+    data_dir: str
+
+    async def serves_copies(self) -> bool:
+        return COPY_ROUTES <= await self.client.routes()
+
+    async def data_listing(self) -> bytes:
+        return await self.client.data_listing(area=self.area, data_dir=self.data_dir)
+
+    async def reset(self) -> None:
+        await self.client.reset_staging(area=self.area, data_dir=self.data_dir)
+
+    async def listing(self) -> bytes:
+        return await self.client.staging_listing(area=self.area, data_dir=self.data_dir)
+
+    async def promote(self, expect: str) -> bool:
+        return await self.client.promote(area=self.area, data_dir=self.data_dir, expect=expect)
+
+
+class VpsTree(Protocol):
+    """What a copy asks of the VPS about one area's data dir and its staging dir."""
+
+    @property
+    def through_agent(self) -> bool:
+        """True: the agent's routes answer; False: the shell and the verb."""
+
+    async def data_listing(self) -> dict[str, str]:
+        """The data dir's listing, validated ({relative name: SHA-256})."""
+
+    async def reset_staging(self) -> None:
+        """The staging dir made empty, its digest cache gone."""
+
+    async def staging_listing(self, *, during: str) -> dict[str, str]:
+        """The staging dir's listing, every file fsynced there, validated."""
+
+    async def promote(self, expected: dict[str, str]) -> dict[str, str] | None:
+        """None once the staging dir, found to hold exactly `expected`, has replaced the
+        data dir; else what it holds (and nothing changed)."""
+
+
+async def chosen(
+    conn: asyncssh.SSHClientConnection, *, remote_dir: str, vps_command: Sequence[str],
+    agent: CopyAgent | None, through_agent: bool | None = None,
+) -> VpsTree:
+    """The way this copy takes: the agent's, if there is one and it serves the copy routes
+    (`through_agent`: a pre-copy's answer to that question, not asked again)."""
+    shell = ShellTree(conn=conn, remote_dir=remote_dir, vps_command=tuple(vps_command))
+    if agent is None:
+        return shell
+    if through_agent is None:
+        through_agent = await agent.serves_copies()
+    return AgentTree(agent=agent, shell=shell) if through_agent else shell
+
+
+def staging_of(remote_dir: str) -> str:
+    """The staging dir beside a VPS data dir."""
+    return remote_dir.rstrip("/") + tree_digest.STAGING_SUFFIX
+
+
+# Remote side: fixed scripts, values passed as positional parameters (never spliced); the
+# digest scripts take the dir, then the argv that runs monitord.pyz on the VPS.
+_PREPARE = 'rm -rf -- "$1" "$1.digests" && mkdir -p -- "$1"'
+_VERIFY = 'd=$1; shift; "$@" tree-digest --dir "$d" --cache "$d.digests" --sync'
+_PROMOTE_STEPS = (  # (an empty area's staging dir may never have been made: it is empty)
+    ' mkdir -p -- "$stg" "$(dirname -- "$dst")";'
+    ' if [ -e "$dst" ]; then rm -rf -- "$dst.old"; mv -- "$dst" "$dst.old"; fi;'
+    ' mv -- "$stg" "$dst"; rm -rf -- "$dst.old" "$dst.digests";'
+    ' if [ -e "$stg.digests" ]; then mv -- "$stg.digests" "$dst.digests"; fi;'
+    ' sync -- "$dst" "$(dirname -- "$dst")"'
+)
+_PROMOTE = 'set -e; dst=$1; stg=$2;' + _PROMOTE_STEPS
+# The check and the swap in one exec (one round trip while the area is down): the swap runs
+# only if the staging dir's listing is byte for byte the expected one, whose SHA-256 the PBX
+# passes; otherwise tree-digest exits EXIT_DIFFERS, having printed what it found.
+_VERIFY_PROMOTE = (
+    'set -e; dst=$1; stg=$2; want=$3; shift 3;'
+    ' "$@" tree-digest --dir "$stg" --cache "$stg.digests" --sync --expect "$want";'
+    + _PROMOTE_STEPS
+)
+_LIST = 'd=$1; shift; "$@" tree-digest --dir "$d" --cache "$d.digests"'
+_REMOVE = 'rm -rf -- "$1" "$1.digests"'
+
+
+@dataclass(frozen=True, slots=True)
+class ShellTree:
+    """The VPS's dirs through a shell: fixed scripts and the tree-digest verb."""
+
+    conn: asyncssh.SSHClientConnection
+    remote_dir: str
+    vps_command: tuple[str, ...]  # runs monitord.pyz on the VPS
+    through_agent: bool = False
+
+    @property
+    def staging(self) -> str:
+        return staging_of(self.remote_dir)
+
+    async def data_listing(self) -> dict[str, str]:
+        return await self._digest(_LIST, self.remote_dir,
+                                  during=f"the VPS's file listing of {self.remote_dir}")
+
+    async def reset_staging(self) -> None:
+        await _script(self.conn, _PREPARE, self.staging)
+
+    async def staging_listing(self, *, during: str) -> dict[str, str]:
+        return await self._digest(_VERIFY, self.staging, during=during)
+
+    async def promote(self, expected: dict[str, str]) -> dict[str, str] | None:
+        """The verb lists what the staging dir holds and promotes it if that is the
+        expected listing, in one exec; when the same files are listed in other bytes (a VPS
+        whose name order differs), a second exec swaps it in."""
+        during = f"upload to {self.remote_dir}"
+        result = await remote_exec.run_script(
+            self.conn, _VERIFY_PROMOTE,
+            args=(self.remote_dir, self.staging, _sha256_of(expected), *self.vps_command),
+            timeout_s=_SCRIPT_TIMEOUT_S, max_stdout=listing.MAX_BYTES,
+        )
+        if result.stdout_truncated:
+            raise listing.incomplete(f"refusing {during}: more than {listing.MAX_BYTES} bytes")
+        if result.exit_status != tree_digest.EXIT_DIFFERS:
+            result.raise_for_status(ErrorCode.COPY_INCOMPLETE)
+            return None
+        found = await listing.parse_off_loop(result.stdout)
+        if found != expected:
+            return found
+        promoted = await _script(self.conn, _PROMOTE, self.remote_dir, self.staging)
+        promoted.raise_for_status(ErrorCode.COPY_INCOMPLETE)
+        return None
+
+    async def _digest(self, script: str, tree: str, *, during: str) -> dict[str, str]:
+        result = await remote_exec.run_script(
+            self.conn, script, args=(tree, *self.vps_command), timeout_s=_SCRIPT_TIMEOUT_S,
+            max_stdout=listing.MAX_BYTES,
+        )
+        if result.stdout_truncated:
+            raise listing.incomplete(f"refusing {during}: more than {listing.MAX_BYTES} bytes")
+        result.raise_for_status(ErrorCode.COPY_INCOMPLETE)
+        return await listing.parse_off_loop(result.stdout)
+
+
+@dataclass(frozen=True, slots=True)
+class AgentTree:
+    """The VPS's dirs through the agent's routes; only a promote the agent refuses (the
+    listing differs) goes on to the verb, which names the differences."""
+
+    agent: CopyAgent
+    shell: ShellTree
+    through_agent: bool = True
+
+    async def data_listing(self) -> dict[str, str]:
+        return await _bounded(await self.agent.data_listing(),
+                              during=f"the VPS's file listing of {self.shell.remote_dir}")
+
+    async def reset_staging(self) -> None:
+        await self.agent.reset()
+
+    async def staging_listing(self, *, during: str) -> dict[str, str]:
+        return await _bounded(await self.agent.listing(), during=during)
+
+    async def promote(self, expected: dict[str, str]) -> dict[str, str] | None:
+        if await self.agent.promote(_sha256_of(expected)):
+            return None
+        return await self.shell.promote(expected)
+
+
+async def remove_leftovers(conn: asyncssh.SSHClientConnection, *, remote_dir: str) -> None:
+    """Remove a staging dir (and its digest cache) a cut copy left on the VPS."""
+    await _script(conn, _REMOVE, staging_of(remote_dir))
+
+
+async def _bounded(raw: bytes, *, during: str) -> dict[str, str]:
+    """The agent's listing, held to the bound and the rules the verb's output is held to."""
+    if len(raw) > listing.MAX_BYTES:
+        raise listing.incomplete(f"refusing {during}: more than {listing.MAX_BYTES} bytes")
+    return await listing.parse_off_loop(raw)
+
+
+def _sha256_of(expected: dict[str, str]) -> str:
+    return hashlib.sha256(tree_digest.listing(expected)).hexdigest()
+
+
+async def _script(
+    conn: asyncssh.SSHClientConnection, script: str, *args: str
+) -> remote_exec.CommandResult:
+    return await remote_exec.run_script(conn, script, args=args, timeout_s=_SCRIPT_TIMEOUT_S)

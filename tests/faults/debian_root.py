@@ -1,0 +1,108 @@
+"""Minimal Debian roots of the releases a VPS runs, for the fault tier's release matrix.
+
+`debian_root(suite)` returns a directory holding `mmdebstrap --variant=minbase
+--include=openssh-server,python3,iproute2,procps SUITE`: that release's OpenSSH, python3, `ss`
+and `ps`, nothing of ours. A root is built once per machine into ROOTS_DIR (a second run, and
+`.ci/run`'s warm-up, reuse it): into a temporary directory beside it, then renamed, under an
+flock, so a half-built root is never used and two runs never build the same one twice.
+
+`RELEASES` names what each suite ships (the matrix asserts it, so a root that is not what it
+claims fails loudly); the table in docs/vps-setup.md lists the same releases.
+
+`python -m tests.faults.debian_root [SUITE ...]` builds the roots ahead of a test run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOTS_DIR = Path(os.environ.get("MONITORD_TEST_ROOTS", "/var/cache/monitord-tests/roots"))
+MIRROR = os.environ.get("MONITORD_TEST_MIRROR", "http://deb.debian.org/debian")
+PACKAGES = "openssh-server,python3,iproute2,procps"
+BUILD_TIMEOUT_S = 600.0
+# The file whose presence marks a finished root (a rename publishes the whole tree).
+READY_MARK = "usr/sbin/sshd"
+
+
+@dataclass(frozen=True)
+class Release:
+    suite: str
+    debian: str
+    openssh: str  # the upstream version `ssh -V` names, e.g. "OpenSSH_10.0"
+    python: str  # "3.13"
+
+
+RELEASES = {
+    "bullseye": Release("bullseye", "11", "OpenSSH_8.4", "3.9"),
+    "bookworm": Release("bookworm", "12", "OpenSSH_9.2", "3.11"),
+    "trixie": Release("trixie", "13", "OpenSSH_10.0", "3.13"),
+}
+
+
+class RootBuildError(RuntimeError):
+    """mmdebstrap failed or is missing (the message carries its output's tail)."""
+
+
+def can_build_roots() -> bool:
+    return shutil.which("mmdebstrap") is not None or all(
+        (ROOTS_DIR / suite / READY_MARK).exists() for suite in RELEASES
+    )
+
+
+@contextlib.contextmanager
+def _build_lock(suite: str) -> Iterator[None]:
+    ROOTS_DIR.mkdir(parents=True, exist_ok=True)
+    fd = os.open(ROOTS_DIR / f".{suite}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # another run is building it: wait for that one
+        yield
+    finally:
+        os.close(fd)
+
+
+def debian_root(suite: str) -> Path:
+    """The cached root of `suite`, built first if this machine has none."""
+    root = ROOTS_DIR / suite
+    if (root / READY_MARK).exists():
+        return root
+    with _build_lock(suite):
+        if (root / READY_MARK).exists():
+            return root
+        if shutil.which("mmdebstrap") is None:
+            raise RootBuildError("mmdebstrap is not installed (apt-get install mmdebstrap)")
+        scratch = Path(tempfile.mkdtemp(prefix=f".{suite}.", dir=ROOTS_DIR))
+        target = scratch / "root"
+        try:
+            done = subprocess.run(
+                ["mmdebstrap", "--variant=minbase", f"--include={PACKAGES}", "--quiet",
+                 suite, str(target), MIRROR],
+                capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False,
+            )
+            if done.returncode != 0 or not (target / READY_MARK).exists():
+                raise RootBuildError(
+                    f"mmdebstrap {suite} -> {done.returncode}: {done.stderr[-2000:]}")
+            if root.exists():  # an unfinished leftover of an older run
+                shutil.rmtree(root)
+            target.rename(root)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return root
+
+
+def main(argv: list[str]) -> int:
+    for suite in argv or list(RELEASES):
+        print(f"{suite}: {debian_root(suite)}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
