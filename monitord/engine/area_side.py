@@ -12,19 +12,43 @@ the stored record's next action again.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Awaitable, Callable, Collection
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 from monitord.base.config import ServiceSection
-from monitord.remote.copy import CopyReport, Staged
+from monitord.remote import artifact
+from monitord.remote.copy import AreaCopy, CopyReport, Staged
+from monitord.remote.remote_link import RemoteLink
 from orchestrator.cleanup_policy import SideObservation
 from orchestrator.errors import ErrorCode, MonitordError, error_for
 from orchestrator.lineage import Lineage
 from orchestrator.models import Side, Transaction
 
+T = TypeVar("T")
+
 # How long a stopped daemon gets between SIGTERM and SIGKILL (local) before a stop fails.
 STOP_GRACE_S = 10.0
+
+
+async def copy_over(
+    link: RemoteLink,
+    transfer: Callable[..., Awaitable[T]],
+    *,
+    local_dir: Path,
+    remote_dir: str,
+    area: str,
+    **options: Any,
+) -> T:
+    """One direction of a copy (monitord.remote.copy: pre_upload, upload, pre_download,
+    download) over the tunnel's live connection, with the agent answering for the area's
+    dirs on the VPS; what both sides' `pre_receive` and `receive` are made of."""
+    async with link.session() as conn:
+        return await transfer(
+            conn, local_dir=local_dir, remote_dir=remote_dir,
+            vps_command=artifact.remote_command(link.remote),
+            agent=AreaCopy(link.agent, area, remote_dir), **options,
+        )
 
 
 def health_timeout(txn: Transaction, section: ServiceSection, side: Side) -> MonitordError:

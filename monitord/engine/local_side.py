@@ -18,12 +18,10 @@ from pathlib import Path
 
 from monitord.base import area_paths
 from monitord.base.config import Config, ServiceSection
-from monitord.engine.area_side import STOP_GRACE_S
+from monitord.engine.area_side import STOP_GRACE_S, copy_over
 from monitord.engine.placement_state import PlacementState
 from monitord.local.supervisor import AreaRun, LocalSupervisor, area_run
-from monitord.remote import artifact
 from monitord.remote import copy as area_copy
-from monitord.remote.copy import AreaCopy
 from monitord.remote.remote_link import RemoteLink
 from orchestrator.cleanup_policy import SideObservation
 from orchestrator.errors import ErrorCode, error_for
@@ -207,24 +205,14 @@ class LocalSide:
         return self._remote
 
     async def pre_receive(self, *, local_dir: Path, remote_dir: str, area: str) -> area_copy.Staged:
-        link = self._link()
-        async with link.session() as conn:
-            return await area_copy.pre_download(
-                conn, remote_dir=remote_dir, local_dir=local_dir,
-                vps_command=artifact.remote_command(link.remote),
-                agent=AreaCopy(link.agent, area, remote_dir),
-            )
+        return await copy_over(self._link(), area_copy.pre_download, local_dir=local_dir,
+                               remote_dir=remote_dir, area=area)
 
     async def receive(
         self, *, local_dir: Path, remote_dir: str, area: str, staged: area_copy.Staged | None
     ) -> area_copy.CopyReport:
-        link = self._link()
-        async with link.session() as conn:
-            return await area_copy.download(
-                conn, remote_dir=remote_dir, local_dir=local_dir, staged=staged,
-                vps_command=artifact.remote_command(link.remote),
-                agent=AreaCopy(link.agent, area, remote_dir),
-            )
+        return await copy_over(self._link(), area_copy.download, local_dir=local_dir,
+                               remote_dir=remote_dir, area=area, staged=staged)
 
 
 class LocalRuns:

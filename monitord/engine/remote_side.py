@@ -18,13 +18,11 @@ import asyncssh
 
 from monitord.base import area_paths, logs
 from monitord.base.config import Config
-from monitord.engine.area_side import health_timeout
+from monitord.engine.area_side import copy_over, health_timeout
 from monitord.engine.lease_renewer import LeaseRenewer
 from monitord.engine.placement_state import PlacementState
-from monitord.remote import artifact
 from monitord.remote import copy as area_copy
 from monitord.remote import preflight as preflight_checks
-from monitord.remote.copy import AreaCopy
 from monitord.remote.remote_link import RemoteLink
 from monitord.remote.shared_facts import SharedFacts
 from orchestrator import lineage as lineages
@@ -261,21 +259,11 @@ class RemoteSide:
     # -- receiving a copy from the PBX -----------------------------------------------------
 
     async def pre_receive(self, *, local_dir: Path, remote_dir: str, area: str) -> area_copy.Staged:
-        link = self._link()
-        async with link.session() as conn:
-            return await area_copy.pre_upload(
-                conn, local_dir=local_dir, remote_dir=remote_dir,
-                vps_command=artifact.remote_command(link.remote),
-                agent=AreaCopy(link.agent, area, remote_dir),
-            )
+        return await copy_over(self._link(), area_copy.pre_upload, local_dir=local_dir,
+                               remote_dir=remote_dir, area=area)
 
     async def receive(
         self, *, local_dir: Path, remote_dir: str, area: str, staged: area_copy.Staged | None
     ) -> area_copy.CopyReport:
-        link = self._link()
-        async with link.session() as conn:
-            return await area_copy.upload(
-                conn, local_dir=local_dir, remote_dir=remote_dir, staged=staged,
-                vps_command=artifact.remote_command(link.remote),
-                agent=AreaCopy(link.agent, area, remote_dir),
-            )
+        return await copy_over(self._link(), area_copy.upload, local_dir=local_dir,
+                               remote_dir=remote_dir, area=area, staged=staged)
