@@ -144,6 +144,14 @@ class Transaction(_Stored):
     data_wait_since: float | None = None  # wall time a copy-back first failed (rollback)
     source_abandoned: bool = False  # the VPS was given up: fence its source by the lease alone
 
+    def to_storage(self) -> dict[str, Any]:
+        # `source_abandoned` is stored only when set: the previous release reads these
+        # records back (a rollback of an upgrade), and it refuses fields it does not know.
+        record = super().to_storage()
+        if not self.source_abandoned:
+            del record["source_abandoned"]
+        return record
+
     @property
     def direction(self) -> Direction:
         return Direction.LOCAL_TO_REMOTE if self.source is Side.LOCAL else Direction.REMOTE_TO_LOCAL

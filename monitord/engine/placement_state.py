@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from monitord.base import logs
-from monitord.store import spool_files
+from monitord.store import abandoned_copies, spool_files
 from monitord.store.state_db import Store
 from orchestrator import lineage, rules
 from orchestrator.errors import ErrorCode, error_for
@@ -47,7 +47,8 @@ class PlacementState:
         self.last_finished: dict[str, Transaction] = {}  # newest final record per area
         self.lineages: dict[str, Lineage] = {}  # recorded data lineage per area (durable)
         # VPS copies given up, by (area, generation): set aside there, never started (durable)
-        self.abandoned: dict[tuple[str, int], dict[str, object]] = {}
+        self.abandoned: dict[tuple[str, int], abandoned_copies.Row] = {}
+        self._abandoned_path = store.path.parent / abandoned_copies.FILE_NAME
         self._listeners: list[Listener] = []
         self.changed = asyncio.Event()
         # custom_config.json is read-changed-written by commits and re-read by the
@@ -67,8 +68,7 @@ class PlacementState:
         for record in await self.store.lineages():
             found = Lineage.from_storage(record)
             self.lineages[found.area] = found
-        for row in await self.store.abandoned_copies():
-            self.abandoned[(row["area"], row["generation"])] = row
+        self.abandoned = await asyncio.to_thread(abandoned_copies.load, self._abandoned_path)
         # In the order they were made: a later service-wide wish overrides per-area ones.
         rows = sorted(await self.store.desired_placements(), key=lambda r: r["updated_at"])
         for row in rows:
@@ -172,20 +172,20 @@ class PlacementState:
         self.notify()
 
     async def abandon_remote(self, area: str, *, generations: Iterable[int]) -> Lineage:
-        """The VPS's copy of `area` is given up: the PBX holds the newest data from now on
-        (a new epoch), and `generations` on the VPS are set aside when it answers again —
-        one durable write, before anything acts on it. Returns the lineage it replaced."""
+        """The VPS's copy of `area` is given up: `generations` on the VPS are to be set aside
+        when it answers again, and the PBX holds the newest data from now on (a new epoch) —
+        both durable before anything acts on them. Returns the lineage it replaced."""
         current = self.lineage(area)
-        updated = lineage.discarded(current, keep=Side.LOCAL)
         now = time.time()
-        await self.store.record_abandoned(lineage=updated.to_storage(), generations=generations,
-                                          now=now)
-        self.lineages[area] = updated
+        rows = dict(self.abandoned)
         for generation in generations:
-            self.abandoned.setdefault((area, generation), {
+            rows.setdefault((area, generation), {
                 "area": area, "generation": generation, "abandoned_at": now,
                 "set_aside_path": None, "set_aside_at": None})
-        self.notify()
+        # First what is set aside, then the lineage that gives it up (abandoned_copies.py).
+        await asyncio.to_thread(abandoned_copies.save, self._abandoned_path, rows)
+        self.abandoned = rows
+        await self.record_lineage(lineage.discarded(current, keep=Side.LOCAL))
         return current
 
     def is_abandoned(self, area: str, generation: int) -> bool:
@@ -194,10 +194,12 @@ class PlacementState:
 
     async def record_set_aside(self, *, area: str, generation: int, path: str) -> None:
         now = time.time()
-        await self.store.record_set_aside(area=area, generation=generation, path=path, now=now)
-        row = self.abandoned.setdefault((area, generation), {
+        rows = dict(self.abandoned)
+        row = dict(rows.get((area, generation)) or {
             "area": area, "generation": generation, "abandoned_at": now})
-        row.update(set_aside_path=path, set_aside_at=now)
+        rows[(area, generation)] = {**row, "set_aside_path": path, "set_aside_at": now}
+        await asyncio.to_thread(abandoned_copies.save, self._abandoned_path, rows)
+        self.abandoned = rows
         self.notify()
 
     async def reread(self, area: str) -> Transaction | None:

@@ -29,7 +29,7 @@ import json
 import sqlite3
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
@@ -199,20 +199,6 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         """,
         "CREATE INDEX area_downtime_by_move ON area_downtime (move_id)",
         "CREATE INDEX area_downtime_by_end ON area_downtime (service, finished_at)",
-    ),
-    # v5: the VPS copies an operator gave up (orchestrator/give_up.py): set aside on the VPS
-    # when it returns, never started, never deleted by monitord.
-    (
-        """
-        CREATE TABLE abandoned_copies (
-            area TEXT NOT NULL,
-            generation INTEGER NOT NULL,
-            abandoned_at REAL NOT NULL,
-            set_aside_path TEXT,
-            set_aside_at REAL,
-            PRIMARY KEY (area, generation)
-        )
-        """,
     ),
 )
 
@@ -637,53 +623,6 @@ class Store:
                 {"area": r["area"], "holders": json.loads(r["holders"]), "epoch": r["epoch"]}
                 for r in rows
             ]
-
-        return await self._run(read)
-
-    async def record_abandoned(
-        self, *, lineage: Mapping[str, Any], generations: Iterable[int], now: float
-    ) -> None:
-        """The operator gave the VPS's copy of an area up: its new lineage and the generations
-        given up, in one transaction (the copies are set aside, not deleted, once the VPS
-        answers)."""
-
-        def write() -> None:
-            with _Tx(self._db()) as db:
-                db.execute(
-                    "INSERT INTO lineage (area, holders, epoch, updated_at) VALUES (?, ?, ?, ?)"
-                    " ON CONFLICT (area) DO UPDATE SET holders = excluded.holders,"
-                    " epoch = excluded.epoch, updated_at = excluded.updated_at",
-                    (lineage["area"], json.dumps(list(lineage["holders"])),
-                     int(lineage["epoch"]), now),
-                )
-                db.executemany(
-                    "INSERT OR IGNORE INTO abandoned_copies (area, generation, abandoned_at)"
-                    " VALUES (?, ?, ?)",
-                    [(lineage["area"], int(g), now) for g in generations],
-                )
-
-        await self._run(write)
-
-    async def record_set_aside(self, *, area: str, generation: int, path: str, now: float
-                               ) -> None:
-        def write() -> None:
-            with _Tx(self._db()) as db:
-                db.execute(
-                    "UPDATE abandoned_copies SET set_aside_path = ?, set_aside_at = ?"
-                    " WHERE area = ? AND generation = ?", (path, now, area, generation),
-                )
-
-        await self._run(write)
-
-    async def abandoned_copies(self) -> list[dict[str, Any]]:
-        """Every VPS copy given up: area, generation, abandoned_at, set_aside_path/at."""
-
-        def read() -> list[dict[str, Any]]:
-            rows = self._db().execute(
-                "SELECT area, generation, abandoned_at, set_aside_path, set_aside_at"
-                " FROM abandoned_copies ORDER BY abandoned_at, area, generation"
-            )
-            return [dict(r) for r in rows]
 
         return await self._run(read)
 
