@@ -317,7 +317,8 @@ class MigrationEngine:
         area's transaction goes home; returns their ids."""
         async with self.intake_lock:
             targets = [self.state.committed[area]] if area else self.state.areas_of(service)
-            for target in targets:  # no step may finish on a record decided on below
+            # No step may finish on a record decided on below; a refusal restarts them.
+            for target in targets:
                 await self._halt_runner(target.uuid)
             now = self._clock()
             decisions = {
@@ -384,16 +385,21 @@ class MigrationEngine:
         if lost_s < self.vps_lost_after_s:
             return
         for service in sorted(self.vps_lost_services):
-            if self.give_up_view(service) is None:
+            view = self.give_up_view(service)
+            if view is None:
                 continue
-            try:
-                ids = await self.give_up_remote(service, reason="policy")
-            except MonitordError as e:
+            if view["allowed_at"] > self._wall():
+                # Not provably fenced yet: asking now would only halt its runners to refuse.
                 if service not in self._vps_lost_logged:  # once per outage, not every tick
                     self._vps_lost_logged.add(service)
                     log.critical("vps_lost_give_up_waiting", service=service,
-                                 error_code=e.code, detail=e.detail,
-                                 unreachable_s=round(lost_s, 1))
+                                 allowed_at=view["allowed_at"], unreachable_s=round(lost_s, 1))
+                continue
+            try:
+                ids = await self.give_up_remote(service, reason="policy")
+            except MonitordError as e:  # a commit being written: asked again next tick
+                log.warning("vps_lost_give_up_refused", service=service, error_code=e.code,
+                            detail=e.detail)
                 continue
             log.critical("vps_lost_given_up", service=service, transaction_ids=ids,
                          unreachable_s=round(lost_s, 1))
