@@ -18,6 +18,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from monitord.base import config
 from monitord.base.metrics import Metrics
+from monitord.base.periodic import LoopBook
 from monitord.engine.migration_engine import MigrationEngine
 from monitord.engine.operator_facade import OperatorFacade
 from monitord.engine.phase_actions import PhaseActions
@@ -54,7 +55,7 @@ async def engine_api(root: Path) -> AsyncIterator[tuple[Client, Path]]:
         await state.load()
         engine = MigrationEngine(
             state=state, actions=None, store=store,  # type: ignore[arg-type]
-            metrics=Metrics(), policy=LeasePolicy(), renewer=None, parallelism={"tg": 1},
+            metrics=Metrics(), policy=LeasePolicy(), leases=None, parallelism={"tg": 1},
             park_after_failures=3, retry_backoff_base_s=0.01, retry_backoff_cap_s=0.02,
         )
         facade = OperatorFacade(
@@ -62,6 +63,7 @@ async def engine_api(root: Path) -> AsyncIterator[tuple[Client, Path]]:
             reconciler=None, cleanup_worker=None, supervisor=None,  # type: ignore[arg-type]
             link=None, metrics=Metrics(), store=store, accepting=lambda: True,
             custom_config_path=custom, remote_state_path=root / "remote_state.json",
+            loops=LoopBook(),
         )
         admission = Admission()
         admission.open_intake()

@@ -76,7 +76,7 @@ class TestTheStepBindsTheTransaction:
             await state.load()
             engine = MigrationEngine(
                 state=state, actions=AgentAskingActions(client),  # type: ignore[arg-type]
-                store=store, metrics=Metrics(), policy=LeasePolicy(), renewer=None,
+                store=store, metrics=Metrics(), policy=LeasePolicy(), leases=None,
                 parallelism={"tg": 1}, park_after_failures=1,
                 retry_backoff_base_s=0.01, retry_backoff_cap_s=0.02,
             )
