@@ -397,15 +397,7 @@ def _updates(
     if outcome is Outcome.ROLLBACK_RESUMED:
         changes["data_wait_since"] = None  # a new wait, measured from its first failure
     elif outcome is Outcome.SOURCE_ABANDONED:
-        changes.update(
-            source_abandoned=True,
-            attempt=txn.attempt + 1,
-            generation=ctx.new_generation,
-            rollback_from=None,
-            destination_fenced=False,
-            cleanup_required=False,
-            data_wait_since=None,
-        )
+        changes.update(_fresh_attempt(txn, ctx), source_abandoned=True)
     elif target is Phase.ROLLBACK and txn.phase is not Phase.ROLLBACK:
         # Nothing can run at the destination before CREATE_DESTINATION was entered.
         changes["rollback_from"] = txn.phase
@@ -432,17 +424,21 @@ def _updates(
     elif txn.phase is Phase.CLEANUP_SOURCE and outcome in (Outcome.FAILED, Outcome.UNREACHABLE):
         changes["cleanup_required"] = True
     elif outcome is Outcome.RETRY_REQUESTED:
-        changes.update(
-            attempt=txn.attempt + 1,
-            generation=ctx.new_generation,
-            rollback_from=None,
-            destination_fenced=False,
-            cleanup_required=False,
-            data_wait_since=None,
-            last_error_code=None,
-            last_error_detail=None,
-        )
+        changes.update(_fresh_attempt(txn, ctx), last_error_code=None, last_error_detail=None)
     return changes
+
+
+def _fresh_attempt(txn: Transaction, ctx: StepContext) -> dict[str, object]:
+    """A transaction starting over (a retry, a give-up): the next attempt at a newly issued
+    generation, with nothing of the previous attempt's rollback left."""
+    return {
+        "attempt": txn.attempt + 1,
+        "generation": ctx.new_generation,
+        "rollback_from": None,
+        "destination_fenced": False,
+        "cleanup_required": False,
+        "data_wait_since": None,
+    }
 
 
 def advance(txn: Transaction, outcome: Outcome, ctx: StepContext) -> Transaction:
