@@ -277,19 +277,20 @@ class AgentRuntime:
             await self._stop_process(area, fence=False)
             data_dir = Path(entry.spec.data_dir)
             set_aside = None
-            if aside and data_dir.is_relative_to(self.base_dir) and data_dir != self.base_dir:
-                set_aside = self._set_aside(area, generation, data_dir)
-            elif data_dir.is_relative_to(self.base_dir) and data_dir != self.base_dir:
-                try:
-                    shutil.rmtree(data_dir)
-                except FileNotFoundError:
-                    pass
-                except OSError as e:
-                    raise AgentError(
-                        code="CLEANUP_STUCK",
-                        detail=f"area {area}: cannot remove {data_dir}: {e.strerror or e}",
-                        status=500,
-                    ) from e
+            if data_dir.is_relative_to(self.base_dir) and data_dir != self.base_dir:
+                if aside:
+                    set_aside = self._set_aside(area, generation, data_dir)
+                else:
+                    try:
+                        shutil.rmtree(data_dir)
+                    except FileNotFoundError:
+                        pass
+                    except OSError as e:
+                        raise AgentError(
+                            code="CLEANUP_STUCK",
+                            detail=f"area {area}: cannot remove {data_dir}: {e.strerror or e}",
+                            status=500,
+                        ) from e
                 # the digest cache a copy leaves beside the dir (monitord.base.tree_digest)
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(f"{data_dir}.digests")
@@ -316,8 +317,6 @@ class AgentRuntime:
                 detail=f"area {area}: cannot set {data_dir} aside: {e.strerror or e}",
                 status=500,
             ) from e
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(f"{data_dir}.digests")
         return str(target)
 
     async def promote(self, area: str, *, data_dir: str, expect: str) -> dict[str, Any]:
