@@ -14,12 +14,20 @@ granularity. Every later write stamps at least the epoch, so it differs (this is
 "racy clean" rule with the reference taken before the hash, not after).
 
 Used on both sides: the PBX keeps caches in memory across one move (pre-copy, then the copy
-after the stop); the VPS keeps one per tree in a file beside it (`monitord.pyz tree-digest
---dir D --cache D.digests`), rewritten atomically. A cache that is missing, unreadable or of
+after the stop); the VPS keeps one per tree in a file (`monitord.pyz tree-digest --dir D
+--cache C`, C from `data_cache(D)` or `staging_cache(D)`), rewritten atomically.
+
+Where a copy keeps its own dirs (`copy_dir`): `{parent}/.monitord-copy/{name}/` for a data dir
+`{parent}/{name}`, holding `staging/` (where the copy is put together), `staging.digests` (its
+cache), `digests` (the data dir's cache) and `old/` (the replaced tree during a swap). Area ids
+may contain `.` but never start with one (orchestrator/names.py), so no area's data dir can be
+named `.monitord-copy`, nor lie inside it: a copy of area `A` never touches the data of areas
+`A.staging`, `A.old` or `A.digests`, which siblings named by suffix did. One dir per data dir
+also means one `rm -rf` forgets everything a copy left. A cache that is missing, unreadable or of
 another format is simply empty. Standard library only, Python >= 3.9: it runs on the VPS.
 
 `verify_and_promote` is the receiving side's end of an upload in one call (the agent answers
-it, so the area's downtime does not pay for a new process): digest the staging dir beside a
+it, so the area's downtime does not pay for a new process): digest the staging dir of a
 tree, every file fsynced, and only if its listing is exactly the expected one swap it in by
 rename. `promote` is that swap alone.
 """
@@ -41,17 +49,59 @@ from monitord.base.atomic_file import atomic_write_bytes, fsync_path
 
 _CHUNK = 1 << 20
 _FORMAT = 1
-STAGING_SUFFIX = ".staging"  # where a copy is put together, beside the tree it replaces
+# The dir beside a data dir that holds every copy's own dirs (see the module docstring): its
+# leading dot is what no area id can have.
+COPY_DIR_NAME = ".monitord-copy"
+# Names a previous release used beside a data dir: `{dir}.digests` (a file) is still removed
+# with the area when it is a regular file (it cannot be a data dir); `{dir}.staging` and
+# `{dir}.old` are never touched, as they may be another area's data dir (docs/design.md).
+LEGACY_DIGESTS_SUFFIX = ".digests"
 # The most of a listing the PBX reads from the VPS, however it arrives (the verb's output or
 # the agent's answer): see monitord.remote.copy.listing for why 64 MiB.
 MAX_LISTING_BYTES = 64 << 20
-DIGESTS_SUFFIX = ".digests"  # the digest cache of a tree, beside it
 # (st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns)
 Identity = tuple[int, int, int, int, int]
 # relative POSIX path -> (identity when hashed, SHA-256)
 Cache = dict[str, tuple[Identity, str]]
 # relative POSIX path -> (size, SHA-256)
 Digests = dict[str, tuple[int, str]]
+
+
+def copy_dir(final: Path) -> Path:
+    """The dir of a copy's own dirs for the data dir `final`: `{parent}/.monitord-copy/{name}`
+    (same file system, so every move in it is a rename)."""
+    return final.parent / COPY_DIR_NAME / final.name
+
+
+def staging_dir(final: Path) -> Path:
+    """Where a copy to `final` is put together."""
+    return copy_dir(final) / "staging"
+
+
+def staging_cache(final: Path) -> Path:
+    """The digest cache of `final`'s staging dir."""
+    return copy_dir(final) / "staging.digests"
+
+
+def data_cache(final: Path) -> Path:
+    """The digest cache of `final` itself."""
+    return copy_dir(final) / "digests"
+
+
+def old_dir(final: Path) -> Path:
+    """Where a swap moves the tree `final` held, until the new one is on disk."""
+    return copy_dir(final) / "old"
+
+
+def forget(final: Path) -> None:
+    """Remove everything a copy left for `final` (its staging dir, caches, old tree) and the
+    digest cache a previous release left beside it (`{final}.digests`, only a regular file):
+    what goes with an area's data."""
+    _remove(copy_dir(final))
+    legacy = final.with_name(final.name + LEGACY_DIGESTS_SUFFIX)
+    with contextlib.suppress(FileNotFoundError):
+        if stat.S_ISREG(os.lstat(legacy).st_mode):
+            os.unlink(legacy)
 
 
 def identity(st: os.stat_result) -> Identity:
@@ -159,6 +209,7 @@ def load_cache(path: Path) -> Cache:
 
 
 def save_cache(path: Path, cache: Cache) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
     doc = {"format": _FORMAT, "files": {rel: [list(ident), sha] for rel, (ident, sha) in
                                          sorted(cache.items())}}
     atomic_write_bytes(path, json.dumps(doc, separators=(",", ":")).encode(), mode=0o600)
@@ -181,25 +232,25 @@ def listing(digests: dict[str, str]) -> bytes:
 
 
 def reset_staging(final: Path) -> None:
-    """Make `final`'s staging dir exist and be empty, with no digest cache beside it: where a
+    """Make `final`'s staging dir exist and be empty, with no digest cache of its own: where a
     copy to `final` starts (`rm -rf` of both, then `mkdir -p`)."""
-    staging = final.with_name(final.name + STAGING_SUFFIX)
+    staging = staging_dir(final)
     _remove(staging)
-    _remove(staging.with_name(staging.name + DIGESTS_SUFFIX))
+    _remove(staging_cache(final))
     staging.mkdir(parents=True)
 
 
 def staging_listing(final: Path) -> bytes:
     """The listing of `final`'s staging dir (what `tree-digest --sync` prints for it): every
     file and directory fsynced, its digest cache kept up to date."""
-    return cached_listing(final.with_name(final.name + STAGING_SUFFIX), sync=True)
+    return cached_listing(staging_dir(final), sync=True, cache_path=staging_cache(final))
 
 
 def cached_listing(root: Path, *, sync: bool = False,
                    cache_path: Path | None = None) -> bytes:
-    """What `tree-digest --dir root --cache CACHE` prints (CACHE: `root.digests` unless
+    """What `tree-digest --dir root --cache CACHE` prints (CACHE: `data_cache(root)` unless
     given), the cache brought up to date; nothing for a missing root."""
-    cache_path = cache_path or root.with_name(root.name + DIGESTS_SUFFIX)
+    cache_path = cache_path or data_cache(root)
     found, fresh = digest_tree(root, load_cache(cache_path), sync=sync)
     if root.is_dir():
         save_cache(cache_path, fresh)
@@ -220,32 +271,34 @@ def verify_and_promote(final: Path, expect: str) -> bool:
 def promote(final: Path) -> None:
     """Replace `final` by its staging dir (made empty if it was never made: an empty area),
     its digest cache moving along (`swap_in`); `final` itself fsynced too."""
-    staging = final.with_name(final.name + STAGING_SUFFIX)
+    staging = staging_dir(final)
     staging.mkdir(parents=True, exist_ok=True)
     final.parent.mkdir(parents=True, exist_ok=True)
     # The cache first: entries are keyed by inode and ctime, so until the swap below the
     # staging tree's entries simply match none of the old tree's files.
-    _remove(final.with_name(final.name + DIGESTS_SUFFIX))
-    cache = staging.with_name(staging.name + DIGESTS_SUFFIX)
+    _remove(data_cache(final))
+    cache = staging_cache(final)
     if cache.exists():
-        os.rename(cache, final.with_name(final.name + DIGESTS_SUFFIX))
+        os.rename(cache, data_cache(final))
     swap_in(staging, final)
     fsync_path(final)
 
 
 def swap_in(staging: Path, final: Path) -> None:
     """Replace `final` by `staging` by rename, durably: the old tree, moved aside to
-    `final.old`, is removed only once the renames are on disk (the parent fsynced), and only
+    `old_dir(final)`, is removed only once the renames are on disk (the parent fsynced), and only
     as far as it can be — a leftover is removed by the next swap before its renames. Both
     sides' copies end here (monitord.remote.copy on the PBX)."""
-    old = final.with_name(final.name + ".old")
+    old = old_dir(final)
     _remove(old)
+    old.parent.mkdir(parents=True, exist_ok=True)
     if final.exists() or final.is_symlink():
         os.rename(final, old)
     os.rename(staging, final)
     fsync_path(final.parent)
     with contextlib.suppress(OSError):
         _remove(old)
+        os.rmdir(copy_dir(final))  # (only if nothing else of the area's copy is left there)
 
 
 def _remove(path: Path) -> None:

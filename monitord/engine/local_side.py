@@ -16,7 +16,7 @@ import shutil
 from collections.abc import Callable, Collection
 from pathlib import Path
 
-from monitord.base import area_paths
+from monitord.base import area_paths, tree_digest
 from monitord.base.config import Config, ServiceSection
 from monitord.engine.area_side import STOP_GRACE_S, copy_over
 from monitord.engine.placement_state import PlacementState
@@ -258,7 +258,9 @@ def _newest_mtime(root: Path) -> float:
 
 
 def _remove_staging(target: Path) -> None:
-    shutil.rmtree(target.with_name(target.name + area_copy.STAGING_SUFFIX), ignore_errors=True)
+    """What a copy to `target` left: its staging dir and an old tree (the PBX keeps no digest
+    cache on disk), in the data dir's own copy dir (monitord.base.tree_digest.copy_dir)."""
+    shutil.rmtree(tree_digest.copy_dir(target), ignore_errors=True)
 
 
 def _archive(source: Path, target: Path) -> None:

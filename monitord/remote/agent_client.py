@@ -281,13 +281,13 @@ class AgentClient:
     async def promote(self, *, area: str, data_dir: str, expect: str,
                       timeout_s: float = PROMOTE_TIMEOUT_S) -> bool:
         """An upload's last step, answered by the agent (no new process inside the area's
-        downtime): True once the staging dir beside `data_dir`, whose listing's SHA-256 is
+        downtime): True once the staging dir of `data_dir`, whose listing's SHA-256 is
         `expect`, has replaced it; False when the listing differs (nothing changed). An
         agent without this route answers 404 (`routes` tells beforehand)."""
-        where = f"POST /v1/areas/{area}/promote"
+        where = f"POST /v1/areas/{area}/copy/promote"
         doc = _object(await self._call(
-            "POST", f"/v1/areas/{area}/promote", body={"data_dir": data_dir, "expect": expect},
-            timeout_s=timeout_s,
+            "POST", f"/v1/areas/{area}/copy/promote",
+            body={"data_dir": data_dir, "expect": expect}, timeout_s=timeout_s,
         ), where=where)
         promoted = doc.get("promoted")
         if not isinstance(promoted, bool):
@@ -296,11 +296,11 @@ class AgentClient:
 
     async def reset_staging(self, *, area: str, data_dir: str,
                             timeout_s: float = PROMOTE_TIMEOUT_S) -> None:
-        """The staging dir beside `data_dir` made empty (where a copy to it starts). An agent
+        """The staging dir of `data_dir` made empty (where a copy to it starts). An agent
         without this route answers 404 (`routes` tells beforehand)."""
-        where = f"POST /v1/areas/{area}/staging"
+        where = f"POST /v1/areas/{area}/copy/staging"
         doc = _object(await self._call(
-            "POST", f"/v1/areas/{area}/staging",
+            "POST", f"/v1/areas/{area}/copy/staging",
             body={"data_dir": data_dir, "action": "reset"}, timeout_s=timeout_s,
         ), where=where)
         if doc.get("action") != "reset":
@@ -309,8 +309,8 @@ class AgentClient:
     async def staging_listing(self, *, area: str, data_dir: str,
                               timeout_s: float = PROMOTE_TIMEOUT_S) -> bytes:
         """The listing (`sha256sum` format, as the tree-digest verb prints it) of the staging
-        dir beside `data_dir`, every file fsynced there. 404 from an agent without it."""
-        return await self._listing("staging", area=area, timeout_s=timeout_s,
+        dir of `data_dir`, every file fsynced there. 404 from an agent without it."""
+        return await self._listing("copy/staging", area=area, timeout_s=timeout_s,
                                    body={"data_dir": data_dir, "action": "digest"})
 
     async def data_listing(self, *, area: str, data_dir: str,

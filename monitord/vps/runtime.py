@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import os
 import shutil
 import time
@@ -291,9 +290,17 @@ class AgentRuntime:
                             detail=f"area {area}: cannot remove {data_dir}: {e.strerror or e}",
                             status=500,
                         ) from e
-                # the digest cache a copy leaves beside the dir (monitord.base.tree_digest)
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(f"{data_dir}.digests")
+                # what a copy left for the dir: its copy dir (caches, a staging dir), and a
+                # previous release's cache file beside it (monitord.base.tree_digest.forget)
+                try:
+                    tree_digest.forget(data_dir)
+                except OSError as e:
+                    raise AgentError(
+                        code="CLEANUP_STUCK",
+                        detail=f"area {area}: cannot remove the copy dir of {data_dir}:"
+                               f" {e.strerror or e}",
+                        status=500,
+                    ) from e
             self.runner.revoke(area)
             del self._entries[area]
             spool_cache.save(self.cache_path, self._entries.values())
@@ -321,7 +328,7 @@ class AgentRuntime:
 
     async def promote(self, area: str, *, data_dir: str, expect: str) -> dict[str, Any]:
         """POST /v1/areas/{area}/promote: an upload's last step, here rather than in a new
-        process (inside the area's downtime). The staging dir beside `data_dir` is digested
+        process (inside the area's downtime). The staging dir of `data_dir` is digested
         (every file fsynced) in a thread, and swapped in for `data_dir` only if its listing's
         SHA-256 is `expect`; `promoted` says which. Never under a running daemon of the area
         (409 DESTINATION_CONFLICT): its files would change under it."""
@@ -348,7 +355,7 @@ class AgentRuntime:
 
     async def staging(self, area: str, *, data_dir: str, action: str) -> dict[str, Any]:
         """POST /v1/areas/{area}/staging: the other two steps of a copy to the VPS that used
-        to be a shell and a Python start each. "reset": the staging dir beside `data_dir`
+        to be a shell and a Python start each. "reset": the staging dir of `data_dir`
         made empty, its digest cache gone (where a copy starts); "digest": its listing,
         every file fsynced (what a pre-copy delivered). Neither touches `data_dir` itself."""
         doing = f"{action} the staging dir of {data_dir}"

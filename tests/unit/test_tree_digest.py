@@ -146,17 +146,18 @@ class TestVerifyAndPromote:
         final = tmp_path / "area"
         (final / "sub").mkdir(parents=True)
         (final / "sub" / "old.db").write_bytes(b"old")
-        (tmp_path / "area.old").mkdir()  # left by a cut swap
-        (tmp_path / "area.digests").write_text("{}")
-        staging = tmp_path / ("area" + tree_digest.STAGING_SUFFIX)
+        tree_digest.old_dir(final).mkdir(parents=True)  # left by a cut swap
+        tree_digest.data_cache(final).write_text("{}")
+        staging = tree_digest.staging_dir(final)
         staging.mkdir()
         (staging / "new.db").write_bytes(b"new")
         aged(staging / "new.db")  # old enough for its hash to be cached
         want = hashlib.sha256(tree_digest.listing({"new.db": _sha(b"new")})).hexdigest()
         assert tree_digest.verify_and_promote(final, want)
-        assert sorted(p.name for p in tmp_path.iterdir()) == ["area", "area.digests"]
+        assert sorted(p.name for p in tmp_path.iterdir()) == [".monitord-copy", "area"]
+        assert [p.name for p in tree_digest.copy_dir(final).iterdir()] == ["digests"]
         assert [p.name for p in final.iterdir()] == ["new.db"]
-        assert set(tree_digest.load_cache(tmp_path / "area.digests")) == {"new.db"}
+        assert set(tree_digest.load_cache(tree_digest.data_cache(final))) == {"new.db"}
 
     def test_a_staging_dir_listing_otherwise_is_left_and_the_tree_untouched(
         self, tmp_path: Path
@@ -164,8 +165,8 @@ class TestVerifyAndPromote:
         final = tmp_path / "area"
         final.mkdir()
         (final / "old.db").write_bytes(b"old")
-        staging = tmp_path / ("area" + tree_digest.STAGING_SUFFIX)
-        staging.mkdir()
+        staging = tree_digest.staging_dir(final)
+        staging.mkdir(parents=True)
         (staging / "new.db").write_bytes(b"torn")
         want = hashlib.sha256(tree_digest.listing({"new.db": _sha(b"new")})).hexdigest()
         assert not tree_digest.verify_and_promote(final, want)
@@ -195,4 +196,6 @@ class TestSwapIn:
         tree_digest.swap_in(staging, final)
         assert not final.is_symlink() and [p.name for p in final.iterdir()] == ["new.db"]
         assert [p.name for p in elsewhere.iterdir()] == ["keep"]
-        assert sorted(p.name for p in tmp_path.iterdir()) == ["area", "elsewhere"]
+        assert sorted(p.name for p in tmp_path.iterdir()) == [".monitord-copy", "area",
+                                                              "elsewhere"]
+        assert list((tmp_path / ".monitord-copy").iterdir()) == []

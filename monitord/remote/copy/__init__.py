@@ -12,7 +12,6 @@ handed from the first to the second. Inside, by what each module holds:
 - `listing`    the VPS's listing of a tree, parsed and validated as untrusted input.
 """
 
-from monitord.base.tree_digest import DIGESTS_SUFFIX, STAGING_SUFFIX
 from monitord.remote.copy.transfer import (
     CopyReport,
     Staged,
@@ -25,8 +24,6 @@ from monitord.remote.copy.transfer import (
 from monitord.remote.copy.vps_tree import AreaCopy, CopyAgent
 
 __all__ = [
-    "DIGESTS_SUFFIX",
-    "STAGING_SUFFIX",
     "AreaCopy",
     "CopyAgent",
     "CopyReport",

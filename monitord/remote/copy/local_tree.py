@@ -1,4 +1,4 @@
-"""The PBX's side of a copy: one area's local data dir and the staging dir beside it.
+"""The PBX's side of a copy: one area's local data dir and its staging dir.
 
 What is read here is listed first (`manifest`, `pre_listing`); what is written here comes
 from the VPS, so it is written only through directory fds with O_NOFOLLOW and O_EXCL
@@ -56,8 +56,8 @@ def pre_listing(root: Path) -> tuple[int, list[str]]:
 
 
 def staging_of(final: Path) -> Path:
-    """The staging dir beside a local data dir."""
-    return final.with_name(final.name + tree_digest.STAGING_SUFFIX)
+    """The staging dir of a local data dir (monitord.base.tree_digest.staging_dir)."""
+    return tree_digest.staging_dir(final)
 
 
 def create_inside(root: Path, rel: str) -> BinaryIO:
@@ -104,8 +104,11 @@ def reset_dir(path: Path) -> None:
 
 
 def remove(path: Path) -> None:
-    """A refused copy's staging dir, gone (nothing of a refused listing is kept)."""
+    """A refused copy's staging dir, gone (nothing of a refused listing is kept), and the
+    area's copy dir with it if nothing else is left there."""
     shutil.rmtree(path, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        path.parent.rmdir()
 
 
 def prune_to(root: Path, keep: set[str]) -> None:

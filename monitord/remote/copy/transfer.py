@@ -2,7 +2,8 @@
 
 Called by the migration engine. Both directions follow the same protocol:
   1. the sender lists its files with size and SHA-256 (the manifest);
-  2. the files go over SFTP into a fresh staging dir next to the destination dir;
+  2. the files go over SFTP into a fresh staging dir in the destination dir's copy dir
+     (`{parent}/.monitord-copy/{name}/staging`, tree_digest.copy_dir: no area id can name it);
   3. the RECEIVING side digests the staging dir (every file fsynced) and the two lists must
      be equal: every hash, no file missing, none extra;
   4. only then the staging dir replaces the destination dir by rename (and is fsynced).
@@ -26,9 +27,9 @@ Hashing is what made a large area's downtime long, so both sides keep digest cac
 (monitord.base.tree_digest): a file is re-read after the stop only if its stat identity
 (inode, size, mtime, ctime) changed since it was hashed during the pre-copy, or it was
 changed too recently for a stat to tell. The PBX keeps its caches in `Staged`; the VPS
-keeps one per tree in `<dir>.digests` beside it (moved with a promoted staging dir, removed
-with the dir). A cache only ever skips re-reading a file whose identity is unchanged, so
-the lists compared in step 3 still describe the bytes on disk.
+keeps one per tree in the data dir's copy dir (tree_digest.copy_dir: moved with a promoted
+staging dir, removed with the dir). A cache only ever skips re-reading a file whose identity
+is unchanged, so the lists compared in step 3 still describe the bytes on disk.
 
 The VPS is untrusted input: its listing (step 1 of a download) is validated whole before
 the staging dir is even created (monitord.remote.copy.listing). Each file is then fetched

@@ -1,4 +1,4 @@
-"""The VPS's side of a copy: one area's data dir there and the staging dir beside it.
+"""The VPS's side of a copy: one area's data dir there and its staging dir.
 
 Four operations (`VpsTree`): list the data dir (a download's first step), make the staging
 dir empty (where an upload starts), list what a pre-copy put in the staging dir, and check
@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import asyncssh
@@ -39,16 +40,21 @@ from orchestrator.errors import ErrorCode
 
 _SCRIPT_TIMEOUT_S = 60.0
 # The agent's routes a copy through the agent needs (as `GET /v1/routes` names them).
+# The staging and promote routes moved under `copy/` when the staging dir moved into the
+# data dir's `.monitord-copy` dir (monitord.base.tree_digest): an agent that still serves the
+# old paths keeps its staging dir beside the data dir, where SFTP no longer puts the files, so
+# a PBX must not mix the two — with such an agent (or for an older PBX with a newer agent)
+# the shell and the verb do every step, each path passed explicitly.
 COPY_ROUTES = frozenset({
     "POST /v1/areas/{area}/listing",
-    "POST /v1/areas/{area}/staging",
-    "POST /v1/areas/{area}/promote",
+    "POST /v1/areas/{area}/copy/staging",
+    "POST /v1/areas/{area}/copy/promote",
 })
 
 
 class CopyAgent(Protocol):
-    """The agent's answers about one area's data dir on the VPS and the staging dir beside
-    it (`AreaCopy`: AgentClient's routes bound to the area and its data dir)."""
+    """The agent's answers about one area's data dir on the VPS and its staging dir
+    (`AreaCopy`: AgentClient's routes bound to the area and its data dir)."""
 
     async def serves_copies(self) -> bool:
         """Whether the agent serves every route below; False from an older agent."""
@@ -69,7 +75,7 @@ class CopyAgent(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class AreaCopy:
-    """One area's data dir on the VPS, and the staging dir beside it, as the agent answers
+    """One area's data dir on the VPS, and its staging dir, as the agent answers
     for them (`CopyAgent`). Built by the migration engine for each copy."""
 
     client: AgentClient
@@ -128,32 +134,45 @@ async def chosen(
 
 
 def staging_of(remote_dir: str) -> str:
-    """The staging dir beside a VPS data dir."""
-    return remote_dir.rstrip("/") + tree_digest.STAGING_SUFFIX
+    """The staging dir of a VPS data dir (monitord.base.tree_digest.staging_dir)."""
+    return str(tree_digest.staging_dir(Path(remote_dir)))
+
+
+def _dirs(remote_dir: str) -> tuple[str, str, str, str, str]:
+    """(data dir, its cache, staging dir, its cache, old dir) of a VPS data dir, as the
+    scripts below take them: every path a copy uses there comes from tree_digest's layout,
+    none is derived in shell."""
+    final = Path(remote_dir)
+    return (str(final), str(tree_digest.data_cache(final)), str(tree_digest.staging_dir(final)),
+            str(tree_digest.staging_cache(final)), str(tree_digest.old_dir(final)))
 
 
 # Remote side: fixed scripts, values passed as positional parameters (never spliced); the
-# digest scripts take the dir, then the argv that runs monitord.pyz on the VPS.
-_PREPARE = 'rm -rf -- "$1" "$1.digests" && mkdir -p -- "$1"'
-_VERIFY = 'd=$1; shift; "$@" tree-digest --dir "$d" --cache "$d.digests" --sync'
+# digest scripts take their paths, then the argv that runs monitord.pyz on the VPS.
+_PREPARE = 'rm -rf -- "$1" "$2" && mkdir -p -- "$1"'  # staging dir, its cache
+# (the cache's dir is made first: an older monitord.pyz's verb does not make it)
+_VERIFY = ('d=$1; c=$2; shift 2; mkdir -p -- "$(dirname -- "$c")" &&'
+           ' "$@" tree-digest --dir "$d" --cache "$c" --sync')
 _PROMOTE_STEPS = (  # (an empty area's staging dir may never have been made: it is empty)
-    ' mkdir -p -- "$stg" "$(dirname -- "$dst")";'
-    ' if [ -e "$dst" ]; then rm -rf -- "$dst.old"; mv -- "$dst" "$dst.old"; fi;'
-    ' mv -- "$stg" "$dst"; rm -rf -- "$dst.old" "$dst.digests";'
-    ' if [ -e "$stg.digests" ]; then mv -- "$stg.digests" "$dst.digests"; fi;'
+    ' mkdir -p -- "$stg" "$(dirname -- "$dst")" "$(dirname -- "$old")";'
+    ' if [ -e "$dst" ]; then rm -rf -- "$old"; mv -- "$dst" "$old"; fi;'
+    ' mv -- "$stg" "$dst"; rm -rf -- "$old" "$dstc";'
+    ' if [ -e "$stgc" ]; then mv -- "$stgc" "$dstc"; fi;'
     ' sync -- "$dst" "$(dirname -- "$dst")"'
 )
-_PROMOTE = 'set -e; dst=$1; stg=$2;' + _PROMOTE_STEPS
+_PROMOTE_ARGS = 'dst=$1; dstc=$2; stg=$3; stgc=$4; old=$5;'
+_PROMOTE = 'set -e; ' + _PROMOTE_ARGS + _PROMOTE_STEPS
 # The check and the swap in one exec (one round trip while the area is down): the swap runs
 # only if the staging dir's listing is byte for byte the expected one, whose SHA-256 the PBX
 # passes; otherwise tree-digest exits EXIT_DIFFERS, having printed what it found.
 _VERIFY_PROMOTE = (
-    'set -e; dst=$1; stg=$2; want=$3; shift 3;'
-    ' "$@" tree-digest --dir "$stg" --cache "$stg.digests" --sync --expect "$want";'
+    'set -e; ' + _PROMOTE_ARGS + ' want=$6; shift 6; mkdir -p -- "$(dirname -- "$stgc")";'
+    ' "$@" tree-digest --dir "$stg" --cache "$stgc" --sync --expect "$want";'
     + _PROMOTE_STEPS
 )
-_LIST = 'd=$1; shift; "$@" tree-digest --dir "$d" --cache "$d.digests"'
-_REMOVE = 'rm -rf -- "$1" "$1.digests"'
+_LIST = ('d=$1; c=$2; shift 2; if [ -d "$d" ]; then mkdir -p -- "$(dirname -- "$c")"; fi;'
+         ' "$@" tree-digest --dir "$d" --cache "$c"')
+_REMOVE = 'rm -rf -- "$1" "$2"'  # staging dir, its cache
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,14 +189,17 @@ class ShellTree:
         return staging_of(self.remote_dir)
 
     async def data_listing(self) -> dict[str, str]:
-        return await self._digest(_LIST, self.remote_dir,
+        final, cache, *_ = _dirs(self.remote_dir)
+        return await self._digest(_LIST, final, cache,
                                   during=f"the VPS's file listing of {self.remote_dir}")
 
     async def reset_staging(self) -> None:
-        await _script(self.conn, _PREPARE, self.staging)
+        _, _, staging, cache, _ = _dirs(self.remote_dir)
+        await _script(self.conn, _PREPARE, staging, cache)
 
     async def staging_listing(self, *, during: str) -> dict[str, str]:
-        return await self._digest(_VERIFY, self.staging, during=during)
+        _, _, staging, cache, _ = _dirs(self.remote_dir)
+        return await self._digest(_VERIFY, staging, cache, during=during)
 
     async def promote(self, expected: dict[str, str]) -> dict[str, str] | None:
         """The verb lists what the staging dir holds and promotes it if that is the
@@ -186,7 +208,7 @@ class ShellTree:
         during = f"upload to {self.remote_dir}"
         result = await remote_exec.run_script(
             self.conn, _VERIFY_PROMOTE,
-            args=(self.remote_dir, self.staging, _sha256_of(expected), *self.vps_command),
+            args=(*_dirs(self.remote_dir), _sha256_of(expected), *self.vps_command),
             timeout_s=_SCRIPT_TIMEOUT_S, max_stdout=listing.MAX_BYTES,
         )
         if result.stdout_truncated:
@@ -197,13 +219,15 @@ class ShellTree:
         found = await listing.parse_off_loop(result.stdout)
         if found != expected:
             return found
-        promoted = await _script(self.conn, _PROMOTE, self.remote_dir, self.staging)
+        promoted = await _script(self.conn, _PROMOTE, *_dirs(self.remote_dir))
         promoted.raise_for_status(ErrorCode.COPY_INCOMPLETE)
         return None
 
-    async def _digest(self, script: str, tree: str, *, during: str) -> dict[str, str]:
+    async def _digest(self, script: str, tree: str, cache: str, *,
+                      during: str) -> dict[str, str]:
         result = await remote_exec.run_script(
-            self.conn, script, args=(tree, *self.vps_command), timeout_s=_SCRIPT_TIMEOUT_S,
+            self.conn, script, args=(tree, cache, *self.vps_command),
+            timeout_s=_SCRIPT_TIMEOUT_S,
             max_stdout=listing.MAX_BYTES,
         )
         if result.stdout_truncated:
@@ -239,7 +263,8 @@ class AgentTree:
 
 async def remove_leftovers(conn: asyncssh.SSHClientConnection, *, remote_dir: str) -> None:
     """Remove a staging dir (and its digest cache) a cut copy left on the VPS."""
-    await _script(conn, _REMOVE, staging_of(remote_dir))
+    _, _, staging, cache, _ = _dirs(remote_dir)
+    await _script(conn, _REMOVE, staging, cache)
 
 
 async def _bounded(raw: bytes, *, during: str) -> dict[str, str]:

@@ -190,6 +190,28 @@ class TestStopAndDelete:
         status, answer = await agent.request("DELETE", f"/v1/areas/{AREA}?generation=7")
         assert (status, answer["result"]) == (200, "absent")
 
+    async def test_delete_removes_the_areas_copy_dir_and_no_area_named_by_a_suffix(
+        self, agent: AgentProcess, detector: Detector
+    ) -> None:
+        """Areas `{AREA}.digests`, `.staging` and `.old` are areas of their own: deleting
+        {AREA} removes what its copies left, never their data."""
+        body = area_body(agent, detector, area=AREA, generation=7)
+        await agent.request("PUT", f"/v1/areas/{AREA}", json_body=body)
+        assert await detector.wait_for(lambda d: d.alive(AREA), timeout_s=10)
+        data_dir = Path(body["data_dir"])
+        tree_digest.data_cache(data_dir).parent.mkdir(parents=True, exist_ok=True)
+        tree_digest.data_cache(data_dir).write_bytes(b"{}")
+        namesakes = [data_dir.with_name(AREA + suffix)
+                     for suffix in (".digests", ".staging", ".old")]
+        for other in namesakes:
+            (other / "session.db").parent.mkdir(parents=True)
+            (other / "session.db").write_bytes(other.name.encode())
+        status, answer = await agent.request("DELETE", f"/v1/areas/{AREA}?generation=7")
+        assert (status, answer["result"]) == (200, "deleted"), answer
+        assert not data_dir.exists() and not tree_digest.copy_dir(data_dir).exists()
+        assert [(other / "session.db").read_bytes() for other in namesakes] == [
+            other.name.encode() for other in namesakes]
+
 
 class TestHealth:
     """GET /v1/areas/{area}/health answers when the daemon's window closes, never before,
@@ -242,7 +264,7 @@ def _expect(files: dict[str, bytes]) -> str:
 
 
 def _stage(data_dir: Path, files: dict[str, bytes]) -> None:
-    staging = data_dir.with_name(data_dir.name + tree_digest.STAGING_SUFFIX)
+    staging = tree_digest.staging_dir(data_dir)
     for rel, data in files.items():
         (staging / rel).parent.mkdir(parents=True, exist_ok=True)
         (staging / rel).write_bytes(data)
@@ -261,7 +283,7 @@ def _older_data_and_staged(agent: AgentProcess, files: dict[str, bytes]) -> Path
 
 
 class TestPromote:
-    """POST /v1/areas/{area}/promote swaps an upload's staging dir in only when it lists
+    """POST /v1/areas/{area}/copy/promote swaps an upload's staging dir in only when it lists
     exactly as expected, never under a running daemon, never outside the agent's dir."""
 
     FILES = STAGED_FILES
@@ -271,22 +293,22 @@ class TestPromote:
     ) -> None:
         data_dir = _older_data_and_staged(agent, self.FILES)
         status, answer = await agent.request(
-            "POST", f"/v1/areas/{AREA}/promote",
+            "POST", f"/v1/areas/{AREA}/copy/promote",
             json_body={"data_dir": str(data_dir), "expect": _expect(self.FILES)})
         assert (status, answer["promoted"]) == (200, True), answer
         assert sorted(p.relative_to(data_dir).as_posix() for p in data_dir.rglob("*")
                       if p.is_file()) == ["media/a.jpg", "session.db"]
-        assert not data_dir.with_name(AREA + tree_digest.STAGING_SUFFIX).exists()
-        assert tree_digest.load_cache(data_dir.with_name(AREA + tree_digest.DIGESTS_SUFFIX))
+        assert not tree_digest.staging_dir(data_dir).exists()
+        assert tree_digest.load_cache(tree_digest.data_cache(data_dir))
 
     async def test_a_staging_dir_that_differs_changes_nothing(self, agent: AgentProcess) -> None:
         data_dir = _older_data_and_staged(agent, {**self.FILES, "session.db": b"torn"})
         status, answer = await agent.request(
-            "POST", f"/v1/areas/{AREA}/promote",
+            "POST", f"/v1/areas/{AREA}/copy/promote",
             json_body={"data_dir": str(data_dir), "expect": _expect(self.FILES)})
         assert (status, answer["promoted"]) == (200, False), answer
         assert [p.name for p in data_dir.iterdir()] == ["old.db"]
-        assert data_dir.with_name(AREA + tree_digest.STAGING_SUFFIX).is_dir()
+        assert tree_digest.staging_dir(data_dir).is_dir()
 
     async def test_never_under_a_running_daemon_of_the_area(
         self, agent: AgentProcess, detector: Detector
@@ -295,10 +317,10 @@ class TestPromote:
         data_dir = Path(body["data_dir"])
         _stage(data_dir, self.FILES)
         status, answer = await agent.request(
-            "POST", f"/v1/areas/{AREA}/promote",
+            "POST", f"/v1/areas/{AREA}/copy/promote",
             json_body={"data_dir": str(data_dir), "expect": _expect(self.FILES)})
         assert (status, answer["error"]["code"]) == (409, "DESTINATION_CONFLICT"), answer
-        assert data_dir.with_name(AREA + tree_digest.STAGING_SUFFIX).is_dir()
+        assert tree_digest.staging_dir(data_dir).is_dir()
 
     async def test_bad_bodies_are_refused_with_400(
         self, agent: AgentProcess, tmp_path: Path
@@ -313,27 +335,27 @@ class TestPromote:
             {"data_dir": inside}, {"expect": good}, [],
         )
         for body in bodies:
-            status, answer = await agent.request("POST", f"/v1/areas/{AREA}/promote",
+            status, answer = await agent.request("POST", f"/v1/areas/{AREA}/copy/promote",
                                                  json_body=body)
             assert (status, answer["error"]["code"]) == (400, "BAD_REQUEST"), (body, answer)
         assert not (tmp_path / "elsewhere").exists()
 
 
 class TestStaging:
-    """POST /v1/areas/{area}/staging makes a copy's staging dir empty ("reset") or lists what
+    """POST /v1/areas/{area}/copy/staging makes a copy's staging dir empty ("reset") or lists what
     it holds, fsynced ("digest"); never touches the data dir, never outside the agent's dir."""
 
     FILES = STAGED_FILES
 
     async def _staging(self, agent: AgentProcess, body: object) -> tuple[int, Any]:
-        return await agent.request("POST", f"/v1/areas/{AREA}/staging", json_body=body)
+        return await agent.request("POST", f"/v1/areas/{AREA}/copy/staging", json_body=body)
 
     async def test_reset_leaves_an_empty_staging_dir_and_no_digest_cache(
         self, agent: AgentProcess
     ) -> None:
         data_dir = _older_data_and_staged(agent, self.FILES)
-        staging = data_dir.with_name(AREA + tree_digest.STAGING_SUFFIX)
-        cache = staging.with_name(staging.name + tree_digest.DIGESTS_SUFFIX)
+        staging = tree_digest.staging_dir(data_dir)
+        cache = tree_digest.staging_cache(data_dir)
         cache.write_bytes(b"{}")
         status, answer = await self._staging(agent, {"data_dir": str(data_dir),
                                                      "action": "reset"})
@@ -355,9 +377,8 @@ class TestStaging:
         assert base64.b64decode(answer["listing"]) == expected
         assert not data_dir.exists()  # only the staging dir was read
         # the cache it kept lets the next digest skip re-reading unchanged files
-        staging = data_dir.with_name(AREA + tree_digest.STAGING_SUFFIX)
         assert set(tree_digest.load_cache(
-            staging.with_name(staging.name + tree_digest.DIGESTS_SUFFIX))) <= set(self.FILES)
+            tree_digest.staging_cache(data_dir))) <= set(self.FILES)
 
     async def test_bad_bodies_are_refused_with_400(
         self, agent: AgentProcess, tmp_path: Path
@@ -372,8 +393,8 @@ class TestStaging:
         for body in bodies:
             status, answer = await self._staging(agent, body)
             assert (status, answer["error"]["code"]) == (400, "BAD_REQUEST"), (body, answer)
-        assert not (tmp_path / "elsewhere.staging").exists()
-        assert not Path(str(agent.base_dir) + tree_digest.STAGING_SUFFIX).exists()
+        assert not tree_digest.copy_dir(tmp_path / "elsewhere").exists()
+        assert not tree_digest.copy_dir(agent.base_dir).exists()
 
 
 class TestListing:
@@ -390,7 +411,7 @@ class TestListing:
         assert status == 200, answer
         assert base64.b64decode(answer["listing"]) == tree_digest.listing(
             {rel: hashlib.sha256(data).hexdigest() for rel, data in STAGED_FILES.items()})
-        assert data_dir.with_name(AREA + tree_digest.DIGESTS_SUFFIX).is_file()
+        assert tree_digest.data_cache(data_dir).is_file()
 
     async def test_a_missing_dir_lists_nothing_and_bad_bodies_are_refused(
         self, agent: AgentProcess, tmp_path: Path

@@ -35,7 +35,7 @@ def _tree(root: Path) -> dict[str, str]:
 def _tear_when_sent(remote: Path) -> Callable[[int, int], None]:
     """A progress callback that, once everything is sent and before the VPS has verified,
     appends to session.db in the VPS staging dir."""
-    staging = Path(str(remote) + area_copy.STAGING_SUFFIX)
+    staging = tree_digest.staging_dir(remote)
 
     def tear(done: int, total: int) -> None:
         if done == total:
@@ -151,7 +151,7 @@ class TestRoundTrip:
         assert _tree(remote) == _tree(src) == _tree(back)
         assert up.files == down.files == 3 and up.bytes == down.bytes
         assert seen[-1] == (up.bytes, up.bytes)
-        assert not Path(str(remote) + area_copy.STAGING_SUFFIX).exists()
+        assert not tree_digest.staging_dir(remote).exists()
 
     async def test_missing_source_dir_copies_an_empty_area(
         self, vps: VpsServer, tmp_path: Path
@@ -175,7 +175,7 @@ class TestVerification:
         _make_area(src)
         back.mkdir()
         (back / "keep").write_bytes(b"old")
-        staging = back.with_name(back.name + area_copy.STAGING_SUFFIX)
+        staging = tree_digest.staging_dir(back)
 
         def corrupt_first_arrival(done: int, total: int) -> None:
             arrived = next(p for p in staging.rglob("*") if p.is_file() and p.stat().st_size)
@@ -277,7 +277,7 @@ class TestAwkwardNames:
         assert err.value.code == ErrorCode.COPY_INCOMPLETE
         assert "carriage return" in err.value.detail
         assert _tree(remote) == {"previous": hashlib.sha256(b"old").hexdigest()}
-        assert not Path(str(remote) + area_copy.STAGING_SUFFIX).exists()
+        assert not tree_digest.staging_dir(remote).exists()
 
     async def test_a_missing_remote_dir_downloads_an_empty_area(
         self, vps: VpsServer, tmp_path: Path
@@ -310,7 +310,7 @@ async def _pre_copy_then_upload(
             conn, vps_command=vps_command(), local_dir=src, remote_dir=str(remote),
             agent=agent,
         )
-        meddle(Path(str(remote) + area_copy.STAGING_SUFFIX))
+        meddle(tree_digest.staging_dir(remote))
         return await area_copy.upload(
             conn, vps_command=vps_command(), local_dir=src, remote_dir=str(remote),
             staged=staged, agent=agent,
@@ -332,7 +332,7 @@ class TestPreCopy:
         async with vps.connect() as conn:
             staged = await area_copy.pre_upload(conn, vps_command=vps_command(),
                                                 local_dir=src, remote_dir=str(remote))
-        staging = Path(str(remote) + area_copy.STAGING_SUFFIX)
+        staging = tree_digest.staging_dir(remote)
         assert (staging / "big.db").read_bytes() == data
         assert staged.files == {"big.db": hashlib.sha256(data).hexdigest()}
 
@@ -343,7 +343,7 @@ class TestPreCopy:
         src, remote = tmp_path / "src", tmp_path / "vps" / "data" / "c2"
         src.mkdir()
         (src / "big.db").write_bytes(os.urandom(32 << 20))
-        staged_file = Path(str(remote) + area_copy.STAGING_SUFFIX) / "big.db"
+        staged_file = tree_digest.staging_dir(remote) / "big.db"
 
         async def drop_mid_file() -> None:
             await wait_until(lambda: staged_file.exists() and staged_file.stat().st_size
@@ -382,7 +382,7 @@ class TestPreCopy:
             )
         assert _tree(remote) == _tree(src)
         assert (report.files, report.reused) == (3, 1)  # only db/keys.bin was unchanged
-        assert not Path(str(remote) + area_copy.STAGING_SUFFIX).exists()
+        assert not tree_digest.staging_dir(remote).exists()
 
     async def test_a_staging_dir_changed_on_the_vps_is_copied_over_whole(
         self, vps: VpsServer, tmp_path: Path
@@ -428,7 +428,7 @@ class TestPreCopy:
     ) -> None:
         remote, back = tmp_path / "vps" / "data" / "a3", tmp_path / "back"
         _make_area(remote)
-        staging = back.with_name(back.name + area_copy.STAGING_SUFFIX)
+        staging = tree_digest.staging_dir(back)
         async with vps.connect() as conn:
             staged = await area_copy.pre_download(
                 conn, vps_command=vps_command(), remote_dir=str(remote), local_dir=back
@@ -468,7 +468,7 @@ class TestPreCopy:
             await area_copy.download(conn, vps_command=vps_command(),
                                      remote_dir=str(remote), local_dir=back, staged=staged)
         assert _tree(back) == _tree(remote)
-        staging = back.with_name(back.name + area_copy.STAGING_SUFFIX)
+        staging = tree_digest.staging_dir(back)
         files = {Path(p).relative_to(staging).as_posix() for p in synced}
         assert files == {"session.db", "db/new.log"}  # not db/keys.bin, unchanged
 
@@ -516,7 +516,7 @@ class TestDigestCaches:
     ) -> None:
         src, remote = tmp_path / "src", tmp_path / "vps" / "data" / "c2"
         _make_area(src)
-        staging = Path(str(remote) + area_copy.STAGING_SUFFIX)
+        staging = tree_digest.staging_dir(remote)
         async with vps.connect() as conn:
             staged = await area_copy.pre_upload(
                 conn, vps_command=vps_command(), local_dir=src, remote_dir=str(remote)
@@ -526,10 +526,10 @@ class TestDigestCaches:
             aged(staging / "session.db")
             await asyncio.to_thread(
                 subprocess.run, [*vps_command(), "tree-digest", "--dir", str(staging),
-                                 "--cache", f"{staging}{area_copy.DIGESTS_SUFFIX}"],
+                                 "--cache", str(tree_digest.staging_cache(remote))],
                 check=True, capture_output=True,
             )
-            cached = tree_digest.load_cache(Path(str(staging) + area_copy.DIGESTS_SUFFIX))
+            cached = tree_digest.load_cache(tree_digest.staging_cache(remote))
             assert "session.db" in cached
             stealthy_rewrite(staging / "session.db", b"t" * 70_000)
             report = await area_copy.upload(
@@ -538,7 +538,7 @@ class TestDigestCaches:
             )
         assert _tree(remote) == _tree(src)
         assert report.reused == 0  # the VPS's digest differed: redone whole
-        digests = tree_digest.load_cache(Path(str(remote) + area_copy.DIGESTS_SUFFIX))
+        digests = tree_digest.load_cache(tree_digest.data_cache(remote))
         assert set(digests) <= {"session.db", "db/keys.bin", "empty"}  # moved with the dir
 
     async def test_a_stealthy_change_on_the_vps_after_a_pre_copy_is_fetched(
@@ -551,7 +551,7 @@ class TestDigestCaches:
             staged = await area_copy.pre_download(
                 conn, vps_command=vps_command(), remote_dir=str(remote), local_dir=back
             )
-            cached = tree_digest.load_cache(Path(str(remote) + area_copy.DIGESTS_SUFFIX))
+            cached = tree_digest.load_cache(tree_digest.data_cache(remote))
             assert "session.db" in cached
             stealthy_rewrite(remote / "session.db", b"t" * 70_000)
             await area_copy.download(
@@ -567,7 +567,7 @@ class TestDigestCaches:
         monkeypatch.setattr(tree_digest, "epoch_ns", lambda _directory: 2**62)
         remote, back = tmp_path / "vps" / "data" / "c4", tmp_path / "back"
         _make_area(remote)
-        staging = back.with_name(back.name + area_copy.STAGING_SUFFIX)
+        staging = tree_digest.staging_dir(back)
         async with vps.connect() as conn:
             staged = await area_copy.pre_download(
                 conn, vps_command=vps_command(), remote_dir=str(remote), local_dir=back
@@ -609,7 +609,7 @@ class TestAgentStaging:
         _make_area(src)
         remote.mkdir(parents=True)
         (remote / "previous").write_bytes(b"generation 3")
-        stale = Path(str(remote) + area_copy.STAGING_SUFFIX)
+        stale = tree_digest.staging_dir(remote)
         (stale / "leftover").mkdir(parents=True)  # a cut copy's staging dir: reset away
         helper = _Agent(remote)
         execs = _counting_execs(monkeypatch)
@@ -800,4 +800,4 @@ class TestAgentListing:
         assert "escape" in err.value.detail, err.value.detail
         assert _tree(back) == {"keep": hashlib.sha256(b"old").hexdigest()}
         assert not (tmp_path / "escape").exists()
-        assert not back.with_name(back.name + area_copy.STAGING_SUFFIX).exists()
+        assert not tree_digest.staging_dir(back).exists()

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from monitord.base import tree_digest
 from monitord.remote import copy as area_copy
 from monitord.remote.copy import listing, local_tree, vps_tree
 from monitord.testing.vps_server import VpsServer
@@ -54,7 +55,7 @@ class Scene:
     def __init__(self, root: Path) -> None:
         self.pbx = root / "pbx"
         self.local = self.pbx / "areas" / "a1"
-        self.staging = self.local.with_name(self.local.name + area_copy.STAGING_SUFFIX)
+        self.staging = tree_digest.staging_dir(self.local)
         self.victim = self.pbx / "areas" / "victim"
         self.remote = root / "vps" / "data" / "a1"
         self.local.mkdir(parents=True)
@@ -63,6 +64,9 @@ class Scene:
         (self.victim / "precious").write_bytes(b"not yours")
         self.remote.mkdir(parents=True)
         (self.remote / "session.db").write_bytes(b"honest data")
+        # the dir every copy keeps its own dirs in, as an earlier copy leaves it: a refused
+        # copy leaves nothing of its own in there
+        tree_digest.copy_dir(self.local).parent.mkdir()
         self.before = _snapshot(self.pbx)
 
     def listing(self, monkeypatch: pytest.MonkeyPatch, text: bytes) -> None:
