@@ -64,6 +64,7 @@ class ErrorCode(TextEnum):
     PREFLIGHT_FORWARDS = "PREFLIGHT_FORWARDS"
     PREFLIGHT_REMOTE_CONFIG = "PREFLIGHT_REMOTE_CONFIG"
     COPY_INCOMPLETE = "COPY_INCOMPLETE"
+    COPY_SOURCE_CHANGED = "COPY_SOURCE_CHANGED"
     HEALTHCHECK_TIMEOUT = "HEALTHCHECK_TIMEOUT"
     DESTINATION_CONFLICT = "DESTINATION_CONFLICT"
     LEASE_EXPIRED = "LEASE_EXPIRED"
@@ -182,6 +183,11 @@ _ROWS: tuple[tuple[ErrorCode, Severity, bool, str, str], ...] = (
     (_E.COPY_INCOMPLETE, _S.WARNING, True,
            "Area data was not copied completely (manifest mismatch).",
            "Nothing to do: the source kept its data; the migration retries."),
+    (_E.COPY_SOURCE_CHANGED, _S.WARNING, True,
+           "A file of the area was not the one listed when it was sent (replaced by a FIFO,"
+           " a symlink, a device or another file, or of another size).",
+           "Nothing to do: the source kept its data and the migration retries with a fresh"
+           " listing; if it repeats, look for what replaces files in the area's data dir."),
     (_E.HEALTHCHECK_TIMEOUT, _S.WARNING, True,
            "The destination daemon did not stay healthy for the minimum uptime.",
            "Check the daemon's log on the destination; the source keeps running."),

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -145,9 +146,41 @@ def regular_files(root: Path) -> Iterator[tuple[str, Path, os.stat_result]]:
                 yield full.relative_to(root).as_posix(), full, st
 
 
-def hash_file(path: Path, *, epoch: int, sync: bool = False) -> tuple[int, str, Identity | None]:
-    """(bytes read, SHA-256, identity to cache it under or None), never through a symlink."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+class NotTheListedFile(OSError):
+    """What a path names now is not the regular file a walk listed there (a FIFO, a device
+    or another inode put in its place since): it is not read."""
+
+
+# How every listed file is opened for reading, on both sides: never through a symlink, never
+# blocking on a FIFO (or a device) put in its place — fstat then tells what it is.
+OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def open_listed(path: Path, listed: tuple[int, int]) -> int:
+    """An fd of `path`, which a walk found to be the regular file `listed` (its device and
+    inode): opened once with OPEN_FLAGS, and its fstat must show that same regular file —
+    else NotTheListedFile (a symlink in its place: ELOOP, also NotTheListedFile). A parent
+    dir swapped for a symlink leads to another inode, so it is refused too."""
+    try:
+        fd = os.open(path, OPEN_FLAGS)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENXIO):  # a symlink; a FIFO's other end, a socket
+            raise NotTheListedFile(e.errno, f"{path}: not the file listed") from e
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != listed:
+        os.close(fd)
+        raise NotTheListedFile(errno.ESTALE, f"{path}: not the regular file listed")
+    return fd
+
+
+def hash_file(path: Path, *, epoch: int, sync: bool = False,
+              listed: os.stat_result | None = None) -> tuple[int, str, Identity | None]:
+    """(bytes read, SHA-256, identity to cache it under or None), never through a symlink and
+    never from anything but the regular file `listed` (its lstat; `path`'s own if not given:
+    then it must be a regular file) — `open_listed`."""
+    st = listed if listed is not None else os.lstat(path)
+    fd = open_listed(path, (st.st_dev, st.st_ino))
     with os.fdopen(fd, "rb") as f:
         before = os.fstat(fd)
         digest = hashlib.sha256()
@@ -164,12 +197,15 @@ def hash_file(path: Path, *, epoch: int, sync: bool = False) -> tuple[int, str, 
     return size, digest.hexdigest(), cacheable(before, after, epoch)
 
 
-def digest_tree(root: Path, cache: Cache | None = None, *,
-                sync: bool = False) -> tuple[Digests, Cache]:
+def digest_tree(root: Path, cache: Cache | None = None, *, sync: bool = False,
+                opened: dict[str, Identity] | None = None) -> tuple[Digests, Cache]:
     """(size and SHA-256 of every regular file under root, the cache for the next call).
 
     A file whose identity matches its cache entry is not read. With `sync`, every file and
-    directory is fsynced too (an unchanged one costs a system call, not a write)."""
+    directory is fsynced too (an unchanged one costs a system call, not a write). A file
+    replaced since the walk listed it (`NotTheListedFile`) is left out, as one removed
+    since. `opened`, if given, gets the identity each listed file had when it was hashed
+    (or looked up in the cache): a sender checks that it sends that very file."""
     old = cache or {}
     found: Digests = {}
     fresh: Cache = {}
@@ -183,14 +219,18 @@ def digest_tree(root: Path, cache: Cache | None = None, *,
                 fsync_path(full, follow_symlinks=False)
             found[rel] = (st.st_size, hit[1])
             fresh[rel] = hit
+            if opened is not None:
+                opened[rel] = identity(st)
             continue
         try:
-            size, sha, ident = hash_file(full, epoch=epoch, sync=sync)
-        except FileNotFoundError:
-            continue  # gone since the walk
+            size, sha, ident = hash_file(full, epoch=epoch, sync=sync, listed=st)
+        except (FileNotFoundError, NotTheListedFile):
+            continue  # gone, or replaced, since the walk
         found[rel] = (size, sha)
         if ident is not None:
             fresh[rel] = (ident, sha)
+        if opened is not None:
+            opened[rel] = identity(st)
     if sync:
         for dirpath, _dirs, _files in os.walk(root):
             fsync_path(Path(dirpath), follow_symlinks=False)

@@ -27,6 +27,7 @@ class FileEntry:
     path: str  # relative, POSIX separators
     size: int
     sha256: str
+    identity: tree_digest.Identity | None = None  # the file hashed (its device and inode)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,18 +42,21 @@ class Fetched:
 def manifest(root: Path, cache: tree_digest.Cache | None = None) -> tuple[FileEntry, ...]:
     """Every regular file under root (sorted), with size and SHA-256; a file unchanged since
     `cache` recorded it is not read again. Missing root: empty."""
-    found, _ = tree_digest.digest_tree(root, cache)
-    return tuple(FileEntry(rel, size, sha) for rel, (size, sha) in sorted(found.items()))
+    opened: dict[str, tree_digest.Identity] = {}
+    found, _ = tree_digest.digest_tree(root, cache, opened=opened)
+    return tuple(FileEntry(rel, size, sha, opened.get(rel))
+                 for rel, (size, sha) in sorted(found.items()))
 
 
-def pre_listing(root: Path) -> tuple[int, list[str]]:
+def pre_listing(root: Path) -> tuple[int, list[tuple[str, os.stat_result]]]:
     """(the epoch of root's filesystem, taken before anything is read; the regular files
-    under root with names a copy can carry). No hashing: a pre-copy hashes what it sends."""
+    under root with names a copy can carry, each with its lstat). No hashing: a pre-copy
+    hashes what it sends."""
     if not root.is_dir():
         return 0, []
     epoch = tree_digest.epoch_ns(root.parent)
-    return epoch, sorted(rel for rel, _, _ in tree_digest.regular_files(root)
-                         if name_problem(rel) is None)
+    return epoch, sorted(((rel, st) for rel, _, st in tree_digest.regular_files(root)
+                          if name_problem(rel) is None), key=lambda listed: listed[0])
 
 
 def staging_of(final: Path) -> Path:

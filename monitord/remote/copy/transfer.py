@@ -44,6 +44,7 @@ import asyncio
 import contextlib
 import hashlib
 import os
+import stat
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -56,7 +57,7 @@ from monitord.remote import ssh_errors
 from monitord.remote.copy import listing, local_tree, vps_tree
 from monitord.remote.copy.listing import incomplete
 from monitord.remote.copy.vps_tree import CopyAgent, VpsTree
-from orchestrator.errors import ErrorCode, MonitordError
+from orchestrator.errors import ErrorCode, MonitordError, error_for
 
 _CHUNK = 1 << 20
 _WRITES_IN_FLIGHT = 4  # chunks of one file a pre-copy has on the wire at once
@@ -183,18 +184,24 @@ class _Upload:
                 async with asyncio.timeout(self.timeout_s), \
                         self.conn.start_sftp_client() as sftp:
                     made: set[str] = {staging}
-                    for rel in names:
+                    for rel, listed in names:
                         target = str(PurePosixPath(staging) / rel)
                         parent = str(PurePosixPath(target).parent)
                         if parent not in made:
                             await sftp.makedirs(parent, exist_ok=True)
                             made.add(parent)
-                        staged_file = await _send_hashed(
-                            sftp, self.local_dir / rel, target, epoch)
-                        if staged_file is not None:
-                            sent[rel], identity = staged_file
-                            if identity is not None:
-                                cache[rel] = (identity, sent[rel])
+                        try:
+                            sha, before, after = await _send_file(
+                                sftp, self.local_dir / rel, target,
+                                listed=(listed.st_dev, listed.st_ino), size=None)
+                        except MonitordError as e:
+                            if e.code != ErrorCode.COPY_SOURCE_CHANGED:
+                                raise
+                            continue  # gone or replaced since the listing: nothing staged
+                        sent[rel] = sha
+                        identity = tree_digest.cacheable(before, after, epoch)
+                        if identity is not None:
+                            cache[rel] = (identity, sha)
         found = await self.tree.staging_listing(during=f"pre-copy to {self.remote_dir}")
         files = {rel: sha for rel, sha in sent.items() if found.get(rel) == sha}
         return Staged(local_dir=self.local_dir, remote_dir=self.remote_dir, upload=True,
@@ -235,7 +242,7 @@ class _Upload:
                         if parent not in made:
                             await sftp.makedirs(parent, exist_ok=True)
                             made.add(parent)
-                        await sftp.put(str(self.local_dir / entry.path), target)
+                        await _send_entry(sftp, self.local_dir, entry, target)
                         done += entry.size
                         if progress:
                             progress(done, total)
@@ -256,25 +263,54 @@ class _Upload:
         return await self.copy(None, progress)
 
 
-async def _send_hashed(
-    sftp: asyncssh.SFTPClient, source_path: Path, target: str, epoch: int
-) -> tuple[str, tree_digest.Identity | None] | None:
-    """Send one file of a running source: (SHA-256 of the bytes sent, the identity under
-    which that hash describes the source file, if any); None if it is gone."""
+async def _send_entry(sftp: asyncssh.SFTPClient, local_dir: Path,
+                      entry: local_tree.FileEntry, target: str) -> None:
+    """Send a file of the stopped source, exactly as the manifest names it: the same regular
+    file (device and inode), of the same size, and the bytes sent hash to its SHA-256 —
+    else COPY_SOURCE_CHANGED (the next try lists the source again)."""
+    if entry.identity is None:
+        raise _source_changed(entry.path, "it was not hashed from a file of its own")
+    sha, _, _ = await _send_file(sftp, local_dir / entry.path, target,
+                                 listed=entry.identity[:2], size=entry.size)
+    if sha != entry.sha256:
+        raise _source_changed(entry.path, "its bytes changed since it was hashed")
+
+
+async def _send_file(
+    sftp: asyncssh.SFTPClient, source_path: Path, target: str, *,
+    listed: tuple[int, int], size: int | None,
+) -> tuple[str, os.stat_result, os.stat_result]:
+    """Send one local file to `target`: (SHA-256 of the bytes sent, its fstat before and after).
+
+    The file is opened once (tree_digest.open_listed: no symlink followed, no FIFO or device
+    waited on) and must be the regular file the listing named (`listed`: device and inode);
+    every byte sent is read from that fd, in a thread, never from the path again. `size`: the
+    manifest's (a stopped source) — the file must still have it, and exactly that many bytes
+    are sent; None (a pre-copy of a running source): at most the size fstat shows at open.
+    Anything else is COPY_SOURCE_CHANGED: a FIFO, a symlink to /dev/zero or a growing file
+    put in its place neither blocks monitord nor streams more than was listed."""
     try:
-        fd = os.open(source_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return None  # gone (or replaced by a symlink) since the listing: nothing staged
-    digest = hashlib.sha256()
-    with os.fdopen(fd, "rb") as source:
+        fd = await asyncio.to_thread(tree_digest.open_listed, source_path, listed)
+    except (FileNotFoundError, NotADirectoryError, tree_digest.NotTheListedFile) as e:
+        raise _source_changed(str(source_path), e.strerror or str(e)) from e
+    try:
         before = os.fstat(fd)
+        if size is not None and before.st_size != size:
+            raise _source_changed(str(source_path),
+                                  f"{before.st_size} bytes now, {size} when it was listed")
+        cap = before.st_size if size is None else size
+        digest = hashlib.sha256()
         async with sftp.open(target, "wb") as out:
             # Several chunks on the wire at once (each at its own offset), as `sftp.put`
             # does: one at a time left the link idle for a round trip per chunk.
             writes: set[asyncio.Future[int]] = set()
             offset = 0
             try:
-                while chunk := await asyncio.to_thread(source.read, _CHUNK):
+                while offset < cap:
+                    chunk = await asyncio.to_thread(os.pread, fd, min(_CHUNK, cap - offset),
+                                                    offset)
+                    if not chunk:
+                        break
                     digest.update(chunk)
                     if len(writes) >= _WRITES_IN_FLIGHT:
                         done, writes = await asyncio.wait(
@@ -288,8 +324,18 @@ async def _send_hashed(
                 for write in writes:
                     write.cancel()
                 await asyncio.gather(*writes, return_exceptions=True)
+        if size is not None and offset != size:
+            raise _source_changed(str(source_path),
+                                  f"it ended after {offset} of the {size} bytes listed")
         after = os.fstat(fd)
-    return digest.hexdigest(), tree_digest.cacheable(before, after, epoch)
+    finally:
+        os.close(fd)
+    return digest.hexdigest(), before, after
+
+
+def _source_changed(what: str, why: str) -> MonitordError:
+    return error_for(ErrorCode.COPY_SOURCE_CHANGED,
+                     f"{what} is not the file listed for the copy: {why}")
 
 
 # -- VPS -> PBX ---------------------------------------------------------------------------
@@ -361,11 +407,14 @@ class _Download:
         fetched: dict[str, local_tree.Fetched] = {}
         async with self._refused_leaves_nothing(f"pre-copy of {self.remote_dir}") as sftp:
             remote_root = (await sftp.realpath(self.remote_dir)).rstrip("/") if listed else ""
-            for rel in sorted(listed):
+            # (a file gone since the listing is left out: the daemon runs)
+            sizes = await _declared_sizes(sftp, remote_root, sorted(listed),
+                                          where=self.remote_dir, skip_gone=True)
+            budget = _Budget(sum(sizes.values()))
+            for rel, size in sizes.items():
                 try:
-                    fetched[rel] = await _fetch(
-                        sftp, remote_root, rel, staging, where=self.remote_dir
-                    )
+                    fetched[rel] = await _fetch(sftp, f"{remote_root}/{rel}", rel, staging,
+                                                size=size, budget=budget)
                 except ssh_errors.SFTP_NO_SUCH_FILE:
                     continue  # gone since the listing (the daemon runs)
         cache = await asyncio.to_thread(local_tree.settle, staging, fetched)
@@ -387,8 +436,12 @@ class _Download:
         done = 0
         async with self._refused_leaves_nothing(f"download of {self.remote_dir}") as sftp:
             remote_root = (await sftp.realpath(self.remote_dir)).rstrip("/") if expected else ""
-            for rel in to_fetch:
-                fetched = await _fetch(sftp, remote_root, rel, staging, where=self.remote_dir)
+            sizes = await _declared_sizes(sftp, remote_root, to_fetch, where=self.remote_dir,
+                                          skip_gone=False)
+            budget = _Budget(sum(sizes.values()))
+            for rel, size in sizes.items():
+                fetched = await _fetch(sftp, f"{remote_root}/{rel}", rel, staging, size=size,
+                                       budget=budget)
                 done += fetched.size
                 if progress:
                     progress(done, done)
@@ -423,20 +476,77 @@ class _Download:
             raise
 
 
+# How many files' realpath and lstat a download asks for at once (one round trip for many).
+_STATS_IN_FLIGHT = 64
+
+
+async def _declared_sizes(
+    sftp: asyncssh.SFTPClient, remote_root: str, names: Sequence[str], *, where: str,
+    skip_gone: bool,
+) -> dict[str, int]:
+    """{name: its size on the VPS} for the files about to be fetched, in the given order,
+    before any byte is: each must be a regular file whose real path is the listed one (no
+    remote symlink on the way) — else COPY_INCOMPLETE. These sizes cap what is read of each
+    file, and their sum the whole download: a VPS that sends more than it declared (a file
+    swapped for a link to /dev/zero) fills no disk here. `skip_gone`: a file that is gone
+    since the listing is left out (a running source) instead of failing the copy."""
+    sizes: dict[str, int | None] = {}
+
+    async def declared(rel: str) -> int | None:
+        source = f"{remote_root}/{rel}"
+        try:
+            if await sftp.realpath(source) != source:
+                raise incomplete(f"refusing {rel!r} from {where}: a symlink on the VPS leads"
+                                 " elsewhere")
+            attrs = await sftp.lstat(source)
+        except ssh_errors.SFTP_NO_SUCH_FILE:
+            if skip_gone:
+                return None
+            raise
+        regular = (stat.S_ISREG(attrs.permissions) if attrs.permissions is not None
+                   else attrs.type == asyncssh.FILEXFER_TYPE_REGULAR)
+        if not regular or attrs.size is None:
+            raise incomplete(f"refusing {rel!r} from {where}: not a regular file on the VPS")
+        return attrs.size
+
+    for start in range(0, len(names), _STATS_IN_FLIGHT):
+        batch = names[start:start + _STATS_IN_FLIGHT]
+        for rel, size in zip(batch, await asyncio.gather(*(declared(rel) for rel in batch)),
+                             strict=True):
+            sizes[rel] = size
+    return {rel: size for rel, size in sizes.items() if size is not None}
+
+
+@dataclass(slots=True)
+class _Budget:
+    """What a download may still write here: the sum of the sizes the VPS declared."""
+
+    left: int
+
+    def take(self, n: int, rel: str) -> None:
+        if n > self.left:
+            raise incomplete(f"refusing {rel!r}: the VPS sent more bytes than it declared")
+        self.left -= n
+
+
 async def _fetch(
-    sftp: asyncssh.SFTPClient, remote_root: str, rel: str, staging: Path, *, where: str
+    sftp: asyncssh.SFTPClient, source: str, rel: str, staging: Path, *, size: int,
+    budget: _Budget,
 ) -> local_tree.Fetched:
-    """Fetch remote_root/rel into staging/rel (never through a symlink on either side)."""
-    source = f"{remote_root}/{rel}"
-    if await sftp.realpath(source) != source:
-        raise incomplete(f"refusing {rel!r} from {where}: a symlink on the VPS leads elsewhere")
+    """Fetch `source` into staging/rel (never through a symlink here), reading at most the
+    `size` the VPS declared for it (`_declared_sizes`), within the download's `budget`."""
     digest = hashlib.sha256()
     with local_tree.create_inside(staging, rel) as out:
         async with sftp.open(source, "rb") as f:
-            while chunk := await f.read(_CHUNK):
-                data = _as_bytes(chunk)
+            offset = 0
+            while offset < size:
+                data = _as_bytes(await f.read(min(_CHUNK, size - offset), offset))
+                if not data:
+                    break
+                budget.take(len(data), rel)
                 digest.update(data)
                 out.write(data)
+                offset += len(data)
         out.flush()
         return local_tree.Fetched(out.tell(), digest.hexdigest(), os.fstat(out.fileno()))
 
