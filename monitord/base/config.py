@@ -24,7 +24,7 @@ from pydantic import (
     model_validator,
 )
 
-from monitord.base import log_sink
+from monitord.base import log_sink, tree_digest
 from orchestrator.errors import ErrorCode, PermanentError
 
 DEFAULT_CONFIG_PATH = Path("/etc/monitord/monitord.toml")
@@ -313,6 +313,20 @@ class ServiceSection(_Section):
     # When the VPS has been unreachable monitord.vps_lost_after_s: "wait" for it (or for an
     # operator's give-up), or bring the areas "home" on the PBX's own copy by itself.
     on_vps_lost: str = Field(default="wait", pattern="^(wait|home)$")
+
+    @field_validator("local_data_dir", "remote_data_dir")
+    @classmethod
+    def _no_data_dir_in_copy_dirs(cls, template: str) -> str:
+        """A copy keeps its own dirs in `.monitord-copy/` beside the data dir
+        (monitord.base.tree_digest.copy_dir), out of every area's reach because an area id
+        never starts with a dot: so the template's last component may not either, nor may
+        any component be that dir."""
+        parts = template.rstrip("/").split("/")
+        if parts[-1].startswith("."):
+            raise ValueError(f"{template!r}: the last component may not start with '.'")
+        if tree_digest.COPY_DIR_NAME in parts:
+            raise ValueError(f"{template!r}: {tree_digest.COPY_DIR_NAME} is a copy's own dir")
+        return template
 
 
 class Config(_Section):

@@ -90,6 +90,14 @@ BAD_CONFIGS = {
     "missing required": ('[services.tg]\ncommand = ["x"]\nlocal_data_dir = "/d"\n',
                          "services.tg.remote_data_dir"),
     "unknown section": ("[colours]\nred = 1\n", "colours"),
+    # a data dir that could be named `.monitord-copy`, where copies keep their own dirs
+    "data dir with a leading dot": ('[services.tg]\ncommand = ["x"]\n'
+                                    'local_data_dir = "/d/.{area}"\n'
+                                    'remote_data_dir = "/r/{area}"\n',
+                                    "services.tg.local_data_dir"),
+    "data dir inside a copy dir": ('[services.tg]\ncommand = ["x"]\nlocal_data_dir = "/d/{area}"\n'
+                                   'remote_data_dir = "/r/.monitord-copy/{area}"\n',
+                                   "services.tg.remote_data_dir"),
 }
 
 
