@@ -33,9 +33,13 @@ is unchanged, so the lists compared in step 3 still describe the bytes on disk.
 
 The VPS is untrusted input: its listing (step 1 of a download) is validated whole before
 the staging dir is even created (monitord.remote.copy.listing). Each file is then fetched
-only if its real path on the VPS is the listed one (no remote symlink on the way) and
-written through directory fds (local_tree.create_inside). Upload writes names with a
-backslash or newline in the escaped form and refuses names no listing could carry.
+only if its real path on the VPS is the listed one (no remote symlink on the way) and it is
+a regular file there, reading no more of it than the size the VPS declared (nor more in all
+than their sum: `_declared_sizes`), and written through directory fds
+(local_tree.create_inside). Upload writes names with a backslash or newline in the escaped
+form and refuses names no listing could carry; it sends each file from the one fd it opened
+and checked (`_send_file`: no symlink followed, no FIFO waited on, the listed regular file,
+no more than its listed size), else COPY_SOURCE_CHANGED.
 """
 
 from __future__ import annotations
