@@ -75,6 +75,9 @@ class MonitordSection(_Section):
     # Give the VPS up by itself (for services with on_vps_lost = "home") once the tunnel has
     # been unreachable this long; None: only an operator gives a VPS up.
     vps_lost_after_s: float | None = Field(default=None, gt=0)
+    # A given-up VPS copy, once set aside on the VPS, is kept this long for forensics
+    # (`monitord fetch-abandoned`), then removed (monitord/engine/abandoned_data.py).
+    abandoned_data_keep_s: float = Field(default=7 * 86400.0, gt=0)
     watchdog_interval_s: float = Field(default=5.0, gt=0)
     # Each area's daemon output: logs/{area}.log, rotated before it exceeds this many bytes,
     # with this many rotated files kept (monitord/base/log_sink.py, docs/operations.md).

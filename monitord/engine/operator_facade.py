@@ -41,7 +41,7 @@ from monitord.remote.remote_link import RemoteLink
 from monitord.store import spool_files
 from monitord.store.state_db import Store
 from orchestrator import status as status_rules
-from orchestrator.errors import ErrorCode, PermanentError
+from orchestrator.errors import ErrorCode, PermanentError, error_for
 
 _CONFLICT_STATES = frozenset({"lease_conflict", "port_occupied"})
 
@@ -112,6 +112,22 @@ class OperatorFacade:
         of the transactions that take them home."""
         return await self.engine.give_up_remote(service, area=area)
 
+    def fetch_abandoned(self, area: str, *, generation: int | None) -> dict[str, Any]:
+        """Start fetching a given-up copy set aside on the VPS to the PBX (forensics); what
+        is fetched where (monitord/engine/abandoned_data.py)."""
+        abandoned = self.cleanup_worker.abandoned
+        if abandoned is None:
+            raise error_for(ErrorCode.NOT_FOUND, "no given-up copies are kept here")
+        return abandoned.start_fetch(area, generation)
+
+    def _abandoned_rows(self) -> list[dict[str, Any]]:
+        """VPS copies given up: where each was set aside (once the VPS answered), when it
+        will be removed, and a forensic fetch's progress."""
+        abandoned = self.cleanup_worker.abandoned
+        if abandoned is None:
+            return [dict(row) for _, row in sorted(self.state.abandoned.items())]
+        return abandoned.rows()
+
     def knows_service(self, service: str) -> bool:
         return service in self.config.services
 
@@ -147,7 +163,7 @@ class OperatorFacade:
             ],
             "tunnel": self._tunnel_view(),
             # VPS copies given up: where each was set aside on the VPS (once it answered)
-            "abandoned_data": [dict(row) for _, row in sorted(self.state.abandoned.items())],
+            "abandoned_data": self._abandoned_rows(),
             "counts": counts,
             "services": services,
             "transactions": [t.to_storage() for t in self.state.active()],
@@ -173,6 +189,8 @@ class OperatorFacade:
             self.cleanup_worker.stuck,
             tuple(sorted(self.cleanup_worker.backlog_by_service.items())),
             self.loops.version,  # a root loop failed or recovered
+            # a forensic fetch started, moved on or ended
+            self.cleanup_worker.abandoned.version if self.cleanup_worker.abandoned else 0,
         )
 
     async def transactions(self, *, limit: int) -> list[dict[str, Any]]:

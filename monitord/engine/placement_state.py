@@ -202,6 +202,16 @@ class PlacementState:
         self.abandoned = rows
         self.notify()
 
+    async def forget_abandoned(self, *, area: str, generation: int) -> None:
+        """A set-aside copy was removed from the VPS: its record goes (the agent's entry of
+        that generation went when it was set aside, so nothing is left to fence)."""
+        rows = dict(self.abandoned)
+        if rows.pop((area, generation), None) is None:
+            return
+        await asyncio.to_thread(abandoned_copies.save, self._abandoned_path, rows)
+        self.abandoned = rows
+        self.notify()
+
     async def reread(self, area: str) -> Transaction | None:
         """The area's active record as stored: a write cut short (its task cancelled while the
         store wrote) may have reached the disk but not this cache."""

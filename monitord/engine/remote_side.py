@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Collection
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import asyncssh
 
@@ -21,6 +21,7 @@ from monitord.base.config import Config
 from monitord.engine.area_side import copy_over, health_timeout
 from monitord.engine.lease_renewer import LeaseRenewer
 from monitord.engine.placement_state import PlacementState
+from monitord.remote import artifact
 from monitord.remote import copy as area_copy
 from monitord.remote import preflight as preflight_checks
 from monitord.remote.remote_link import RemoteLink
@@ -137,6 +138,23 @@ class RemoteSide:
             await self._state.record_set_aside(area=area, generation=generation, path=path)
             log.warning("abandoned_data_set_aside", area=area, generation=generation,
                         path=path)
+
+    async def remove_set_aside(self, path: str) -> str:
+        """Remove a copy `_delete` set aside (its keep time passed): 'deleted' or 'absent'."""
+        return await self._link().agent.remove_set_aside(name=PurePosixPath(path).name)
+
+    async def fetch_set_aside(
+        self, *, path: str, local_dir: Path, progress: area_copy.Progress | None = None,
+    ) -> area_copy.CopyReport:
+        """Download a set-aside copy into `local_dir` for forensics, verified as a move home
+        verifies its copy (listed by the tree-digest verb: the agent's listing route serves
+        an area's data dir, and this is none)."""
+        link = self._link()
+        async with link.session() as conn:
+            return await area_copy.download(
+                conn, remote_dir=path, local_dir=local_dir,
+                vps_command=artifact.remote_command(link.remote), progress=progress,
+            )
 
     async def verify_gone(self, *, area: str, generation: int, entry_gone: bool = True) -> None:
         inventory = await self._link().agent.inventory()

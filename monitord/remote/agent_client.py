@@ -361,6 +361,13 @@ class AgentClient:
             raise error_for(ErrorCode.AGENT_UNREACHABLE, f"{where}: set_aside is not a path")
         return path
 
+    async def remove_set_aside(self, *, name: str) -> str:
+        """Remove a copy `set_aside` moved into the VPS's `abandoned` dir (`name` is the
+        last part of the path it returned): 'deleted' or 'absent'. An agent older than this
+        route answers 404 (AGENT_ROUTE_MISSING); `routes` tells beforehand."""
+        result = await self._call("DELETE", f"/v1/abandoned/{name}")
+        return _result_of(result, where=f"DELETE /v1/abandoned/{name}")
+
     async def renew(
         self, *, owner_id: str, ttl_s: float, areas: Mapping[str, int]
     ) -> dict[str, RenewResult]:

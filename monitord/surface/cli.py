@@ -33,6 +33,8 @@ VERBS: dict[str, tuple[str, str]] = {
                  "override a rollback that waits for data: --discard-remote-data SERVICE"),
     "give-up": ("monitord.surface.client_commands",
                 "give the VPS up for SERVICE: its areas start on the PBX's own copy"),
+    "fetch-abandoned": ("monitord.surface.client_commands",
+                        "fetch a given-up VPS copy of AREA to the PBX (forensics)"),
     "bundle": ("monitord.surface.client_commands", "write a diagnostic bundle (.tar.gz)"),
     "demo": ("monitord.surface.demo", "run the self-contained demonstration (no root, no VPS)"),
     "check": ("monitord.surface.check_command", "check the configuration (--remote: the VPS too)"),

@@ -119,6 +119,17 @@ def add_give_up_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the API's answer as JSON")
 
 
+def add_fetch_abandoned_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_config(parser)
+    parser.add_argument("area", help="the area (UUID) whose given-up VPS copy to fetch")
+    parser.add_argument("--generation", type=int,
+                        help="which given-up copy (default: the area's newest)")
+    parser.add_argument("--no-wait", dest="wait", action="store_false",
+                        help="return once the fetch has started")
+    parser.add_argument("--timeout", type=float, default=3600.0, help="wait limit in seconds")
+    parser.add_argument("--json", action="store_true", help="print the API's answer as JSON")
+
+
 def add_bundle_arguments(parser: argparse.ArgumentParser) -> None:
     _add_config(parser)
     parser.add_argument("-o", "--output", type=Path, required=True, help="where to write .tar.gz")
@@ -297,6 +308,48 @@ def give_up_line(result: dict[str, Any]) -> str:
 
 
 @_guarded
+def main_fetch_abandoned(args: argparse.Namespace) -> int:
+    """A given-up copy set aside on the VPS, downloaded (verified) into the PBX's work dir
+    for forensics; never started, never removed by monitord."""
+    client = Client.from_config(_load(args))
+    body = {} if args.generation is None else {"generation": args.generation}
+    started = client.json("POST", f"/v1/abandoned/{args.area}/fetch", body)
+    print(json.dumps(started) if args.json else
+          f"{args.area} generation {started['generation']}: fetching {started['from']}"
+          f" from the VPS to {started['to']}")
+    if not args.wait:
+        return EXIT_OK
+    deadline = time.monotonic() + args.timeout
+    shown = -1
+    while True:
+        fetch = fetch_state(client.json("GET", "/v1/status"), area=args.area,
+                            generation=int(started["generation"]))
+        if fetch.get("bytes", 0) != shown:
+            shown = fetch.get("bytes", 0)
+            print(f"{args.area}: {shown} bytes fetched", file=sys.stderr, flush=True)
+        if fetch.get("state") == "done":
+            print(f"{args.area}: done, {fetch.get('files')} files in {fetch.get('to')}",
+                  file=sys.stderr)
+            return EXIT_OK
+        if fetch.get("state") != "running":
+            print(f"{args.area}: failed: {_error_words(fetch.get('error') or {})}",
+                  file=sys.stderr)
+            return EXIT_FAILED
+        if time.monotonic() > deadline:
+            print(f"{args.area}: still fetching after {args.timeout:.0f} s", file=sys.stderr)
+            return EXIT_FAILED
+        time.sleep(0.5)
+
+
+def fetch_state(status: dict[str, Any], *, area: str, generation: int) -> dict[str, Any]:
+    """The fetch of one given-up copy as the status shows it ({} once it is not listed)."""
+    for row in status.get("abandoned_data", []):
+        if row.get("area") == area and row.get("generation") == generation:
+            return dict(row.get("fetch") or {})
+    return {}
+
+
+@_guarded
 def main_place(args: argparse.Namespace) -> int:
     client = Client.from_config(_load(args))
     path = (
@@ -432,5 +485,6 @@ VERBS = {
     "retry": (add_retry_arguments, main_retry),
     "rollback": (add_rollback_arguments, main_rollback),
     "give-up": (add_give_up_arguments, main_give_up),
+    "fetch-abandoned": (add_fetch_abandoned_arguments, main_fetch_abandoned),
     "bundle": (add_bundle_arguments, main_bundle),
 }

@@ -3,7 +3,8 @@
 `GET /v1/status`, `GET /v1/transactions`, `GET /v1/cleanup`, `GET /metrics`,
 `GET /v1/diagnostics/bundle`, the status page at `/`, and the operator actions
 `POST /v1/services/{s}/retry`, `POST /v1/services/{s}/discard-remote-data` and
-`POST /v1/services/{s}/give-up` (admitted like every mutating request). Every handler asks
+`POST /v1/services/{s}/give-up` and `POST /v1/abandoned/{area}/fetch` (admitted like every
+mutating request). Every handler asks
 the operator facade (monitord.engine.operator_facade) for its answer; nothing here reaches
 into the engine.
 Host, Origin and Content-Type were checked by `http_api.guard` before any handler runs; bodies
@@ -167,6 +168,34 @@ async def post_give_up(request: web.Request) -> web.StreamResponse:
                              status=202)
 
 
+@http_api.mutating
+async def post_fetch_abandoned(request: web.Request) -> web.StreamResponse:
+    """Fetch a given-up copy set aside on the VPS to the PBX for forensics: 202 with where it
+    goes (the status row of that copy shows the fetch); 404 NOT_FOUND without such a copy,
+    409 TRANSACTION_CONFLICT while it is being fetched, 503 SSH_UNREACHABLE without the VPS.
+    Body: `{}` for the area's newest given-up generation, or `{"generation": N}`."""
+    area = request.match_info["area"]  # a name (http_api.guard checked it)
+    try:
+        body = await http_api.read_json(request) if request.can_read_body else {}
+    except http_api.BadRequest as e:
+        return http_api.error_response(400, code=e.code, detail=e.detail)
+    generation = body.get("generation") if isinstance(body, dict) else None
+    if not isinstance(body, dict) or set(body) - {"generation"} or not (
+        generation is None
+        or (type(generation) is int and 0 <= generation < 2**63)
+    ):
+        return http_api.error_response(
+            400, code="BAD_REQUEST", detail='body must be {} or {"generation": N}'
+        )
+    try:
+        started = _operator(request).fetch_abandoned(area, generation=generation)
+    except MonitordError as e:
+        status = {ErrorCode.NOT_FOUND: 404, ErrorCode.TRANSACTION_CONFLICT: 409,
+                  ErrorCode.SSH_UNREACHABLE: 503}.get(e.code, 500)
+        return http_api.error_response(status, code=e.code, detail=e.detail)
+    return web.json_response(started, status=202)
+
+
 async def get_metrics(request: web.Request) -> web.Response:
     return web.Response(
         body=_operator(request).metrics_text(), headers={"Content-Type": CONTENT_TYPE}
@@ -226,6 +255,7 @@ def routes() -> list[web.RouteDef]:
         web.post("/v1/services/{service}/retry", post_retry),
         web.post("/v1/services/{service}/discard-remote-data", post_discard_remote_data),
         web.post("/v1/services/{service}/give-up", post_give_up),
+        web.post("/v1/abandoned/{area}/fetch", post_fetch_abandoned),
         web.get("/metrics", get_metrics),
         web.get("/v1/diagnostics/bundle", get_bundle),
         web.route("*", "/{tail:.*}", not_found),  # must stay last

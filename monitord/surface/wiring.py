@@ -34,6 +34,7 @@ from monitord.base import atomic_file, logs
 from monitord.base.config import Config
 from monitord.base.metrics import Metrics
 from monitord.base.periodic import LoopBook
+from monitord.engine.abandoned_data import AbandonedData
 from monitord.engine.cleanup_worker import CleanupWorker
 from monitord.engine.lease_ledger import LeaseLedger
 from monitord.engine.lease_renewer import LeaseRenewer
@@ -168,6 +169,10 @@ class Orchestration:
             on_finished=self._transaction_finished,
             loops=self.loops,
         )
+        self.abandoned = AbandonedData(
+            state=self.state, store=ctx.store, remote=self.actions.remote_side,
+            keep_s=config.monitord.abandoned_data_keep_s,
+        )
         self.cleanup = CleanupWorker(
             store=ctx.store,
             sides=self.actions.sides,
@@ -175,6 +180,7 @@ class Orchestration:
             interval_s=config.monitord.cleanup_interval_s,
             lineage_of=self.state.lineage,
             loops=self.loops,
+            abandoned=self.abandoned,
         )
         self.reconciler = Reconciler(
             state=self.state,

@@ -373,6 +373,11 @@ class Stack:
         await self.vps.accept_new_connections()
 
     @property
+    def work_dir(self) -> Path:
+        """monitord's work_dir on the PBX (state.db and what lives beside it)."""
+        return self.root / "work"
+
+    @property
     def vps_dir(self) -> Path:
         """remote_bin_dir on the VPS (this machine's filesystem either way)."""
         if self.options.external_vps is not None:

@@ -25,6 +25,7 @@ import base64
 import contextlib
 import os
 import shutil
+import stat
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -318,6 +319,27 @@ class AgentRuntime:
                 status=500,
             ) from e
         return str(target)
+
+    async def remove_set_aside(self, name: str) -> dict[str, Any]:
+        """DELETE /v1/abandoned/{name}: remove one copy `delete(aside=True)` set aside, once
+        the PBX's keep time for it has passed ("absent" when it is gone already). Only a
+        plain directory directly inside `{dir}/abandoned` is removed, never through a link."""
+        aside_dir = self.base_dir / "abandoned"
+        target = aside_dir / name
+        try:
+            if not stat.S_ISDIR(os.lstat(target).st_mode):
+                raise AgentError(code="CLEANUP_STUCK", status=409,
+                                 detail=f"{target} is not a directory: left as it is")
+            await asyncio.to_thread(shutil.rmtree, target)
+        except FileNotFoundError:
+            return {"name": name, "result": "absent"}
+        except OSError as e:
+            raise AgentError(code="CLEANUP_STUCK", status=500,
+                             detail=f"cannot remove {target}: {e.strerror or e}") from e
+        with contextlib.suppress(FileNotFoundError):  # a forensic fetch's digest cache
+            os.unlink(f"{target}.digests")
+        log.info("set_aside_removed", path=str(target))
+        return {"name": name, "result": "deleted"}
 
     async def promote(self, area: str, *, data_dir: str, expect: str) -> dict[str, Any]:
         """POST /v1/areas/{area}/promote: an upload's last step, here rather than in a new

@@ -297,6 +297,16 @@ async def area_listing(runtime: AgentRuntime, request: Request, name: str | None
     return Response(200, await runtime.listing(area, data_dir=data_dir))
 
 
+# A copy `DELETE /v1/areas/{area}?aside=1` set aside: `{area}-g{generation}-{time}`.
+_SET_ASIDE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}-g[0-9]{1,19}-[0-9]{1,12}")
+
+
+async def delete_set_aside(runtime: AgentRuntime, request: Request, name: str | None) -> Response:
+    if name is None or _SET_ASIDE_NAME.fullmatch(name) is None:
+        raise bad_request("the name of a set-aside copy ({area}-g{generation}-{time}) is required")
+    return Response(200, await runtime.remove_set_aside(name))
+
+
 async def renew_leases(runtime: AgentRuntime, request: Request, _: str | None) -> Response:
     body = parse_renew(request.body)
     # One bad name never fails the batch (every other area would lose its lease): the
@@ -325,6 +335,7 @@ ROUTES: tuple[tuple[str, str, Handler], ...] = (
     ("POST", "/v1/areas/{area}/staging", area_staging),
     ("POST", "/v1/areas/{area}/listing", area_listing),
     ("DELETE", "/v1/areas/{area}", delete_area),
+    ("DELETE", "/v1/abandoned/{area}", delete_set_aside),
     ("POST", "/v1/leases/renew", renew_leases),
 )
 # Each template as the pattern a raw path must match whole: `{area}` is one path segment.

@@ -15,6 +15,7 @@ handed from the first to the second. Inside, by what each module holds:
 from monitord.base.tree_digest import DIGESTS_SUFFIX, STAGING_SUFFIX
 from monitord.remote.copy.transfer import (
     CopyReport,
+    Progress,
     Staged,
     download,
     pre_download,
@@ -30,6 +31,7 @@ __all__ = [
     "AreaCopy",
     "CopyAgent",
     "CopyReport",
+    "Progress",
     "Staged",
     "download",
     "pre_download",

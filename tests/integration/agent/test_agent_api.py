@@ -431,3 +431,43 @@ class TestRoutes:
         assert (status, answer["error"]["code"]) == (404, "AGENT_ROUTE_MISSING"), answer
         status, answer = await agent.request("GET", f"/v1/areas/{AREA}")
         assert (status, answer["error"]["code"]) == (404, "UNKNOWN_AREA"), answer
+
+
+class TestSetAsideCopies:
+    """DELETE /v1/areas/{area}?aside=1 moves a given-up copy into `abandoned/`; once the PBX
+    has kept it long enough, DELETE /v1/abandoned/{name} removes exactly that directory."""
+
+    async def test_a_set_aside_copy_is_removed_by_its_name_once(
+        self, agent: AgentProcess, detector: Detector
+    ) -> None:
+        body = area_body(agent, detector, area=AREA, generation=7)
+        await agent.request("PUT", f"/v1/areas/{AREA}", json_body=body)
+        assert await detector.wait_for(lambda d: d.alive(AREA), timeout_s=10)
+        status, answer = await agent.request("DELETE",
+                                             f"/v1/areas/{AREA}?generation=7&aside=1")
+        assert status == 200, answer
+        kept = Path(answer["set_aside"])
+        assert kept.parent == agent.base_dir / "abandoned" and (kept / "session.db").exists()
+        status, answer = await agent.request("DELETE", f"/v1/abandoned/{kept.name}")
+        assert (status, answer["result"]) == (200, "deleted")
+        assert not kept.exists() and (agent.base_dir / "abandoned").is_dir()
+        status, answer = await agent.request("DELETE", f"/v1/abandoned/{kept.name}")
+        assert (status, answer["result"]) == (200, "absent")
+
+    async def test_only_a_plain_directory_named_as_a_copy_is_removed(
+        self, agent: AgentProcess
+    ) -> None:
+        aside = agent.base_dir / "abandoned"
+        aside.mkdir(exist_ok=True)
+        elsewhere = agent.base_dir / "data" / "kept"
+        elsewhere.mkdir(parents=True)
+        (elsewhere / "f").write_bytes(b"x")
+        (aside / f"{AREA}-g3-1700000000").symlink_to(elsewhere)
+        status, answer = await agent.request("DELETE", f"/v1/abandoned/{AREA}-g3-1700000000")
+        assert (status, answer["error"]["code"]) == (409, "CLEANUP_STUCK"), answer
+        assert (elsewhere / "f").exists(), "never through a link"
+        for name in ("x", f"{AREA}", f".{AREA}-g3-1", f"{AREA}-g3-1%2F..",
+                     f"{AREA}-gx-1"):
+            status, answer = await agent.request("DELETE", f"/v1/abandoned/{name}")
+            assert (status, answer["error"]["code"]) == (400, "BAD_REQUEST"), (name, answer)
+        assert (elsewhere / "f").exists() and (aside / f"{AREA}-g3-1700000000").is_symlink()
