@@ -177,8 +177,11 @@ _ROWS: tuple[tuple[ErrorCode, Severity, bool, str, str], ...] = (
            "Preflight: the tunnel's forwards are not ready.",
            "Check the tunnel status; monitord retries once the forwards are proven."),
     (_E.PREFLIGHT_REMOTE_CONFIG, _S.WARNING, True,
-           "Preflight: the agent has no configuration for this service.",
-           "Check the service's remote_command and remote_data_dir, then retry."),
+           "Nothing is configured to run this on the VPS: no [remote] section (a move there"
+           " is refused before anything is recorded), or the service has no remote_command"
+           " / remote_data_dir.",
+           "Add the [remote] section (docs/vps-setup.md) or the service's remote_command and"
+           " remote_data_dir, restart monitord, then place or retry."),
     (_E.COPY_INCOMPLETE, _S.WARNING, True,
            "Area data was not copied completely (manifest mismatch).",
            "Nothing to do: the source kept its data; the migration retries."),

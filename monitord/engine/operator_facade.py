@@ -42,6 +42,7 @@ from monitord.store import spool_files
 from monitord.store.state_db import Store
 from orchestrator import status as status_rules
 from orchestrator.errors import ErrorCode, PermanentError, error_for
+from orchestrator.models import Side
 
 _CONFLICT_STATES = frozenset({"lease_conflict", "port_occupied"})
 
@@ -75,6 +76,7 @@ class OperatorFacade:
         custom_config.json is checked here, once per request (re-read only if it changed): a
         corrupt file refuses the request (CONFIG_CORRUPT, 409) before anything is recorded
         or stops. The engine records on the areas this check left in the placement state."""
+        self._side_configured(location)
         try:
             await self.state.usable()
         except spool_files.ConfigCorrupt as e:
@@ -87,6 +89,7 @@ class OperatorFacade:
         """`record_placement` for one area named by its UUID: (its service, the transaction
         ids). The same one check of custom_config.json finds the area: CONFIG_CORRUPT (409)
         while the file cannot be used, UNKNOWN_AREA (404) when it does not list the area."""
+        self._side_configured(location)
         committed = (await self.state.usable()).get(area)
         if committed is None:
             raise PermanentError(
@@ -96,6 +99,16 @@ class OperatorFacade:
             service=committed.service, area=area, location=location
         )
         return committed.service, ids
+
+    def _side_configured(self, location: str) -> None:
+        """A move that can only fail is refused before anything is recorded: without a
+        `[remote]` section nothing can run on a VPS (PREFLIGHT_REMOTE_CONFIG, 409)."""
+        if location == Side.REMOTE.value and self.config.remote is None:
+            raise PermanentError(
+                ErrorCode.PREFLIGHT_REMOTE_CONFIG,
+                "no [remote] section is configured: nothing can run on a VPS"
+                " (docs/vps-setup.md, then restart monitord)",
+            )
 
     async def retry(self, service: str) -> list[str]:
         """Let a parked service try again; the ids of the transactions resumed."""

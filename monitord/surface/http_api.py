@@ -65,6 +65,7 @@ _REFUSAL_STATUS = {
     ErrorCode.UNKNOWN_AREA: 404,
     ErrorCode.TRANSACTION_CONFLICT: 409,
     ErrorCode.CONFIG_CORRUPT: 409,
+    ErrorCode.PREFLIGHT_REMOTE_CONFIG: 409,  # a move to a VPS that is not configured
 }
 
 
