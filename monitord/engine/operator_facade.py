@@ -23,7 +23,7 @@ page, the CLI, the PHP UI and the metrics agree.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,13 +36,14 @@ from monitord.engine.cleanup_worker import CleanupWorker
 from monitord.engine.migration_engine import MigrationEngine
 from monitord.engine.placement_state import PlacementState
 from monitord.engine.reconciler import Reconciler
-from monitord.local.supervisor import LocalSupervisor
+from monitord.local.supervisor import LocalSupervisor, ProcessView
 from monitord.remote.remote_link import RemoteLink
 from monitord.store import spool_files
 from monitord.store.state_db import Store
+from orchestrator import area_health
 from orchestrator import status as status_rules
 from orchestrator.errors import ErrorCode, PermanentError, error_for
-from orchestrator.models import Side
+from orchestrator.models import Area, Side
 
 _CONFLICT_STATES = frozenset({"lease_conflict", "port_occupied"})
 
@@ -155,7 +156,9 @@ class OperatorFacade:
 
         Fields: docs/design.md, "HTTP API and service states".
         """
-        services = {name: self._service_view(name) for name in sorted(self.config.services)}
+        local = {v.area: v for v in self.supervisor.inventory()}
+        services = {name: self._service_view(name, local)
+                    for name in sorted(self.config.services)}
         counts = {"local": 0, "remote": 0, "migrating": 0, "orphan": 0}
         for view in services.values():
             for key in counts:
@@ -202,6 +205,9 @@ class OperatorFacade:
             self.cleanup_worker.stuck,
             tuple(sorted(self.cleanup_worker.backlog_by_service.items())),
             self.loops.version,  # a root loop failed or recovered
+            self.supervisor.version,  # a local daemon started, exited or left its crash loop
+            self.reconciler.remote_inventory_at,  # the agent's last inventory (remote areas)
+            self.link.connected() if self.link else None,
             # a forensic fetch started, moved on or ended
             self.cleanup_worker.abandoned.version if self.cleanup_worker.abandoned else 0,
         )
@@ -214,7 +220,30 @@ class OperatorFacade:
         return {"items": items, "backlog": await self.store.cleanup_backlog()}
 
     def metrics_text(self) -> bytes:
+        """The metrics, with the per-area and per-service gauges set from the status now."""
+        services = self.snapshot()["services"]
+        up: dict[tuple[str, str], int] = {}
+        for name, view in services.items():
+            for placed in Side:
+                up[(name, placed.value)] = 0
+            for area in view["areas"]:
+                process = area["process"]
+                if process.get("health") == str(area_health.Health.UP):
+                    up[(name, process["side"])] += 1
+            for state in status_rules.ServiceState:
+                self.metrics.service_state.labels(service=name, state=state.value).set(
+                    1 if view["state"] == state.value else 0)
+        for (name, where), count in up.items():
+            self.metrics.area_up.labels(service=name, side=where).set(count)
         return self.metrics.render()
+
+    def restart_counts(self) -> dict[tuple[str, str], int]:
+        """Area daemon restarts per (service, side) since this monitord started: the
+        supervisor's, and the agent's as the reconciler saw them grow."""
+        counts = {(s, Side.LOCAL.value): n for s, n in self.supervisor.restarts_by_service.items()}
+        counts.update({(s, Side.REMOTE.value): n
+                       for s, n in self.reconciler.remote_restarts_by_service.items()})
+        return counts
 
     async def bundle_sections(self) -> dict[str, Any]:
         """Every section of a diagnostic bundle, by file name (spool files as raw bytes)."""
@@ -260,6 +289,31 @@ class OperatorFacade:
 
     # -- views -----------------------------------------------------------------------------
 
+    def _area_process(
+        self, area: Area, *, moving: bool, local: Mapping[str, ProcessView]
+    ) -> dict[str, Any]:
+        """How the area's daemon does on the side it is placed on (orchestrator/area_health.py);
+        an area a transaction owns is `moving` (its phase tells more)."""
+        if moving:
+            return {"side": area.location.value, "health": str(area_health.Health.MOVING)}
+        min_uptime_s = self.config.services[area.service].min_uptime_s
+        if area.location is Side.REMOTE:
+            process = area_health.remote_process(
+                self.reconciler.remote_inventory if self.link and self.link.connected()
+                else None,
+                area=area.uuid, generation=area.generation,
+                as_of=self.reconciler.remote_inventory_at, min_uptime_s=min_uptime_s,
+            )
+            return process.to_dict()
+        view = local.get(area.uuid)
+        if view is None or view.generation != area.generation:
+            return area_health.AreaProcess(side="local", state="stopped").to_dict()
+        return area_health.AreaProcess(
+            side="local", state=view.state, pid=view.pid, started_at=view.started_at,
+            restarts=view.restarts, restarts_1h=view.restarts_1h, failures=view.failures,
+            last_exit_status=view.last_exit_status,
+        ).to_dict()
+
     def _tunnel_view(self) -> dict[str, Any]:
         if self.link is None:
             return {"state": "not_configured", "connected": False, "last_error": "",
@@ -271,7 +325,7 @@ class OperatorFacade:
         tunnel["last_error"] = f"{err['code']}: {err['detail']}" if err else ""
         return tunnel
 
-    def _service_view(self, service: str) -> dict[str, Any]:
+    def _service_view(self, service: str, local: Mapping[str, ProcessView]) -> dict[str, Any]:
         state = self.state
         areas = state.areas_of(service)
         txns = [t for t in state.active() if t.service == service]
@@ -298,6 +352,7 @@ class OperatorFacade:
                     "generation": a.generation,
                     "desired": state.desired_location(a).value,
                     "phase": by_area[a.uuid].phase.value if a.uuid in by_area else None,
+                    "process": self._area_process(a, moving=a.uuid in by_area, local=local),
                 }
                 for a in areas
             ],

@@ -509,10 +509,12 @@ def check_inventory(raw: Any, *, where: str) -> None:
                 raise _malformed(where, f"{key}[{i}] is {type(item).__name__}, not an object")
             if not names.is_valid(item.get("area")):
                 raise _malformed(where, f"{key}[{i}].area is {item.get('area')!r:.60}")
-            for field in ("generation", "pid"):
+            for field in ("generation", "pid", "restarts"):
                 value = item.get(field, 0)
                 if field in item and not (_is_int(value) and value >= 0):
                     raise _malformed(where, f"{key}[{i}].{field} is {value!r:.40}")
+            if not isinstance(item.get("alive", True), bool):
+                raise _malformed(where, f"{key}[{i}].alive is {item.get('alive')!r:.40}")
             for field in ("service", "owner_id"):
                 value = item.get(field)
                 if value is not None and not isinstance(value, str):

@@ -55,6 +55,41 @@ def services_table(status: dict[str, Any]) -> Table:
     return table
 
 
+def areas_table(status: dict[str, Any], *, now: float | None = None) -> Table:
+    """One row per area: where it is placed and how its daemon does there (the status
+    document's `services.*.areas[].process`, orchestrator/area_health.py)."""
+    now = time.time() if now is None else now
+    table = Table(title="areas", expand=False)
+    for column in ("service", "area", "side", "health", "pid", "uptime", "restarts 1h",
+                   "last exit"):
+        table.add_column(column, no_wrap=True,
+                         justify="right" if column in ("pid", "uptime", "restarts 1h")
+                         else "left")
+    for name, svc in sorted(status.get("services", {}).items()):
+        for area in svc.get("areas", []):
+            process = area.get("process") or {}
+            started = process.get("started_at")
+            uptime = _duration(now - started) if isinstance(started, int | float) else ""
+            recent = process.get("restarts_1h")
+            exit_status = process.get("last_exit_status")
+            table.add_row(
+                name, str(area.get("uuid", ""))[:8], str(process.get("side", "")),
+                str(process.get("health", "")) + (
+                    f" ({process['failures']} in a row)" if process.get("failures") else ""),
+                str(process.get("pid") or ""), uptime,
+                "" if recent is None else str(recent),
+                "" if exit_status is None else str(exit_status),
+            )
+    return table
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
 def error_lines(status: dict[str, Any]) -> list[str]:
     """Each service's last error in full: code, phase, area, time, detail, recommended action."""
     lines = []
@@ -160,6 +195,8 @@ def print_status(status: dict[str, Any], *, console: Console | None = None) -> N
     for line in loop_lines(status):  # an error's text is printed as is, never as markup
         console.print(line, highlight=False, soft_wrap=True, markup=False)
     console.print(services_table(status))
+    if any(svc.get("areas") for svc in status.get("services", {}).values()):
+        console.print(areas_table(status))
     for line in (*last_move_lines(status), *error_lines(status)):
         console.print(line, highlight=False, soft_wrap=True)
 

@@ -210,6 +210,7 @@ class Orchestration:
             custom_config_path=ctx.custom_config_path,
             remote_state_path=ctx.remote_state_path,
         )
+        self.metrics.count_restarts_with(self.operator.restart_counts)
         self.remote_state = RemoteStateFile(ctx.remote_state_path)
         self._was_connected = False
         self._last_state: TunnelState | None = None

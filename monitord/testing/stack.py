@@ -121,6 +121,7 @@ class StackOptions:
     parallelism: int = 4
     data_bytes: int = 4096
     remote_daemon_args: tuple[str, ...] = ()  # e.g. ("--crash-after", "0.2"): never healthy
+    local_daemon_args: tuple[str, ...] = ()  # the same for the PBX's daemons
     extra_env: Mapping[str, str] = field(default_factory=dict)
     external_vps: ExternalVps | None = None  # None: the in-process VpsServer
     nats_target: str | None = None  # "host:port" of a real NATS server on this machine
@@ -259,7 +260,8 @@ class Stack:
         entries: list[dict[str, Any]] = []
         for service, count in o.services.items():
             document[f"services.{service}"] = {
-                "command": [*fake, "--side", "local", "--heartbeat", det],
+                "command": [*fake, "--side", "local", "--heartbeat", det,
+                            *o.local_daemon_args],
                 # Remote daemons report through the tunnel (as real ones reach NATS) AND
                 # straight to the detector: the VPS is this machine, so the detector sees a
                 # remote daemon even while the tunnel is cut — the split-brain check must
