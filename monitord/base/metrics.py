@@ -123,6 +123,17 @@ class Metrics:
             "monitord_area_up", "Areas whose daemon runs where they are placed",
             ["service", "side"], registry=r,
         )
+        self.area_expected_up = Gauge(
+            "monitord_area_expected_up",
+            "Areas that should run where they are placed now (not moving, side observable)",
+            ["service", "side"], registry=r,
+        )
+        self.config_corrupt = Gauge(
+            "monitord_config_corrupt", "1 while custom_config.json cannot be used", registry=r
+        )
+        self.quarantined = Gauge(
+            "monitord_quarantined_entries", "custom_config.json entries left out", registry=r
+        )
         self.service_state = Gauge(
             "monitord_service_state", "1 for the state each service is in, 0 for the others",
             ["service", "state"], registry=r,

@@ -221,20 +221,30 @@ class OperatorFacade:
 
     def metrics_text(self) -> bytes:
         """The metrics, with the per-area and per-service gauges set from the status now."""
-        services = self.snapshot()["services"]
+        snapshot = self.snapshot()
+        services = snapshot["services"]
         up: dict[tuple[str, str], int] = {}
+        expected: dict[tuple[str, str], int] = {}
+        judged = {str(h) for h in (area_health.Health.UP, area_health.Health.DOWN,
+                                   area_health.Health.CRASH_LOOP)}
         for name, view in services.items():
             for placed in Side:
-                up[(name, placed.value)] = 0
+                up[(name, placed.value)] = expected[(name, placed.value)] = 0
             for area in view["areas"]:
                 process = area["process"]
                 if process.get("health") == str(area_health.Health.UP):
                     up[(name, process["side"])] += 1
+                if process.get("health") in judged:
+                    expected[(name, process["side"])] += 1
             for state in status_rules.ServiceState:
                 self.metrics.service_state.labels(service=name, state=state.value).set(
                     1 if view["state"] == state.value else 0)
         for (name, where), count in up.items():
             self.metrics.area_up.labels(service=name, side=where).set(count)
+            self.metrics.area_expected_up.labels(service=name, side=where).set(
+                expected[(name, where)])
+        self.metrics.config_corrupt.set(1 if snapshot["config_error"] else 0)
+        self.metrics.quarantined.set(len(snapshot["quarantined"]))
         return self.metrics.render()
 
     def restart_counts(self) -> dict[tuple[str, str], int]:
