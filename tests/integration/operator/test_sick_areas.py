@@ -28,7 +28,8 @@ class TestSickAreas:
     async def test_a_crash_looping_area_is_critical_when_it_is_all_the_service_has(
         self, stack_factory: StackFactory
     ) -> None:
-        stack = await stack_factory(services={"tg": 1},
+        # each run far shorter than min_uptime_s, however slowly the daemon's Python starts
+        stack = await stack_factory(services={"tg": 1}, min_uptime_s=5.0,
                                     local_daemon_args=("--crash-after", "0.2"))
         (area,) = stack.areas["tg"]
 
