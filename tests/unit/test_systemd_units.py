@@ -114,3 +114,40 @@ def test_the_agent_units_command_line_is_one_the_agent_accepts() -> None:
     assert argv[:3] == ["/usr/bin/python3", "-I", "/opt/offload/monitord.pyz"]
     args = entry.build_parser(only=argv[3]).parse_args(argv[3:])
     assert args.verb == "agent" and str(args.dir) == "/opt/offload"
+    assert args.supervised_by == "systemd", "the agent must know the unit restarts it"
+
+
+def test_the_agent_unit_is_its_one_supervisor_and_waits_for_its_code() -> None:
+    """Restart=always (an upgrade stops the unit's agent for the unit to start the new pyz),
+    and the path unit starts it once the pyz exists — the very file ExecStart runs."""
+    import shlex
+
+    service = parse_unit(REPO_ROOT / "systemd" / "monitord-agent.service")
+    path = parse_unit(REPO_ROOT / "systemd" / "monitord-agent.path")
+    pyz = shlex.split(one(service, "Service", "ExecStart"))[2]
+    assert one(service, "Service", "Restart") == "always"
+    assert one(service, "Unit", "ConditionPathExists") == pyz
+    assert one(path, "Path", "PathExists") == pyz
+    assert one(path, "Path", "Unit") == "monitord-agent.service"
+    assert one(path, "Install", "WantedBy")
+
+
+def test_systemd_analyze_accepts_the_agent_units(tmp_path: Path) -> None:
+    import shutil
+    import subprocess
+
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed")
+    for name in ("monitord-agent.service", "monitord-agent.path"):
+        shutil.copy(REPO_ROOT / "systemd" / name, tmp_path / name)
+    result = subprocess.run(
+        [analyze, "verify", "--man=no", str(tmp_path / "monitord-agent.path"),
+         str(tmp_path / "monitord-agent.service")],
+        capture_output=True, text=True, timeout=60, check=False,
+        env={"SYSTEMD_UNIT_PATH": f"{tmp_path}:", "PATH": "/usr/bin:/bin"},
+    )
+    # Only the units' own lines count: the host's unrelated units may be reported too.
+    ours = [line for line in result.stderr.splitlines() if "monitord-agent" in line
+            and "/usr/bin/python3" not in line]
+    assert ours == [] and result.returncode == 0, result.stderr
