@@ -219,6 +219,10 @@ class OperatorFacade:
         items = await self.store.list_cleanup(limit=limit)
         return {"items": items, "backlog": await self.store.cleanup_backlog()}
 
+    async def moves_since(self, since: float) -> list[dict[str, Any]]:
+        """The moves whose transactions ended since `since` (the page's history)."""
+        return await self.engine.downtime.moves_since(since)
+
     def metrics_text(self) -> bytes:
         """The metrics, with the per-area and per-service gauges set from the status now."""
         snapshot = self.snapshot()
@@ -351,6 +355,7 @@ class OperatorFacade:
             cleanup_pending=self.cleanup_worker.backlog_by_service.get(service, 0) > 0,
         )
         by_area = {t.area: t for t in txns}
+        downtimes = self.engine.downtime.last_move_downtimes(service)
         return {
             "desired": view.desired,
             "state": str(view.state),
@@ -358,11 +363,14 @@ class OperatorFacade:
             "areas": [
                 {
                     "uuid": a.uuid,
+                    "title": state.titles.get(a.uuid),
                     "location": a.location.value,
                     "generation": a.generation,
                     "desired": state.desired_location(a).value,
                     "phase": by_area[a.uuid].phase.value if a.uuid in by_area else None,
                     "process": self._area_process(a, moving=a.uuid in by_area, local=local),
+                    # in the service's last move, if it was part of it (see last_move)
+                    "last_downtime_s": downtimes.get(a.uuid),
                 }
                 for a in areas
             ],

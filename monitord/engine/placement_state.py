@@ -38,6 +38,7 @@ class PlacementState:
         self.store = store
         self.custom_config_path = custom_config_path
         self.committed: dict[str, Area] = {}
+        self.titles: dict[str, str] = {}  # what custom_config.json calls each area, if anything
         self.corrupt: spool_files.ConfigCorrupt | None = None
         # custom_config.json entries left out one by one (never started, never sent to the VPS)
         self.quarantined: tuple[spool_files.InvalidEntry, ...] = ()
@@ -122,8 +123,9 @@ class PlacementState:
                          generation=e.generation)
             for e in document.entries
         }
-        if committed != self.committed:
-            self.committed = committed
+        titles = {e.uuid: e.title for e in document.entries if e.title}
+        if committed != self.committed or titles != self.titles:
+            self.committed, self.titles = committed, titles
             self.notify()
 
     # -- reading ---------------------------------------------------------------------------

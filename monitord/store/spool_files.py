@@ -82,6 +82,9 @@ class AreaEntry:
     service: str
     location: Location = "local"
     generation: int = 0
+    # What an operator calls the account (the entry's `title`, else its `name`): shown, never
+    # used for anything else; None when the entry has neither as a string.
+    title: str | None = None
 
 
 @dataclass(frozen=True)
@@ -148,7 +151,22 @@ def _entry_from_raw(raw: Any, *, where: str) -> AreaEntry:
         service=raw["service"],
         location=cast(Location, location),
         generation=generation,
+        title=_title(raw),
     )
+
+
+TITLE_MAX = 120
+
+
+def _title(raw: Mapping[str, Any]) -> str | None:
+    """The entry's display title: printable characters only, at most TITLE_MAX of them."""
+    for key in ("title", "name"):
+        value = raw.get(key)
+        if isinstance(value, str):
+            shown = "".join(c for c in value if c.isprintable()).strip()[:TITLE_MAX]
+            if shown:
+                return shown
+    return None
 
 
 def parse_custom_config(document: Any, *, path: Path) -> CustomConfig:

@@ -672,6 +672,21 @@ class Store:
 
         return await self._run(read)
 
+    async def downtimes_since(self, since: float, *, limit: int = 20_000
+                              ) -> list[dict[str, Any]]:
+        """The ended records whose transaction ended at or after `since`, at most `limit`
+        of the newest."""
+
+        def read() -> list[dict[str, Any]]:
+            rows = self._db().execute(
+                "SELECT * FROM area_downtime WHERE finished_at >= ?"
+                " ORDER BY finished_at DESC LIMIT ?",
+                (since, limit),
+            )
+            return [dict(r) for r in rows]
+
+        return await self._run(read)
+
     async def last_moves(self) -> dict[str, list[dict[str, Any]]]:
         """Per service, the ended records of the move whose transaction ended last."""
 

@@ -1,6 +1,6 @@
 """Read-side HTTP routes of the daemon and the documents behind them.
 
-`GET /v1/status`, `GET /v1/transactions`, `GET /v1/cleanup`, `GET /metrics`,
+`GET /v1/status`, `GET /v1/transactions`, `GET /v1/cleanup`, `GET /v1/moves`, `GET /metrics`,
 `GET /v1/diagnostics/bundle`, the status page at `/`, and the operator actions
 `POST /v1/services/{s}/retry`, `POST /v1/services/{s}/discard-remote-data` and
 `POST /v1/services/{s}/give-up` and `POST /v1/abandoned/{area}/fetch` (admitted like every
@@ -77,12 +77,26 @@ async def get_cleanup(request: web.Request) -> web.Response:
     return web.json_response(await _operator(request).cleanup(limit=_limit(request)))
 
 
+async def get_moves(request: web.Request) -> web.Response:
+    """The moves whose transactions ended in the last `hours` (default 24, at most 720),
+    newest first, each as the status's `last_move` shows one."""
+    hours = _bounded_int(request, "hours", default=24, maximum=720)
+    since = time.time() - hours * 3600.0
+    return web.json_response({"since": since,
+                              "moves": await _operator(request).moves_since(since)})
+
+
 def _limit(request: web.Request) -> int:
-    raw = request.query.get("limit", "1000")
-    if not raw.isdigit() or not 0 < int(raw) <= 100_000:
+    return _bounded_int(request, "limit", default=1000, maximum=100_000)
+
+
+def _bounded_int(request: web.Request, key: str, *, default: int, maximum: int) -> int:
+    raw = request.query.get(key, str(default))
+    # ASCII digits only: str.isdigit() also takes '²', which int() refuses
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 7) or not 0 < int(raw) <= maximum:
         raise web.HTTPBadRequest(
             text=json.dumps({"error": {"code": "BAD_REQUEST",
-                                       "detail": "limit must be an integer in 1..100000"}}),
+                                       "detail": f"{key} must be an integer in 1..{maximum}"}}),
             content_type="application/json",
         )
     return int(raw)
@@ -252,6 +266,7 @@ def routes() -> list[web.RouteDef]:
         web.get("/v1/status", status.get),
         web.get("/v1/transactions", get_transactions),
         web.get("/v1/cleanup", get_cleanup),
+        web.get("/v1/moves", get_moves),
         web.post("/v1/services/{service}/retry", post_retry),
         web.post("/v1/services/{service}/discard-remote-data", post_discard_remote_data),
         web.post("/v1/services/{service}/give-up", post_give_up),

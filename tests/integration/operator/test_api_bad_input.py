@@ -62,6 +62,10 @@ async def snapshot(stack: Stack) -> dict[str, Any]:
             " ORDER BY service, area"
         ).fetchall()
     spool = stack.root / "spool"
+    for service in status["services"].values():
+        for area in service["areas"]:  # clocks: when the agent was asked, its answer's uptime
+            area["process"].pop("as_of", None)
+            area["process"].pop("started_at", None)
     return {
         "services": status["services"],
         "counts": status["counts"],
