@@ -19,6 +19,7 @@ import re
 import stat
 import tarfile
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -30,6 +31,7 @@ from monitord.testing.stack import Stack, StackOptions
 from orchestrator import errors
 from tests.integration.operator.conftest import run_cli
 from tests.integration.operator.test_api_bad_input import snapshot
+from tests.support import daemon_process
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -247,3 +249,58 @@ class TestTheTokenFile:
         # Reads need no token: status works for anyone who reaches the API.
         result = await run_cli("status", "-c", str(config), "--json")
         assert result.code == 0 and json.loads(result.stdout)["services"]["tg"]
+
+
+class TestAcrossRestarts:
+    """The daemon keeps its token across restarts, replaces a file that may have leaked, and
+    does not start when the token's group does not exist."""
+
+    async def test_a_restart_keeps_the_token_and_a_widened_file_gets_a_new_one(
+        self, tmp_path: Path
+    ) -> None:
+        work = tmp_path / "work"
+        config = daemon_process.write_config(tmp_path)
+        place = ("PUT", "/v1/services/tg/placement")
+        async with daemon_process.running_daemon(tmp_path, config_path=config) as daemon:
+            first, _ = api_token.read(work)
+            assert first is not None
+            status, _ = await daemon.request(*place, json_body={"location": "local"},
+                                             authorised=False)
+            assert status == 401
+        async with daemon_process.running_daemon(tmp_path, config_path=config) as daemon:
+            assert api_token.read(work) == (first, "")
+            assert daemon.events("api_token_written") == []
+            status, _ = await daemon.request(*place, json_body={"location": "local"})
+            assert status == 202
+        (work / api_token.FILE_NAME).chmod(0o644)
+        async with daemon_process.running_daemon(tmp_path, config_path=config) as daemon:
+            second, _ = api_token.read(work)
+            assert second is not None and second != first
+            [written] = daemon.events("api_token_written")
+            assert "mode 0644" in written["reason"]
+            assert not any(t in line for line in daemon.lines for t in (first, second))
+            api = daemon_process.ApiClient(daemon.base_url)
+            status, document = await api.request("POST", "/v1/services/tg/placement",
+                                                 authorised=False)
+            assert status == 401
+            async with aiohttp.ClientSession() as session, session.put(
+                daemon.base_url + "/v1/services/tg/placement", json={"location": "local"},
+                headers={"Authorization": f"Bearer {first}"},
+            ) as resp:
+                assert resp.status == 401, "the old token still works"
+            status, _ = await daemon.request(*place, json_body={"location": "local"})
+            assert status == 202
+
+    async def test_an_unknown_token_group_stops_the_start(self, tmp_path: Path) -> None:
+        config = daemon_process.write_config(tmp_path)
+        config.write_text(config.read_text().replace(
+            "[http]\n", '[http]\ntoken_group = "monitord-no-such-group"\n', 1))
+        daemon = await daemon_process.DaemonProcess.start(config)
+        try:
+            assert await daemon.wait_exit(timeout_s=30) == 1
+        finally:
+            await daemon.close()
+        [failed] = daemon.events("daemon_start_failed")
+        assert failed["error_code"] == "DAEMON_START_FAILED"
+        assert "monitord-no-such-group" in failed["detail"]
+        assert not (tmp_path / "work" / api_token.FILE_NAME).exists()
