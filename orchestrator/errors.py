@@ -78,6 +78,7 @@ class ErrorCode(TextEnum):
     STORE_WRITE_FAILED = "STORE_WRITE_FAILED"
     BAD_REQUEST = "BAD_REQUEST"
     NOT_FOUND = "NOT_FOUND"
+    API_UNAUTHORIZED = "API_UNAUTHORIZED"
     UNKNOWN_SERVICE = "UNKNOWN_SERVICE"
     UNKNOWN_AREA = "UNKNOWN_AREA"
     DRAINING = "DRAINING"
@@ -233,6 +234,11 @@ _ROWS: tuple[tuple[ErrorCode, Severity, bool, str, str], ...] = (
     (_E.NOT_FOUND, _S.INFO, False,
            "No such endpoint in monitord's HTTP API (method and path as sent).",
            "Use a method and path listed in docs/operator.md, \"HTTP API\"."),
+    (_E.API_UNAUTHORIZED, _S.WARNING, False,
+           "A change through monitord's HTTP API came without the local API token, or with"
+           " another one; nothing was changed.",
+           "Send `Authorization: Bearer` with the content of work_dir/api-token (readable by root"
+           " and the group of http.token_group); the CLI does this for root and that group."),
     (_E.UNKNOWN_SERVICE, _S.INFO, False,
            "No such service is configured.",
            "Use a service name from monitord.toml."),

@@ -100,16 +100,21 @@ def is_loopback_listen(listen: str) -> bool:
 class HttpSection(_Section):
     listen: HostPort = "127.0.0.1:8224"
     drain_timeout_s: float = Field(default=15.0, ge=0)
-    # The API has no authentication: a listen beyond loopback must be asked for explicitly.
+    # Changes through the API need the token in work_dir/api-token (monitord/surface/
+    # api_token.py), file mode 0640 with this group (None: monitord's own group): its members
+    # and root may change placements. Never a group a messenger daemon runs in.
+    token_group: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}\$?$")
+    # Reads need no token and the API speaks plain HTTP (a token would cross the network in
+    # clear text): a listen beyond loopback must be asked for explicitly.
     allow_remote_api: bool = False
 
     @model_validator(mode="after")
     def _remote_api_is_explicit(self) -> HttpSection:
         if not self.allow_remote_api and not is_loopback_listen(self.listen):
             raise ValueError(
-                f"http.listen {self.listen!r} is not a loopback address and the API has no"
-                " authentication; set http.allow_remote_api = true to serve it beyond this"
-                " machine"
+                f"http.listen {self.listen!r} is not a loopback address; the API's reads need"
+                " no token and its token would cross the network in clear text; set"
+                " http.allow_remote_api = true to serve it beyond this machine"
             )
         return self
 

@@ -2,7 +2,10 @@
 rollback, give-up, bundle.
 
 Called by `monitord.surface.cli`. They are plain synchronous HTTP clients (stdlib urllib, short
-timeouts) so that they work the same from a shell, a PHP `exec()` or a support script.
+timeouts) so that they work the same from a shell, a PHP `exec()` or a support script. Every
+request carries the API token (`<work_dir>/api-token`, monitord.surface.api_token) when this
+user can read it (root, members of `http.token_group`): changes and the bundle need it, reads
+do not; a change refused for the lack of it says why the token could not be read.
 Exit codes: 0 ok, 1 the operation failed or the daemon is unreachable (one line on stderr:
 `monitord: DAEMON_UNREACHABLE: ...`), 2 bad usage/config.
 
@@ -25,6 +28,7 @@ from typing import Any
 
 from monitord.base import config as config_mod
 from monitord.base.hostport import split_hostport
+from monitord.surface import api_token
 from orchestrator.errors import ErrorCode, TransientError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -136,17 +140,28 @@ def add_bundle_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 class Client:
-    """A tiny JSON client for the daemon's API at `http.listen`."""
+    """A tiny JSON client for the daemon's API at `http.listen`; `token` (the API token) goes
+    into every request's `Authorization: Bearer` header, `token_problem` says why there is none.
+    """
 
-    def __init__(self, base_url: str, *, timeout: float = REQUEST_TIMEOUT_S) -> None:
+    def __init__(
+        self, base_url: str, *, timeout: float = REQUEST_TIMEOUT_S, token: str | None = None,
+        token_problem: str = "",
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
+        self.token = token
+        self.token_problem = token_problem
+
+    def __repr__(self) -> str:  # never the token
+        return f"Client({self.base_url!r}, token={'set' if self.token else 'none'})"
 
     @classmethod
     def from_config(cls, cfg: config_mod.Config) -> Client:
         host, port = split_hostport(cfg.http.listen)
         host = f"[{host}]" if ":" in host else host
-        return cls(f"http://{host}:{port}")
+        token, problem = api_token.read(cfg.monitord.work_dir)
+        return cls(f"http://{host}:{port}", token=token, token_problem=problem)
 
     def request(self, method: str, path: str, body: Any = None) -> tuple[int, bytes]:
         data = None if body is None else json.dumps(body).encode()
@@ -154,6 +169,8 @@ class Client:
         if data is not None or method not in ("GET", "HEAD"):
             # The API refuses a change without it, even one without a body (retry).
             req.add_header("Content-Type", "application/json")
+        if self.token is not None:
+            req.add_header("Authorization", f"Bearer {self.token}")
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
                 return resp.status, resp.read()
@@ -167,6 +184,9 @@ class Client:
                 code = ErrorCode.DAEMON_UNREACHABLE
                 detail = (f"HTTP {e.code} from {self.base_url}{path} is not an answer of"
                           f" monitord's API: {payload[:200].decode(errors='replace')}")
+            if code == ErrorCode.API_UNAUTHORIZED and self.token is None and self.token_problem:
+                detail = (f"{detail}; {self.token_problem} (run this as root or as a member of"
+                          " http.token_group)")
             raise ApiError(e.code, code, detail) from e
         except (urllib.error.URLError, OSError) as e:
             reason = getattr(e, "reason", e)

@@ -7,8 +7,11 @@
 mutating request). Every handler asks
 the operator facade (monitord.engine.operator_facade) for its answer; nothing here reaches
 into the engine.
-Host, Origin and Content-Type were checked by `http_api.guard` before any handler runs; bodies
-are read with `http_api.read_json` (deep nesting, non-UTF-8: 400, never a 500).
+Host, Origin, local authority (the API token for every change and for the bundle) and
+Content-Type were checked by `http_api.guard` before any handler runs; bodies are read with
+`http_api.read_json` (deep nesting, non-UTF-8: 400, never a 500). The page is served with a
+Content-Security-Policy that admits only its own inline script and style (by hash), requests
+to its own origin, and no framing (`PAGE_CSP`).
 Called by `monitord.surface.daemon`, which serves these routes whenever an engine is behind
 the API.
 
@@ -20,7 +23,11 @@ bytes; `at` is then when the document was built.
 
 from __future__ import annotations
 
+import base64
+import functools
+import hashlib
 import json
+import re
 import time
 from importlib import resources
 from typing import TYPE_CHECKING, Any
@@ -216,6 +223,7 @@ async def get_metrics(request: web.Request) -> web.Response:
     )
 
 
+@http_api.privileged
 async def get_bundle(request: web.Request) -> web.Response:
     sections = await _operator(request).bundle_sections()
     body = bundle.build(sections)
@@ -254,9 +262,38 @@ async def not_found(request: web.Request) -> web.Response:
     )
 
 
+def _inline_hashes(page: bytes, tag: str) -> str:
+    """`'sha256-…'` sources for every inline <tag>…</tag> block of the page, as CSP wants."""
+    blocks = re.findall(rb"<%s>(.*?)</%s>" % (tag.encode(), tag.encode()), page, re.DOTALL)
+    return " ".join(
+        f"'sha256-{base64.b64encode(hashlib.sha256(block).digest()).decode()}'"
+        for block in blocks
+    )
+
+
+@functools.cache
+def page() -> tuple[bytes, str]:
+    """The page's bytes and its Content-Security-Policy: its own inline script and style only
+    (no other script can run in it, so nothing else can read the token it keeps), requests
+    only to its own origin, no framing, no <base>, no form that navigates."""
+    body = resources.files("monitord.surface").joinpath("static/index.html").read_bytes()
+    csp = (
+        "default-src 'none'; "
+        f"script-src {_inline_hashes(body, 'script')}; "
+        f"style-src {_inline_hashes(body, 'style')}; "
+        "connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'none'; "
+        "frame-ancestors 'none'"
+    )
+    return body, csp
+
+
 async def get_page(request: web.Request) -> web.Response:
-    page = resources.files("monitord.surface").joinpath("static/index.html").read_bytes()
-    return web.Response(body=page, content_type="text/html", charset="utf-8")
+    body, csp = page()
+    return web.Response(
+        body=body, content_type="text/html", charset="utf-8",
+        headers={"Content-Security-Policy": csp, "Referrer-Policy": "no-referrer",
+                 "Cache-Control": "no-store"},
+    )
 
 
 def routes() -> list[web.RouteDef]:

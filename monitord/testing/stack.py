@@ -419,12 +419,26 @@ class Stack:
 
     # -- API ---------------------------------------------------------------------------------
 
-    async def request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    def api_token(self) -> str | None:
+        """The daemon's API token (work/api-token), as an authorised operator reads it; None
+        before the daemon wrote it."""
+        from monitord.surface import api_token
+
+        token, _ = api_token.read(self.root / "work")
+        return token
+
+    async def request(
+        self, method: str, path: str, body: Any = None, *, authorised: bool = True
+    ) -> tuple[int, Any]:
+        """One API request, with the API token (as the CLI sends it) unless not `authorised`."""
         assert self._session is not None
         url = f"http://127.0.0.1:{self.http_port}{path}"
         try:
             # A change is JSON, as the API requires (a bare POST would be refused).
             headers = {} if method in ("GET", "HEAD") else {"Content-Type": "application/json"}
+            token = self.api_token() if authorised else None
+            if token is not None:
+                headers["Authorization"] = f"Bearer {token}"
             async with self._session.request(method, url, json=body, headers=headers) as resp:
                 text = await resp.text()
                 try:

@@ -74,6 +74,8 @@ NOT_CODES = _enum_values() | {
     "SC_CLK_TCK", "AF_UNIX",
     # argparse metavars, `monitord demo`'s verdict words
     "VERB", "SHA256", "PASS", "FAIL",
+    # HTTP header values (X-Frame-Options: DENY on every API answer)
+    "DENY",
     # names a package exports (`__all__` of monitord/remote/copy)
     "DIGESTS_SUFFIX", "STAGING_SUFFIX",
 }

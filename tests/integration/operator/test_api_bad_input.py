@@ -37,12 +37,14 @@ async def raw(stack: Stack, method: str, path: str, body: bytes | None,
               ) -> tuple[int, dict[str, Any], str]:
     """Send exactly these bytes (no client-side JSON encoding); status, document, content type.
 
-    Changes (PUT, POST) always say Content-Type: application/json, as the API requires, so that
-    these cases test the body and the path (test_api_browser_safety.py tests the header)."""
+    Changes (PUT, POST) always say Content-Type: application/json, as the API requires, and
+    every request carries the API token, so that these cases test the body and the path
+    (test_api_browser_safety.py tests the header, test_api_authority.py the token)."""
     url = f"http://127.0.0.1:{stack.http_port}{path}"
     timeout = aiohttp.ClientTimeout(total=10)
     json_header = body or method in ("PUT", "POST")
-    headers = {"Content-Type": "application/json"} if json_header else None
+    headers = {"Content-Type": "application/json"} if json_header else {}
+    headers["Authorization"] = f"Bearer {stack.api_token()}"
     async with aiohttp.ClientSession(timeout=timeout) as session, session.request(
         method, url, data=body, headers=headers
     ) as resp:
