@@ -203,7 +203,9 @@ _ROWS: tuple[tuple[ErrorCode, Severity, bool, str, str], ...] = (
            "Correct the entry named in the detail; the other areas are not affected."),
     (_E.AREA_ENTRY_INVALID, _S.ERROR, False,
            "A custom_config.json entry has a bad field (not an object, a location or"
-           " generation that does not parse); that entry is left as it is and never started.",
+           " generation that does not parse, a generation outside [0, 2^63)); that entry is"
+           " left as it is and never started. An area at the last generation (2^63 - 1)"
+           " stays where it is: no move can follow it.",
            "Correct the entry named in the detail; the other areas are not affected."),
     (_E.DATA_NOT_NEWEST, _S.ERROR, False,
            "An area was not started on a side that does not hold its newest data.",

@@ -65,6 +65,7 @@ _REFUSAL_STATUS = {
     ErrorCode.UNKNOWN_AREA: 404,
     ErrorCode.TRANSACTION_CONFLICT: 409,
     ErrorCode.CONFIG_CORRUPT: 409,
+    ErrorCode.AREA_ENTRY_INVALID: 409,  # an area at the last generation cannot move
 }
 
 
