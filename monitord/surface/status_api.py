@@ -78,7 +78,7 @@ async def get_cleanup(request: web.Request) -> web.Response:
 
 def _limit(request: web.Request) -> int:
     raw = request.query.get("limit", "1000")
-    if not raw.isdigit() or not 0 < int(raw) <= 100_000:
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 6) or not 0 < int(raw) <= 100_000:
         raise web.HTTPBadRequest(
             text=json.dumps({"error": {"code": "BAD_REQUEST",
                                        "detail": "limit must be an integer in 1..100000"}}),
