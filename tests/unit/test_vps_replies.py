@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from monitord.remote import preflight, provisioning, remote_exec
+from monitord.remote import agent_client, preflight, provisioning, remote_exec
 from monitord.remote.tunnel import lease_client, port_holder
 from monitord.remote.tunnel.lease_client import LeaseSession
 from orchestrator.errors import ErrorCode, MonitordError
@@ -244,3 +244,16 @@ class TestTheSecretReadBack:
         data = await provisioning._read_if_exists(Sftp(), "/b/agent.secret")  # type: ignore[arg-type]
         assert asked and all(0 <= size <= provisioning.MAX_SECRET_READ for size in asked)
         assert data is not None and len(data) <= provisioning.MAX_SECRET_READ
+
+
+class TestTheAgentsAnswers:
+    """An agent answer within Python's recursion limit but past bounded_json's depth is no
+    answer: it parsed before, and the bundle's redaction of the inventory then recursed."""
+
+    def test_an_inventory_900_levels_deep_is_not_read(self) -> None:
+        raw = b'{"entries": [], "processes": [], "x": ' + b"[" * 900 + b"]" * 900 + b"}"
+        assert agent_client._parse_json(raw) is None
+
+    def test_a_shallow_answer_is_read(self) -> None:
+        assert agent_client._parse_json(b'{"entries": [], "processes": []}') == {
+            "entries": [], "processes": []}
