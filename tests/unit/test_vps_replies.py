@@ -81,6 +81,8 @@ HOSTILE_LEASE_ANSWERS = {
     "ok is a string": b'{"ok": "yes", "action": "take", "now": 1}\n',
     "deep JSON": b'{"ok": true, "now": 1, "lease": ' + DEEP.encode() + b"}\n",
     "fenced_pid negative": b'{"ok": true, "action": "take", "now": 1, "fenced_pid": -4}\n',
+    "code not catalogued": b'{"ok": false, "action": "refuse_conflict", "now": 1,'
+                           b' "code": "NOT_A_CODE"}\n',
 }
 
 

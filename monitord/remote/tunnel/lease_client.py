@@ -34,7 +34,9 @@ from orchestrator.errors import (
     MonitordError,
     PermanentError,
     TransientError,
+    UnknownErrorCode,
     error_for,
+    lookup,
 )
 from orchestrator.tunnel_lease import LeaseRecord, SessionIdentity
 
@@ -268,6 +270,11 @@ def parse_answer(doc: dict[str, Any]) -> LeaseAnswer:
     code = doc.get("code")
     if code is not None and not isinstance(code, str):
         raise invalid(f"tunnel-lease answer: code is {type(code).__name__}, not a string")
+    if code is not None:
+        try:
+            lookup(code)  # the keeper raises it as ours: an uncatalogued one is no answer
+        except UnknownErrorCode as e:
+            raise invalid(f"tunnel-lease answer: code {code!r:.60} is not in the catalogue") from e
     fenced = doc.get("fenced_pid")
     return LeaseAnswer(
         ok=_flag(doc, "ok"),
