@@ -8,15 +8,16 @@ that may be compromised, can exploit:
   a little under that limit still breaks whoever walks it next (`copy.deepcopy`, a
   redaction, `json.dumps`);
 - integers: an integer literal of more than 4300 digits raises `ValueError` from `int()`
-  (Python's int-string limit), and below that limit the conversion costs time quadratic in
-  the digits;
+  (Python's int-string limit; below it a conversion costs at most about a millisecond);
 - `NaN` and `Infinity` are accepted although they are not JSON, and `1e999` reads as an
   infinite float.
 
-`loads()` checks the nesting first with one linear scan (strings skipped whole, so a
-bracket inside a string never counts), converts integers itself with a bound on their
-digits, refuses the three constants and numbers out of a float's range, and raises only
-`JsonRefused` (a `ValueError`) with a short reason and, where known, the line and column.
+`loads()` lets the C decoder parse (it guards its own recursion with the interpreter's
+limit, so `[[[[…` thousands deep is a `RecursionError` caught here, as is the `ValueError`
+of a too long integer), refuses the three constants, then checks what it parsed with an
+iterative walk, linear in the number of values: nesting at most MAX_DEPTH, no infinite
+float, and raises only `JsonRefused` (a `ValueError`) with a short reason
+and, for a syntax error, the line and column.
 Standard library only: the VPS agent parses its request bodies with it too
 (monitord/remote/artifact.py PORTABLE_MODULES).
 
@@ -28,20 +29,12 @@ monitord.remote.tunnel.lease_client and preflight (the VPS's answers), monitord.
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 # Far deeper than any document monitord reads or writes (custom_config.json is three levels
 # deep), far shallower than the interpreter's recursion limit.
 MAX_DEPTH = 64
-# Far more than any 64-bit value (19 digits), far fewer than Python's 4300-digit limit.
-MAX_INT_DIGITS = 100
 
-# A whole string (escapes included), or one bracket. An unterminated string runs to the end
-# of the text (the decoder refuses it anyway): every match attempt at a quote succeeds, so
-# the scan stays linear whatever the quotes and backslashes.
-_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)|[\[\]{}]', re.DOTALL)
-_OPENERS = frozenset("[{")
 _INF = float("inf")
 
 
@@ -49,42 +42,25 @@ class JsonRefused(ValueError):
     """The text is not JSON within the bounds; `str()` says why (and where, when known)."""
 
 
-def _position(text: str, index: int) -> str:
-    line = text.count("\n", 0, index) + 1
-    column = index - (text.rfind("\n", 0, index) + 1) + 1
-    return f"line {line} column {column}"
-
-
-def check_depth(text: str, *, max_depth: int = MAX_DEPTH) -> None:
-    """JsonRefused if arrays and objects nest deeper than `max_depth` (linear time)."""
-    depth = 0
-    for match in _TOKEN.finditer(text):
-        token = match.group()
-        if token in _OPENERS:
-            depth += 1
-            if depth > max_depth:
-                raise JsonRefused(
-                    f"nested deeper than {max_depth} levels at {_position(text, match.start())}"
-                )
-        elif token in ("]", "}"):
-            depth = max(0, depth - 1)
-
-
-def _bounded_int(max_digits: int) -> Any:
-    def parse_int(literal: str) -> int:
-        digits = len(literal.lstrip("-"))
-        if digits > max_digits:
-            raise JsonRefused(f"an integer of {digits} digits (at most {max_digits} are read)")
-        return int(literal)
-
-    return parse_int
-
-
-def _finite_float(literal: str) -> float:
-    value = float(literal)
-    if value in (_INF, -_INF):
-        raise JsonRefused(f"a number out of range ({literal[:20]}...)")
-    return value
+def check_depth(value: Any, *, max_depth: int = MAX_DEPTH) -> None:
+    """JsonRefused if arrays and objects in a parsed value nest deeper than `max_depth`, or
+    a number in it is infinite (`1e999`). Iterative (a walk that recursed would meet the
+    very limit it guards against) and linear in the number of values; strings are leaves, so
+    their length costs nothing here."""
+    if max_depth < 1:
+        raise JsonRefused(f"nested deeper than {max_depth} levels")
+    stack: list[tuple[Any, int]] = [(value, 0)]  # (a container, its depth: the root's is 0)
+    while stack:
+        item, depth = stack.pop()
+        for child in item.values() if isinstance(item, dict) else item:
+            kind = type(child)
+            if kind is dict or kind is list:
+                if depth + 1 >= max_depth:
+                    raise JsonRefused(f"nested deeper than {max_depth} levels")
+                if child:  # an empty one has nothing to look at
+                    stack.append((child, depth + 1))
+            elif kind is float and child in (_INF, -_INF):
+                raise JsonRefused("a number out of a float's range")
 
 
 def _no_constant(name: str) -> Any:
@@ -95,7 +71,6 @@ def loads(
     data: str | bytes,
     *,
     max_depth: int = MAX_DEPTH,
-    max_int_digits: int = MAX_INT_DIGITS,
 ) -> Any:
     """The JSON value of `data` (bytes must be UTF-8); JsonRefused for anything else."""
     if isinstance(data, (bytes, bytearray)):
@@ -105,15 +80,18 @@ def loads(
             raise JsonRefused(f"not UTF-8 at byte {e.start}") from e
     else:
         text = data
-    check_depth(text, max_depth=max_depth)
     try:
-        return json.loads(
-            text, parse_int=_bounded_int(max_int_digits), parse_float=_finite_float,
-            parse_constant=_no_constant,
-        )
+        value = json.loads(text, parse_constant=_no_constant)
     except JsonRefused:
         raise
     except json.JSONDecodeError as e:
         raise JsonRefused(f"invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from e
-    except (ValueError, RecursionError) as e:  # neither can happen within the bounds above
-        raise JsonRefused(f"unreadable JSON: {type(e).__name__}: {str(e)[:120]}") from e
+    except RecursionError as e:  # the C decoder guards its own recursion with the limit
+        raise JsonRefused(f"nested deeper than {max_depth} levels") from e
+    except ValueError as e:  # int() refusing a literal over the int-string limit
+        raise JsonRefused(f"unreadable JSON: {str(e)[:120]}") from e
+    if isinstance(value, (dict, list)):
+        check_depth(value, max_depth=max_depth)
+    elif isinstance(value, float) and value in (_INF, -_INF):
+        raise JsonRefused("a number out of a float's range")
+    return value

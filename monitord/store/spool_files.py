@@ -7,9 +7,10 @@ Every write goes through `monitord.base.atomic_file.atomic_write_bytes`.
 write keeps unknown fields and entry order exactly as found. A malformed or truncated file
 raises `ConfigCorrupt` (code CONFIG_CORRUPT, with the parse position) and is never overwritten:
 every update re-reads and re-validates the file first. So does one that is not a regular file,
-is larger than 16 MiB, nests deeper than 64 levels, holds an integer of more than 100 digits
-or NaN/Infinity (monitord.base.bounded_json): nothing but ConfigCorrupt leaves the loader. An
-entry whose generation is not an integer in [0, 2^63) is quarantined on its own.
+is larger than 16 MiB, nests deeper than 64 levels, holds an integer of more than 4300 digits
+(Python's int-string limit) or NaN/Infinity/1e999 (monitord.base.bounded_json): nothing but
+ConfigCorrupt leaves the loader. An entry whose generation is not an integer in [0, 2^63) is
+quarantined on its own.
 
 `remote_state.json` is the per-service compatibility projection the PHP UI reads; it is never a
 source of truth, so reading it is lenient about missing keys but not about broken JSON.
