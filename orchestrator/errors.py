@@ -51,6 +51,7 @@ class ErrorCode(TextEnum):
     AGENT_UNREACHABLE = "AGENT_UNREACHABLE"
     AGENT_UNAUTHORIZED = "AGENT_UNAUTHORIZED"
     AGENT_ROUTE_MISSING = "AGENT_ROUTE_MISSING"
+    VPS_REPLY_INVALID = "VPS_REPLY_INVALID"
     PROVISION_FAILED = "PROVISION_FAILED"
     ARTIFACT_HASH_MISMATCH = "ARTIFACT_HASH_MISMATCH"
     PREFLIGHT_AUTH = "PREFLIGHT_AUTH"
@@ -144,6 +145,12 @@ _ROWS: tuple[tuple[ErrorCode, Severity, bool, str, str], ...] = (
            "The remote agent has no such route (it is older than this monitord).",
            "monitord asks the agent what it serves and uses the shell for the rest;"
            " re-provisioning the VPS upgrades the agent."),
+    (_E.VPS_REPLY_INVALID, _S.ERROR, True,
+           "A command on the VPS answered with something monitord does not accept (a field of"
+           " the wrong type or out of range, JSON nested too deep, output over its size"
+           " bound); the answer was dropped and nothing acted on it.",
+           "monitord retries; if it repeats, re-provision the VPS (`monitord retry SERVICE`)"
+           " so its monitord.pyz matches, and check the VPS for tampering."),
     (_E.PROVISION_FAILED, _S.ERROR, True,
            "Pushing the agent or service binaries to the VPS failed.",
            "Check free space and permissions of remote_bin_dir; monitord retries."),
@@ -207,7 +214,9 @@ _ROWS: tuple[tuple[ErrorCode, Severity, bool, str, str], ...] = (
            "Correct the entry named in the detail; the other areas are not affected."),
     (_E.AREA_ENTRY_INVALID, _S.ERROR, False,
            "A custom_config.json entry has a bad field (not an object, a location or"
-           " generation that does not parse); that entry is left as it is and never started.",
+           " generation that does not parse, a generation outside [0, 2^63)); that entry is"
+           " left as it is and never started. An area at the last generation (2^63 - 1)"
+           " stays where it is: no move can follow it.",
            "Correct the entry named in the detail; the other areas are not affected."),
     (_E.DATA_NOT_NEWEST, _S.ERROR, False,
            "An area was not started on a side that does not hold its newest data.",

@@ -25,6 +25,7 @@ from pydantic import (
 )
 
 from monitord.base import log_sink
+from orchestrator import names
 from orchestrator.errors import ErrorCode, PermanentError
 
 DEFAULT_CONFIG_PATH = Path("/etc/monitord/monitord.toml")
@@ -44,7 +45,8 @@ class ConfigError(PermanentError):
 
 def _check_hostport(value: str) -> str:
     host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not host or not (port.isascii() and port.isdigit()) \
+            or not 0 < int(port) < 65536:
         raise ValueError(f"expected HOST:PORT with a port in 1..65535, got {value!r}")
     return value
 
@@ -333,9 +335,10 @@ class Config(_Section):
     @field_validator("services")
     @classmethod
     def _service_names(cls, services: dict[str, ServiceSection]) -> dict[str, ServiceSection]:
-        for name in services:
-            if not name.replace("_", "").replace("-", "").isalnum():
-                raise ValueError(f"service name {name!r} must be letters, digits, '-' or '_'")
+        for name in services:  # the one pattern of names (str.isalnum took any script)
+            reason = names.why_invalid(name)
+            if reason is not None:
+                raise ValueError(f"service name: {reason}")
         return services
 
 

@@ -169,7 +169,8 @@ class LocalSide:
         newest: tuple[int, Path] | None = None
         for path in (self.archive_dir / service).glob(f"{area}-g*"):
             generation = path.name.removeprefix(f"{area}-g")
-            if generation.isdigit() and (newest is None or int(generation) > newest[0]):
+            if generation.isascii() and generation.isdigit() \
+                    and (newest is None or int(generation) > newest[0]):
                 newest = (int(generation), path)
         return newest[1] if newest else None
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import quote, urlencode
 
-from monitord.base import logs, tree_digest
+from monitord.base import bounded_json, logs, tree_digest
 from orchestrator import names
 from orchestrator.errors import ErrorCode, MonitordError, TransientError, error_for
 from orchestrator.models import ProcessInfo, RemoteEntry, RemoteInventory
@@ -445,12 +445,15 @@ async def _exchange(
 
 
 def _parse_json(raw: bytes) -> Any:
-    """The body as JSON (UTF-8, RFC 8259), None when it is empty or not JSON at all."""
+    """The body as JSON (UTF-8, RFC 8259) within monitord.base.bounded_json's bounds, None
+    when it is empty or not such JSON. The bounds matter beyond the parse: what is read here
+    is walked again later (the bundle redacts the inventory), and a document 900 levels
+    deep parses but breaks the walk."""
     if not raw.strip():
         return None
     try:
-        return json.loads(raw.decode("utf-8"))
-    except (ValueError, RecursionError):  # bad UTF-8 or JSON, too many digits, too deep
+        return bounded_json.loads(raw)
+    except bounded_json.JsonRefused:  # bad UTF-8 or JSON, too many digits, too deep, NaN
         return None
 
 

@@ -35,6 +35,7 @@ PORTABLE_MODULES = (
     "monitord/__init__.py",
     "monitord/base/__init__.py",
     "monitord/base/atomic_file.py",
+    "monitord/base/bounded_json.py",
     "monitord/base/group_stop.py",
     "monitord/base/hostport.py",
     "monitord/base/log_sink.py",

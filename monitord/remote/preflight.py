@@ -34,7 +34,7 @@ Called by the migration engine in the PREFLIGHT phase and by `monitord demo`.
 from __future__ import annotations
 
 import asyncio
-import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -42,13 +42,13 @@ from types import MappingProxyType
 
 import asyncssh
 
-from monitord.base import logs
+from monitord.base import bounded_json, logs
 from monitord.base.config import Config, RemoteSection
 from monitord.remote import artifact, remote_exec
 from monitord.remote.agent_client import AgentClient
 from monitord.remote.provisioning import LocalArtifact
 from monitord.remote.shared_facts import SharedFacts
-from orchestrator.errors import ErrorCode, MonitordError, lookup
+from orchestrator.errors import ErrorCode, MonitordError, error_for, lookup
 
 log = logs.get_logger(__name__)
 
@@ -58,6 +58,12 @@ WRITE_TEST_NAME = ".preflight-write-test"
 # change under a running connection, and it costs a Python start with every module imported
 # (about 0.25 s) — so one answer serves every preflight over the connection for this long.
 SELF_CHECK_MAX_AGE_S = 3600.0
+# The VPS's reports are read within bounds (it may be compromised): a few KiB of lines,
+# numbers in ASCII digits (str.isdigit also takes "²", which int() refuses).
+MAX_REPORT_BYTES = 64 * 1024
+_COUNT_RE = re.compile(r"[0-9]{1,18}")
+_MODE_RE = re.compile(r"[0-7]{1,4}")
+_TEXT_CHARS = 500
 
 
 class CheckStatus(StrEnum):
@@ -325,26 +331,39 @@ async def _probe(
 ) -> _RemoteFacts:
     result = await remote_exec.run_script(
         conn, _PROBE_SCRIPT, args=[remote.remote_bin_dir, *(a.name for a in artifacts)],
-        timeout_s=timeout_s,
+        timeout_s=timeout_s, max_stdout=MAX_REPORT_BYTES,
     )
+    if result.stdout_truncated:
+        raise error_for(ErrorCode.VPS_REPLY_INVALID,
+                        f"preflight probe: more than {MAX_REPORT_BYTES} bytes of output")
+    return parse_probe_report(result.text)
+
+
+def parse_probe_report(text: str) -> _RemoteFacts:
+    """The probe script's `KEY VALUE…` lines. The VPS wrote them: a mode or a size that is
+    not ASCII digits of bounded length reads as unknown (0, None), which the checks then
+    report; an empty line is skipped."""
     fields: dict[str, list[str]] = {}
     hashes: dict[str, str] = {}
-    for line in result.text.splitlines():
+    for line in text.splitlines():
+        if not line.split():
+            continue
         key, *values = line.split()
         if key == "sha" and len(values) == 2:
             hashes[values[1]] = values[0]
         else:
             fields[key] = values
-    bin_dir = fields.get("bin_dir", ["missing", "0", "-"]) + ["0", "-"]
+    found = fields.get("bin_dir", [])
+    bin_dir = found + ["missing", "0", "-"][len(found):]  # a short line padded, field by field
     avail = fields.get("avail_kb", [])
     return _RemoteFacts(
         arch=" ".join(fields.get("arch", [])),
         user=" ".join(fields.get("user", [])),
         bin_dir_state=bin_dir[0],
-        bin_dir_mode=int(bin_dir[1], 8) if bin_dir[1].isdigit() else 0,
+        bin_dir_mode=int(bin_dir[1], 8) if _MODE_RE.fullmatch(bin_dir[1]) else 0,
         bin_dir_owner=bin_dir[2],
         write=(fields.get("write") or ["failed"])[0],
-        avail_bytes=int(avail[0]) * 1024 if avail and avail[0].isdigit() else None,
+        avail_bytes=int(avail[0]) * 1024 if avail and _COUNT_RE.fullmatch(avail[0]) else None,
         hashes=hashes,
     )
 
@@ -438,21 +457,35 @@ async def _self_check(
         return "no SSH connection to run the self-check over"
     argv = [*artifact.remote_command(remote), "self-check", "--dir", remote.remote_bin_dir]
     try:
-        result = await remote_exec.run(conn, argv, timeout_s=timeout_s)
+        result = await remote_exec.run(conn, argv, timeout_s=timeout_s,
+                                       max_stdout=MAX_REPORT_BYTES)
     except MonitordError as e:
         return f"`{' '.join(argv)}` failed: {e}"
     lines = []
     for raw in result.text.splitlines():
-        try:
-            doc = json.loads(raw)
-            lines.append(SelfCheckLine(check=str(doc["check"]), ok=doc["ok"] is True,
-                                       detail=str(doc["detail"]), fix=str(doc.get("fix", ""))))
-        except (ValueError, KeyError, TypeError):
-            continue
+        line = _self_check_line(raw)
+        if line is not None:
+            lines.append(line)
     if not lines:
         return (f"`{' '.join(argv)}` exited {result.exit_status} without a report: "
                 f"{result.stderr_tail()}")
     return tuple(lines)
+
+
+def _self_check_line(raw: str) -> SelfCheckLine | None:
+    """One report line of the self-check, None for anything else (bounded JSON, an object
+    whose check, detail and fix are strings and ok a boolean)."""
+    try:
+        doc = bounded_json.loads(raw)
+    except bounded_json.JsonRefused:
+        return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("ok"), bool):
+        return None
+    texts = [doc.get("check"), doc.get("detail"), doc.get("fix", "")]
+    if not all(isinstance(text, str) for text in texts):
+        return None
+    check, detail, fix = (str(text)[:_TEXT_CHARS] for text in texts)
+    return SelfCheckLine(check=check, ok=doc["ok"], detail=detail, fix=fix)
 
 
 def _judge_agent(

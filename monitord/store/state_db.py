@@ -35,7 +35,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from orchestrator.errors import ErrorCode, TransientError
+from orchestrator.errors import ErrorCode, PermanentError, TransientError
+from orchestrator.models import MAX_GENERATION
 
 DB_NAME = "state.db"
 DEFAULT_EVENTS_CAP = 1000
@@ -425,7 +426,10 @@ class Store:
     # --- generations ----------------------------------------------------------------------
 
     async def issue_generation(self, area: str, *, floor: int = 0) -> int:
-        """Durably issue max(highest issued, floor) + 1 for `area`; never returns a value twice."""
+        """Durably issue max(highest issued, floor) + 1 for `area`; never returns a value twice.
+
+        Past MAX_GENERATION (SQLite's INTEGER ends at 2^63 - 1) nothing is issued:
+        PermanentError AREA_ENTRY_INVALID, the area cannot move any more."""
 
         def write() -> int:
             with _Tx(self._db()) as db:
@@ -433,6 +437,12 @@ class Store:
                     "SELECT highest_issued FROM generations WHERE area = ?", (area,)
                 ).fetchone()
                 issued = max(row[0] if row else 0, floor) + 1
+                if issued > MAX_GENERATION:
+                    raise PermanentError(
+                        ErrorCode.AREA_ENTRY_INVALID,
+                        f"area {area}: no generation after {issued - 1} fits state.db"
+                        f" (2^63 - 1 is the last), so it cannot move",
+                    )
                 db.execute(
                     "INSERT INTO generations (area, highest_issued) VALUES (?, ?) "
                     "ON CONFLICT (area) DO UPDATE SET highest_issued = excluded.highest_issued",

@@ -11,7 +11,9 @@ codes, phases, timestamps); every other value — anything under `env`, commands
 keys, and any key that looks like a secret even if listed — becomes `"<redacted>"`. A few
 keys hold maps keyed by names (`services`, `counts`, …): the names are kept and their values
 redacted by the same rules. Known JSON sections handed in as bytes (the spool files) are
-parsed and redacted too; one that is not valid JSON is replaced by a note. Text sections of
+parsed and redacted too, within monitord.base.bounded_json's bounds (nesting, integer
+digits: another user may have written them); one that is not such JSON is replaced by a
+note. Text sections of
 other names are packed as they are. Finally, a member that still looks like key material is
 replaced, so a private key can not leave through the bundle even if a caller hands one in
 by mistake. Every bundle opens with `version.json`: the monitord and Python versions that
@@ -32,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from monitord import __version__
+from monitord.base import bounded_json
 
 REDACTED = "<redacted>"
 # A key that looks like a secret is redacted even where it is allow-listed.
@@ -207,8 +210,8 @@ def _member_bytes(name: str, value: Any) -> bytes:
         if isinstance(value, str) and text.startswith("unreadable: ") and "\n" not in text[:-1]:
             return text.encode()  # the caller's note that the file could not be read
         try:
-            document = json.loads(text)
-        except ValueError as e:
+            document = bounded_json.loads(text)
+        except bounded_json.JsonRefused as e:
             return (
                 f"{REDACTED}: {name} is not valid JSON ({e}; {len(value)} bytes),"
                 " so none of it is shown\n"

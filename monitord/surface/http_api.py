@@ -73,6 +73,7 @@ _REFUSAL_STATUS = {
     ErrorCode.TRANSACTION_CONFLICT: 409,
     ErrorCode.CONFIG_CORRUPT: 409,
     ErrorCode.PREFLIGHT_REMOTE_CONFIG: 409,  # a move to a VPS that is not configured
+    ErrorCode.AREA_ENTRY_INVALID: 409,  # an area at the last generation cannot move
 }
 
 

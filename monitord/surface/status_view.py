@@ -2,6 +2,11 @@
 
 Called by `monitord.surface.client_commands` and the demo. Pure formatting over the JSON document
 the daemon serves, so what an operator reads in a terminal is what the API says.
+
+Every text in that document may come from outside (a quarantined entry's uuid is whatever
+custom_config.json holds, an error detail may quote the VPS), so nothing is ever read as
+rich markup: lines are printed with `markup=False` and table cells are `Text` values. A
+`[/x]` shows as `[/x]` instead of raising MarkupError and ending the command.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 
 def _when(at: Any) -> str:
@@ -41,7 +47,7 @@ def services_table(status: dict[str, Any]) -> Table:
     for name, svc in sorted(status.get("services", {}).items()):
         counts = svc.get("counts", {})
         error = svc.get("last_error") or {}
-        table.add_row(
+        cells = (
             name,
             str(svc.get("desired", "")),
             str(svc.get("state", "")),
@@ -52,6 +58,7 @@ def services_table(status: dict[str, Any]) -> Table:
             str(counts.get("orphan", 0)),
             str(error.get("code", "")) if isinstance(error, dict) else str(error),
         )
+        table.add_row(*(Text(cell) for cell in cells))  # literal text, never markup
     return table
 
 
@@ -72,14 +79,17 @@ def areas_table(status: dict[str, Any], *, now: float | None = None) -> Table:
             uptime = _duration(now - started) if isinstance(started, int | float) else ""
             recent = process.get("restarts_1h")
             exit_status = process.get("last_exit_status")
-            table.add_row(
-                name, str(area.get("uuid", ""))[:8], str(process.get("side", "")),
+            uuid8 = str(area.get("uuid", ""))[:8]
+            cells = (
+                name, f"{area['title']} ({uuid8})" if area.get("title") else uuid8,
+                str(process.get("side", "")),
                 str(process.get("health", "")) + (
                     f" ({process['failures']} in a row)" if process.get("failures") else ""),
                 str(process.get("pid") or ""), uptime,
                 "" if recent is None else str(recent),
                 "" if exit_status is None else str(exit_status),
             )
+            table.add_row(*(Text(cell) for cell in cells))  # a title is text, never markup
     return table
 
 
@@ -188,17 +198,20 @@ def loop_lines(status: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _print(console: Console, line: str) -> None:
+    """One line as written: never markup, never highlighted."""
+    console.print(line, highlight=False, soft_wrap=True, markup=False)
+
+
 def print_status(status: dict[str, Any], *, console: Console | None = None) -> None:
     console = console or Console()
-    for line in summary_lines(status):
-        console.print(line, highlight=False, soft_wrap=True)
-    for line in loop_lines(status):  # an error's text is printed as is, never as markup
-        console.print(line, highlight=False, soft_wrap=True, markup=False)
+    for line in (*summary_lines(status), *loop_lines(status)):
+        _print(console, line)
     console.print(services_table(status))
     if any(svc.get("areas") for svc in status.get("services", {}).values()):
         console.print(areas_table(status))
     for line in (*last_move_lines(status), *error_lines(status)):
-        console.print(line, highlight=False, soft_wrap=True)
+        _print(console, line)
 
 
 class Progress:
@@ -236,10 +249,8 @@ class Progress:
             f" state {svc.get('state', '?')}" + (f", phases {', '.join(phases)}" if phases else "")
         )
         if line != self._last:
-            self.console.print(line, highlight=False, soft_wrap=True)
+            _print(self.console, line)
             self._last = line
 
     def finish(self, outcome: str) -> None:
-        self.console.print(
-            f"{self.service} -> {self.target}: {outcome}", highlight=False, soft_wrap=True
-        )
+        _print(self.console, f"{self.service} -> {self.target}: {outcome}")

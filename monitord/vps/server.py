@@ -8,7 +8,11 @@ carries the secret. Every route except `GET /livez` still needs
 request, so re-provisioning takes effect at once; compared in constant time).
 
 One request per connection (`Connection: close`); requests are bounded (head 16 KiB, body
-1 MiB, 30 s to arrive) so a stuck or hostile client holds nothing for long. Errors are JSON:
+1 MiB, 30 s to arrive) so a stuck or hostile client holds nothing for long. Numbers on the
+wire (Content-Length, `generation=`) are ASCII digits only, integers in [0, 2^63), and
+bodies are JSON within monitord.base.bounded_json's bounds (nesting, digits, no NaN): all
+else is 400 BAD_REQUEST, never an exception that leaves the client without an answer.
+Errors are JSON:
 `{"error": {"code", "detail"}}` with the project's stable codes. Bodies are validated here,
 at the edge, into frozen values and handed to `AgentRuntime`. Routes: docs/agent.md.
 Called by monitord.vps.cli (`monitord agent`).
@@ -27,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from monitord.base import bounded_json
 from monitord.vps.lease_table import AreaSpec
 from monitord.vps.runtime import (
     MAX_HEALTH_WAIT_S,
@@ -42,6 +47,11 @@ SOCKET_NAME = "agent.sock"
 MAX_HEAD_BYTES = 16 * 1024
 MAX_BODY_BYTES = 1024 * 1024
 REQUEST_TIMEOUT_S = 30.0
+# Generations and counts are SQLite INTEGERs on the owner's side: [0, 2^63).
+MAX_INTEGER = 2**63 - 1
+# A number on the wire is ASCII digits only: `str.isdigit` also takes "²" (which int()
+# refuses) and "١" (which int() reads as 1).
+_ASCII_COUNT = re.compile(r"[0-9]{1,19}")
 
 
 @dataclass(frozen=True)
@@ -99,9 +109,9 @@ class RenewBody:
 
 def _document(raw: bytes) -> dict[str, Any]:
     try:
-        value = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise bad_request(f"body is not JSON: {e}") from e
+        value = bounded_json.loads(raw)  # nesting, integer digits and NaN bounded
+    except bounded_json.JsonRefused as e:
+        raise bad_request(f"body is not JSON within bounds: {e}") from e
     if not isinstance(value, dict):
         raise bad_request("(body): must be a JSON object")
     return value
@@ -115,8 +125,8 @@ def _text(doc: Mapping[str, Any], key: str) -> str:
 
 
 def _count(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise bad_request(f"{where}: must be a non-negative integer")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_INTEGER:
+        raise bad_request(f"{where}: must be an integer in [0, 2^63)")
     return value
 
 
@@ -182,8 +192,8 @@ Handler = Callable[[AgentRuntime, Request, Optional[str]], Awaitable[Response]]
 
 def _generation_param(request: Request) -> int:
     raw = request.query.get("generation", "")
-    if not raw.isdigit():
-        raise bad_request("query parameter generation=N (a non-negative integer) is required")
+    if _ASCII_COUNT.fullmatch(raw) is None or int(raw) > MAX_INTEGER:
+        raise bad_request("query parameter generation=N (ASCII digits, below 2^63) is required")
     return int(raw)
 
 
@@ -429,7 +439,7 @@ async def read_request(reader: asyncio.StreamReader) -> Request:
     if "chunked" in headers.get("transfer-encoding", "").lower():
         raise _Malformed("chunked bodies are not accepted")
     length_text = headers.get("content-length", "0")
-    if not length_text.isdigit() or int(length_text) > MAX_BODY_BYTES:
+    if _ASCII_COUNT.fullmatch(length_text) is None or int(length_text) > MAX_BODY_BYTES:
         raise _Malformed("missing, bad or too large Content-Length")
     try:
         body = await reader.readexactly(int(length_text))
@@ -513,6 +523,6 @@ def probe(path: Path, route: str, *, secret: str, timeout_s: float = 1.0) -> int
         )
         head = sock.recv(64)
     parts = head.split(b" ", 2)
-    if len(parts) < 2 or not parts[1].isdigit():
+    if len(parts) < 2 or _ASCII_COUNT.fullmatch(parts[1].decode("latin-1")) is None:
         raise OSError(f"not an HTTP answer from {path}")
     return int(parts[1])

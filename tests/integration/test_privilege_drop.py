@@ -439,3 +439,66 @@ class TestTheApiTokenFollowsItsGroup:
         outsider = json.loads(run(service_user, [], self.READ))
         assert outsider[0] is None
         assert outsider[1] == f"cannot read {path}: Permission denied"
+
+
+NOBODY = 65534
+
+
+class TestHandOverFollowsNoLinkAnotherUserPlanted:
+    """`hand_over` walks to the data dir one component at a time, by descriptor: a symlink
+    in a directory the service user can write (its own parent dir, say) is refused, so it
+    cannot redirect the chown to a file of root's; a symlink set up in a directory only
+    root (or monitord) can write is followed, as a data dir on another disk needs."""
+
+    @pytest.fixture
+    def base(self) -> Iterator[Path]:
+        with tempfile.TemporaryDirectory(prefix="hand-over-") as raw:
+            base = Path(raw)
+            base.chmod(0o755)
+            victim = base / "victim"
+            victim.mkdir()
+            (victim / "secret").write_text("root's")
+            (victim / "area").mkdir()
+            tenant = base / "cti"  # the service user's own dir: it may plant links here
+            tenant.mkdir()
+            os.chown(tenant, NOBODY, NOBODY)
+            yield base
+
+    def _owners(self, base: Path) -> set[int]:
+        victim = base / "victim"
+        return {p.stat().st_uid for p in (victim, victim / "secret", victim / "area")}
+
+    def test_a_link_as_the_data_dir_in_the_users_dir_is_refused(self, base: Path) -> None:
+        link = base / "cti" / "area"
+        link.symlink_to(base / "victim")
+        os.lchown(link, NOBODY, NOBODY)
+        who = run_as.RunAs(uid=NOBODY, gid=NOBODY, groups=())
+        with pytest.raises(OSError):
+            run_as.hand_over(link, who)
+        assert self._owners(base) == {0}, "the chown followed the user's link"
+
+    def test_a_link_higher_up_in_the_users_dir_is_refused(self, base: Path) -> None:
+        link = base / "cti" / "svc"
+        link.symlink_to(base / "victim")
+        who = run_as.RunAs(uid=NOBODY, gid=NOBODY, groups=())
+        with pytest.raises(OSError):
+            run_as.hand_over(link / "area", who)
+        assert self._owners(base) == {0}, "the chown followed the user's link"
+
+    def test_a_link_root_set_up_is_followed(self, base: Path) -> None:
+        real = base / "disk2" / "area"
+        real.mkdir(parents=True)
+        (real / "data").write_text("x")
+        (base / "area-link").symlink_to(real)
+        who = run_as.RunAs(uid=NOBODY, gid=NOBODY, groups=())
+        run_as.hand_over(base / "area-link", who)
+        assert (real.stat().st_uid, (real / "data").stat().st_uid) == (NOBODY, NOBODY)
+        assert self._owners(base) == {0}
+
+    def test_a_plain_data_dir_in_the_users_dir_is_handed_over(self, base: Path) -> None:
+        area = base / "cti" / "area"
+        area.mkdir()
+        (area / "sub").mkdir()
+        (area / "sub" / "f").write_text("x")
+        run_as.hand_over(area, run_as.RunAs(uid=NOBODY, gid=NOBODY, groups=()))
+        assert {p.stat().st_uid for p in (area, area / "sub", area / "sub" / "f")} == {NOBODY}

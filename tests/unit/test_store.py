@@ -17,6 +17,7 @@ import pytest
 
 from monitord.store import state_db as store_module
 from monitord.store.state_db import Store, StoreError
+from orchestrator.errors import PermanentError
 
 TX = {
     "transaction_id": "t-1",
@@ -144,6 +145,19 @@ class TestGenerations:
     async def test_concurrent_issues_never_collide(self, store: Store) -> None:
         issued = await asyncio.gather(*(store.issue_generation("a") for _ in range(50)))
         assert sorted(issued) == list(range(1, 51))
+
+    async def test_no_generation_is_issued_past_2_63_minus_1(self, store: Store) -> None:
+        """SQLite's INTEGER ends there: past it the write raised OverflowError (not a
+        StoreError), out of the engine's loop."""
+        assert await store.issue_generation("a", floor=2**63 - 2) == 2**63 - 1
+        for floor in (2**63 - 1, 2**63, 2**70):
+            with pytest.raises(PermanentError) as refused:
+                await store.issue_generation("b", floor=floor)
+            assert refused.value.code == "AREA_ENTRY_INVALID"
+        with pytest.raises(PermanentError):
+            await store.issue_generation("a")
+        assert await store.highest_generation("a") == 2**63 - 1
+        assert await store.highest_generation("b") == 0
 
     async def test_areas_are_independent(self, store: Store) -> None:
         assert await store.issue_generation("a") == 1

@@ -3,6 +3,7 @@ and their Documentation= points at documents that ship with the project."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -86,6 +87,28 @@ class TestUnits:
         ambient = set(one(unit, "Service", "AmbientCapabilities").split())
         bounding = set(one(unit, "Service", "CapabilityBoundingSet").split())
         assert ambient == bounding == CAPABILITIES[name]
+
+    def test_each_capability_says_why_it_is_needed_and_what_else_it_allows(
+        self, name: str
+    ) -> None:
+        """Together they come close to root: the unit names each on a line of its own with
+        its purpose and an `Also:` (what a compromised process could do with it), and
+        docs/operations.md has a row for each with both."""
+        text = (REPO_ROOT / "systemd" / name).read_text()
+        unit = parse_unit(REPO_ROOT / "systemd" / name)
+        rows = {
+            cells[0].strip("` "): cells
+            for line in (REPO_ROOT / "docs" / "operations.md").read_text().splitlines()
+            if line.startswith("| `CAP_")
+            for cells in [[c.strip() for c in line.strip("|").split("|")]]
+        }
+        for capability in one(unit, "Service", "AmbientCapabilities").split():
+            explained = re.search(
+                rf"^#\s+{capability}\s+\S.*(\n#\s{{10,}}.*)*", text, re.MULTILINE)
+            assert explained, f"{name}: no comment line of its own for {capability}"
+            assert "Also:" in explained.group(0), f"{name}: {capability} lacks its 'Also:'"
+            assert capability in rows, f"docs/operations.md: no row for {capability}"
+            assert len(rows[capability]) == 3 and all(rows[capability]), rows[capability]
 
     def test_documentation_points_at_shipped_documents(self, name: str) -> None:
         unit = parse_unit(REPO_ROOT / "systemd" / name)
