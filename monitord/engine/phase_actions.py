@@ -169,9 +169,10 @@ class PhaseActions:
 
     async def preflight(self, txn: Transaction, *, pre_copy: bool = True) -> Outcome:
         """Every preflight check of the destination (monitord.engine.area_side.check_ready),
-        with the source's size where the source can tell it; then (`pre_copy`) the
-        pre-copy — skipped for an area known to be smaller than `remote.pre_copy_min_bytes`
-        (it costs less sent whole after the stop).
+        with the source's size and footprint where the source can tell them (the VPS's
+        through one `find` there); then (`pre_copy`) the pre-copy — skipped for an area
+        known to be smaller than `remote.pre_copy_min_bytes` (it costs less sent whole
+        after the stop).
 
         First of all the authoritative file: nothing stops while custom_config.json is
         corrupt (the commit could not be written, and the move would only roll back)."""
@@ -187,6 +188,8 @@ class PhaseActions:
         usage = await self.sides[txn.source].data_usage(
             service=txn.service, area=txn.area, generation=txn.source_generation
         )
+        if size is None and usage is not None:  # the VPS's area: its footprint tells
+            size = usage.bytes
         if not pre_copy and txn.transaction_id in self._staged:
             # The pre-copy's staging dir holds the area on the destination already: what
             # must still be free there is the margin (orchestrator/disk_space.py).

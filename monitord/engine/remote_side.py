@@ -42,12 +42,9 @@ USAGE_TIMEOUT_S = 30.0
 # counts it (files rounded up to 4 KiB blocks, a block per directory), and its inode count.
 _USAGE_SCRIPT = r"""
 if [ -d "$1" ]; then
-  find "$1" -xdev \( -type f -printf 'f %s
-' \) -o \( -type d -printf 'd 0
-' \) |
+  find "$1" -xdev \( -type f -printf 'f %s\n' \) -o \( -type d -printf 'd 0\n' \) |
     awk '{ n++; if ($1 == "f") b += int(($2 + 4095) / 4096) * 4096; else b += 4096 }
-         END { printf "%.0f %.0f
-", b, n }'
+         END { printf "%.0f %.0f\n", b, n }'
 else
   echo "0 0"
 fi

@@ -41,6 +41,13 @@ async def wait_parked(stack: Stack, *, timeout_s: float) -> dict[str, Any]:
     return await service(stack)
 
 
+async def wait_connected(stack: Stack) -> None:
+    async def connected() -> bool:
+        return bool((await stack.status())["tunnel"]["connected"])
+
+    await stack.wait_until(connected, timeout_s=60, what="the tunnel connected")
+
+
 def local_lives(stack: Stack, area: str) -> list[Any]:
     return [life for life in stack.detector.lives(area) if life.key.side == "local"]
 
@@ -84,6 +91,10 @@ class TestAMoveThatCannotFit:
         # Nothing of it was written on the VPS (no pre-copy, no staging dir).
         assert netns_vps.fs_usage(data_root(stack))[0] == used_before
         assert staging_dirs(netns_vps, data_root(stack)) == []
+        # `monitord status` shows the shortage with both numbers.
+        code, text = await run_cli("status", "-c", str(stack.config_path))
+        assert "PREFLIGHT_DISK_SPACE" in text and f"has {free} bytes free" in text, text
+        assert f"the area needs {error['needed_bytes']} bytes" in text, text
 
         # The operator makes room (the file system grows) and retries: the move goes through.
         netns_vps.in_mounts(["mount", "-o", f"remount,size={256 * MIB}",
@@ -112,6 +123,7 @@ class TestADiskThatFillsDuringTheCopy:
         netns_vps.mount_tmpfs(data_root(stack), size_bytes=160 * MIB)
         assert await stack.stop_monitord() == 0
         await stack.start_monitord(env={"MONITORD_HOLD_AT": f"{L2R}:COPY"})
+        await wait_connected(stack)
         await stack.place("tg", "remote")
         await stack.wait_event("hold_point", timeout_s=60)
         # The race after the preflight: something else fills the disk to 8 MiB free.
@@ -171,12 +183,72 @@ class TestAMoveHomeThatCannotFit:
             assert error["code"] == "PREFLIGHT_DISK_SPACE", error
             free = os.statvfs(home).f_bavail * os.statvfs(home).f_frsize
             assert error["detail"].startswith(f"PBX: {home} has {free} bytes free"), error
-            assert error["needed_bytes"] > AREA_BYTES, error  # the VPS's area, measured there
+            # the VPS's area, measured there, plus the margin
+            assert error["needed_bytes"] >= AREA_BYTES + 64 * MIB, error
             assert [x.key for x in stack.detector.lives(area) if x.key.side == "remote"] == [
                 remote_life.key]
             assert [k.side for k in stack.detector.alive(area)] == ["remote"]
         finally:
             run_command(["umount", "--lazy", str(home)])
+
+
+class TestAPbxDiskThatFillsDuringTheCopyHome:
+    """The same race on the PBX's side of a move home: LOCAL_DISK_FULL (never
+    SSH_UNREACHABLE), the VPS's daemon runs again, the service parks at once, and the PBX's
+    staging dir is gone."""
+
+    async def test_is_named_local_disk_full_and_the_pbx_gets_its_space_back(
+        self, fault_stack: FaultStackFactory, netns_vps: NetnsVps
+    ) -> None:
+        stack = await fault_stack(services={"tg": 1}, data_bytes=AREA_BYTES,
+                                  remote_overrides={"pre_copy_min_bytes": 1 << 40})
+        (area,) = stack.areas["tg"]
+        await stack.place("tg", "remote")
+        await stack.wait_settled(expect={"tg": "remote"}, timeout_s=120)
+        home = stack.root / "pbx" / "tg"
+        run_command(["mount", "-t", "tmpfs", "-o", f"size={160 * MIB}", "tmpfs", str(home)])
+        try:
+            assert await stack.stop_monitord() == 0
+            await stack.start_monitord(env={"MONITORD_HOLD_AT": "remote_to_local:COPY"})
+            await wait_connected(stack)
+            await stack.place("tg", "local")
+            await stack.wait_event("hold_point", timeout_s=60)
+            st = os.statvfs(home)
+            filler_mib = st.f_bavail * st.f_frsize // MIB - 8
+            (home / "filler").write_bytes(b"\0" * (filler_mib * MIB))
+            used_before_copy = _used(home)
+            stack.release_hold()
+
+            parked = await wait_parked(stack, timeout_s=90)
+            error = parked["last_error"]
+            assert error["code"] == "LOCAL_DISK_FULL", error
+            assert "No space left on device" in error["detail"], error
+            assert "PBX: " in error["detail"] and "bytes free" in error["detail"], error
+            failures = [(e.get("phase"), e.get("error_code"))
+                        for e in stack.events("phase_failed")]
+            assert [c for p, c in failures if p != "PREFLIGHT"] == ["LOCAL_DISK_FULL"], failures
+            await stack.wait_until(
+                lambda: [k.side for k in stack.detector.alive(area)] == ["remote"],
+                timeout_s=30, what="the VPS's daemon serving again")
+            assert [p.name for p in home.iterdir() if p.name.endswith(".staging")] == []
+            assert _used(home) <= used_before_copy
+        finally:
+            run_command(["umount", "--lazy", str(home)])
+
+
+def _used(path: Path) -> int:
+    st = os.statvfs(path)
+    return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+
+async def run_cli(*args: str) -> tuple[int, str]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "monitord", *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode is not None
+    return process.returncode, out.decode() + err.decode()
 
 
 class TestCheckRemoteReportsFreeSpace:
