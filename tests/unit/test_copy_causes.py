@@ -99,3 +99,25 @@ class TestNamesTooLongForTheVps:
             transfer._check_names("/opt/data/tg/area", ["ok", "x" * 300])
         assert caught.value.code is ErrorCode.NAME_TOO_LONG
         assert caught.value.detail.startswith("VPS: cannot create 'xxx")
+
+
+class TestTheAgentNamesItsCopyStepErrors:
+    """The agent's copy steps (staging reset, listing, promote) answer a file system error
+    by its cause on the VPS, with the free space for a full disk; else COPY_INCOMPLETE."""
+
+    @pytest.mark.parametrize(("number", "code"), [
+        (errno.ENOSPC, "REMOTE_DISK_FULL"),
+        (errno.EDQUOT, "REMOTE_DISK_FULL"),
+        (errno.EACCES, "REMOTE_PERMISSION_DENIED"),
+        (errno.ENAMETOOLONG, "NAME_TOO_LONG"),
+        (errno.EIO, "COPY_INCOMPLETE"),
+    ])
+    def test_by_errno(self, number: int, code: str, tmp_path: Path) -> None:
+        from monitord.vps.runtime import copy_step_error
+
+        error = copy_step_error(OSError(number, "x", str(tmp_path / "d.staging" / "f")),
+                                area="a1", doing="reset the staging dir", path=tmp_path / "d")
+        assert (error.code, error.status) == (code, 500)
+        assert error.detail.startswith("area a1: cannot reset the staging dir: x (")
+        if code == "REMOTE_DISK_FULL":
+            assert f"VPS: {tmp_path} has " in error.detail and "bytes free" in error.detail
