@@ -21,6 +21,7 @@ Called by every part of monitord that reports or raises an error.
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -65,6 +66,11 @@ class ErrorCode(TextEnum):
     PREFLIGHT_FORWARDS = "PREFLIGHT_FORWARDS"
     PREFLIGHT_REMOTE_CONFIG = "PREFLIGHT_REMOTE_CONFIG"
     COPY_INCOMPLETE = "COPY_INCOMPLETE"
+    REMOTE_DISK_FULL = "REMOTE_DISK_FULL"
+    LOCAL_DISK_FULL = "LOCAL_DISK_FULL"
+    REMOTE_PERMISSION_DENIED = "REMOTE_PERMISSION_DENIED"
+    LOCAL_PERMISSION_DENIED = "LOCAL_PERMISSION_DENIED"
+    NAME_TOO_LONG = "NAME_TOO_LONG"
     HEALTHCHECK_TIMEOUT = "HEALTHCHECK_TIMEOUT"
     DESTINATION_CONFLICT = "DESTINATION_CONFLICT"
     LEASE_EXPIRED = "LEASE_EXPIRED"
@@ -167,8 +173,10 @@ _ROWS: tuple[tuple[ErrorCode, Severity, bool, str, str], ...] = (
            "Preflight: remote_bin_dir is missing or has wrong permissions.",
            "Create remote_bin_dir owned by remote.user with mode 0700, then retry."),
     (_E.PREFLIGHT_DISK_SPACE, _S.ERROR, False,
-           "Preflight: not enough free space for binaries and area data.",
-           "Free space on the side named in the detail, then retry."),
+           "Preflight: the file system that would hold the area's data (or the binaries)"
+           " lacks the free space or inodes the move needs; nothing was stopped.",
+           "Free the space the detail names (side, path, needed and free) or grow that file"
+           " system, then `monitord retry SERVICE`."),
     (_E.PREFLIGHT_WRITE_TEST, _S.ERROR, False,
            "Preflight: a test file could not be created and removed.",
            "Check the file system of remote_bin_dir (read-only, quota), then retry."),
@@ -193,6 +201,28 @@ _ROWS: tuple[tuple[ErrorCode, Severity, bool, str, str], ...] = (
     (_E.COPY_INCOMPLETE, _S.WARNING, True,
            "Area data was not copied completely (manifest mismatch).",
            "Nothing to do: the source kept its data; the migration retries."),
+    (_E.REMOTE_DISK_FULL, _S.ERROR, False,
+           "The VPS ran out of space (or inodes, or quota) while the area's data was copied"
+           " there; the half-written copy was removed and the source runs again.",
+           "Free space under the VPS path named in the detail (needed and free are"
+           " given), then `monitord retry SERVICE`."),
+    (_E.LOCAL_DISK_FULL, _S.ERROR, False,
+           "The PBX ran out of space (or inodes, or quota) while the area's data was copied"
+           " here; the half-written copy was removed.",
+           "Free space under the PBX path named in the detail, then `monitord retry"
+           " SERVICE`."),
+    (_E.REMOTE_PERMISSION_DENIED, _S.ERROR, False,
+           "The VPS refused to let the copy write or read a path (permission denied).",
+           "Make the path named in the detail writable by remote.user on the VPS, then"
+           " `monitord retry SERVICE`."),
+    (_E.LOCAL_PERMISSION_DENIED, _S.ERROR, False,
+           "The PBX refused to let the copy write or read a path (permission denied).",
+           "Make the path named in the detail writable by monitord's user, then"
+           " `monitord retry SERVICE`."),
+    (_E.NAME_TOO_LONG, _S.ERROR, False,
+           "A file's name or path is too long for the destination's file system.",
+           "Shorten the data dir template or the file named in the detail, then"
+           " `monitord retry SERVICE`."),
     (_E.HEALTHCHECK_TIMEOUT, _S.WARNING, True,
            "The destination daemon did not stay healthy for the minimum uptime.",
            "Check the daemon's log on the destination; the source keeps running."),
@@ -309,7 +339,11 @@ def lookup(code: str) -> CatalogueEntry:
 
 
 class MonitordError(Exception):
-    """Base of every error monitord raises on purpose; carries a catalogued code."""
+    """Base of every error monitord raises on purpose; carries a catalogued code, and
+    `facts`: numbers the status shows beside the detail (e.g. a disk's needed and free
+    bytes)."""
+
+    facts: Mapping[str, object] = MappingProxyType({})
 
     def __init__(self, code: str, detail: str = "") -> None:
         self.entry = lookup(code)
@@ -334,8 +368,39 @@ class PermanentError(MonitordError):
     """Nothing changes until an operator acts; retrying on its own is pointless."""
 
 
-def error_for(code: str, detail: str = "", *, delay: float | None = None) -> MonitordError:
+def error_for(
+    code: str, detail: str = "", *, delay: float | None = None,
+    facts: Mapping[str, object] | None = None,
+) -> MonitordError:
     """A TransientError or PermanentError for `code`, as the catalogue classifies it."""
+    error: MonitordError
     if lookup(code).retryable:
-        return TransientError(code, detail, delay=delay)
-    return PermanentError(code, detail)
+        error = TransientError(code, detail, delay=delay)
+    else:
+        error = PermanentError(code, detail)
+    if facts:
+        error.facts = MappingProxyType(dict(facts))
+    return error
+
+
+# A file system error's cause, by errno, on the side that raised it (`file_error_code`):
+# what an operator must fix there, never an unreachable VPS.
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+_NO_PERMISSION = (errno.EACCES, errno.EPERM, errno.EROFS)
+_CAUSES: Mapping[tuple[int, bool], ErrorCode] = MappingProxyType({
+    **{(e, True): ErrorCode.REMOTE_DISK_FULL for e in _DISK_FULL},
+    **{(e, False): ErrorCode.LOCAL_DISK_FULL for e in _DISK_FULL},
+    **{(e, True): ErrorCode.REMOTE_PERMISSION_DENIED for e in _NO_PERMISSION},
+    **{(e, False): ErrorCode.LOCAL_PERMISSION_DENIED for e in _NO_PERMISSION},
+    (errno.ENAMETOOLONG, True): ErrorCode.NAME_TOO_LONG,
+    (errno.ENAMETOOLONG, False): ErrorCode.NAME_TOO_LONG,
+})
+
+
+def file_error_code(errno_value: int | None, *, remote: bool) -> ErrorCode | None:
+    """The code a file system error (`OSError.errno`) on the VPS (`remote`) or the PBX
+    stands for, or None when its errno names no cause an operator fixes (ENOSPC/EDQUOT:
+    *_DISK_FULL, EACCES/EPERM/EROFS: *_PERMISSION_DENIED, ENAMETOOLONG: NAME_TOO_LONG)."""
+    if errno_value is None:
+        return None
+    return _CAUSES.get((errno_value, remote))

@@ -45,6 +45,23 @@ def local_command(section: ServiceSection, *, area: str, generation: int) -> tup
     )
 
 
+def remote_data_root(config: Config, *, service: str) -> str:
+    """The deepest directory on the VPS above the data dir of every area of `service` (the
+    template's leading components without {area} or {generation}, expanded): where check
+    --remote measures the free space a move of that service will use."""
+    assert config.remote is not None
+    template = config.services[service].remote_data_dir
+    parts = template.split("/")
+    fixed = []
+    for part in parts[:-1]:
+        if "{area}" in part or "{generation}" in part:
+            break
+        fixed.append(part)
+    root = "/".join(fixed) or "/"
+    return expand(root, area="", data_dir="", generation=0, side="remote",
+                  remote_bin_dir=config.remote.remote_bin_dir)
+
+
 def remote_paths(
     config: Config, *, service: str, area: str, generation: int
 ) -> tuple[str, tuple[str, ...]]:

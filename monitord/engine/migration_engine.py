@@ -777,6 +777,7 @@ class MigrationEngine:
             "area": txn.area,
             "at": self._wall(),
             "action": action,
+            **error.facts,  # e.g. a shortage's needed and free bytes (orchestrator/disk_space.py)
         }
         self._status_changed()
         txn_log.bound(txn).warning(

@@ -37,7 +37,7 @@ from monitord.vps import area_runner, event_log, lease_file, lease_table, spool_
 from monitord.vps.area_runner import AreaRunner, GuardHandle
 from monitord.vps.lease_table import AreaEntry, AreaSpec, CreateVerdict, GenerationCheck
 from orchestrator import names
-from orchestrator.errors import PermanentError
+from orchestrator.errors import ErrorCode, PermanentError, file_error_code
 
 _RESET_BACKOFF_AFTER_S = 10.0
 MAX_HEALTH_WAIT_S = 10.0  # the longest a health question is held open
@@ -60,6 +60,24 @@ T = TypeVar("T")
 def _encoded(listing: bytes) -> str:
     """A listing in JSON: base64, since a listing is bytes (file names need not be UTF-8)."""
     return base64.b64encode(listing).decode("ascii")
+
+
+def copy_step_error(error: OSError, *, area: str, doing: str, path: Path) -> AgentError:
+    """A file system error of a copy step, named by its cause on the VPS (a full disk with
+    the free space left, a refused path, a name too long: orchestrator.errors
+    .file_error_code), else COPY_INCOMPLETE (500 either way: nothing was changed)."""
+    code = file_error_code(error.errno, remote=True)
+    detail = f"area {area}: cannot {doing}: {error.strerror or error}"
+    if error.filename:
+        detail += f" ({error.filename})"
+    if code is ErrorCode.REMOTE_DISK_FULL:
+        with contextlib.suppress(OSError):
+            where = path
+            while not where.exists() and where != where.parent:
+                where = where.parent
+            st = os.statvfs(where)
+            detail += f" — VPS: {where} has {st.f_bavail * st.f_frsize} bytes free"
+    return AgentError(code=str(code or "COPY_INCOMPLETE"), detail=detail, status=500)
 
 
 def bad_request(detail: str) -> AgentError:
@@ -360,10 +378,8 @@ class AgentRuntime:
                     tree_digest.verify_and_promote, Path(data_dir), expect
                 )
             except OSError as e:
-                raise AgentError(
-                    code="COPY_INCOMPLETE", status=500,
-                    detail=f"area {area}: cannot promote {data_dir}: {e.strerror or e}",
-                ) from e
+                raise copy_step_error(e, area=area, doing=f"promote {data_dir}",
+                                      path=Path(data_dir)) from e
         log.info("area_data_promoted" if promoted else "area_data_differs", area=area,
                  data_dir=data_dir)
         return {"area": area, "promoted": promoted}
@@ -397,10 +413,7 @@ class AgentRuntime:
             try:
                 return await asyncio.to_thread(work, path)
             except OSError as e:
-                raise AgentError(
-                    code="COPY_INCOMPLETE", status=500,
-                    detail=f"area {area}: cannot {doing}: {e.strerror or e}",
-                ) from e
+                raise copy_step_error(e, area=area, doing=doing, path=path) from e
 
     async def renew(
         self, *, owner_id: str, ttl_s: float, areas: Mapping[str, int]
