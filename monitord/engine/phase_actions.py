@@ -180,8 +180,11 @@ class PhaseActions:
             assert self.state.corrupt is not None
             raise error_for(ErrorCode.CONFIG_CORRUPT, self.state.corrupt.detail)
         link = self._link()
-        if not txn.source_abandoned:  # a given-up VPS is not waited for: nothing is asked of it
-            await self._wait_for_tunnel(link)
+        if txn.source_abandoned:
+            # A given-up VPS is not waited for and nothing is asked of it; nothing is copied
+            # either (the area starts on the PBX's own copy): no space is needed for it.
+            return Outcome.OK
+        await self._wait_for_tunnel(link)
         size = await self.sides[txn.source].data_size(
             service=txn.service, area=txn.area, generation=txn.source_generation
         )

@@ -109,7 +109,8 @@ class RemoteSide:
                         detail=e.detail)
             return None
         fields = result.text.split()
-        if result.exit_status != 0 or len(fields) != 2 or not all(f.isdigit() for f in fields):
+        if result.exit_status != 0 or len(fields) != 2 or not all(
+                f.isascii() and f.isdigit() and len(f) <= 20 for f in fields):
             return None
         return disk_space.Usage(bytes=int(fields[0]), inodes=int(fields[1]))
 
