@@ -114,3 +114,17 @@ def test_the_agent_units_command_line_is_one_the_agent_accepts() -> None:
     assert argv[:3] == ["/usr/bin/python3", "-I", "/opt/offload/monitord.pyz"]
     args = entry.build_parser(only=argv[3]).parse_args(argv[3:])
     assert args.verb == "agent" and str(args.dir) == "/opt/offload"
+
+
+def test_the_packaged_unit_runs_the_packaged_command() -> None:
+    """The Debian package ships systemd/monitord.service as it is: ExecStart names the
+    package's /usr/bin/monitord (scripts/deb.py), with a verb and options the CLI parses."""
+    import shlex
+
+    from monitord.surface import cli
+
+    argv = shlex.split(one(parse_unit(REPO_ROOT / "systemd" / "monitord.service"), "Service",
+                           "ExecStart"))
+    assert argv[0] == "/usr/bin/monitord"
+    args = cli.build_parser(only=argv[1]).parse_args(argv[1:])
+    assert args.verb == "run" and str(args.config) == "/etc/monitord/monitord.toml"
