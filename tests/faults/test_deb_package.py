@@ -87,6 +87,12 @@ def test_installs_offline_and_passes_its_own_checks(fresh_root: tuple[Path, Path
         "systemd-analyze verify /lib/systemd/system/monitord.service",
         "dpkg-query -W -f='${Conffiles}\\n' monitord",
         "stat -c '%n %U:%G %a' /var/lib/monitord /var/spool/monitord /etc/monitord",
+        # an administrator's edit survives a reinstall (the upgrade path of the scripts)
+        "echo '# local edit' >> /etc/monitord/monitord.toml",
+        f"dpkg -i {DEB_IN_ROOT}",
+        "grep -q 'local edit' /etc/monitord/monitord.toml",
+        "sed -i '/local edit/d' /etc/monitord/monitord.toml",
+        "monitord --version",
         "dpkg -r monitord",
         "! test -e /usr/lib/monitord",
         "test -e /etc/monitord/monitord.toml",  # a conffile stays until purge
