@@ -69,6 +69,11 @@ def can_build_roots() -> bool:
     )
 
 
+def can_build_pbx_root() -> bool:
+    return (shutil.which("mmdebstrap") is not None
+            or (ROOTS_DIR / PBX_ROOT_NAME / PBX_READY_MARK).exists())
+
+
 @contextlib.contextmanager
 def _build_lock(suite: str) -> Iterator[None]:
     ROOTS_DIR.mkdir(parents=True, exist_ok=True)
