@@ -617,7 +617,7 @@ def _adjust(
         names = ", ".join(f.name for f in (*remote.reverse_forwards, *remote.local_forwards))
         return replace(result, status=status.SKIPPED, detail=(
             f"checked by the daemon: its tunnel keeper requests {names or 'none'} and proves"
-            " each with a round trip after connecting (monitord status shows them)"))
+            " each with a round trip after connecting (monitord status --json shows them)"))
     if result.check == "tunnel_owner":
         return replace(result, status=status(owner.status), detail=owner.detail,
                        hint=lookup(result.code).action if owner.status == "failed" else "")

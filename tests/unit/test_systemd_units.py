@@ -174,3 +174,31 @@ def test_systemd_analyze_accepts_the_agent_units(tmp_path: Path) -> None:
     ours = [line for line in result.stderr.splitlines() if "monitord-agent" in line
             and "/usr/bin/python3" not in line]
     assert ours == [] and result.returncode == 0, result.stderr
+
+
+def test_the_pbx_unit_keeps_its_children_and_survives_one_killed_for_memory() -> None:
+    """docs/operations.md, "systemd and the daemons": the daemons outlive monitord inside its
+    unit (KillMode=process; the next monitord adopts them), and a daemon the kernel kills
+    for memory is the supervisor's to restart, not a reason to stop the unit (OOMPolicy=stop,
+    systemd's default, would)."""
+    unit = parse_unit(REPO_ROOT / "systemd" / "monitord.service")
+    assert one(unit, "Service", "KillMode") == "process"
+    assert one(unit, "Service", "OOMPolicy") == "continue"
+    # the daemons run with monitord's sandbox and outlive it: nothing that a restart of the
+    # unit tears down may be theirs
+    assert one(unit, "Service", "PrivateTmp") == "no"
+    assert "RuntimeDirectory" not in unit["Service"]
+
+
+def test_the_packaged_unit_runs_the_packaged_command() -> None:
+    """The Debian package ships systemd/monitord.service as it is: ExecStart names the
+    package's /usr/bin/monitord (scripts/deb.py), with a verb and options the CLI parses."""
+    import shlex
+
+    from monitord.surface import cli
+
+    argv = shlex.split(one(parse_unit(REPO_ROOT / "systemd" / "monitord.service"), "Service",
+                           "ExecStart"))
+    assert argv[0] == "/usr/bin/monitord"
+    args = cli.build_parser(only=argv[1]).parse_args(argv[1:])
+    assert args.verb == "run" and str(args.config) == "/etc/monitord/monitord.toml"
