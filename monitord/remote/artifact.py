@@ -37,6 +37,7 @@ PORTABLE_MODULES = (
     "monitord/base/atomic_file.py",
     "monitord/base/group_stop.py",
     "monitord/base/hostport.py",
+    "monitord/base/journal_native.py",
     "monitord/base/log_sink.py",
     "monitord/base/proc_identity.py",
     "monitord/base/run_as.py",
