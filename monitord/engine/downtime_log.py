@@ -225,6 +225,9 @@ class DowntimeLog:
             "in_flight": sum(1 for r in self._records.values()
                              if r.move_id == move_id and r.outcome is None),
             "outcomes": outcomes,
+            # each area's own, of those measured
+            "area_downtime_s": {r.area: round(r.downtime_s, 3) for r in ended
+                                if r.downtime_s is not None},
             "downtime_s": {
                 "max": round(downtimes[-1], 3),
                 "p50": round(statistics.median(downtimes), 3),

@@ -39,6 +39,7 @@ PORTABLE_MODULES = (
     "monitord/base/hostport.py",
     "monitord/base/journal_native.py",
     "monitord/base/log_sink.py",
+    "monitord/base/log_tail.py",
     "monitord/base/proc_identity.py",
     "monitord/base/run_as.py",
     "monitord/base/singleton.py",

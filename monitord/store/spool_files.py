@@ -34,6 +34,7 @@ from orchestrator.errors import ErrorCode, PermanentError
 CUSTOM_CONFIG_NAME = "custom_config.json"
 REMOTE_STATE_NAME = "remote_state.json"
 LOCATIONS = ("local", "remote")
+TITLE_MAX_CHARS = 200
 
 Location = Literal["local", "remote"]
 
@@ -110,6 +111,22 @@ class CustomConfig:
             if entry.uuid == uuid:
                 return entry
         return None
+
+    def titles(self) -> dict[str, str]:
+        """uuid -> the entry's `title` (else its `name`) for the valid entries that carry one
+        as text: what an operator calls the account (the status, `monitord areas`, the page).
+        Never used to decide anything."""
+        valid = {e.uuid for e in self.entries}
+        found = {}
+        for raw in self.document.get("custom_daemons", []):
+            if not isinstance(raw, dict) or raw.get("uuid") not in valid:
+                continue
+            for key in ("title", "name"):
+                title = raw.get(key)
+                if isinstance(title, str) and title.strip():
+                    found[raw["uuid"]] = title.strip()[:TITLE_MAX_CHARS]
+                    break
+        return found
 
     def raw_entries(self) -> list[dict[str, Any]]:
         """Deep copies of the raw entry dicts, unknown fields included, in file order."""
