@@ -48,6 +48,22 @@ def _read_end(fd: int, size: int, budget: int) -> tuple[bytes, bool]:
     return os.pread(fd, size - start, start), start == 0
 
 
+_FIRST_READ_BYTES = 64 * 1024
+
+
+def _last_lines(fd: int, size: int, *, lines: int, max_bytes: int) -> tuple[list[bytes], bool]:
+    """The last `lines` lines within the last `max_bytes` of an open file, read from its end
+    in growing pieces (64 KiB, then doubled): a hundred lines of a large log cost one small
+    read. Whether the whole file was read."""
+    budget = min(max_bytes, _FIRST_READ_BYTES)
+    while True:
+        data, whole = _read_end(fd, size, budget)
+        found = _lines(data, whole=whole)
+        if whole or len(found) >= lines or budget >= max_bytes:
+            return (found[-lines:] if lines else []), whole
+        budget = min(max_bytes, budget * 2)
+
+
 def tail(path: str, *, lines: int = DEFAULT_LINES, max_bytes: int = MAX_BYTES) -> dict[str, Any]:
     """The last `lines` lines of the log at `path` within `max_bytes` — taken from the
     rotated `path.1` too when `path` was started afresh lately — and the position after them
@@ -60,10 +76,9 @@ def tail(path: str, *, lines: int = DEFAULT_LINES, max_bytes: int = MAX_BYTES) -
         return _answer(b"", file=None, offset=0, missing=True)
     try:
         st = os.fstat(fd)
-        data, whole = _read_end(fd, st.st_size, max_bytes)
+        found, whole = _last_lines(fd, st.st_size, lines=lines, max_bytes=max_bytes)
     finally:
         os.close(fd)
-    found = _lines(data, whole=whole)[-lines:] if lines else []
     taken = b"".join(found)
     budget = max_bytes - len(taken)
     if whole and len(found) < lines and budget > 0:

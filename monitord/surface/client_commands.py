@@ -537,7 +537,8 @@ def main_logs(args: argparse.Namespace) -> int:
         return EXIT_OK
     try:
         while True:
-            time.sleep(FOLLOW_INTERVAL_S)
+            if not found["data"]:  # caught up: wait; else read on at once (1 MiB at a time)
+                time.sleep(FOLLOW_INTERVAL_S)
             found = reader.more(found)
             _write(found["data"])
     except KeyboardInterrupt:
