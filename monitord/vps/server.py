@@ -239,7 +239,7 @@ def _count_param(request: Request, key: str, *, default: int | None, maximum: in
     raw = request.query.get(key)
     if raw is None:
         return default
-    if not raw.isdigit() or int(raw) > maximum:
+    if not raw.isdigit() or len(raw) > 20 or int(raw) > maximum:
         raise bad_request(f"query parameter {key}=N (an integer, 0 to {maximum}) is wanted")
     return int(raw)
 

@@ -499,7 +499,8 @@ class TestAreaLog:
         log.parent.mkdir(exist_ok=True)
         log.write_bytes(b"x" * 100 + b"\n")
         before = log.stat()
-        for query in ("lines=10001", "lines=-1", "max_bytes=2000000", "offset=x"):
+        for query in ("lines=10001", "lines=-1", "max_bytes=2000000", "offset=x",
+                      "offset=" + "9" * 5000):
             status, answer = await agent.request("GET", f"/v1/areas/{AREA}/log?{query}")
             assert (status, answer["error"]["code"]) == (400, "BAD_REQUEST"), query
         status, answer = await agent.request("GET", "/v1/areas/..%2Fagent.secret/log")
