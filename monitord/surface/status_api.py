@@ -78,9 +78,14 @@ async def get_cleanup(request: web.Request) -> web.Response:
     return web.json_response(await _operator(request).cleanup(limit=_limit(request)))
 
 
+def _digits(raw: str) -> bool:
+    """ASCII digits, at most 20 (`str.isdigit` alone takes `²`, which int() refuses: a 500)."""
+    return raw.isascii() and raw.isdigit() and len(raw) <= 20
+
+
 def _limit(request: web.Request) -> int:
     raw = request.query.get("limit", "1000")
-    if not raw.isdigit() or not 0 < int(raw) <= 100_000:
+    if not _digits(raw) or not 0 < int(raw) <= 100_000:
         raise web.HTTPBadRequest(
             text=json.dumps({"error": {"code": "BAD_REQUEST",
                                        "detail": "limit must be an integer in 1..100000"}}),
@@ -212,7 +217,7 @@ def _log_query(request: web.Request) -> tuple[str | None, int, tuple[int | None,
     for key in ("lines", "offset", "file"):
         raw = query.get(key)
         if raw is not None:
-            if not raw.isdigit() or len(raw) > 20:
+            if not _digits(raw):
                 raise http_api.BadRequest(f"{key} must be a non-negative integer")
             numbers[key] = int(raw)
     lines = numbers.get("lines", log_tail.DEFAULT_LINES)

@@ -181,9 +181,15 @@ def parse_renew(raw: bytes) -> RenewBody:
 Handler = Callable[[AgentRuntime, Request, Optional[str]], Awaitable[Response]]
 
 
+def _digits(raw: str) -> bool:
+    """ASCII digits, at most 20 of them (`str.isdigit` alone takes `²`, which int() refuses,
+    and int() of thousands of digits raises: either would cost the client its answer)."""
+    return raw.isascii() and raw.isdigit() and len(raw) <= 20
+
+
 def _generation_param(request: Request) -> int:
     raw = request.query.get("generation", "")
-    if not raw.isdigit():
+    if not _digits(raw):
         raise bad_request("query parameter generation=N (a non-negative integer) is required")
     return int(raw)
 
@@ -239,7 +245,7 @@ def _count_param(request: Request, key: str, *, default: int | None, maximum: in
     raw = request.query.get(key)
     if raw is None:
         return default
-    if not raw.isdigit() or len(raw) > 20 or int(raw) > maximum:
+    if not _digits(raw) or int(raw) > maximum:
         raise bad_request(f"query parameter {key}=N (an integer, 0 to {maximum}) is wanted")
     return int(raw)
 
@@ -463,7 +469,7 @@ async def read_request(reader: asyncio.StreamReader) -> Request:
     if "chunked" in headers.get("transfer-encoding", "").lower():
         raise _Malformed("chunked bodies are not accepted")
     length_text = headers.get("content-length", "0")
-    if not length_text.isdigit() or int(length_text) > MAX_BODY_BYTES:
+    if not _digits(length_text) or int(length_text) > MAX_BODY_BYTES:
         raise _Malformed("missing, bad or too large Content-Length")
     try:
         body = await reader.readexactly(int(length_text))

@@ -500,9 +500,14 @@ class TestAreaLog:
         log.write_bytes(b"x" * 100 + b"\n")
         before = log.stat()
         for query in ("lines=10001", "lines=-1", "max_bytes=2000000", "offset=x",
-                      "offset=" + "9" * 5000):
+                      "offset=" + "9" * 5000, "lines=%C2%B2"):
             status, answer = await agent.request("GET", f"/v1/areas/{AREA}/log?{query}")
             assert (status, answer["error"]["code"]) == (400, "BAD_REQUEST"), query
+        # the generation of the other routes: only ASCII digits, and not thousands of them
+        for generation in ("%C2%B2", "9" * 5000):
+            status, answer = await agent.request(
+                "POST", f"/v1/areas/{AREA}/stop?generation={generation}")
+            assert (status, answer["error"]["code"]) == (400, "BAD_REQUEST"), generation
         status, answer = await agent.request("GET", "/v1/areas/..%2Fagent.secret/log")
         assert (status, answer["error"]["code"]) == (400, "BAD_REQUEST")
         status, answer = await agent.request("PUT", f"/v1/areas/{AREA}/log", json_body={})

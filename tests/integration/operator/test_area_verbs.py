@@ -167,7 +167,7 @@ class TestLogsVerb:
         assert answer["data"] == "marker-two\nmarker-three\n"  # topped up from the rotated one
         for query, wanted in (("lines=0", 400), ("lines=x", 400), ("side=vps", 400),
                               ("file=3", 400), ("bogus=1", 400),
-                              ("offset=" + "9" * 5000, 400)):
+                              ("offset=" + "9" * 5000, 400), ("lines=%C2%B2", 400)):
             code, answer = await stack.request("GET", f"/v1/areas/{area}/logs?{query}")
             assert (code, answer["error"]["code"]) == (wanted, "BAD_REQUEST"), query
         code, answer = await stack.request("GET", "/v1/areas/no-such-area/logs")
