@@ -14,6 +14,13 @@ from pathlib import Path
 from monitord.base.config import Config, ServiceSection
 
 _PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
+# The local supervisor's dir under work_dir (records/, logs/{area}.log): monitord.surface.wiring.
+SUPERVISOR_DIR = "supervisor"
+
+
+def local_log_path(work_dir: Path, area: str) -> Path:
+    """The PBX's log of an area's daemon (the supervisor's log sink writes it)."""
+    return work_dir / SUPERVISOR_DIR / "logs" / f"{area}.log"
 
 
 def expand(template: str, *, area: str, data_dir: str, generation: int, side: str,

@@ -250,6 +250,9 @@ def move_summary(move_id: str, ended: list[AreaDowntime]) -> dict[str, Any]:
         "finished_at": latest.finished_at,
         "areas": len(ended),
         "outcomes": outcomes,
+        # each area's own, of those measured
+        "area_downtime_s": {r.area: round(r.downtime_s, 3) for r in ended
+                            if r.downtime_s is not None},
         "downtime_s": {
             "max": round(downtimes[-1], 3),
             "p50": round(statistics.median(downtimes), 3),

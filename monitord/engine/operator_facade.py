@@ -9,6 +9,7 @@ tunnel directly; it calls these methods:
     retry(service)                              leave PARKED with fresh generations
     discard_remote_data(service, area)          a waiting rollback gives the newer data up
     give_up_remote(service, area)               the VPS is given up: areas home on the PBX's copy
+    area_log(area, side, lines, position)       an area's log, local or through the agent
     snapshot()                                  the status document (GET /v1/status)
     status_key()                                what the status document is built from
     transactions(limit) / cleanup(limit)        history and the cleanup queue
@@ -22,6 +23,7 @@ page, the CLI, the PHP UI and the metrics agree.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from monitord import __version__
+from monitord.base import log_tail
 from monitord.base.config import Config
 from monitord.base.metrics import Metrics
 from monitord.base.periodic import LoopBook
@@ -141,6 +144,41 @@ class OperatorFacade:
         if abandoned is None:
             return [dict(row) for _, row in sorted(self.state.abandoned.items())]
         return abandoned.rows()
+
+    async def area_log(
+        self, area: str, *, side: str | None, lines: int,
+        position: tuple[int | None, int] | None,
+    ) -> dict[str, Any]:
+        """The area's log on `side` (default: where it is placed), read-only and bounded
+        (monitord.base.log_tail): its last `lines` lines, or what was appended since
+        `position` (file, offset). A local log is read here; a remote one is asked of the
+        agent over the tunnel. UNKNOWN_AREA for an area not in custom_config.json unless the
+        side is named (the log of an area removed since); NOT_FOUND when there is no log to
+        tail; PREFLIGHT_REMOTE_CONFIG for the VPS without a [remote] section; the agent
+        client's codes (AGENT_UNREACHABLE, AGENT_ROUTE_MISSING) when the VPS cannot answer."""
+        committed = self.state.committed.get(area)
+        if side is None:
+            if committed is None:
+                raise PermanentError(ErrorCode.UNKNOWN_AREA,
+                                     f"area {area} is not in {self.custom_config_path.name}")
+            side = committed.location.value
+        if side == Side.LOCAL.value:
+            path = str(self.supervisor.logs_dir / f"{area}.log")
+            if position is None:
+                found = await asyncio.to_thread(log_tail.tail, path, lines=lines)
+            else:
+                found = await asyncio.to_thread(log_tail.read_from, path, file=position[0],
+                                                offset=position[1])
+        else:
+            self._side_configured(side)
+            assert self.link is not None
+            found = await self.link.agent.area_log(
+                area=area, lines=lines, file=None if position is None else position[0],
+                offset=None if position is None else position[1])
+        if found["missing"] and position is None:
+            raise error_for(ErrorCode.NOT_FOUND, f"area {area} has no log on the {side} side"
+                                                 " (yet)")
+        return {"area": area, "side": side, **found}
 
     def knows_service(self, service: str) -> bool:
         return service in self.config.services

@@ -38,7 +38,7 @@ class PlacementState:
         self.store = store
         self.custom_config_path = custom_config_path
         self.committed: dict[str, Area] = {}
-        self.titles: dict[str, str] = {}  # what custom_config.json calls each area, if anything
+        self.titles: dict[str, str] = {}  # uuid -> the entry's title or name, shown only
         self.corrupt: spool_files.ConfigCorrupt | None = None
         # custom_config.json entries left out one by one (never started, never sent to the VPS)
         self.quarantined: tuple[spool_files.InvalidEntry, ...] = ()
@@ -123,9 +123,10 @@ class PlacementState:
                          generation=e.generation)
             for e in document.entries
         }
-        titles = {e.uuid: e.title for e in document.entries if e.title}
+        titles = document.titles()
         if committed != self.committed or titles != self.titles:
-            self.committed, self.titles = committed, titles
+            self.committed = committed
+            self.titles = titles
             self.notify()
 
     # -- reading ---------------------------------------------------------------------------

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import quote, urlencode
 
-from monitord.base import bounded_json, logs, tree_digest
+from monitord.base import bounded_json, log_tail, logs, tree_digest
 from orchestrator import names
 from orchestrator.errors import ErrorCode, MonitordError, TransientError, error_for
 from orchestrator.models import ProcessInfo, RemoteEntry, RemoteInventory
@@ -56,6 +56,8 @@ MAX_RESPONSE_BYTES = 1024 * 1024
 # A tree's listing, base64 in JSON: a copy refuses a longer listing anyway.
 MAX_LISTING_ANSWER_BYTES = tree_digest.MAX_LISTING_BYTES * 4 // 3 + 4096
 MAX_HEAD_BYTES = 16 * 1024
+# An area's log read (at most log_tail.MAX_BYTES of text), JSON-escaped: up to six bytes a byte.
+MAX_LOG_ANSWER_BYTES = 6 * log_tail.MAX_BYTES + 4096
 _CHUNK_BYTES = 64 * 1024
 _DETAIL_CHARS = 200  # of an agent-supplied error detail kept in ours
 
@@ -260,6 +262,30 @@ class AgentClient:
         if healthy and (uptime is None or uptime + 0.001 < min_uptime_s):  # (rounded to ms)
             raise _malformed(where, f"healthy with an uptime of {uptime!r:.20} s")
         return AreaHealth(healthy=healthy, uptime_s=None if uptime is None else float(uptime))
+
+    async def area_log(
+        self, *, area: str, lines: int | None = None, file: int | None = None,
+        offset: int | None = None,
+    ) -> dict[str, Any]:
+        """The area's log on the VPS (`GET /v1/areas/{area}/log`, read-only, at most 1 MiB):
+        its last `lines` lines, or with `offset` (and `file`) what was appended since that
+        position. `{"data", "file", "offset", "missing"}` (monitord.base.log_tail). An agent
+        older than the route answers AGENT_ROUTE_MISSING."""
+        where = f"GET /v1/areas/{area}/log"
+        params = {"lines": str(log_tail.DEFAULT_LINES if lines is None else lines)}
+        if offset is not None:
+            params = {"offset": str(offset)}
+            if file is not None:
+                params["file"] = str(file)
+        doc = _object(await self._call("GET", f"/v1/areas/{area}/log", params=params,
+                                       limit=MAX_LOG_ANSWER_BYTES), where=where)
+        data, found_file, found_offset = doc.get("data"), doc.get("file"), doc.get("offset")
+        if not isinstance(data, str) or not isinstance(doc.get("missing"), bool):
+            raise _malformed(where, "data is not text or missing not a boolean")
+        if not (found_file is None or type(found_file) is int) or type(found_offset) is not int:
+            raise _malformed(where, "file or offset is not an integer")
+        return {"data": data, "file": found_file, "offset": found_offset,
+                "missing": doc["missing"]}
 
     async def routes(self) -> frozenset[str]:
         """What the agent serves, one `METHOD /path/{area}` a route (`GET /v1/routes`), so

@@ -41,6 +41,7 @@ REMOTE_STATE_NAME = "remote_state.json"
 LOCATIONS = ("local", "remote")
 # Thousands of areas take a few hundred KiB; anything this large is not a placement.
 MAX_CUSTOM_CONFIG_BYTES = 16 * 1024 * 1024
+TITLE_MAX_CHARS = 200
 
 Location = Literal["local", "remote"]
 
@@ -147,6 +148,12 @@ class CustomConfig:
                 return entry
         return None
 
+    def titles(self) -> dict[str, str]:
+        """uuid -> the entry's `title` (else its `name`) for the valid entries that carry one
+        as text: what an operator calls the account (the status, `monitord areas`, the page).
+        Never used to decide anything."""
+        return {e.uuid: e.title for e in self.entries if e.title}
+
     def raw_entries(self) -> list[dict[str, Any]]:
         """Deep copies of the raw entry dicts, unknown fields included, in file order."""
         return copy.deepcopy(list(self.document.get("custom_daemons", [])))
@@ -189,15 +196,12 @@ def _entry_from_raw(raw: Any, *, where: str) -> AreaEntry:
     )
 
 
-TITLE_MAX = 120
-
-
 def _title(raw: Mapping[str, Any]) -> str | None:
-    """The entry's display title: printable characters only, at most TITLE_MAX of them."""
+    """The entry's display title: printable characters only, at most TITLE_MAX_CHARS."""
     for key in ("title", "name"):
         value = raw.get(key)
         if isinstance(value, str):
-            shown = "".join(c for c in value if c.isprintable()).strip()[:TITLE_MAX]
+            shown = "".join(c for c in value if c.isprintable()).strip()[:TITLE_MAX_CHARS]
             if shown:
                 return shown
     return None

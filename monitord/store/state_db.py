@@ -293,6 +293,49 @@ def _cleanup_from_row(row: sqlite3.Row) -> dict[str, Any]:
     return {c: row[c] for c in CLEANUP_COLUMNS}
 
 
+def read_only_sections(path: Path, *, transactions: int = 5000, cleanup: int = 100_000,
+                       events: int = 1000) -> dict[str, Any]:
+    """The bundle's state.db sections (`transactions.json`, `cleanup.json`, `events.json`,
+    `lineage.json`), read with the database opened read-only (`mode=ro`): nothing is written,
+    migrated or checkpointed, so it is safe whether or not a monitord runs on it
+    (`monitord bundle --offline`). Without a `-wal` file beside it (monitord stopped cleanly)
+    it is opened `immutable` too, so that not even the empty `-wal` and `-shm` files a WAL
+    reader needs are created (as whoever runs the bundle, in monitord's work_dir); with one,
+    SQLite reads the committed writes that are still in it. StoreError when it cannot be
+    opened or read."""
+    wal = path.with_name(path.name + "-wal")
+    mode = "mode=ro" if wal.exists() else "mode=ro&immutable=1"
+    if not path.exists():
+        raise StoreError(f"{path} does not exist")
+    try:
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?{mode}", uri=True,
+                               isolation_level=None)
+    except sqlite3.Error as e:
+        raise StoreError(f"cannot open {path} read-only: {e}") from e
+    try:
+        conn.row_factory = sqlite3.Row
+        conn.execute("PRAGMA busy_timeout=5000")
+        return {
+            "transactions.json": [_transaction_from_row(r) for r in conn.execute(
+                "SELECT * FROM transactions ORDER BY updated_at DESC LIMIT ?", (transactions,))],
+            "cleanup.json": [_cleanup_from_row(r) for r in conn.execute(
+                "SELECT * FROM cleanup_items ORDER BY next_attempt_at LIMIT ?", (cleanup,))],
+            "events.json": list(reversed([
+                {"at": r["at"], "event": r["event"], **json.loads(r["fields"])}
+                for r in conn.execute(
+                    "SELECT at, event, fields FROM events ORDER BY seq DESC LIMIT ?", (events,))
+            ])),
+            "lineage.json": [
+                {"area": r["area"], "holders": json.loads(r["holders"]), "epoch": r["epoch"]}
+                for r in conn.execute("SELECT area, holders, epoch FROM lineage ORDER BY area")
+            ],
+        }
+    except (sqlite3.Error, ValueError) as e:
+        raise StoreError(f"cannot read {path}: {e}") from e
+    finally:
+        conn.close()
+
+
 class Store:
     """The async face of `state.db`; open with `await Store.open(work_dir)`."""
 

@@ -94,12 +94,17 @@ VERSION_SECTION = "version.json"
 SECTIONS: dict[str, SectionRules] = {
     VERSION_SECTION: SectionRules(frozenset({"monitord", "python", "implementation"})),
     "status.json": SectionRules(
-        _RUNTIME | _TUNNEL | {"services", "areas", "transactions", "cleanup", "drift"},
-        name_maps=_KIND_MAPS | {"services"},
+        _RUNTIME | _TUNNEL | {"services", "areas", "transactions", "cleanup", "drift"}
+        # each area's process view and each service's last move (an area's `title` is the
+        # operator's name for an account: redacted like any text)
+        | {"process", "health", "restarts_1h", "failures", "as_of", "last_move", "move_id",
+           "in_flight", "outcomes", "max", "p50", "measured"},
+        name_maps=_KIND_MAPS | {"services", "area_downtime_s", "outcomes"},
     ),
     "transactions.json": SectionRules(_RUNTIME),
     "cleanup.json": SectionRules(_RUNTIME),
     "events.json": SectionRules(_RUNTIME, name_maps=_KIND_MAPS),
+    "lineage.json": SectionRules(_RUNTIME | {"holders"}),
     "local_inventory.json": SectionRules(_RUNTIME),
     "remote_inventory.json": SectionRules(
         _RUNTIME | {"agent", "dir", "now", "entries", "processes", "data_dir"}

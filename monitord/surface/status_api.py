@@ -4,7 +4,7 @@
 `GET /v1/diagnostics/bundle`, the status page at `/`, and the operator actions
 `POST /v1/services/{s}/retry`, `POST /v1/services/{s}/discard-remote-data` and
 `POST /v1/services/{s}/give-up` and `POST /v1/abandoned/{area}/fetch` (admitted like every
-mutating request). Every handler asks
+mutating request), and `GET /v1/areas/{uuid}/logs` (an area's log, read-only). Every handler asks
 the operator facade (monitord.engine.operator_facade) for its answer; nothing here reaches
 into the engine.
 Host, Origin, local authority (the API token for every change and for the bundle) and
@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from monitord.base import log_tail
 from monitord.base.metrics import CONTENT_TYPE
 from monitord.surface import bundle, http_api
 from orchestrator.errors import ErrorCode, MonitordError
@@ -84,6 +85,11 @@ async def get_cleanup(request: web.Request) -> web.Response:
     return web.json_response(await _operator(request).cleanup(limit=_limit(request)))
 
 
+def _digits(raw: str) -> bool:
+    """ASCII digits, at most 20 (`str.isdigit` alone takes `²`, which int() refuses: a 500)."""
+    return raw.isascii() and raw.isdigit() and len(raw) <= 20
+
+
 async def get_moves(request: web.Request) -> web.Response:
     """The moves whose transactions ended in the last `hours` (default 24, at most 720),
     newest first, each as the status's `last_move` shows one."""
@@ -99,8 +105,7 @@ def _limit(request: web.Request) -> int:
 
 def _bounded_int(request: web.Request, key: str, *, default: int, maximum: int) -> int:
     raw = request.query.get(key, str(default))
-    # ASCII digits only: str.isdigit() also takes '²', which int() refuses
-    if not (raw.isascii() and raw.isdigit() and len(raw) <= 7) or not 0 < int(raw) <= maximum:
+    if not _digits(raw) or not 0 < int(raw) <= maximum:
         raise web.HTTPBadRequest(
             text=json.dumps({"error": {"code": "BAD_REQUEST",
                                        "detail": f"{key} must be an integer in 1..{maximum}"}}),
@@ -217,6 +222,50 @@ async def post_fetch_abandoned(request: web.Request) -> web.StreamResponse:
     return web.json_response(started, status=202)
 
 
+_LOG_STATUS = {ErrorCode.UNKNOWN_AREA: 404, ErrorCode.NOT_FOUND: 404,
+               ErrorCode.BAD_REQUEST: 400, ErrorCode.PREFLIGHT_REMOTE_CONFIG: 409}
+
+
+def _log_query(request: web.Request) -> tuple[str | None, int, tuple[int | None, int] | None]:
+    """(side, lines, position) of `GET /v1/areas/{uuid}/logs`; BadRequest for anything else."""
+    query = request.query
+    unknown = set(query) - {"side", "lines", "offset", "file"}
+    side = query.get("side")
+    if unknown or side not in (None, "local", "remote"):
+        raise http_api.BadRequest("query: side=local|remote, lines=N, or offset=N and file=I")
+    numbers: dict[str, int] = {}
+    for key in ("lines", "offset", "file"):
+        raw = query.get(key)
+        if raw is not None:
+            if not _digits(raw):
+                raise http_api.BadRequest(f"{key} must be a non-negative integer")
+            numbers[key] = int(raw)
+    lines = numbers.get("lines", log_tail.DEFAULT_LINES)
+    if not 0 < lines <= log_tail.MAX_LINES:
+        raise http_api.BadRequest(f"lines must be in 1..{log_tail.MAX_LINES}")
+    if "file" in numbers and "offset" not in numbers:
+        raise http_api.BadRequest("file goes with offset")
+    position = (numbers.get("file"), numbers["offset"]) if "offset" in numbers else None
+    return side, lines, position
+
+
+async def get_area_log(request: web.Request) -> web.Response:
+    """An area's log, read-only and bounded (at most 1 MiB an answer): `?lines=N` (default
+    100) its last lines, `?offset=N&file=I` what was appended since (`monitord logs -f`),
+    `?side=` another side than where it is placed. A remote log is asked of the agent."""
+    try:
+        side, lines, position = _log_query(request)
+    except http_api.BadRequest as e:
+        return http_api.error_response(400, code=e.code, detail=e.detail)
+    try:
+        found = await _operator(request).area_log(
+            request.match_info["uuid"], side=side, lines=lines, position=position)
+    except MonitordError as e:
+        return http_api.error_response(_LOG_STATUS.get(e.code, 503), code=e.code,
+                                       detail=e.detail)
+    return web.json_response(found)
+
+
 async def get_metrics(request: web.Request) -> web.Response:
     return web.Response(
         body=_operator(request).metrics_text(), headers={"Content-Type": CONTENT_TYPE}
@@ -308,6 +357,7 @@ def routes() -> list[web.RouteDef]:
         web.post("/v1/services/{service}/discard-remote-data", post_discard_remote_data),
         web.post("/v1/services/{service}/give-up", post_give_up),
         web.post("/v1/abandoned/{area}/fetch", post_fetch_abandoned),
+        web.get("/v1/areas/{uuid}/logs", get_area_log),
         web.get("/metrics", get_metrics),
         web.get("/v1/diagnostics/bundle", get_bundle),
         web.route("*", "/{tail:.*}", not_found),  # must stay last

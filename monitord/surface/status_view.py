@@ -93,6 +93,76 @@ def areas_table(status: dict[str, Any], *, now: float | None = None) -> Table:
     return table
 
 
+def area_rows(
+    status: dict[str, Any], *, service: str | None = None, now: float | None = None
+) -> list[dict[str, Any]]:
+    """One flat row per area (of `service`, or of all), for `monitord areas`: where it is
+    and how its daemon does there, and the downtime it had in its service's last move."""
+    now = time.time() if now is None else now
+    rows = []
+    for name, svc in sorted(status.get("services", {}).items()):
+        if service is not None and name != service:
+            continue
+        move = svc.get("last_move") if isinstance(svc.get("last_move"), dict) else {}
+        downtimes = move.get("area_downtime_s") or {}
+        for area in svc.get("areas", []):
+            process = area.get("process") or {}
+            started = process.get("started_at")
+            rows.append({
+                "service": name,
+                "uuid": area.get("uuid"),
+                "title": area.get("title"),
+                "location": area.get("location"),
+                "desired": area.get("desired"),
+                "phase": area.get("phase"),
+                "side": process.get("side", area.get("location")),
+                "health": process.get("health"),
+                "state": process.get("state"),
+                "pid": process.get("pid"),
+                "started_at": started,
+                "uptime_s": round(now - started, 1) if isinstance(started, int | float)
+                else None,
+                "restarts": process.get("restarts"),
+                "restarts_1h": process.get("restarts_1h"),
+                "failures": process.get("failures"),
+                "last_exit_status": process.get("last_exit_status"),
+                "last_downtime_s": downtimes.get(area.get("uuid")),
+                "last_move_finished_at": move.get("finished_at")
+                if area.get("uuid") in downtimes else None,
+            })
+    return rows
+
+
+def areas_listing(rows: list[dict[str, Any]]) -> Table:
+    """`monitord areas`: the rows of `area_rows` as a table."""
+    # No box: the full UUID (what `monitord logs` takes) and ten more columns fit in 120
+    # columns; a long title folds within its own column.
+    table = Table(box=None, expand=False, pad_edge=False)
+    right = ("pid", "uptime", "restarts", "1h", "downtime")
+    for column in ("service", "area", "title", "side", "health", "pid", "uptime", "restarts",
+                   "1h", "exit", "downtime"):
+        table.add_column(column, no_wrap=column != "title", overflow="fold",
+                         min_width=10 if column == "title" else None,
+                         justify="right" if column in right else "left")
+    for row in rows:
+        health = str(row["health"] or "")
+        if row.get("failures"):
+            health += f" ({row['failures']} in a row)"
+        downtime = row["last_downtime_s"]
+        table.add_row(
+            # a title is the operator's text: shown as written, never read as markup
+            row["service"], str(row["uuid"]), Text(str(row["title"] or "")),
+            str(row["side"] or ""),
+            health, str(row["pid"] or ""),
+            "" if row["uptime_s"] is None else _duration(row["uptime_s"]),
+            "" if row["restarts"] is None else str(row["restarts"]),
+            "" if row["restarts_1h"] is None else str(row["restarts_1h"]),
+            "" if row["last_exit_status"] is None else str(row["last_exit_status"]),
+            "" if downtime is None else f"{downtime:.2f} s",
+        )
+    return table
+
+
 def _duration(seconds: float) -> str:
     seconds = max(0, int(seconds))
     if seconds < 3600:

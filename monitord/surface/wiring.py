@@ -30,7 +30,7 @@ from pathlib import Path
 
 import asyncssh
 
-from monitord.base import atomic_file, logs
+from monitord.base import area_paths, atomic_file, logs
 from monitord.base.config import Config
 from monitord.base.metrics import Metrics
 from monitord.base.periodic import LoopBook
@@ -92,7 +92,7 @@ class Orchestration:
         self.loops = LoopBook(metrics=self.metrics)
         self.owner_id = owner_id.load_or_create(work_dir)
         self.state = PlacementState(store=ctx.store, custom_config_path=ctx.custom_config_path)
-        self.supervisor = LocalSupervisor(state_dir=work_dir / "supervisor",
+        self.supervisor = LocalSupervisor(state_dir=work_dir / area_paths.SUPERVISOR_DIR,
                                           log_max_bytes=config.monitord.area_log_max_bytes,
                                           log_keep=config.monitord.area_log_keep,
                                           loops=self.loops)

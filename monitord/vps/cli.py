@@ -42,6 +42,7 @@ ADDRESS_NAME = "agent.address"
 VERSION_NAME = "agent.version"
 LOCK_NAME = "agent"
 SUPERVISOR_NAME = "agent.supervisor"
+AGENT_LOG_NAME = "agent.log"  # in {dir}/logs/, through a log sink (capped and rotated)
 STOP_OLD_AGENT_S = 15.0
 AGENT_UNIT = "monitord-agent.service"
 # With the unit installed but no agent running, how long agent-launch waits for the unit to
@@ -264,7 +265,7 @@ def _stop_old_agent(base_dir: Path) -> bool:
 
 def main_agent_launch(args: argparse.Namespace) -> int:
 
-    from monitord.base import singleton
+    from monitord.base import log_sink, singleton
     from monitord.vps import event_log as logs
     from monitord.vps.area_runner import vps_command, vps_environment
 
@@ -299,9 +300,13 @@ def main_agent_launch(args: argparse.Namespace) -> int:
     argv = vps_command("agent", "--dir", str(base_dir), "--stop-grace", str(args.stop_grace),
                        "--fence-grace", str(args.fence_grace), "--log-format", "json",
                        "--code-version", wanted)
-    with open(base_dir / "logs" / "agent.log", "ab") as out:
-        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                 env=env, start_new_session=True, close_fds=True)
+    # agent.log through a log sink, capped and rotated like an area's log (docs/agent.md)
+    child, _ = log_sink.spawn_logged(
+        argv, env=env, sink_env=vps_environment(dict(os.environ)),
+        sink_argv=vps_command("log-sink", *log_sink.arguments(
+            path=base_dir / "logs" / AGENT_LOG_NAME, max_bytes=log_sink.DEFAULT_MAX_BYTES,
+            keep=log_sink.DEFAULT_KEEP)),
+    )
     deadline = time.monotonic() + args.wait
     while time.monotonic() < deadline:
         if _ready(base_dir):

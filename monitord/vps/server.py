@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from monitord.base import bounded_json
+from monitord.base import bounded_json, log_tail
 from monitord.vps.lease_table import AreaSpec
 from monitord.vps.runtime import (
     MAX_HEALTH_WAIT_S,
@@ -190,6 +190,12 @@ def parse_renew(raw: bytes) -> RenewBody:
 Handler = Callable[[AgentRuntime, Request, Optional[str]], Awaitable[Response]]
 
 
+def _digits(raw: str) -> bool:
+    """ASCII digits, at most 20 of them (`str.isdigit` alone takes `²`, which int() refuses,
+    and int() of thousands of digits raises: either would cost the client its answer)."""
+    return raw.isascii() and raw.isdigit() and len(raw) <= 20
+
+
 def _generation_param(request: Request) -> int:
     raw = request.query.get("generation", "")
     if _ASCII_COUNT.fullmatch(raw) is None or int(raw) > MAX_INTEGER:
@@ -242,6 +248,38 @@ async def area_health(runtime: AgentRuntime, request: Request, name: str | None)
         min_uptime_s=_seconds_param(request, "min_uptime_s", maximum=86400.0),
         wait_s=_seconds_param(request, "wait_s", maximum=MAX_HEALTH_WAIT_S),
     ))
+
+
+def _count_param(request: Request, key: str, *, default: int | None, maximum: int) -> int | None:
+    raw = request.query.get(key)
+    if raw is None:
+        return default
+    if not _digits(raw) or int(raw) > maximum:
+        raise bad_request(f"query parameter {key}=N (an integer, 0 to {maximum}) is wanted")
+    return int(raw)
+
+
+async def area_log(runtime: AgentRuntime, request: Request, name: str | None) -> Response:
+    """The area's log `{dir}/logs/{area}.log`, read-only and bounded (monitord.base.log_tail):
+    `?lines=N` its last N lines, `?offset=N&file=I` what was appended since that position
+    (a follower's next read); at most `max_bytes` (1 MiB) either way. It answers for an area
+    the agent no longer holds too (its log stays until the area is deleted from the VPS)."""
+    area = _area(name)
+    path = str(runtime.runner.logs_dir / f"{area}.log")
+    max_bytes = _count_param(request, "max_bytes", default=log_tail.MAX_BYTES,
+                             maximum=log_tail.MAX_BYTES)
+    offset = _count_param(request, "offset", default=None, maximum=2**63 - 1)
+    assert max_bytes is not None
+    if offset is not None:
+        file = _count_param(request, "file", default=None, maximum=2**64 - 1)
+        doc = await asyncio.to_thread(log_tail.read_from, path, file=file, offset=offset,
+                                      max_bytes=max_bytes)
+    else:
+        lines = _count_param(request, "lines", default=log_tail.DEFAULT_LINES,
+                             maximum=log_tail.MAX_LINES)
+        assert lines is not None
+        doc = await asyncio.to_thread(log_tail.tail, path, lines=lines, max_bytes=max_bytes)
+    return Response(200, {"area": area, **doc})
 
 
 async def put_area(runtime: AgentRuntime, request: Request, name: str | None) -> Response:
@@ -339,6 +377,7 @@ ROUTES: tuple[tuple[str, str, Handler], ...] = (
     ("GET", "/v1/inventory", inventory),
     ("GET", "/v1/areas/{area}", get_area),
     ("GET", "/v1/areas/{area}/health", area_health),
+    ("GET", "/v1/areas/{area}/log", area_log),
     ("PUT", "/v1/areas/{area}", put_area),
     ("POST", "/v1/areas/{area}/stop", stop_area),
     ("POST", "/v1/areas/{area}/promote", promote_area_data),

@@ -66,6 +66,10 @@ NOT_CODES = _enum_values() | {
     "WATCHDOG_USEC", "SSH_CONNECTION", "MONITORD_AREA", "MONITORD_CONFIG", "MONITORD_CRASH_AT",
     "MONITORD_GENERATION", "MONITORD_HOLD_AT", "MONITORD_HOLD_RELEASE", "MONITORD_STACK_ROOT",
     "MONITORD_SUPERVISOR", "MONITORD_LOOP_FAULT",
+    "MONITORD_JOURNAL_SOCKET",
+    # journal entry fields (monitord/base/journal_native.py)
+    "MESSAGE", "PRIORITY", "SYSLOG_IDENTIFIER", "MONITORD_SERVICE", "MONITORD_CODE",
+    "MONITORD_TXN", "MONITORD_EVENT",
     # crash and hold point names (monitord/engine/crash_points.py)
     "COMMIT_WRITTEN",
     # SQL keywords (monitord/store/state_db.py)

@@ -341,3 +341,19 @@ class TestHostileNumbersAndShapes:
         os.mkfifo(path)
         with pytest.raises(ConfigCorrupt, match="not a regular file"):
             spool_files.read_custom_config(path)
+
+
+class TestTitles:
+    """An entry's `title` (else its `name`) is what the operator calls the area; shown only."""
+
+    def test_title_then_name_of_valid_entries_only(self, tmp_path: Path) -> None:
+        document = {"custom_daemons": [
+            {"uuid": "a1", "service": "tg", "title": "  Sales  ", "name": "ignored"},
+            {"uuid": "a2", "service": "tg", "title": "", "name": "Support"},
+            {"uuid": "a3", "service": "tg", "title": 7},
+            {"uuid": "a4", "service": "tg", "name": "x" * 500},
+            {"uuid": "../bad", "service": "tg", "title": "quarantined"},
+        ]}
+        parsed = spool_files.parse_custom_config(document, path=tmp_path / "c.json")
+        assert parsed.titles() == {"a1": "Sales", "a2": "Support",
+                                   "a4": "x" * spool_files.TITLE_MAX_CHARS}

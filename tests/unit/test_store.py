@@ -312,3 +312,36 @@ class TestCrashDurability:
             assert set(range(acknowledged + 1)) <= generations
             assert await reopened.highest_generation("area-x") >= acknowledged + 1
         assert json.loads(json.dumps(items[0]))  # plain data, no sqlite objects
+
+
+class TestReadOnlySections:
+    """`monitord bundle --offline` reads state.db without writing a byte beside it."""
+
+    async def test_a_cleanly_closed_database_is_read_and_nothing_is_created(
+        self, tmp_path: Path
+    ) -> None:
+        async with await Store.open(tmp_path) as store:
+            await store.put_transaction(TX)
+            await store.record_event("area_downtime", {"area": "a-1", "downtime_s": 1.5})
+        before = sorted(p.name for p in tmp_path.iterdir())
+        found = store_module.read_only_sections(tmp_path / store_module.DB_NAME)
+        assert [t["transaction_id"] for t in found["transactions.json"]] == ["t-1"]
+        assert found["events.json"][0]["downtime_s"] == 1.5
+        assert sorted(p.name for p in tmp_path.iterdir()) == before  # no -wal, no -shm
+
+    async def test_writes_still_in_the_wal_of_a_crashed_monitord_are_read(
+        self, tmp_path: Path
+    ) -> None:
+        """The files as a kill -9 leaves them: the commits in state.db-wal, not checkpointed."""
+        crashed = tmp_path / "crashed"
+        crashed.mkdir()
+        async with await Store.open(tmp_path) as store:
+            await store.put_transaction(TX)
+            for name in ("state.db", "state.db-wal", "state.db-shm"):
+                (crashed / name).write_bytes((tmp_path / name).read_bytes())
+        found = store_module.read_only_sections(crashed / store_module.DB_NAME)
+        assert [t["transaction_id"] for t in found["transactions.json"]] == ["t-1"]
+
+    def test_a_missing_database_is_a_store_error(self, tmp_path: Path) -> None:
+        with pytest.raises(StoreError, match="does not exist"):
+            store_module.read_only_sections(tmp_path / store_module.DB_NAME)

@@ -471,3 +471,46 @@ class TestSetAsideCopies:
             status, answer = await agent.request("DELETE", f"/v1/abandoned/{name}")
             assert (status, answer["error"]["code"]) == (400, "BAD_REQUEST"), (name, answer)
         assert (elsewhere / "f").exists() and (aside / f"{AREA}-g3-1700000000").is_symlink()
+
+
+class TestAreaLog:
+    """GET /v1/areas/{area}/log reads the area's log back, read-only and bounded, for the
+    PBX's `monitord logs` (through the agent client, over the same socket)."""
+
+    async def test_the_last_lines_then_what_was_appended_since(
+        self, agent: AgentProcess
+    ) -> None:
+        log = agent.base_dir / "logs" / f"{AREA}.log"
+        log.parent.mkdir(exist_ok=True)
+        log.write_text("".join(f"line {i}\n" for i in range(50)))
+        client = AgentClient(channel=unix_channel(agent.address), secret=agent.secret.encode())
+        found = await client.area_log(area=AREA, lines=2)
+        assert (found["data"], found["missing"]) == ("line 48\nline 49\n", False)
+        with log.open("a") as f:
+            f.write("line 50\n")
+        more = await client.area_log(area=AREA, file=found["file"], offset=found["offset"])
+        assert more["data"] == "line 50\n" and more["offset"] == log.stat().st_size
+        assert (await client.area_log(area="never-ran", lines=5))["missing"] is True
+
+    async def test_bounds_and_names_are_checked_and_nothing_is_written(
+        self, agent: AgentProcess
+    ) -> None:
+        log = agent.base_dir / "logs" / f"{AREA}.log"
+        log.parent.mkdir(exist_ok=True)
+        log.write_bytes(b"x" * 100 + b"\n")
+        before = log.stat()
+        for query in ("lines=10001", "lines=-1", "max_bytes=2000000", "offset=x",
+                      "offset=" + "9" * 5000, "lines=%C2%B2"):
+            status, answer = await agent.request("GET", f"/v1/areas/{AREA}/log?{query}")
+            assert (status, answer["error"]["code"]) == (400, "BAD_REQUEST"), query
+        # the generation of the other routes: only ASCII digits, and not thousands of them
+        for generation in ("%C2%B2", "9" * 5000):
+            status, answer = await agent.request(
+                "POST", f"/v1/areas/{AREA}/stop?generation={generation}")
+            assert (status, answer["error"]["code"]) == (400, "BAD_REQUEST"), generation
+        status, answer = await agent.request("GET", "/v1/areas/..%2Fagent.secret/log")
+        assert (status, answer["error"]["code"]) == (400, "BAD_REQUEST")
+        status, answer = await agent.request("PUT", f"/v1/areas/{AREA}/log", json_body={})
+        assert status == 405
+        after = log.stat()
+        assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)

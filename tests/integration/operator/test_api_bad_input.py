@@ -126,7 +126,7 @@ CASES = [
       for bad in ("t%20g", ".hidden", "tg%0A")),
     *(Case("GET", f"/v1/{what}?limit={limit}", None, 400, "BAD_REQUEST")
       for what in ("transactions", "cleanup")
-      for limit in ("abc", "0", "-1", "100001", "", "1.5", "1e3", "%C2%B2")),
+      for limit in ("abc", "0", "-1", "100001", "", "1.5", "1e3", "%C2%B2", "9" * 5000)),
     Case("GET", "/v1/nothing-here", None, 404, "NOT_FOUND"),
     Case("DELETE", "/v1/services/tg/placement", None, 405, "BAD_REQUEST"),
     Case("POST", "/v1/status", VALID, 405, "BAD_REQUEST"),
