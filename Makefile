@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint demo bench clean
+.PHONY: test lint demo bench clean lock deb
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,5 +28,13 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks
 
+# The PBX side as one Debian package, dist/monitord_VERSION_amd64.deb, from requirements.lock
+# (scripts/deb.py; docs/install.md). `make lock` re-resolves the lock from pyproject.toml.
+lock: $(STAMP)
+	$(BIN)/python scripts/deb.py lock
+
+deb: $(STAMP)
+	$(BIN)/python scripts/deb.py build
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache dist

@@ -21,6 +21,7 @@ Called by every part of monitord that reports or raises an error.
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -51,6 +52,7 @@ class ErrorCode(TextEnum):
     AGENT_UNREACHABLE = "AGENT_UNREACHABLE"
     AGENT_UNAUTHORIZED = "AGENT_UNAUTHORIZED"
     AGENT_ROUTE_MISSING = "AGENT_ROUTE_MISSING"
+    VPS_REPLY_INVALID = "VPS_REPLY_INVALID"
     PROVISION_FAILED = "PROVISION_FAILED"
     ARTIFACT_HASH_MISMATCH = "ARTIFACT_HASH_MISMATCH"
     PREFLIGHT_AUTH = "PREFLIGHT_AUTH"
@@ -65,6 +67,11 @@ class ErrorCode(TextEnum):
     PREFLIGHT_REMOTE_CONFIG = "PREFLIGHT_REMOTE_CONFIG"
     COPY_INCOMPLETE = "COPY_INCOMPLETE"
     COPY_SOURCE_CHANGED = "COPY_SOURCE_CHANGED"
+    REMOTE_DISK_FULL = "REMOTE_DISK_FULL"
+    LOCAL_DISK_FULL = "LOCAL_DISK_FULL"
+    REMOTE_PERMISSION_DENIED = "REMOTE_PERMISSION_DENIED"
+    LOCAL_PERMISSION_DENIED = "LOCAL_PERMISSION_DENIED"
+    NAME_TOO_LONG = "NAME_TOO_LONG"
     HEALTHCHECK_TIMEOUT = "HEALTHCHECK_TIMEOUT"
     DESTINATION_CONFLICT = "DESTINATION_CONFLICT"
     LEASE_EXPIRED = "LEASE_EXPIRED"
@@ -79,6 +86,7 @@ class ErrorCode(TextEnum):
     STORE_WRITE_FAILED = "STORE_WRITE_FAILED"
     BAD_REQUEST = "BAD_REQUEST"
     NOT_FOUND = "NOT_FOUND"
+    API_UNAUTHORIZED = "API_UNAUTHORIZED"
     UNKNOWN_SERVICE = "UNKNOWN_SERVICE"
     UNKNOWN_AREA = "UNKNOWN_AREA"
     DRAINING = "DRAINING"
@@ -144,6 +152,12 @@ _ROWS: tuple[tuple[ErrorCode, Severity, bool, str, str], ...] = (
            "The remote agent has no such route (it is older than this monitord).",
            "monitord asks the agent what it serves and uses the shell for the rest;"
            " re-provisioning the VPS upgrades the agent."),
+    (_E.VPS_REPLY_INVALID, _S.ERROR, True,
+           "A command on the VPS answered with something monitord does not accept (a field of"
+           " the wrong type or out of range, JSON nested too deep, output over its size"
+           " bound); the answer was dropped and nothing acted on it.",
+           "monitord retries; if it repeats, re-provision the VPS (`monitord retry SERVICE`)"
+           " so its monitord.pyz matches, and check the VPS for tampering."),
     (_E.PROVISION_FAILED, _S.ERROR, True,
            "Pushing the agent or service binaries to the VPS failed.",
            "Check free space and permissions of remote_bin_dir; monitord retries."),
@@ -160,8 +174,10 @@ _ROWS: tuple[tuple[ErrorCode, Severity, bool, str, str], ...] = (
            "Preflight: remote_bin_dir is missing or has wrong permissions.",
            "Create remote_bin_dir owned by remote.user with mode 0700, then retry."),
     (_E.PREFLIGHT_DISK_SPACE, _S.ERROR, False,
-           "Preflight: not enough free space for binaries and area data.",
-           "Free space on the side named in the detail, then retry."),
+           "Preflight: the file system that would hold the area's data (or the binaries)"
+           " lacks the free space or inodes the move needs; nothing was stopped.",
+           "Free the space the detail names (side, path, needed and free) or grow that file"
+           " system, then `monitord retry SERVICE`."),
     (_E.PREFLIGHT_WRITE_TEST, _S.ERROR, False,
            "Preflight: a test file could not be created and removed.",
            "Check the file system of remote_bin_dir (read-only, quota), then retry."),
@@ -178,8 +194,11 @@ _ROWS: tuple[tuple[ErrorCode, Severity, bool, str, str], ...] = (
            "Preflight: the tunnel's forwards are not ready.",
            "Check the tunnel status; monitord retries once the forwards are proven."),
     (_E.PREFLIGHT_REMOTE_CONFIG, _S.WARNING, True,
-           "Preflight: the agent has no configuration for this service.",
-           "Check the service's remote_command and remote_data_dir, then retry."),
+           "Nothing is configured to run this on the VPS: no [remote] section (a move there"
+           " is refused before anything is recorded), or the service has no remote_command"
+           " / remote_data_dir.",
+           "Add the [remote] section (docs/vps-setup.md) or the service's remote_command and"
+           " remote_data_dir, restart monitord, then place or retry."),
     (_E.COPY_INCOMPLETE, _S.WARNING, True,
            "Area data was not copied completely (manifest mismatch).",
            "Nothing to do: the source kept its data; the migration retries."),
@@ -188,6 +207,28 @@ _ROWS: tuple[tuple[ErrorCode, Severity, bool, str, str], ...] = (
            " a symlink, a device or another file, or of another size).",
            "Nothing to do: the source kept its data and the migration retries with a fresh"
            " listing; if it repeats, look for what replaces files in the area's data dir."),
+    (_E.REMOTE_DISK_FULL, _S.ERROR, False,
+           "The VPS ran out of space (or inodes, or quota) while the area's data was copied"
+           " there; the half-written copy was removed and the source runs again.",
+           "Free space under the VPS path named in the detail (needed and free are"
+           " given), then `monitord retry SERVICE`."),
+    (_E.LOCAL_DISK_FULL, _S.ERROR, False,
+           "The PBX ran out of space (or inodes, or quota) while the area's data was copied"
+           " here; the half-written copy was removed.",
+           "Free space under the PBX path named in the detail, then `monitord retry"
+           " SERVICE`."),
+    (_E.REMOTE_PERMISSION_DENIED, _S.ERROR, False,
+           "The VPS refused to let the copy write or read a path (permission denied).",
+           "Make the path named in the detail writable by remote.user on the VPS, then"
+           " `monitord retry SERVICE`."),
+    (_E.LOCAL_PERMISSION_DENIED, _S.ERROR, False,
+           "The PBX refused to let the copy write or read a path (permission denied).",
+           "Make the path named in the detail writable by monitord's user, then"
+           " `monitord retry SERVICE`."),
+    (_E.NAME_TOO_LONG, _S.ERROR, False,
+           "A file's name or path is too long for the destination's file system.",
+           "Shorten the data dir template or the file named in the detail, then"
+           " `monitord retry SERVICE`."),
     (_E.HEALTHCHECK_TIMEOUT, _S.WARNING, True,
            "The destination daemon did not stay healthy for the minimum uptime.",
            "Check the daemon's log on the destination; the source keeps running."),
@@ -209,7 +250,9 @@ _ROWS: tuple[tuple[ErrorCode, Severity, bool, str, str], ...] = (
            "Correct the entry named in the detail; the other areas are not affected."),
     (_E.AREA_ENTRY_INVALID, _S.ERROR, False,
            "A custom_config.json entry has a bad field (not an object, a location or"
-           " generation that does not parse); that entry is left as it is and never started.",
+           " generation that does not parse, a generation outside [0, 2^63)); that entry is"
+           " left as it is and never started. An area at the last generation (2^63 - 1)"
+           " stays where it is: no move can follow it.",
            "Correct the entry named in the detail; the other areas are not affected."),
     (_E.DATA_NOT_NEWEST, _S.ERROR, False,
            "An area was not started on a side that does not hold its newest data.",
@@ -236,6 +279,11 @@ _ROWS: tuple[tuple[ErrorCode, Severity, bool, str, str], ...] = (
     (_E.NOT_FOUND, _S.INFO, False,
            "No such endpoint in monitord's HTTP API (method and path as sent).",
            "Use a method and path listed in docs/operator.md, \"HTTP API\"."),
+    (_E.API_UNAUTHORIZED, _S.WARNING, False,
+           "A change through monitord's HTTP API came without the local API token, or with"
+           " another one; nothing was changed.",
+           "Send `Authorization: Bearer` with the content of work_dir/api-token (readable by root"
+           " and the group of http.token_group); the CLI does this for root and that group."),
     (_E.UNKNOWN_SERVICE, _S.INFO, False,
            "No such service is configured.",
            "Use a service name from monitord.toml."),
@@ -297,7 +345,11 @@ def lookup(code: str) -> CatalogueEntry:
 
 
 class MonitordError(Exception):
-    """Base of every error monitord raises on purpose; carries a catalogued code."""
+    """Base of every error monitord raises on purpose; carries a catalogued code, and
+    `facts`: numbers the status shows beside the detail (e.g. a disk's needed and free
+    bytes)."""
+
+    facts: Mapping[str, object] = MappingProxyType({})
 
     def __init__(self, code: str, detail: str = "") -> None:
         self.entry = lookup(code)
@@ -322,8 +374,39 @@ class PermanentError(MonitordError):
     """Nothing changes until an operator acts; retrying on its own is pointless."""
 
 
-def error_for(code: str, detail: str = "", *, delay: float | None = None) -> MonitordError:
+def error_for(
+    code: str, detail: str = "", *, delay: float | None = None,
+    facts: Mapping[str, object] | None = None,
+) -> MonitordError:
     """A TransientError or PermanentError for `code`, as the catalogue classifies it."""
+    error: MonitordError
     if lookup(code).retryable:
-        return TransientError(code, detail, delay=delay)
-    return PermanentError(code, detail)
+        error = TransientError(code, detail, delay=delay)
+    else:
+        error = PermanentError(code, detail)
+    if facts:
+        error.facts = MappingProxyType(dict(facts))
+    return error
+
+
+# A file system error's cause, by errno, on the side that raised it (`file_error_code`):
+# what an operator must fix there, never an unreachable VPS.
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+_NO_PERMISSION = (errno.EACCES, errno.EPERM, errno.EROFS)
+_CAUSES: Mapping[tuple[int, bool], ErrorCode] = MappingProxyType({
+    **{(e, True): ErrorCode.REMOTE_DISK_FULL for e in _DISK_FULL},
+    **{(e, False): ErrorCode.LOCAL_DISK_FULL for e in _DISK_FULL},
+    **{(e, True): ErrorCode.REMOTE_PERMISSION_DENIED for e in _NO_PERMISSION},
+    **{(e, False): ErrorCode.LOCAL_PERMISSION_DENIED for e in _NO_PERMISSION},
+    (errno.ENAMETOOLONG, True): ErrorCode.NAME_TOO_LONG,
+    (errno.ENAMETOOLONG, False): ErrorCode.NAME_TOO_LONG,
+})
+
+
+def file_error_code(errno_value: int | None, *, remote: bool) -> ErrorCode | None:
+    """The code a file system error (`OSError.errno`) on the VPS (`remote`) or the PBX
+    stands for, or None when its errno names no cause an operator fixes (ENOSPC/EDQUOT:
+    *_DISK_FULL, EACCES/EPERM/EROFS: *_PERMISSION_DENIED, ENAMETOOLONG: NAME_TOO_LONG)."""
+    if errno_value is None:
+        return None
+    return _CAUSES.get((errno_value, remote))

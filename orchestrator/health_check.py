@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+from orchestrator import area_health
 from orchestrator.status import ServiceState
 
 
@@ -219,6 +220,14 @@ def _service_findings(services: Mapping[str, Any]) -> list[Finding]:
         error = view.get("last_error") if isinstance(view, Mapping) else None
         code = error.get("code") if isinstance(error, Mapping) else None
         found.append(Finding(level, f"{name} {state or '?'}" + (f" ({code})" if code else "")))
+    for name in sorted(services):
+        view = services[name]
+        areas = view.get("areas") if isinstance(view, Mapping) else None
+        if isinstance(areas, list):
+            sick = area_health.service_findings(
+                str(name), [a for a in areas if isinstance(a, Mapping)])
+            found.extend(Finding(_CRIT if level == "critical" else _WARN, text)
+                         for level, text in sick)
     return found
 
 

@@ -95,6 +95,16 @@ class _Stored(_Frozen):
         return cls.model_validate(data)
 
 
+# Generations are SQLite INTEGERs in state.db and on the VPS: [0, 2^63). A committed area may
+# hold the last one, but no move can follow it (a move issues the next generation).
+MAX_GENERATION = 2**63 - 1
+
+
+def can_move(area: Area) -> bool:
+    """Whether a next generation exists for `area` (see MAX_GENERATION)."""
+    return area.generation < MAX_GENERATION
+
+
 class Direction(StrEnum):
     """Which way a transaction moves its area."""
 
@@ -108,7 +118,7 @@ class Area(_Frozen):
     uuid: str = Field(min_length=1)
     service: str = Field(min_length=1)
     location: Location = Location.LOCAL
-    generation: int = Field(default=0, ge=0)
+    generation: int = Field(default=0, ge=0, le=MAX_GENERATION)
 
 
 class Transaction(_Stored):
@@ -132,13 +142,13 @@ class Transaction(_Stored):
     destination: Side
     phase: Phase = Phase.PREFLIGHT
     attempt: int = Field(default=1, ge=1)
-    generation: int = Field(ge=1)  # the destination's new generation
+    generation: int = Field(ge=1, le=MAX_GENERATION)  # the destination's new generation
     started_at: float
     updated_at: float
     last_error_code: str | None = None
     last_error_detail: str | None = None
     cleanup_required: bool = False
-    source_generation: int = Field(default=0, ge=0)
+    source_generation: int = Field(default=0, ge=0, le=MAX_GENERATION)
     rollback_from: Phase | None = None
     destination_fenced: bool = False
     data_wait_since: float | None = None  # wall time a copy-back first failed (rollback)

@@ -51,6 +51,16 @@ UNREACHABLE_CODES = frozenset(
      ErrorCode.ROLLBACK_DATA_UNREACHABLE}
 )
 
+# Causes that retrying cannot fix, only an operator (a full disk, a refused path, a name too
+# long): a step failing with one parks the service at once, with the catalogue's action —
+# in PREFLIGHT before anything stopped, and after a copy once its rollback let the source
+# run again — instead of stopping the source again for each of park_after_failures tries.
+PARK_AT_ONCE_CODES = frozenset(
+    {ErrorCode.PREFLIGHT_DISK_SPACE, ErrorCode.REMOTE_DISK_FULL, ErrorCode.LOCAL_DISK_FULL,
+     ErrorCode.REMOTE_PERMISSION_DENIED, ErrorCode.LOCAL_PERMISSION_DENIED,
+     ErrorCode.NAME_TOO_LONG}
+)
+
 
 @dataclass(frozen=True, slots=True)
 class GenerationLedger:
@@ -217,6 +227,8 @@ def outcome_for_error(
     `txn.data_wait_since` parks once `rollback_data_wait_s` passed (wall `at`): the area
     stays stopped, bounded, and an operator chooses. Otherwise an unreachable side takes the
     UNREACHABLE edge where the table has one, and anything else is FAILED."""
+    if txn.phase is Phase.PREFLIGHT and error_code in PARK_AT_ONCE_CODES:
+        return Outcome.PARK
     if txn.phase is Phase.PREFLIGHT:
         outcome = failure_outcome(
             consecutive_failures=consecutive_failures, park_after_failures=park_after_failures
@@ -236,8 +248,11 @@ def settled_outcome(
 ) -> Outcome:
     """The outcome the table is fed for what a step of `txn` observed: a rollback that
     completed after an error ends ROLLED_BACK, or PARKED at the limit
-    (`rollback_completion_outcome`); any other outcome unchanged."""
+    (`rollback_completion_outcome`) or at once after a cause retrying cannot fix
+    (`PARK_AT_ONCE_CODES`); any other outcome unchanged."""
     if txn.phase is Phase.ROLLBACK and outcome is Outcome.OK and txn.last_error_code:
+        if txn.last_error_code in PARK_AT_ONCE_CODES:
+            return Outcome.PARK
         return rollback_completion_outcome(
             consecutive_failures=consecutive_failures, park_after_failures=park_after_failures
         )

@@ -14,6 +14,13 @@ from pathlib import Path
 from monitord.base.config import Config, ServiceSection
 
 _PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
+# The local supervisor's dir under work_dir (records/, logs/{area}.log): monitord.surface.wiring.
+SUPERVISOR_DIR = "supervisor"
+
+
+def local_log_path(work_dir: Path, area: str) -> Path:
+    """The PBX's log of an area's daemon (the supervisor's log sink writes it)."""
+    return work_dir / SUPERVISOR_DIR / "logs" / f"{area}.log"
 
 
 def expand(template: str, *, area: str, data_dir: str, generation: int, side: str,
@@ -43,6 +50,23 @@ def local_command(section: ServiceSection, *, area: str, generation: int) -> tup
         expand(part, area=area, data_dir=data_dir, generation=generation, side="local")
         for part in section.command
     )
+
+
+def remote_data_root(config: Config, *, service: str) -> str:
+    """The deepest directory on the VPS above the data dir of every area of `service` (the
+    template's leading components without {area} or {generation}, expanded): where check
+    --remote measures the free space a move of that service will use."""
+    assert config.remote is not None
+    template = config.services[service].remote_data_dir
+    parts = template.split("/")
+    fixed = []
+    for part in parts[:-1]:
+        if "{area}" in part or "{generation}" in part:
+            break
+        fixed.append(part)
+    root = "/".join(fixed) or "/"
+    return expand(root, area="", data_dir="", generation=0, side="remote",
+                  remote_bin_dir=config.remote.remote_bin_dir)
 
 
 def remote_paths(

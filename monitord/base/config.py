@@ -25,6 +25,7 @@ from pydantic import (
 )
 
 from monitord.base import log_sink, tree_digest
+from orchestrator import names
 from orchestrator.errors import ErrorCode, PermanentError
 
 DEFAULT_CONFIG_PATH = Path("/etc/monitord/monitord.toml")
@@ -44,7 +45,8 @@ class ConfigError(PermanentError):
 
 def _check_hostport(value: str) -> str:
     host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not host or not (port.isascii() and port.isdigit()) \
+            or not 0 < int(port) < 65536:
         raise ValueError(f"expected HOST:PORT with a port in 1..65535, got {value!r}")
     return value
 
@@ -75,6 +77,9 @@ class MonitordSection(_Section):
     # Give the VPS up by itself (for services with on_vps_lost = "home") once the tunnel has
     # been unreachable this long; None: only an operator gives a VPS up.
     vps_lost_after_s: float | None = Field(default=None, gt=0)
+    # A given-up VPS copy, once set aside on the VPS, is kept this long for forensics
+    # (`monitord fetch-abandoned`), then removed (monitord/engine/abandoned_data.py).
+    abandoned_data_keep_s: float = Field(default=7 * 86400.0, gt=0)
     watchdog_interval_s: float = Field(default=5.0, gt=0)
     # Each area's daemon output: logs/{area}.log, rotated before it exceeds this many bytes,
     # with this many rotated files kept (monitord/base/log_sink.py, docs/operations.md).
@@ -97,16 +102,21 @@ def is_loopback_listen(listen: str) -> bool:
 class HttpSection(_Section):
     listen: HostPort = "127.0.0.1:8224"
     drain_timeout_s: float = Field(default=15.0, ge=0)
-    # The API has no authentication: a listen beyond loopback must be asked for explicitly.
+    # Changes through the API need the token in work_dir/api-token (monitord/surface/
+    # api_token.py), file mode 0640 with this group (None: monitord's own group): its members
+    # and root may change placements. Never a group a messenger daemon runs in.
+    token_group: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}\$?$")
+    # Reads need no token and the API speaks plain HTTP (a token would cross the network in
+    # clear text): a listen beyond loopback must be asked for explicitly.
     allow_remote_api: bool = False
 
     @model_validator(mode="after")
     def _remote_api_is_explicit(self) -> HttpSection:
         if not self.allow_remote_api and not is_loopback_listen(self.listen):
             raise ValueError(
-                f"http.listen {self.listen!r} is not a loopback address and the API has no"
-                " authentication; set http.allow_remote_api = true to serve it beyond this"
-                " machine"
+                f"http.listen {self.listen!r} is not a loopback address; the API's reads need"
+                " no token and its token would cross the network in clear text; set"
+                " http.allow_remote_api = true to serve it beyond this machine"
             )
         return self
 
@@ -339,9 +349,10 @@ class Config(_Section):
     @field_validator("services")
     @classmethod
     def _service_names(cls, services: dict[str, ServiceSection]) -> dict[str, ServiceSection]:
-        for name in services:
-            if not name.replace("_", "").replace("-", "").isalnum():
-                raise ValueError(f"service name {name!r} must be letters, digits, '-' or '_'")
+        for name in services:  # the one pattern of names (str.isalnum took any script)
+            reason = names.why_invalid(name)
+            if reason is not None:
+                raise ValueError(f"service name: {reason}")
         return services
 
 

@@ -16,7 +16,8 @@ P -> P.1 (the old P.K is dropped), and a fresh P is opened. So:
   inherited its output are gone.
 
 Spawned by the local supervisor (monitord.local.supervisor) and by the agent's area runner
-(monitord.vps.area_runner) between each daemon and `logs/{area}.log`, in a session of its
+(monitord.vps.area_runner) between each daemon and `logs/{area}.log`, and by `monitord launch`
+and `agent-launch` (`spawn_logged`) for `monitord.log` and `logs/agent.log`, in a session of its
 own, so that neither monitord's exit nor a signal to its process group (or the daemon's)
 ends it before it has read the daemon's last words. See docs/operations.md, "Area logs".
 
@@ -260,6 +261,39 @@ def start(
         start_new_session=True,
         close_fds=True,
     )
+
+
+def spawn_logged(
+    argv: Sequence[str],
+    *,
+    sink_argv: Sequence[str],
+    env: Mapping[str, str] | None = None,
+    sink_env: Mapping[str, str] | None = None,
+) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]]:
+    """Start `argv` detached (a session of its own, stdin /dev/null) with its stdout and
+    stderr through a sink started by `sink_argv` (this verb's whole command line): how
+    `monitord launch` writes `monitord.log` and `agent-launch` the agent's `agent.log`, bounded
+    like an area's log. Returns (the process, its sink)."""
+    import subprocess
+
+    read_end, write_end = os.pipe()
+    try:
+        sink = start(sink_argv, stdin_fd=read_end, env=sink_env)
+        try:
+            child = subprocess.Popen(
+                list(argv), stdin=subprocess.DEVNULL, stdout=write_end, stderr=write_end,
+                env=None if env is None else dict(env), start_new_session=True, close_fds=True,
+            )
+        except OSError:
+            os.close(write_end)  # the sink sees end of file and ends
+            write_end = -1
+            sink.wait()
+            raise
+    finally:
+        os.close(read_end)
+        if write_end >= 0:
+            os.close(write_end)
+    return child, sink
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

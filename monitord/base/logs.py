@@ -12,6 +12,13 @@ that `journalctl -p err -u monitord` shows exactly the error lines. Lines of oth
 (asyncio, aiohttp, asyncssh: the standard `logging` module) go through the same renderer and
 prefixes, from WARNING up whatever `level` says (their info chatter is not ours to show).
 
+When stderr is the journal and its socket answers, each line goes through the journal's native
+protocol instead (monitord.base.journal_native): `MESSAGE` is the same JSON line, with
+`PRIORITY`, `SYSLOG_IDENTIFIER=monitord` and the line's own `MONITORD_SERVICE`,
+`MONITORD_AREA`, `MONITORD_CODE` (error_code), `MONITORD_TXN` (transaction_id) and
+`MONITORD_EVENT` as fields of the entry, so `journalctl -u monitord MONITORD_AREA=…` finds one
+area's lines. A line the socket does not take is written to stderr with its prefix, as before.
+
 The one convention: every module takes `log = logs.get_logger(__name__)` (its lines carry
 `logger_name`), and a unit of work binds its identity once instead of retyping it at every
 call: `log.bind(...)` for the lines of one logger, and — for every line logged while the unit
@@ -36,6 +43,8 @@ from collections.abc import Callable, Hashable, Mapping
 from typing import IO, Any
 
 import structlog
+
+from monitord.base import journal_native
 
 # `--log-level` names -> logging levels.
 LEVELS: Mapping[str, int] = {
@@ -64,28 +73,90 @@ FOREIGN_MIN_LEVEL = logging.WARNING
 CONTEXT_PROCESSORS: tuple[Any, ...] = (structlog.contextvars.merge_contextvars,)
 
 _foreign_handler: logging.Handler | None = None
+_journal: journal_native.JournalSocket | None = None
+JOURNAL_IDENTIFIER = "monitord"
 
 
 def stderr_is_journal(
     environ: Mapping[str, str] = os.environ, stream: IO[str] | None = None
 ) -> bool:
-    """True when `stream` (stderr) is the journal: `JOURNAL_STREAM` is its `st_dev:st_ino`.
-
-    Comparing device and inode (not just the variable's presence) matters: a child whose
-    stderr was redirected inherits the variable, and must not prefix lines going to a file.
-    """
-    dev, _, ino = environ.get("JOURNAL_STREAM", "").partition(":")
-    try:
-        st = os.fstat((stream or sys.stderr).fileno())
-        return (st.st_dev, st.st_ino) == (int(dev), int(ino))
-    except (ValueError, OSError):  # unset, malformed, or a stream without a descriptor
-        return False
+    """True when stderr is the journal (monitord.base.journal_native.stderr_is_journal)."""
+    return journal_native.stderr_is_journal(environ, stream or sys.stderr)
 
 
 def journal_priority(logger: Any, method_name: str, line: str) -> str:
     """Renderer epilogue: the syslog priority prefix on every line of a rendered entry."""
     prefix = JOURNAL_PRIORITIES.get(method_name, "<6>")
     return "\n".join(prefix + part for part in line.split("\n"))
+
+
+class JournalLogger:
+    """The structlog logger when stderr is the journal: each entry through the native
+    protocol (the last processor hands over the line and its fields), stderr with the
+    priority prefix when the socket does not take it."""
+
+    def __init__(self, journal: journal_native.JournalSocket, file: IO[str]) -> None:
+        self._journal = journal
+        self._file = file
+
+    def msg(self, message: str, journal_fields: Mapping[str, str] | None = None) -> None:
+        if journal_fields is not None and self._journal.send(journal_fields):
+            return
+        level = next((name for name, number in journal_native.PRIORITIES.items()
+                      if journal_fields and str(number) == journal_fields.get("PRIORITY")),
+                     "info")
+        try:
+            self._file.write(journal_priority(None, level, message) + "\n")
+            self._file.flush()
+        except (OSError, ValueError):
+            pass  # nowhere left to write it
+
+    debug = info = warning = warn = error = err = critical = fatal = exception = msg
+    failure = log = msg
+
+
+class JournalLoggerFactory:
+    def __init__(self, journal: journal_native.JournalSocket, file: IO[str]) -> None:
+        self._logger = JournalLogger(journal, file)
+
+    def __call__(self, *args: Any) -> JournalLogger:
+        return self._logger
+
+
+def to_journal(renderer: Any) -> Any:
+    """The last processor when stderr is the journal: the rendered line plus the entry's
+    native fields, for `JournalLogger.msg`."""
+
+    def render(logger: Any, method_name: str, event_dict: Any) -> Any:
+        fields = {k: event_dict.get(k) for k in journal_native.FIELDS}
+        line = renderer(logger, method_name, event_dict)
+        return (line,), {"journal_fields": journal_native.entry_fields(
+            message=line, level=method_name, identifier=JOURNAL_IDENTIFIER, event=fields)}
+
+    return render
+
+
+class JournalHandler(logging.Handler):
+    """The standard library's lines (asyncio, aiohttp, asyncssh) into the journal the same
+    way: the formatted JSON line as MESSAGE, the record's level as PRIORITY."""
+
+    def __init__(self, journal: journal_native.JournalSocket, file: IO[str]) -> None:
+        super().__init__()
+        self._journal = journal
+        self._file = file
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = self.format(record)
+            level = record.levelname.lower()
+            fields = journal_native.entry_fields(
+                message=line, level=level, identifier=JOURNAL_IDENTIFIER,
+                event={"event": record.getMessage()})
+            if not self._journal.send(fields):
+                self._file.write(journal_priority(None, level, line) + "\n")
+                self._file.flush()
+        except Exception:  # logging's own convention: handleError reports, never raises
+            self.handleError(record)
 
 
 def _foreign_logger_name(logger: Any, method_name: str, event_dict: Any) -> Any:
@@ -98,27 +169,40 @@ def _foreign_logger_name(logger: Any, method_name: str, event_dict: Any) -> Any:
 def configure(fmt: str = "auto", *, level: int = logging.INFO) -> None:
     """Configure logging for the process. `fmt` is auto, json or console; `level` a logging
     level (see LEVELS). Safe to call again: the previous configuration is replaced."""
-    global _foreign_handler
+    global _foreign_handler, _journal
     use_console = fmt == "console" or (fmt == "auto" and sys.stderr.isatty())
     renderer: Any = (
         structlog.dev.ConsoleRenderer() if use_console else structlog.processors.JSONRenderer()
     )
-    epilogue: list[Any] = [journal_priority] if stderr_is_journal() else []
+    if _journal is not None:
+        _journal.close()
+        _journal = None
+    on_journal = stderr_is_journal()
+    if on_journal:
+        _journal = journal_native.JournalSocket.open()
+    epilogue: list[Any] = [journal_priority] if on_journal and _journal is None else []
+    last: list[Any] = [to_journal(renderer)] if _journal is not None else [renderer, *epilogue]
+    logger_factory: Any = (
+        JournalLoggerFactory(_journal, sys.stderr) if _journal is not None
+        else structlog.PrintLoggerFactory(file=sys.stderr)
+    )
     structlog.configure(
         processors=[
             *CONTEXT_PROCESSORS,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
-            renderer,
-            *epilogue,
+            *last,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=logger_factory,
         cache_logger_on_first_use=False,
     )
     # The standard library's loggers (asyncio, aiohttp, asyncssh) through the same renderer.
-    handler = logging.StreamHandler(sys.stderr)
+    handler: logging.Handler = (
+        JournalHandler(_journal, sys.stderr) if _journal is not None
+        else logging.StreamHandler(sys.stderr)
+    )
     handler.setFormatter(structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=[
             _foreign_logger_name,

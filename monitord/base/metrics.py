@@ -20,6 +20,7 @@ from prometheus_client import (
     Gauge,
     Histogram,
     ProcessCollector,
+    disable_created_metrics,
     generate_latest,
 )
 from prometheus_client.core import CounterMetricFamily
@@ -46,10 +47,27 @@ class _RefusedStarts(Collector):
         )
 
 
+class _ByServiceAndSide(Collector):
+    """A counter family read at scrape time from counts kept elsewhere (the supervisor's and
+    the reconciler's restart counts), per (service, side)."""
+
+    def __init__(self, name: str, documentation: str,
+                 counts: Callable[[], dict[tuple[str, str], int]]) -> None:
+        self._name, self._documentation, self._counts = name, documentation, counts
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(self._name, self._documentation, labels=["service", "side"])
+        for (service, side), value in sorted(self._counts().items()):
+            family.add_metric([service, side], value)
+        yield family
+
+
 class Metrics:
     def __init__(self, *, work_dir: Path | None = None) -> None:
         from monitord.base import singleton
 
+        # `_created` series double every counter and histogram for nothing an alert uses
+        disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry()
         r = self.registry
         where = work_dir
@@ -99,6 +117,36 @@ class Metrics:
             "monitord_loop_errors", "Iterations of a root loop that raised; the loop went on",
             ["loop", "code"], registry=r,
         )
+
+        # Per area, where it is placed (orchestrator/area_health.py): set at scrape time.
+        self.area_up = Gauge(
+            "monitord_area_up", "Areas whose daemon runs where they are placed",
+            ["service", "side"], registry=r,
+        )
+        self.area_expected_up = Gauge(
+            "monitord_area_expected_up",
+            "Areas that should run where they are placed now (not moving, side observable)",
+            ["service", "side"], registry=r,
+        )
+        self.config_corrupt = Gauge(
+            "monitord_config_corrupt", "1 while custom_config.json cannot be used", registry=r
+        )
+        self.quarantined = Gauge(
+            "monitord_quarantined_entries", "custom_config.json entries left out", registry=r
+        )
+        self.service_state = Gauge(
+            "monitord_service_state", "1 for the state each service is in, 0 for the others",
+            ["service", "state"], registry=r,
+        )
+        self._restart_counts: Callable[[], dict[tuple[str, str], int]] = dict
+        r.register(_ByServiceAndSide(
+            "monitord_area_restarts", "Restarts of area daemons after they exited",
+            lambda: self._restart_counts(),
+        ))
+
+    def count_restarts_with(self, counts: Callable[[], dict[tuple[str, str], int]]) -> None:
+        """Where monitord_area_restarts_total reads its counts, per (service, side)."""
+        self._restart_counts = counts
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

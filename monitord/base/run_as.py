@@ -102,22 +102,78 @@ def login_environment(who: RunAs | None) -> dict[str, str]:
     return {"HOME": who.home or "/", "USER": who.user, "LOGNAME": who.user}
 
 
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_MAX_LINKS = 40  # as the kernel's own path walk
+
+
+def _link_trusted(parent: os.stat_result, link: os.stat_result) -> bool:
+    """Whether a symlink may be followed: only its directory's writers can replace it, so it
+    is trusted when they are root or this process alone (not group- or other-writable), or
+    when the directory is sticky and the link itself belongs to root or this process."""
+    trusted = (0, os.geteuid())
+    if parent.st_uid in trusted and not parent.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return True
+    return bool(parent.st_mode & stat.S_ISVTX) and link.st_uid in trusted
+
+
+def open_dir_nofollow(path: Path) -> int:
+    """A descriptor of the directory `path`, reached from / one component at a time with
+    O_NOFOLLOW, each opened relative to the one before: nothing can be swapped in between.
+    A symlink on the way is followed only if `_link_trusted` (a data dir on another disk,
+    set up by root); one in a directory another user can write is refused with ELOOP, so
+    that user cannot point the walk (and what is done at its end) elsewhere."""
+    parts = [p for p in os.path.abspath(path).split("/") if p]
+    fd = os.open("/", _DIR_FLAGS)
+    links = 0
+    try:
+        while parts:
+            name = parts.pop(0)
+            if name == ".":
+                continue
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False) if name != ".." else None
+            if st is not None and stat.S_ISLNK(st.st_mode):
+                links += 1
+                if links > _MAX_LINKS or not _link_trusted(os.fstat(fd), st):
+                    raise OSError(errno.ELOOP, f"{path}: not following {name!r}, a symlink"
+                                               " in a directory another user can write")
+                target = os.readlink(name, dir_fd=fd)
+                if target.startswith("/"):
+                    os.close(fd)
+                    fd = os.open("/", _DIR_FLAGS)
+                parts[:0] = [p for p in target.split("/") if p]
+                continue
+            child = os.open(name, _DIR_FLAGS, dir_fd=fd)  # ELOOP if swapped for a link now
+            os.close(fd)
+            fd = child
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def hand_over(path: Path, who: RunAs) -> None:
     """Make `path` and everything below it owned by `who`, so the daemon can use data that
-    monitord created or copied there. Walks by directory descriptor and never follows a
-    symlink, so a link planted inside cannot redirect it; a file with several hard links is
-    left alone (it may be a link to a file outside the data dir)."""
+    monitord created or copied there. The data dir is reached by `open_dir_nofollow` (its
+    parent may be the service user's, who could otherwise plant a symlink there and have
+    root's files given to them) and changed through its descriptor; below it the walk goes
+    by directory descriptor and never follows a symlink, so a link planted inside cannot
+    redirect it; a file with several hard links is left alone (it may be a link to a file
+    outside the data dir; the kernel's protected_hardlinks keeps the user from making new
+    links to files that are not theirs)."""
     uid = -1 if who.uid is None else who.uid
-    top = os.path.realpath(path)  # a data dir that is itself a symlink was set up on purpose
-    os.chown(top, uid, who.gid)
-    for _dir, dirs, files, dir_fd in os.fwalk(top):
-        for name in (*dirs, *files):
-            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-            if (uid in (-1, st.st_uid)) and st.st_gid == who.gid:
-                continue
-            if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
-                continue
-            os.chown(name, uid, who.gid, dir_fd=dir_fd, follow_symlinks=False)
+    top = open_dir_nofollow(path)
+    try:
+        os.fchown(top, uid, who.gid)
+        for _dir, dirs, files, dir_fd in os.fwalk(".", dir_fd=top):
+            for name in (*dirs, *files):
+                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                if (uid in (-1, st.st_uid)) and st.st_gid == who.gid:
+                    continue
+                if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+                    continue
+                os.chown(name, uid, who.gid, dir_fd=dir_fd, follow_symlinks=False)
+    finally:
+        os.close(top)
 
 
 class _CapHeader(ctypes.Structure):

@@ -87,7 +87,7 @@ def read_holder_pid(pid_path: Path) -> int | None:
         text = pid_path.read_text(encoding="ascii").strip()
     except (OSError, UnicodeDecodeError):
         return None
-    return int(text) if text.isdigit() else None
+    return int(text) if text.isdigit() and len(text) <= 10 else None  # ASCII: read as ascii
 
 
 def _try_lock(lock_path: Path) -> IO[str] | None:

@@ -20,6 +20,7 @@ from monitord.base.config import ServiceSection
 from monitord.remote import artifact
 from monitord.remote.copy import AreaCopy, CopyReport, Staged
 from monitord.remote.remote_link import RemoteLink
+from orchestrator import disk_space
 from orchestrator.cleanup_policy import SideObservation
 from orchestrator.errors import ErrorCode, MonitordError, error_for
 from orchestrator.lineage import Lineage
@@ -75,8 +76,19 @@ class AreaSide(Protocol):
         """Bytes of the area's data here, or None when only a listing could tell."""
         ...
 
-    async def check_ready(self, txn: Transaction, *, incoming_bytes: int | None) -> None:
-        """The preflight of a move to this side: raises the first failed check's error."""
+    async def data_usage(
+        self, *, service: str, area: str, generation: int
+    ) -> disk_space.Usage | None:
+        """What the area's data here takes once copied (bytes and inodes), or None when
+        this side cannot tell now."""
+        ...
+
+    async def check_ready(
+        self, txn: Transaction, *, incoming_bytes: int | None,
+        incoming: disk_space.Usage | None = None,
+    ) -> None:
+        """The preflight of a move to this side: raises the first failed check's error;
+        `incoming`, the area's usage on the source, is what must fit here."""
         ...
 
     async def stop(self, *, area: str, generation: int) -> None:

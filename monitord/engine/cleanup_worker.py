@@ -8,7 +8,9 @@ item's side, asks `orchestrator.cleanup_policy.decide()`, and:
 - otherwise removes exactly that generation (the agent deletes only at the named generation,
   and locally a process is stopped only if it runs at that generation), observes again, and
   completes or reschedules with capped, jittered back-off;
-- never drops an item: one failing for `stuck_after_attempts` is reported CLEANUP_STUCK.
+- never drops an item: one failing for `stuck_after_attempts` is reported CLEANUP_STUCK;
+- removes the given-up VPS copies set aside longer than `abandoned_data_keep_s`
+  (monitord/engine/abandoned_data.py).
 
 Taking due items and completing one are indexed store operations (O(log n)). The passes run
 under the root loops' error policy (monitord/base/periodic.py): a pass that raises — a full
@@ -24,6 +26,7 @@ from collections.abc import Callable, Mapping
 from monitord.base import logs
 from monitord.base.metrics import Metrics
 from monitord.base.periodic import LoopBook, Periodic
+from monitord.engine.abandoned_data import AbandonedData
 from monitord.engine.area_side import AreaSide
 from monitord.store.state_db import Store
 from orchestrator import cleanup_policy
@@ -54,6 +57,7 @@ class CleanupWorker:
         wall: Callable[[], float] = time.time,
         jitter: Callable[[], float] = random.random,
         loops: LoopBook | None = None,
+        abandoned: AbandonedData | None = None,
     ) -> None:
         self.store = store
         self.sides = sides
@@ -64,6 +68,8 @@ class CleanupWorker:
         self.policy = policy or CleanupPolicy()
         self._wall = wall
         self._jitter = jitter
+        # Given-up VPS copies set aside: removed here once kept long enough.
+        self.abandoned = abandoned
         self.loop = Periodic(TASK_NAME, iteration=self._pass, interval_s=interval_s, book=loops)
         self.stuck = 0
         self.backlog = 0
@@ -74,11 +80,18 @@ class CleanupWorker:
         self.loop.wake()
 
     async def run(self) -> None:
-        """The root task body: a pass now, then on every wake-up and every interval."""
-        await self.loop.run()
+        """The root task body: a pass now, then on every wake-up and every interval; the
+        forensic fetches it started end with it."""
+        try:
+            await self.loop.run()
+        finally:
+            if self.abandoned is not None:
+                await self.abandoned.close()
 
     async def _pass(self) -> None:
         await self.run_once()
+        if self.abandoned is not None:
+            await self.abandoned.expire()
 
     async def run_once(self) -> int:
         """Process every item due now; returns how many were completed."""

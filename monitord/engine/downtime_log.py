@@ -201,33 +201,61 @@ class DowntimeLog:
         log.info("area_downtime", **fields)
         await self.store.record_event("area_downtime", fields)
 
+    def last_move_downtimes(self, service: str) -> dict[str, float | None]:
+        """Each area's downtime in the service's last move (None: not measured)."""
+        move = self._moves.get(service)
+        if move is None:
+            return {}
+        return {r.area: None if r.downtime_s is None else round(r.downtime_s, 3)
+                for r in move[1].values() if r.outcome is not None}
+
     def last_move(self, service: str) -> dict[str, Any] | None:
         """The status's `last_move` of a service, or None before its first ended transaction."""
         move = self._moves.get(service)
         if move is None:
             return None
         move_id, records = move
-        ended = sorted((r for r in records.values() if r.outcome is not None),
-                       key=lambda r: r.finished_at or 0.0)
+        ended = [r for r in records.values() if r.outcome is not None]
         if not ended:
             return None
-        latest = ended[-1]
-        downtimes = sorted(r.downtime_s for r in ended if r.downtime_s is not None)
-        outcomes = dict.fromkeys(OUTCOMES, 0)
-        for r in ended:
-            outcomes[str(r.outcome)] = outcomes.get(str(r.outcome), 0) + 1
-        return {
-            "move_id": move_id,
-            "transaction_id": latest.transaction_id,
-            "direction": latest.direction,
-            "finished_at": latest.finished_at,
-            "areas": len(ended),
-            "in_flight": sum(1 for r in self._records.values()
-                             if r.move_id == move_id and r.outcome is None),
-            "outcomes": outcomes,
-            "downtime_s": {
-                "max": round(downtimes[-1], 3),
-                "p50": round(statistics.median(downtimes), 3),
-                "measured": len(downtimes),
-            } if downtimes else None,
-        }
+        return {**move_summary(move_id, ended),
+                "in_flight": sum(1 for r in self._records.values()
+                                 if r.move_id == move_id and r.outcome is None)}
+
+    async def moves_since(self, since: float) -> list[dict[str, Any]]:
+        """The moves whose transactions ended since `since` (wall clock), newest first, each
+        as `last_move` shows one (without `in_flight`): the page's history."""
+        by_move: dict[str, list[AreaDowntime]] = {}
+        for row in await self.store.downtimes_since(since):
+            record = AreaDowntime.from_storage(row)
+            by_move.setdefault(record.move_id, []).append(record)
+        moves = [{"service": records[0].service, **move_summary(move_id, records)}
+                 for move_id, records in by_move.items()]
+        return sorted(moves, key=lambda m: m["finished_at"] or 0.0, reverse=True)
+
+
+def move_summary(move_id: str, ended: list[AreaDowntime]) -> dict[str, Any]:
+    """One move's ended transactions as the status shows a move: its direction, when its last
+    transaction ended, how many areas with which outcomes, their downtime's max and median."""
+    ended = sorted(ended, key=lambda r: r.finished_at or 0.0)
+    latest = ended[-1]
+    downtimes = sorted(r.downtime_s for r in ended if r.downtime_s is not None)
+    outcomes = dict.fromkeys(OUTCOMES, 0)
+    for r in ended:
+        outcomes[str(r.outcome)] = outcomes.get(str(r.outcome), 0) + 1
+    return {
+        "move_id": move_id,
+        "transaction_id": latest.transaction_id,
+        "direction": latest.direction,
+        "finished_at": latest.finished_at,
+        "areas": len(ended),
+        "outcomes": outcomes,
+        # each area's own, of those measured
+        "area_downtime_s": {r.area: round(r.downtime_s, 3) for r in ended
+                            if r.downtime_s is not None},
+        "downtime_s": {
+            "max": round(downtimes[-1], 3),
+            "p50": round(statistics.median(downtimes), 3),
+            "measured": len(downtimes),
+        } if downtimes else None,
+    }

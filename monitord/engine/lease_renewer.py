@@ -14,21 +14,27 @@ An uncertain grant that outlives one lease TTL on a live connection (an agent th
 without dropping the link) is ended on purpose: `recycle` closes that connection, the keeper
 reconnects, and the bound starts counting.
 
+An answer is held to the request (`_book`): an area the renewal did not name is ignored, one
+it named but the answer leaves out (or answers `renewed` for another generation) is
+uncertain, as if the answer had been lost — never acknowledged, so the rollback bound never
+counts from a renewal the agent did not confirm — and each is logged
+(`lease_renewal_unexpected_answer`, VPS_REPLY_INVALID).
+
 The renewing loop runs under the root loops' error policy (monitord/base/periodic.py): an
-iteration that raises (a reply that names an area not asked for, say) is counted and shown,
-and the next one runs within TTL/3 — the back-off never outlasts the renewal interval.
+iteration that raises is counted and shown, and the next one runs within TTL/3 — the
+back-off never outlasts the renewal interval.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 from monitord.base import logs
 from monitord.base.periodic import LoopBook, Periodic
 from monitord.engine.lease_ledger import LeaseLedger
 from monitord.engine.placement_state import PlacementState
-from monitord.remote.agent_client import AgentClient
-from orchestrator.errors import MonitordError
+from monitord.remote.agent_client import AgentClient, AgentUnreachable, RenewResult
+from orchestrator.errors import ErrorCode, MonitordError
 from orchestrator.models import Side
 
 log = logs.get_logger(__name__)
@@ -113,10 +119,38 @@ class LeaseRenewer:
             return next_due_s
         arrived = self.ledger.now()
         self.last_error = None
+        self._book(answers, grants=grants, epoch=epoch, arrived=arrived)
+        return next_due_s
+
+    def _book(self, answers: Mapping[str, RenewResult], *, grants: Mapping[str, int],
+              epoch: int, arrived: float) -> None:
+        """Record what the agent said about each grant asked for. The answer is the agent's,
+        so it is held to the request: an area not asked is ignored; one asked but missing,
+        or answered `renewed` for another generation, may have been renewed or not — it is
+        uncertain (the bound counts it renewed while this connection lives), never
+        acknowledged. Each kind is logged once per renewal."""
+        odd: dict[str, list[str]] = {}
         for area, answer in answers.items():
-            if answer.renewed:
-                self.ledger.acknowledge(area, grants[area], at=arrived)
+            generation = grants.get(area)
+            if generation is None:
+                odd.setdefault("not_asked", []).append(area[:80])
+            elif answer.renewed and answer.generation not in (None, generation):
+                odd.setdefault("other_generation", []).append(area)
+                self._uncertain(area, generation, epoch=epoch)
+            elif answer.renewed:
+                self.ledger.acknowledge(area, generation, at=arrived)
                 self.rejected.pop(area, None)
             else:
-                self.rejected[area] = answer.result
-        return next_due_s
+                self.rejected[area] = answer.result[:80]
+        for area, generation in grants.items():
+            if area not in answers:
+                odd.setdefault("missing", []).append(area)
+                self._uncertain(area, generation, epoch=epoch)
+        if odd:
+            log.warning("lease_renewal_unexpected_answer", error_code=ErrorCode.VPS_REPLY_INVALID,
+                        **{kind: areas[:10] for kind, areas in odd.items()},
+                        counts={kind: len(areas) for kind, areas in odd.items()})
+
+    def _uncertain(self, area: str, generation: int, *, epoch: int) -> None:
+        self.ledger.grant_failed(area, generation, epoch=epoch, error=AgentUnreachable(
+            f"area {area}: the renewal's answer does not say", maybe_delivered=True))

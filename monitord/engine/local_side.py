@@ -10,9 +10,11 @@ verified stop, and "removing" is stopping: a migrated-away source's data is arch
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import os
 import shutil
+import stat
 from collections.abc import Callable, Collection
 from pathlib import Path
 
@@ -22,14 +24,13 @@ from monitord.engine.area_side import STOP_GRACE_S, copy_over
 from monitord.engine.placement_state import PlacementState
 from monitord.local.supervisor import AreaRun, LocalSupervisor, area_run
 from monitord.remote import copy as area_copy
+from monitord.remote.copy.local_tree import local_file_error
 from monitord.remote.remote_link import RemoteLink
+from orchestrator import disk_space
 from orchestrator.cleanup_policy import SideObservation
 from orchestrator.errors import ErrorCode, error_for
 from orchestrator.lineage import Lineage
 from orchestrator.models import Side, Transaction
-
-# Free space a move home needs on the PBX's data file system, whatever the area's size.
-MIN_FREE_BYTES = 64 * 1024 * 1024
 
 
 class LocalSide:
@@ -65,12 +66,29 @@ class LocalSide:
         path = self._path(service=service, area=area, generation=generation)
         return await asyncio.to_thread(_tree_size, path)
 
-    async def check_ready(self, txn: Transaction, *, incoming_bytes: int | None) -> None:
+    async def data_usage(
+        self, *, service: str, area: str, generation: int
+    ) -> disk_space.Usage | None:
+        path = self._path(service=service, area=area, generation=generation)
+        return await asyncio.to_thread(_tree_usage, path)
+
+    async def check_ready(
+        self, txn: Transaction, *, incoming_bytes: int | None,
+        incoming: disk_space.Usage | None = None,
+    ) -> None:
+        """A move home (or a copy back): the file system that will hold the area's data dir
+        and its staging dir (their parent) has the area's footprint plus the margin free
+        (orchestrator/disk_space.py); an unknown size is judged on the margin alone."""
         target = self._path(service=txn.service, area=txn.area, generation=txn.generation)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        free = shutil.disk_usage(target.parent).free
-        if free < MIN_FREE_BYTES:
-            raise error_for(ErrorCode.PREFLIGHT_DISK_SPACE, f"only {free} bytes free locally")
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            free = await asyncio.to_thread(_free_space, target.parent)
+        except OSError as e:
+            raise local_file_error(e, during=f"preflight of {target.parent}") from e
+        usage = incoming or disk_space.Usage(bytes=incoming_bytes or 0)
+        short = disk_space.shortage(side="PBX", path=str(target.parent), usage=usage, free=free)
+        if short is not None:
+            raise error_for(ErrorCode.PREFLIGHT_DISK_SPACE, short.detail(), facts=short.facts())
 
     # -- stopping and removing -------------------------------------------------------------
 
@@ -169,7 +187,8 @@ class LocalSide:
         newest: tuple[int, Path] | None = None
         for path in (self.archive_dir / service).glob(f"{area}-g*"):
             generation = path.name.removeprefix(f"{area}-g")
-            if generation.isdigit() and (newest is None or int(generation) > newest[0]):
+            if generation.isascii() and generation.isdigit() \
+                    and (newest is None or int(generation) > newest[0]):
                 newest = (int(generation), path)
         return newest[1] if newest else None
 
@@ -241,6 +260,30 @@ class LocalRuns:
             runs[area] = built[key] = run
         self._built = built
         return runs
+
+
+def _free_space(path: Path) -> disk_space.Free:
+    """statvfs of `path`'s file system, as an unprivileged writer sees it."""
+    st = os.statvfs(path)
+    return disk_space.Free(bytes=st.f_bavail * st.f_frsize, inodes=st.f_favail,
+                           total_inodes=st.f_files)
+
+
+def _tree_usage(root: Path) -> disk_space.Usage:
+    """What the area's tree will take once copied (orchestrator/disk_space.footprint)."""
+    if not root.is_dir():
+        return disk_space.Usage(bytes=0)
+    sizes: list[int] = []
+    dirs = 1
+    for dirpath, dirnames, files in os.walk(root):
+        dirs += len(dirnames)
+        for name in files:
+            path = Path(dirpath) / name
+            with contextlib.suppress(FileNotFoundError):
+                st = path.lstat()
+                if stat.S_ISREG(st.st_mode):
+                    sizes.append(st.st_size)
+    return disk_space.footprint(sizes, dirs=dirs)
 
 
 def _tree_size(root: Path) -> int:

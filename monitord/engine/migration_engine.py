@@ -50,7 +50,7 @@ from monitord.engine.move_slots import Held, MoveSlots
 from monitord.engine.phase_actions import PhaseActions
 from monitord.engine.placement_state import PlacementState
 from monitord.store.state_db import Store
-from orchestrator import errors, give_up, phases, rules
+from orchestrator import errors, give_up, models, phases, rules
 from orchestrator.area_leases import LeasePolicy
 from orchestrator.errors import ErrorCode, MonitordError, PermanentError, TransientError
 from orchestrator.models import Area, AreaLease, Phase, Side, Transaction
@@ -118,6 +118,7 @@ class MigrationEngine:
         self._watcher_tasks = TaskOwner(f"{TASK_NAME}: watchers")
         self._failures: dict[str, int] = defaultdict(int)  # consecutive, per service
         self._not_before: dict[str, float] = {}  # area -> monotonic time of the next try
+        self._exhausted: set[str] = set()  # areas at the last generation, logged once
         # The intake: opens due transactions and starts their runners every tick, under the
         # root loops' error policy (monitord/base/periodic.py).
         self.loop = Periodic(TASK_NAME, iteration=self._intake, interval_s=TICK_S, book=loops)
@@ -229,6 +230,12 @@ class MigrationEngine:
         wanted = Side(location)
         async with self.intake_lock:
             targets = [self.state.committed[area]] if area else self.state.areas_of(service)
+            if area and not models.can_move(targets[0]) and targets[0].location is not wanted:
+                raise PermanentError(
+                    ErrorCode.AREA_ENTRY_INVALID,
+                    f"area {area} is at generation {targets[0].generation}, the last one"
+                    " (2^63 - 1): no move can follow it",
+                )
             for target in targets:
                 txn = self.state.transactions.get(target.uuid)
                 if txn is not None and txn.phase is Phase.COMMIT_LOCATION \
@@ -459,6 +466,9 @@ class MigrationEngine:
                 continue
             if area.uuid in self.state.transactions:
                 continue
+            if not models.can_move(area):
+                self._no_generation_left(area)
+                continue
             wanted = give_up.move_to_open(area, self.state.lineage(area.uuid),
                                           desired=self.state.desired_location(area))
             if wanted is None or self._not_before.get(area.uuid, 0.0) > now:
@@ -466,6 +476,14 @@ class MigrationEngine:
             move_id = moves.setdefault(area.service, uuid.uuid4().hex)
             opened.append(await self._open(area, destination=wanted, move_id=move_id))
         return opened
+
+    def _no_generation_left(self, area: Area) -> None:
+        """An area at the last generation stays where it is; logged once per area."""
+        if area.uuid in self._exhausted:
+            return
+        self._exhausted.add(area.uuid)
+        log.warning("area_generation_exhausted", area=area.uuid, generation=area.generation,
+                    error_code=ErrorCode.AREA_ENTRY_INVALID)
 
     async def _open(self, area: Area, *, destination: Side, move_id: str) -> str:
         generation = await self.store.issue_generation(area.uuid, floor=area.generation)
@@ -759,6 +777,7 @@ class MigrationEngine:
             "area": txn.area,
             "at": self._wall(),
             "action": action,
+            **error.facts,  # e.g. a shortage's needed and free bytes (orchestrator/disk_space.py)
         }
         self._status_changed()
         txn_log.bound(txn).warning(

@@ -9,6 +9,7 @@ tunnel directly; it calls these methods:
     retry(service)                              leave PARKED with fresh generations
     discard_remote_data(service, area)          a waiting rollback gives the newer data up
     give_up_remote(service, area)               the VPS is given up: areas home on the PBX's copy
+    area_log(area, side, lines, position)       an area's log, local or through the agent
     snapshot()                                  the status document (GET /v1/status)
     status_key()                                what the status document is built from
     transactions(limit) / cleanup(limit)        history and the cleanup queue
@@ -22,13 +23,15 @@ page, the CLI, the PHP UI and the metrics agree.
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from monitord import __version__
+from monitord.base import log_tail
 from monitord.base.config import Config
 from monitord.base.metrics import Metrics
 from monitord.base.periodic import LoopBook
@@ -36,12 +39,14 @@ from monitord.engine.cleanup_worker import CleanupWorker
 from monitord.engine.migration_engine import MigrationEngine
 from monitord.engine.placement_state import PlacementState
 from monitord.engine.reconciler import Reconciler
-from monitord.local.supervisor import LocalSupervisor
+from monitord.local.supervisor import LocalSupervisor, ProcessView
 from monitord.remote.remote_link import RemoteLink
 from monitord.store import spool_files
 from monitord.store.state_db import Store
+from orchestrator import area_health
 from orchestrator import status as status_rules
-from orchestrator.errors import ErrorCode, PermanentError
+from orchestrator.errors import ErrorCode, PermanentError, error_for
+from orchestrator.models import Area, Side
 
 _CONFLICT_STATES = frozenset({"lease_conflict", "port_occupied"})
 
@@ -75,6 +80,7 @@ class OperatorFacade:
         custom_config.json is checked here, once per request (re-read only if it changed): a
         corrupt file refuses the request (CONFIG_CORRUPT, 409) before anything is recorded
         or stops. The engine records on the areas this check left in the placement state."""
+        self._side_configured(location)
         try:
             await self.state.usable()
         except spool_files.ConfigCorrupt as e:
@@ -87,6 +93,7 @@ class OperatorFacade:
         """`record_placement` for one area named by its UUID: (its service, the transaction
         ids). The same one check of custom_config.json finds the area: CONFIG_CORRUPT (409)
         while the file cannot be used, UNKNOWN_AREA (404) when it does not list the area."""
+        self._side_configured(location)
         committed = (await self.state.usable()).get(area)
         if committed is None:
             raise PermanentError(
@@ -96,6 +103,16 @@ class OperatorFacade:
             service=committed.service, area=area, location=location
         )
         return committed.service, ids
+
+    def _side_configured(self, location: str) -> None:
+        """A move that can only fail is refused before anything is recorded: without a
+        `[remote]` section nothing can run on a VPS (PREFLIGHT_REMOTE_CONFIG, 409)."""
+        if location == Side.REMOTE.value and self.config.remote is None:
+            raise PermanentError(
+                ErrorCode.PREFLIGHT_REMOTE_CONFIG,
+                "no [remote] section is configured: nothing can run on a VPS"
+                " (docs/vps-setup.md, then restart monitord)",
+            )
 
     async def retry(self, service: str) -> list[str]:
         """Let a parked service try again; the ids of the transactions resumed."""
@@ -112,6 +129,57 @@ class OperatorFacade:
         of the transactions that take them home."""
         return await self.engine.give_up_remote(service, area=area)
 
+    def fetch_abandoned(self, area: str, *, generation: int | None) -> dict[str, Any]:
+        """Start fetching a given-up copy set aside on the VPS to the PBX (forensics); what
+        is fetched where (monitord/engine/abandoned_data.py)."""
+        abandoned = self.cleanup_worker.abandoned
+        if abandoned is None:
+            raise error_for(ErrorCode.NOT_FOUND, "no given-up copies are kept here")
+        return abandoned.start_fetch(area, generation)
+
+    def _abandoned_rows(self) -> list[dict[str, Any]]:
+        """VPS copies given up: where each was set aside (once the VPS answered), when it
+        will be removed, and a forensic fetch's progress."""
+        abandoned = self.cleanup_worker.abandoned
+        if abandoned is None:
+            return [dict(row) for _, row in sorted(self.state.abandoned.items())]
+        return abandoned.rows()
+
+    async def area_log(
+        self, area: str, *, side: str | None, lines: int,
+        position: tuple[int | None, int] | None,
+    ) -> dict[str, Any]:
+        """The area's log on `side` (default: where it is placed), read-only and bounded
+        (monitord.base.log_tail): its last `lines` lines, or what was appended since
+        `position` (file, offset). A local log is read here; a remote one is asked of the
+        agent over the tunnel. UNKNOWN_AREA for an area not in custom_config.json unless the
+        side is named (the log of an area removed since); NOT_FOUND when there is no log to
+        tail; PREFLIGHT_REMOTE_CONFIG for the VPS without a [remote] section; the agent
+        client's codes (AGENT_UNREACHABLE, AGENT_ROUTE_MISSING) when the VPS cannot answer."""
+        committed = self.state.committed.get(area)
+        if side is None:
+            if committed is None:
+                raise PermanentError(ErrorCode.UNKNOWN_AREA,
+                                     f"area {area} is not in {self.custom_config_path.name}")
+            side = committed.location.value
+        if side == Side.LOCAL.value:
+            path = str(self.supervisor.logs_dir / f"{area}.log")
+            if position is None:
+                found = await asyncio.to_thread(log_tail.tail, path, lines=lines)
+            else:
+                found = await asyncio.to_thread(log_tail.read_from, path, file=position[0],
+                                                offset=position[1])
+        else:
+            self._side_configured(side)
+            assert self.link is not None
+            found = await self.link.agent.area_log(
+                area=area, lines=lines, file=None if position is None else position[0],
+                offset=None if position is None else position[1])
+        if found["missing"] and position is None:
+            raise error_for(ErrorCode.NOT_FOUND, f"area {area} has no log on the {side} side"
+                                                 " (yet)")
+        return {"area": area, "side": side, **found}
+
     def knows_service(self, service: str) -> bool:
         return service in self.config.services
 
@@ -126,7 +194,9 @@ class OperatorFacade:
 
         Fields: docs/design.md, "HTTP API and service states".
         """
-        services = {name: self._service_view(name) for name in sorted(self.config.services)}
+        local = {v.area: v for v in self.supervisor.inventory()}
+        services = {name: self._service_view(name, local)
+                    for name in sorted(self.config.services)}
         counts = {"local": 0, "remote": 0, "migrating": 0, "orphan": 0}
         for view in services.values():
             for key in counts:
@@ -147,7 +217,7 @@ class OperatorFacade:
             ],
             "tunnel": self._tunnel_view(),
             # VPS copies given up: where each was set aside on the VPS (once it answered)
-            "abandoned_data": [dict(row) for _, row in sorted(self.state.abandoned.items())],
+            "abandoned_data": self._abandoned_rows(),
             "counts": counts,
             "services": services,
             "transactions": [t.to_storage() for t in self.state.active()],
@@ -173,6 +243,11 @@ class OperatorFacade:
             self.cleanup_worker.stuck,
             tuple(sorted(self.cleanup_worker.backlog_by_service.items())),
             self.loops.version,  # a root loop failed or recovered
+            self.supervisor.version,  # a local daemon started, exited or left its crash loop
+            self.reconciler.remote_inventory_at,  # the agent's last inventory (remote areas)
+            self.link.connected() if self.link else None,
+            # a forensic fetch started, moved on or ended
+            self.cleanup_worker.abandoned.version if self.cleanup_worker.abandoned else 0,
         )
 
     async def transactions(self, *, limit: int) -> list[dict[str, Any]]:
@@ -182,8 +257,45 @@ class OperatorFacade:
         items = await self.store.list_cleanup(limit=limit)
         return {"items": items, "backlog": await self.store.cleanup_backlog()}
 
+    async def moves_since(self, since: float) -> list[dict[str, Any]]:
+        """The moves whose transactions ended since `since` (the page's history)."""
+        return await self.engine.downtime.moves_since(since)
+
     def metrics_text(self) -> bytes:
+        """The metrics, with the per-area and per-service gauges set from the status now."""
+        snapshot = self.snapshot()
+        services = snapshot["services"]
+        up: dict[tuple[str, str], int] = {}
+        expected: dict[tuple[str, str], int] = {}
+        judged = {str(h) for h in (area_health.Health.UP, area_health.Health.DOWN,
+                                   area_health.Health.CRASH_LOOP)}
+        for name, view in services.items():
+            for placed in Side:
+                up[(name, placed.value)] = expected[(name, placed.value)] = 0
+            for area in view["areas"]:
+                process = area["process"]
+                if process.get("health") == str(area_health.Health.UP):
+                    up[(name, process["side"])] += 1
+                if process.get("health") in judged:
+                    expected[(name, process["side"])] += 1
+            for state in status_rules.ServiceState:
+                self.metrics.service_state.labels(service=name, state=state.value).set(
+                    1 if view["state"] == state.value else 0)
+        for (name, where), count in up.items():
+            self.metrics.area_up.labels(service=name, side=where).set(count)
+            self.metrics.area_expected_up.labels(service=name, side=where).set(
+                expected[(name, where)])
+        self.metrics.config_corrupt.set(1 if snapshot["config_error"] else 0)
+        self.metrics.quarantined.set(len(snapshot["quarantined"]))
         return self.metrics.render()
+
+    def restart_counts(self) -> dict[tuple[str, str], int]:
+        """Area daemon restarts per (service, side) since this monitord started: the
+        supervisor's, and the agent's as the reconciler saw them grow."""
+        counts = {(s, Side.LOCAL.value): n for s, n in self.supervisor.restarts_by_service.items()}
+        counts.update({(s, Side.REMOTE.value): n
+                       for s, n in self.reconciler.remote_restarts_by_service.items()})
+        return counts
 
     async def bundle_sections(self) -> dict[str, Any]:
         """Every section of a diagnostic bundle, by file name (spool files as raw bytes)."""
@@ -229,6 +341,31 @@ class OperatorFacade:
 
     # -- views -----------------------------------------------------------------------------
 
+    def _area_process(
+        self, area: Area, *, moving: bool, local: Mapping[str, ProcessView]
+    ) -> dict[str, Any]:
+        """How the area's daemon does on the side it is placed on (orchestrator/area_health.py);
+        an area a transaction owns is `moving` (its phase tells more)."""
+        if moving:
+            return {"side": area.location.value, "health": str(area_health.Health.MOVING)}
+        min_uptime_s = self.config.services[area.service].min_uptime_s
+        if area.location is Side.REMOTE:
+            process = area_health.remote_process(
+                self.reconciler.remote_inventory if self.link and self.link.connected()
+                else None,
+                area=area.uuid, generation=area.generation,
+                as_of=self.reconciler.remote_inventory_at, min_uptime_s=min_uptime_s,
+            )
+            return process.to_dict()
+        view = local.get(area.uuid)
+        if view is None or view.generation != area.generation:
+            return area_health.AreaProcess(side="local", state="stopped").to_dict()
+        return area_health.AreaProcess(
+            side="local", state=view.state, pid=view.pid, started_at=view.started_at,
+            restarts=view.restarts, restarts_1h=view.restarts_1h, failures=view.failures,
+            last_exit_status=view.last_exit_status,
+        ).to_dict()
+
     def _tunnel_view(self) -> dict[str, Any]:
         if self.link is None:
             return {"state": "not_configured", "connected": False, "last_error": "",
@@ -240,7 +377,7 @@ class OperatorFacade:
         tunnel["last_error"] = f"{err['code']}: {err['detail']}" if err else ""
         return tunnel
 
-    def _service_view(self, service: str) -> dict[str, Any]:
+    def _service_view(self, service: str, local: Mapping[str, ProcessView]) -> dict[str, Any]:
         state = self.state
         areas = state.areas_of(service)
         txns = [t for t in state.active() if t.service == service]
@@ -256,6 +393,7 @@ class OperatorFacade:
             cleanup_pending=self.cleanup_worker.backlog_by_service.get(service, 0) > 0,
         )
         by_area = {t.area: t for t in txns}
+        downtimes = self.engine.downtime.last_move_downtimes(service)
         return {
             "desired": view.desired,
             "state": str(view.state),
@@ -263,10 +401,14 @@ class OperatorFacade:
             "areas": [
                 {
                     "uuid": a.uuid,
+                    "title": state.titles.get(a.uuid),
                     "location": a.location.value,
                     "generation": a.generation,
                     "desired": state.desired_location(a).value,
                     "phase": by_area[a.uuid].phase.value if a.uuid in by_area else None,
+                    "process": self._area_process(a, moving=a.uuid in by_area, local=local),
+                    # in the service's last move, if it was part of it (see last_move)
+                    "last_downtime_s": downtimes.get(a.uuid),
                 }
                 for a in areas
             ],

@@ -34,7 +34,7 @@ from monitord.local.supervisor import AreaRun, LocalSupervisor
 from monitord.remote import copy as area_copy
 from monitord.remote.remote_link import RemoteLink
 from monitord.store.state_db import Store
-from orchestrator import lineage, phases
+from orchestrator import disk_space, lineage, phases, rules
 from orchestrator.errors import ErrorCode, MonitordError, error_for
 from orchestrator.lineage import CopyPlan
 from orchestrator.models import Area, Side, Transaction
@@ -169,9 +169,10 @@ class PhaseActions:
 
     async def preflight(self, txn: Transaction, *, pre_copy: bool = True) -> Outcome:
         """Every preflight check of the destination (monitord.engine.area_side.check_ready),
-        with the source's size where the source can tell it; then (`pre_copy`) the
-        pre-copy — skipped for an area known to be smaller than `remote.pre_copy_min_bytes`
-        (it costs less sent whole after the stop).
+        with the source's size and footprint where the source can tell them (the VPS's
+        through one `find` there); then (`pre_copy`) the pre-copy — skipped for an area
+        known to be smaller than `remote.pre_copy_min_bytes` (it costs less sent whole
+        after the stop).
 
         First of all the authoritative file: nothing stops while custom_config.json is
         corrupt (the commit could not be written, and the move would only roll back)."""
@@ -179,12 +180,24 @@ class PhaseActions:
             assert self.state.corrupt is not None
             raise error_for(ErrorCode.CONFIG_CORRUPT, self.state.corrupt.detail)
         link = self._link()
-        if not txn.source_abandoned:  # a given-up VPS is not waited for: nothing is asked of it
-            await self._wait_for_tunnel(link)
+        if txn.source_abandoned:
+            # A given-up VPS is not waited for and nothing is asked of it; nothing is copied
+            # either (the area starts on the PBX's own copy): no space is needed for it.
+            return Outcome.OK
+        await self._wait_for_tunnel(link)
         size = await self.sides[txn.source].data_size(
             service=txn.service, area=txn.area, generation=txn.source_generation
         )
-        await self.sides[txn.destination].check_ready(txn, incoming_bytes=size)
+        usage = await self.sides[txn.source].data_usage(
+            service=txn.service, area=txn.area, generation=txn.source_generation
+        )
+        if size is None and usage is not None:  # the VPS's area: its footprint tells
+            size = usage.bytes
+        if not pre_copy and txn.transaction_id in self._staged:
+            # The pre-copy's staging dir holds the area on the destination already: what
+            # must still be free there is the margin (orchestrator/disk_space.py).
+            usage = disk_space.Usage(bytes=0)
+        await self.sides[txn.destination].check_ready(txn, incoming_bytes=size, incoming=usage)
         if not pre_copy:
             return Outcome.OK
         if size is not None and size < link.remote.pre_copy_min_bytes:
@@ -303,8 +316,10 @@ class PhaseActions:
     async def _pre_copy(self, txn: Transaction) -> None:
         """Best effort, while the source still runs: stage its data on the destination so
         that the copy after the stop moves only what changed (monitord.remote.copy).
-        Only where the lineage says the copy will happen; any failure just means a full
-        copy later, so it is logged and never fails the move."""
+        Only where the lineage says the copy will happen; a failure just means a full copy
+        later, so it is logged and does not fail the move — except a cause retrying cannot
+        fix (a full disk, a refused path: rules.PARK_AT_ONCE_CODES), found here before the
+        source stops: it fails the preflight (the copy removed its staging dir)."""
         plan = lineage.copy_plan(
             self.state.lineage(txn.area), source=txn.source, destination=txn.destination
         )
@@ -322,6 +337,8 @@ class PhaseActions:
             )
         except MonitordError as e:
             log.warning("area_pre_copy_failed", error_code=e.code, detail=e.detail)
+            if e.code in rules.PARK_AT_ONCE_CODES:
+                raise
             return
         self._staged[txn.transaction_id] = staged
         log.info("area_pre_copied", files=len(staged.files),

@@ -38,6 +38,7 @@ class PlacementState:
         self.store = store
         self.custom_config_path = custom_config_path
         self.committed: dict[str, Area] = {}
+        self.titles: dict[str, str] = {}  # uuid -> the entry's title or name, shown only
         self.corrupt: spool_files.ConfigCorrupt | None = None
         # custom_config.json entries left out one by one (never started, never sent to the VPS)
         self.quarantined: tuple[spool_files.InvalidEntry, ...] = ()
@@ -122,8 +123,10 @@ class PlacementState:
                          generation=e.generation)
             for e in document.entries
         }
-        if committed != self.committed:
+        titles = document.titles()
+        if committed != self.committed or titles != self.titles:
             self.committed = committed
+            self.titles = titles
             self.notify()
 
     # -- reading ---------------------------------------------------------------------------
@@ -198,6 +201,16 @@ class PlacementState:
         row = dict(rows.get((area, generation)) or {
             "area": area, "generation": generation, "abandoned_at": now})
         rows[(area, generation)] = {**row, "set_aside_path": path, "set_aside_at": now}
+        await asyncio.to_thread(abandoned_copies.save, self._abandoned_path, rows)
+        self.abandoned = rows
+        self.notify()
+
+    async def forget_abandoned(self, *, area: str, generation: int) -> None:
+        """A set-aside copy was removed from the VPS: its record goes (the agent's entry of
+        that generation went when it was set aside, so nothing is left to fence)."""
+        rows = dict(self.abandoned)
+        if rows.pop((area, generation), None) is None:
+            return
         await asyncio.to_thread(abandoned_copies.save, self._abandoned_path, rows)
         self.abandoned = rows
         self.notify()

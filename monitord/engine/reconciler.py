@@ -89,6 +89,11 @@ class Reconciler:
         self._first_seen: dict[tuple[str, int], float] = {}
         self.last: DriftReport | None = None
         self.remote_inventory: dict[str, Any] | None = None
+        self.remote_inventory_at: float | None = None  # wall clock of that answer
+        # Restarts the agent reported, summed per service as they grew (monotonic, for
+        # monitord_area_restarts_total; the agent's own count restarts with each entry).
+        self.remote_restarts_by_service: dict[str, int] = {}
+        self._restarts_seen: dict[tuple[str, int], int] | None = None  # None: not looked yet
         self.orphans_by_service: dict[str, int] = {}
 
     def wake(self) -> None:
@@ -161,6 +166,8 @@ class Reconciler:
             return None
         self.remote_inventory = raw
         now = self._wall()
+        self.remote_inventory_at = now
+        self._count_restarts(raw)
         # Legacy grace counts from the first time this owner saw the entry, unless the agent
         # says when it appeared: an agent restart must not restart the clock.
         for entry in raw.get("entries", []):
@@ -168,6 +175,21 @@ class Reconciler:
             first = self._first_seen.setdefault(key, now)
             entry.setdefault("created_at", first)
         return to_remote_inventory(raw, now=now)
+
+    def _count_restarts(self, raw: dict[str, Any]) -> None:
+        """Add what each entry's restart count grew by since the last look (the first look
+        only learns the counts: what happened before this monitord started is not new)."""
+        seen: dict[tuple[str, int], int] = {}
+        before = self._restarts_seen
+        for entry in raw.get("entries", []):
+            key = (entry["area"], int(entry.get("generation", 0)))
+            seen[key] = restarts = int(entry.get("restarts", 0) or 0)
+            grown = 0 if before is None else restarts - before.get(key, 0)
+            if grown > 0:
+                service = str(entry.get("service") or "?")
+                self.remote_restarts_by_service[service] = \
+                    self.remote_restarts_by_service.get(service, 0) + grown
+        self._restarts_seen = seen
 
     def _observe_local(self) -> LocalInventory:
         return LocalInventory(

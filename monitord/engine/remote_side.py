@@ -10,9 +10,10 @@ or failed with what is known), so the lease bound of every grant is on record.
 from __future__ import annotations
 
 import asyncio
+import posixpath
 import time
 from collections.abc import Callable, Collection
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import asyncssh
 
@@ -21,10 +22,12 @@ from monitord.base.config import Config
 from monitord.engine.area_side import copy_over, health_timeout
 from monitord.engine.lease_renewer import LeaseRenewer
 from monitord.engine.placement_state import PlacementState
+from monitord.remote import artifact, remote_exec
 from monitord.remote import copy as area_copy
 from monitord.remote import preflight as preflight_checks
 from monitord.remote.remote_link import RemoteLink
 from monitord.remote.shared_facts import SharedFacts
+from orchestrator import disk_space
 from orchestrator import lineage as lineages
 from orchestrator.cleanup_policy import SideObservation
 from orchestrator.errors import ErrorCode, MonitordError, error_for
@@ -34,6 +37,18 @@ from orchestrator.models import Side, Transaction
 log = logs.get_logger(__name__)
 
 POLL_S = 0.1
+USAGE_TIMEOUT_S = 30.0
+# "$1" = an area's data dir on the VPS: its footprint as orchestrator/disk_space.footprint
+# counts it (files rounded up to 4 KiB blocks, a block per directory), and its inode count.
+_USAGE_SCRIPT = r"""
+if [ -d "$1" ]; then
+  find "$1" -xdev \( -type f -printf 'f %s\n' \) -o \( -type d -printf 'd 0\n' \) |
+    awk '{ n++; if ($1 == "f") b += int(($2 + 4095) / 4096) * 4096; else b += 4096 }
+         END { printf "%.0f %.0f\n", b, n }'
+else
+  echo "0 0"
+fi
+"""
 # The longest one health question to the agent is held open (it answers when the window
 # closes); several are asked in turn up to the health check's deadline.
 HEALTH_WAIT_S = 5.0
@@ -77,12 +92,41 @@ class RemoteSide:
     async def data_size(self, *, service: str, area: str, generation: int) -> int | None:
         return None  # known only from the VPS's listing, which the copy itself reads
 
+    async def data_usage(
+        self, *, service: str, area: str, generation: int
+    ) -> disk_space.Usage | None:
+        """What the area's data dir on the VPS takes (a move home's preflight judges the
+        PBX's free space by it); None when the VPS cannot tell now."""
+        if not self.reachable():
+            return None
+        data_dir = self.data_dir(service=service, area=area, generation=generation)
+        try:
+            async with self._link().session() as conn:
+                result = await remote_exec.run_script(conn, _USAGE_SCRIPT, args=[data_dir],
+                                                      timeout_s=USAGE_TIMEOUT_S)
+        except MonitordError as e:
+            log.warning("remote_data_usage_failed", area=area, error_code=e.code,
+                        detail=e.detail)
+            return None
+        fields = result.text.split()
+        if result.exit_status != 0 or len(fields) != 2 or not all(
+                f.isascii() and f.isdigit() and len(f) <= 20 for f in fields):
+            return None
+        return disk_space.Usage(bytes=int(fields[0]), inodes=int(fields[1]))
+
     # -- preflight -------------------------------------------------------------------------
 
-    async def check_ready(self, txn: Transaction, *, incoming_bytes: int | None) -> None:
-        """Every preflight check of a move to the VPS (monitord.remote.preflight); an agent
-        that is not running but can be is started."""
+    async def check_ready(
+        self, txn: Transaction, *, incoming_bytes: int | None,
+        incoming: disk_space.Usage | None = None,
+    ) -> None:
+        """Every preflight check of a move to the VPS (monitord.remote.preflight), the free
+        space measured where the area's data dir and staging dir will be (their parent); an
+        agent that is not running but can be is started."""
         link = self._link()
+        data_root = posixpath.dirname(
+            self.data_dir(service=txn.service, area=txn.area, generation=txn.generation)
+            .rstrip("/"))
         ours, owner_id, owner_label = link.tunnel_owner()
         last = link.keeper.status().last_error
         async with link.session() as conn:
@@ -92,6 +136,8 @@ class RemoteSide:
                 service=txn.service,
                 artifacts=link.artifacts,
                 area_data_bytes=incoming_bytes or 0,
+                data_root=data_root,
+                area_usage=incoming,
                 tunnel_owner=preflight_checks.TunnelOwnerView(
                     ours=ours, owner_id=owner_id, owner_label=owner_label
                 ),
@@ -105,7 +151,8 @@ class RemoteSide:
             # Only "startable" failed: the agent is not running but can be; start it.
             await link.ensure_agent()
         if failure is not None:
-            raise error_for(failure.code, f"{failure.detail} — {failure.hint}".rstrip(" —"))
+            raise error_for(failure.code, f"{failure.detail} — {failure.hint}".rstrip(" —"),
+                            facts=failure.facts)
 
     async def warm(self, conn: asyncssh.SSHClientConnection) -> None:
         """A connection just came up: fetch what every preflight over it will ask first
@@ -137,6 +184,23 @@ class RemoteSide:
             await self._state.record_set_aside(area=area, generation=generation, path=path)
             log.warning("abandoned_data_set_aside", area=area, generation=generation,
                         path=path)
+
+    async def remove_set_aside(self, path: str) -> str:
+        """Remove a copy `_delete` set aside (its keep time passed): 'deleted' or 'absent'."""
+        return await self._link().agent.remove_set_aside(name=PurePosixPath(path).name)
+
+    async def fetch_set_aside(
+        self, *, path: str, local_dir: Path, progress: area_copy.Progress | None = None,
+    ) -> area_copy.CopyReport:
+        """Download a set-aside copy into `local_dir` for forensics, verified as a move home
+        verifies its copy (listed by the tree-digest verb: the agent's listing route serves
+        an area's data dir, and this is none)."""
+        link = self._link()
+        async with link.session() as conn:
+            return await area_copy.download(
+                conn, remote_dir=path, local_dir=local_dir,
+                vps_command=artifact.remote_command(link.remote), progress=progress,
+            )
 
     async def verify_gone(self, *, area: str, generation: int, entry_gone: bool = True) -> None:
         inventory = await self._link().agent.inventory()

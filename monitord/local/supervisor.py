@@ -39,6 +39,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +56,7 @@ SUPERVISOR_ENV = "MONITORD_SUPERVISOR"
 AREA_ENV = "MONITORD_AREA"
 GENERATION_ENV = "MONITORD_GENERATION"
 TASK_NAME = "local supervisor"
+EXITS_KEPT = 256  # per area: enough to count an hour of a fast crash loop's back-off
 
 log = logs.get_logger(__name__)
 
@@ -98,6 +100,8 @@ class ProcessView:
     next_retry_at: float | None  # wall clock
     last_exit_status: int | None
     adopted: bool
+    restarts_1h: int = 0  # exits in the last hour (each one followed by a restart)
+    failures: int = 0  # consecutive runs shorter than min_uptime_s (the back-off count)
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -127,6 +131,8 @@ class _Slot:
     next_start: float = 0.0
     last_exit_status: int | None = None
     adopted: bool = False
+    # When it exited lately (wall clock, the last hour's): `restarts_1h` of the status.
+    exits: deque[float] = field(default_factory=lambda: deque(maxlen=EXITS_KEPT))
 
     def running(self) -> bool:
         return self.identity is not None
@@ -210,6 +216,8 @@ class LocalSupervisor:
         self._clock = clock
         self._desired: dict[str, AreaRun] = {}
         self._slots: dict[str, _Slot] = {}
+        self.restarts_by_service: dict[str, int] = {}
+        self.version = 0  # a daemon started, exited or left its crash loop (the status key)
         self._locks: dict[str, asyncio.Lock] = {}
         self._tasks = TaskOwner(TASK_NAME)  # run() as a task of its own: start()
         self.internal_errors = 0  # unexpected errors converging an area (logged once each)
@@ -444,6 +452,10 @@ class LocalSupervisor:
         now = self._clock()
         if slot is not None and slot.exited():
             self._on_exit(area, slot, now=now)
+        elif slot is not None and slot.failures and slot.running() \
+                and now - slot.started_mono >= slot.run.min_uptime_s:
+            slot.failures = 0  # it has run long enough: out of the loop (the status says so)
+            self.version += 1
         if slot is not None and slot.running() and (
             want is None or want.generation != slot.run.generation or want != slot.run
         ):
@@ -477,6 +489,8 @@ class LocalSupervisor:
         delay = self._schedule_retry(slot, now=now)
         slot.identity, slot.popen, slot.adopted = None, None, False
         slot.last_exit_status = status
+        slot.exits.append(time.time())
+        self.version += 1
         self._record_path(area).unlink(missing_ok=True)
         log.warning("daemon_exited", area=area, service=slot.run.service,
                     generation=slot.run.generation, status=status, ran_s=round(ran_s, 3),
@@ -504,8 +518,12 @@ class LocalSupervisor:
         # write (a shutdown) never leaves a daemon this instance does not know.
         if slot.started_mono:
             slot.restarts += 1
+            # monotonic per service, whatever becomes of the slot (monitord_area_restarts)
+            self.restarts_by_service[run.service] = \
+                self.restarts_by_service.get(run.service, 0) + 1
         slot.identity, slot.popen, slot.adopted, slot.sink = identity, popen, False, sink
         slot.started_mono = self._clock()
+        self.version += 1
         record = {"area": area, "service": run.service, "generation": run.generation,
                   "identity": identity.to_json(), "command": list(run.command)}
         try:
@@ -624,6 +642,7 @@ class LocalSupervisor:
             await _reap(slot.popen)
         await self._let_sink_finish(slot)
         del self._slots[area]
+        self.version += 1
         self._record_path(area).unlink(missing_ok=True)
         log.info("daemon_stopped", area=area, generation=slot.run.generation, pid=pid)
         return True
@@ -651,6 +670,8 @@ class LocalSupervisor:
             next_retry_at=next_retry_at,
             last_exit_status=slot.last_exit_status if slot else None,
             adopted=slot.adopted if slot else False,
+            restarts_1h=sum(1 for at in slot.exits if at > time.time() - 3600) if slot else 0,
+            failures=slot.failures if slot else 0,
         )
 
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import quote, urlencode
 
-from monitord.base import logs, tree_digest
+from monitord.base import bounded_json, log_tail, logs, tree_digest
 from orchestrator import names
 from orchestrator.errors import ErrorCode, MonitordError, TransientError, error_for
 from orchestrator.models import ProcessInfo, RemoteEntry, RemoteInventory
@@ -56,6 +56,8 @@ MAX_RESPONSE_BYTES = 1024 * 1024
 # A tree's listing, base64 in JSON: a copy refuses a longer listing anyway.
 MAX_LISTING_ANSWER_BYTES = tree_digest.MAX_LISTING_BYTES * 4 // 3 + 4096
 MAX_HEAD_BYTES = 16 * 1024
+# An area's log read (at most log_tail.MAX_BYTES of text), JSON-escaped: up to six bytes a byte.
+MAX_LOG_ANSWER_BYTES = 6 * log_tail.MAX_BYTES + 4096
 _CHUNK_BYTES = 64 * 1024
 _DETAIL_CHARS = 200  # of an agent-supplied error detail kept in ours
 
@@ -261,6 +263,30 @@ class AgentClient:
             raise _malformed(where, f"healthy with an uptime of {uptime!r:.20} s")
         return AreaHealth(healthy=healthy, uptime_s=None if uptime is None else float(uptime))
 
+    async def area_log(
+        self, *, area: str, lines: int | None = None, file: int | None = None,
+        offset: int | None = None,
+    ) -> dict[str, Any]:
+        """The area's log on the VPS (`GET /v1/areas/{area}/log`, read-only, at most 1 MiB):
+        its last `lines` lines, or with `offset` (and `file`) what was appended since that
+        position. `{"data", "file", "offset", "missing"}` (monitord.base.log_tail). An agent
+        older than the route answers AGENT_ROUTE_MISSING."""
+        where = f"GET /v1/areas/{area}/log"
+        params = {"lines": str(log_tail.DEFAULT_LINES if lines is None else lines)}
+        if offset is not None:
+            params = {"offset": str(offset)}
+            if file is not None:
+                params["file"] = str(file)
+        doc = _object(await self._call("GET", f"/v1/areas/{area}/log", params=params,
+                                       limit=MAX_LOG_ANSWER_BYTES), where=where)
+        data, found_file, found_offset = doc.get("data"), doc.get("file"), doc.get("offset")
+        if not isinstance(data, str) or not isinstance(doc.get("missing"), bool):
+            raise _malformed(where, "data is not text or missing not a boolean")
+        if not (found_file is None or type(found_file) is int) or type(found_offset) is not int:
+            raise _malformed(where, "file or offset is not an integer")
+        return {"data": data, "file": found_file, "offset": found_offset,
+                "missing": doc["missing"]}
+
     async def routes(self) -> frozenset[str]:
         """What the agent serves, one `METHOD /path/{area}` a route (`GET /v1/routes`), so
         that a caller chooses its way once. An agent older than that route answers it 404
@@ -361,6 +387,13 @@ class AgentClient:
             raise error_for(ErrorCode.AGENT_UNREACHABLE, f"{where}: set_aside is not a path")
         return path
 
+    async def remove_set_aside(self, *, name: str) -> str:
+        """Remove a copy `set_aside` moved into the VPS's `abandoned` dir (`name` is the
+        last part of the path it returned): 'deleted' or 'absent'. An agent older than this
+        route answers 404 (AGENT_ROUTE_MISSING); `routes` tells beforehand."""
+        result = await self._call("DELETE", f"/v1/abandoned/{name}")
+        return _result_of(result, where=f"DELETE /v1/abandoned/{name}")
+
     async def renew(
         self, *, owner_id: str, ttl_s: float, areas: Mapping[str, int]
     ) -> dict[str, RenewResult]:
@@ -438,12 +471,15 @@ async def _exchange(
 
 
 def _parse_json(raw: bytes) -> Any:
-    """The body as JSON (UTF-8, RFC 8259), None when it is empty or not JSON at all."""
+    """The body as JSON (UTF-8, RFC 8259) within monitord.base.bounded_json's bounds, None
+    when it is empty or not such JSON. The bounds matter beyond the parse: what is read here
+    is walked again later (the bundle redacts the inventory), and a document 900 levels
+    deep parses but breaks the walk."""
     if not raw.strip():
         return None
     try:
-        return json.loads(raw.decode("utf-8"))
-    except (ValueError, RecursionError):  # bad UTF-8 or JSON, too many digits, too deep
+        return bounded_json.loads(raw)
+    except bounded_json.JsonRefused:  # bad UTF-8 or JSON, too many digits, too deep, NaN
         return None
 
 
@@ -502,10 +538,12 @@ def check_inventory(raw: Any, *, where: str) -> None:
                 raise _malformed(where, f"{key}[{i}] is {type(item).__name__}, not an object")
             if not names.is_valid(item.get("area")):
                 raise _malformed(where, f"{key}[{i}].area is {item.get('area')!r:.60}")
-            for field in ("generation", "pid"):
+            for field in ("generation", "pid", "restarts"):
                 value = item.get(field, 0)
                 if field in item and not (_is_int(value) and value >= 0):
                     raise _malformed(where, f"{key}[{i}].{field} is {value!r:.40}")
+            if not isinstance(item.get("alive", True), bool):
+                raise _malformed(where, f"{key}[{i}].alive is {item.get('alive')!r:.40}")
             for field in ("service", "owner_id"):
                 value = item.get(field)
                 if value is not None and not isinstance(value, str):

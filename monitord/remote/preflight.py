@@ -10,8 +10,11 @@ fix hint from the error catalogue:
 - arch (PREFLIGHT_ARCH): `uname -m` is x86_64;
 - bin_dir (PREFLIGHT_BIN_DIR): remote_bin_dir is a directory of the login user with the
   owner's rwx and no group/other write;
-- disk_space (PREFLIGHT_DISK_SPACE): free space there >= artifact sizes + the area data
-  size passed in;
+- disk_space (PREFLIGHT_DISK_SPACE): the file system that will hold the area's data dir and
+  its staging dir (`data_root`, the data dir's parent) has the area's footprint plus the
+  margin free, in bytes and in inodes (orchestrator/disk_space.py), and the bin dir's the
+  artifacts' sizes (added to the area's when both are one file system); a shortage names
+  the side, the path, the bytes needed and free;
 - write_test (PREFLIGHT_WRITE_TEST): a test file can be created and removed there;
 - agent (PREFLIGHT_AGENT): the pushed monitord's own `self-check` passes on the VPS (Python
   version, every module imports, flock, /proc, ss, writable bin dir, socket path), naming
@@ -34,21 +37,22 @@ Called by the migration engine in the PREFLIGHT phase and by `monitord demo`.
 from __future__ import annotations
 
 import asyncio
-import json
+import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
 
 import asyncssh
 
-from monitord.base import logs
+from monitord.base import bounded_json, logs
 from monitord.base.config import Config, RemoteSection
 from monitord.remote import artifact, remote_exec
 from monitord.remote.agent_client import AgentClient
 from monitord.remote.provisioning import LocalArtifact
 from monitord.remote.shared_facts import SharedFacts
-from orchestrator.errors import ErrorCode, MonitordError, lookup
+from orchestrator import disk_space
+from orchestrator.errors import ErrorCode, MonitordError, error_for, lookup
 
 log = logs.get_logger(__name__)
 
@@ -58,6 +62,12 @@ WRITE_TEST_NAME = ".preflight-write-test"
 # change under a running connection, and it costs a Python start with every module imported
 # (about 0.25 s) — so one answer serves every preflight over the connection for this long.
 SELF_CHECK_MAX_AGE_S = 3600.0
+# The VPS's reports are read within bounds (it may be compromised): a few KiB of lines,
+# numbers in ASCII digits (str.isdigit also takes "²", which int() refuses).
+MAX_REPORT_BYTES = 64 * 1024
+_COUNT_RE = re.compile(r"[0-9]{1,18}")
+_MODE_RE = re.compile(r"[0-7]{1,4}")
+_TEXT_CHARS = 500
 
 
 class CheckStatus(StrEnum):
@@ -81,6 +91,11 @@ CHECK_CODES: Mapping[str, ErrorCode] = MappingProxyType({
 })
 
 
+# The checks judged on the probe's facts (shared between preflights: monitord.remote
+# .shared_facts).
+_PROBED = ("arch", "bin_dir", "disk_space", "write_test", "artifacts")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CheckResult:
     """One check: its name, the code it fails with, what was found and how to fix it."""
@@ -90,6 +105,8 @@ class CheckResult:
     status: CheckStatus
     detail: str
     hint: str  # the catalogue's recommended action; "" when the check passed
+    # numbers for the status (a shortage's needed and free)
+    facts: Mapping[str, object] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -141,11 +158,17 @@ class _RemoteFacts:
     write: str  # "ok", "failed" or "skipped"
     avail_bytes: int | None
     hashes: Mapping[str, str]  # artifact name -> remote SHA-256 ("-" when missing)
+    bin_device: str = ""
+    data_free: disk_space.Free | None = None  # the data root's file system, if asked
+    data_device: str = ""
+    data_where: str = ""  # the data root, or its nearest existing ancestor
 
 
-# "$1" = bin dir, then artifact names. One "key value…" line per fact.
+# "$1" = bin dir, "$2" = the data root ("" for none), then artifact names. One "key value…"
+# line per fact; `stat -f` gives the data root's free blocks for an unprivileged writer
+# (statvfs f_bavail), its block size, free and total inodes.
 _PROBE_SCRIPT = r"""
-d=$1; shift
+d=$1; data=$2; shift 2
 echo "arch $(uname -m)"
 echo "user $(id -un)"
 if [ -d "$d" ]; then
@@ -164,6 +187,12 @@ else
   while [ ! -d "$where" ]; do where=$(dirname -- "$where"); done
 fi
 echo "avail_kb $(df -Pk -- "$where" | awk 'NR == 2 { print $4 }')"
+echo "bin_dev $(stat -c %d -- "$where")"
+if [ -n "$data" ]; then
+  w=$data
+  while [ ! -d "$w" ]; do w=$(dirname -- "$w"); done
+  echo "data_fs $(stat -f -c '%a %S %d %c' -- "$w") $(stat -c %d -- "$w") $w"
+fi
 for name in "$@"; do
   if [ -f "$d/$name" ]; then
     h=$(sha256sum < "$d/$name")
@@ -183,6 +212,8 @@ async def run_preflight(
     artifacts: Sequence[LocalArtifact],
     area_data_bytes: int,
     tunnel_owner: TunnelOwnerView,
+    data_root: str = "",
+    area_usage: disk_space.Usage | None = None,
     forwards_ready: Mapping[str, bool],
     agent: AgentClient | None,
     auth_error: str = "",
@@ -191,7 +222,9 @@ async def run_preflight(
 ) -> PreflightReport:
     """Run every check once (see the module doc); never raises for a failed check. With
     `shared`, the VPS-side facts (probe, self-check) come from one fetch for every preflight
-    over the same connection within its max age (monitord/remote/shared_facts.py)."""
+    over the same connection within its max age (monitord/remote/shared_facts.py).
+    `data_root`: where the area's data dir and staging dir will be (their parent on the
+    VPS), judged against `area_usage` (else `area_data_bytes`) plus the margin."""
     shared = shared or SharedFacts(max_age_s=0.0)
     remote = config.remote
     if remote is None:
@@ -200,13 +233,17 @@ async def run_preflight(
 
     pyz = _pyz_of(artifacts)
 
+    probe_key = ("probe", None if conn is None else _conn_key(conn), data_root,
+                 tuple((a.name, a.sha256) for a in artifacts))
+
     async def probe() -> _RemoteFacts | MonitordError | None:
         if conn is None:
             return None
         try:
             return await shared.get(
-                ("probe", _conn_key(conn), tuple((a.name, a.sha256) for a in artifacts)),
-                lambda: _probe(conn, remote=remote, artifacts=artifacts, timeout_s=timeout_s),
+                probe_key,
+                lambda: _probe(conn, remote=remote, artifacts=artifacts, data_root=data_root,
+                               timeout_s=timeout_s),
             )
         except MonitordError as e:
             return e
@@ -234,8 +271,9 @@ async def run_preflight(
         for check in ("arch", "bin_dir", "disk_space", "write_test", "artifacts"):
             results[check] = _skipped(check, "needs a working SSH session")
     else:
+        usage = area_usage or disk_space.Usage(bytes=area_data_bytes)
         results.update(_judge_facts(facts, remote=remote, artifacts=artifacts,
-                                    area_data_bytes=area_data_bytes))
+                                    area_usage=usage, data_root=data_root))
 
     if facts is None:
         results["agent"] = _skipped("agent", "the self-check needs a working SSH session")
@@ -270,6 +308,8 @@ async def run_preflight(
     report = PreflightReport(
         service=service, results=tuple(results[check] for check in CHECK_CODES)
     )
+    if any(not results[check].ok for check in _PROBED):
+        shared.drop(probe_key)  # what failed is asked afresh next time (it may be fixed now)
     log.info(
         "preflight",
         service=service,
@@ -321,32 +361,60 @@ async def _probe(
     *,
     remote: RemoteSection,
     artifacts: Sequence[LocalArtifact],
+    data_root: str,
     timeout_s: float,
 ) -> _RemoteFacts:
     result = await remote_exec.run_script(
-        conn, _PROBE_SCRIPT, args=[remote.remote_bin_dir, *(a.name for a in artifacts)],
-        timeout_s=timeout_s,
+        conn, _PROBE_SCRIPT,
+        args=[remote.remote_bin_dir, data_root, *(a.name for a in artifacts)],
+        timeout_s=timeout_s, max_stdout=MAX_REPORT_BYTES,
     )
+    if result.stdout_truncated:
+        raise error_for(ErrorCode.VPS_REPLY_INVALID,
+                        f"preflight probe: more than {MAX_REPORT_BYTES} bytes of output")
+    return parse_probe_report(result.text)
+
+
+def parse_probe_report(text: str) -> _RemoteFacts:
+    """The probe script's `KEY VALUE…` lines. The VPS wrote them: a mode or a size that is
+    not ASCII digits of bounded length reads as unknown (0, None), which the checks then
+    report; an empty line is skipped."""
     fields: dict[str, list[str]] = {}
     hashes: dict[str, str] = {}
-    for line in result.text.splitlines():
+    for line in text.splitlines():
+        if not line.split():
+            continue
         key, *values = line.split()
         if key == "sha" and len(values) == 2:
             hashes[values[1]] = values[0]
         else:
             fields[key] = values
-    bin_dir = fields.get("bin_dir", ["missing", "0", "-"]) + ["0", "-"]
+    found = fields.get("bin_dir", [])
+    bin_dir = found + ["missing", "0", "-"][len(found):]  # a short line padded, field by field
     avail = fields.get("avail_kb", [])
+    data_free, data_device, data_where = _data_fs(fields.get("data_fs", []))
     return _RemoteFacts(
         arch=" ".join(fields.get("arch", [])),
         user=" ".join(fields.get("user", [])),
         bin_dir_state=bin_dir[0],
-        bin_dir_mode=int(bin_dir[1], 8) if bin_dir[1].isdigit() else 0,
+        bin_dir_mode=int(bin_dir[1], 8) if _MODE_RE.fullmatch(bin_dir[1]) else 0,
         bin_dir_owner=bin_dir[2],
         write=(fields.get("write") or ["failed"])[0],
-        avail_bytes=int(avail[0]) * 1024 if avail and avail[0].isdigit() else None,
+        avail_bytes=int(avail[0]) * 1024 if avail and _COUNT_RE.fullmatch(avail[0]) else None,
         hashes=hashes,
+        bin_device=" ".join(fields.get("bin_dev", [])),
+        data_free=data_free, data_device=data_device, data_where=data_where,
     )
+
+
+def _data_fs(values: list[str]) -> tuple[disk_space.Free | None, str, str]:
+    """(free space, device, path) of the probe's `data_fs` line: `stat -f`'s available
+    blocks, block size, free and total inodes, then the device and the path measured."""
+    if len(values) < 6 or not all(v.isdigit() for v in values[:4]):
+        return None, "", ""
+    blocks, block_size, inodes, total = (int(v) for v in values[:4])
+    free = disk_space.Free(bytes=blocks * block_size, inodes=inodes, total_inodes=total)
+    return free, values[4], " ".join(values[5:])
 
 
 def _judge_facts(
@@ -354,7 +422,8 @@ def _judge_facts(
     *,
     remote: RemoteSection,
     artifacts: Sequence[LocalArtifact],
-    area_data_bytes: int,
+    area_usage: disk_space.Usage,
+    data_root: str,
 ) -> dict[str, CheckResult]:
     out: dict[str, CheckResult] = {}
     d = remote.remote_bin_dir
@@ -378,15 +447,8 @@ def _judge_facts(
     else:
         out["bin_dir"] = _ok("bin_dir", f"{d} mode {facts.bin_dir_mode:04o} owner {facts.user}")
 
-    needed = area_data_bytes + sum(a.size for a in artifacts)
-    if facts.avail_bytes is None:
-        out["disk_space"] = _failed("disk_space", f"could not read free space under {d}")
-    elif facts.avail_bytes < needed:
-        out["disk_space"] = _failed(
-            "disk_space", f"VPS: {facts.avail_bytes} bytes free under {d}, {needed} needed"
-        )
-    else:
-        out["disk_space"] = _ok("disk_space", f"{facts.avail_bytes} bytes free, {needed} needed")
+    out["disk_space"] = _judge_space(facts, bin_dir=d, artifacts=artifacts,
+                                     area_usage=area_usage, data_root=data_root)
 
     if facts.write == "ok":
         out["write_test"] = _ok("write_test", f"created and removed {d}/{WRITE_TEST_NAME}")
@@ -407,6 +469,39 @@ def _judge_facts(
     else:
         out["artifacts"] = _ok("artifacts", f"{len(artifacts)} artifact(s) match by SHA-256")
     return out
+
+
+def _judge_space(
+    facts: _RemoteFacts, *, bin_dir: str, artifacts: Sequence[LocalArtifact],
+    area_usage: disk_space.Usage, data_root: str,
+) -> CheckResult:
+    """The bin dir's file system holds the artifacts not there yet; the data root's holds
+    the area once more plus the margin (both on one file system: the sum)."""
+    to_push = sum(a.size for a in artifacts if facts.hashes.get(a.name) != a.sha256)
+    if not data_root:  # no area in view: the bin dir's file system, as before
+        needed = area_usage.bytes + to_push
+        if facts.avail_bytes is None:
+            return _failed("disk_space", f"could not read free space under {bin_dir}")
+        if facts.avail_bytes < needed:
+            return _failed("disk_space",
+                           f"VPS: {facts.avail_bytes} bytes free under {bin_dir}, {needed} needed")
+        return _ok("disk_space", f"{facts.avail_bytes} bytes free, {needed} needed")
+    if facts.data_free is None:
+        return _failed("disk_space", f"could not read free space under {data_root}")
+    same_fs = facts.data_device != "" and facts.data_device == facts.bin_device
+    usage = disk_space.Usage(bytes=area_usage.bytes + (to_push if same_fs else 0),
+                             inodes=area_usage.inodes)
+    short = disk_space.shortage(side="VPS", path=data_root, usage=usage, free=facts.data_free)
+    if short is not None:
+        return _failed("disk_space", short.detail(), facts=short.facts())
+    if not same_fs and facts.avail_bytes is not None and facts.avail_bytes < to_push:
+        return _failed("disk_space", f"VPS: {facts.avail_bytes} bytes free under {bin_dir},"
+                                     f" the artifacts need {to_push}")
+    want = disk_space.needed(usage)
+    inodes = facts.data_free.inodes
+    return _ok("disk_space", f"VPS: {facts.data_free.bytes} bytes free under {data_root}"
+                             f" ({want.bytes} needed with the margin)"
+                             + (f", {inodes} inodes free" if inodes is not None else ""))
 
 
 async def _agent_alive(agent: AgentClient | None) -> str | None:
@@ -438,21 +533,35 @@ async def _self_check(
         return "no SSH connection to run the self-check over"
     argv = [*artifact.remote_command(remote), "self-check", "--dir", remote.remote_bin_dir]
     try:
-        result = await remote_exec.run(conn, argv, timeout_s=timeout_s)
+        result = await remote_exec.run(conn, argv, timeout_s=timeout_s,
+                                       max_stdout=MAX_REPORT_BYTES)
     except MonitordError as e:
         return f"`{' '.join(argv)}` failed: {e}"
     lines = []
     for raw in result.text.splitlines():
-        try:
-            doc = json.loads(raw)
-            lines.append(SelfCheckLine(check=str(doc["check"]), ok=doc["ok"] is True,
-                                       detail=str(doc["detail"]), fix=str(doc.get("fix", ""))))
-        except (ValueError, KeyError, TypeError):
-            continue
+        line = _self_check_line(raw)
+        if line is not None:
+            lines.append(line)
     if not lines:
         return (f"`{' '.join(argv)}` exited {result.exit_status} without a report: "
                 f"{result.stderr_tail()}")
     return tuple(lines)
+
+
+def _self_check_line(raw: str) -> SelfCheckLine | None:
+    """One report line of the self-check, None for anything else (bounded JSON, an object
+    whose check, detail and fix are strings and ok a boolean)."""
+    try:
+        doc = bounded_json.loads(raw)
+    except bounded_json.JsonRefused:
+        return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("ok"), bool):
+        return None
+    texts = [doc.get("check"), doc.get("detail"), doc.get("fix", "")]
+    if not all(isinstance(text, str) for text in texts):
+        return None
+    check, detail, fix = (str(text)[:_TEXT_CHARS] for text in texts)
+    return SelfCheckLine(check=check, ok=doc["ok"], detail=detail, fix=fix)
 
 
 def _judge_agent(
@@ -493,10 +602,11 @@ def _ok(check: str, detail: str) -> CheckResult:
                        detail=detail, hint="")
 
 
-def _failed(check: str, detail: str) -> CheckResult:
+def _failed(check: str, detail: str, *, facts: Mapping[str, object] | None = None
+            ) -> CheckResult:
     code = CHECK_CODES[check]
     return CheckResult(check=check, code=code, status=CheckStatus.FAILED, detail=detail,
-                       hint=lookup(code).action)
+                       hint=lookup(code).action, facts=dict(facts or {}))
 
 
 def _skipped(check: str, detail: str) -> CheckResult:

@@ -40,7 +40,7 @@ import asyncssh
 from monitord.base import logs
 from monitord.base.config import RemoteSection
 from monitord.remote import artifact, remote_exec, ssh_errors
-from orchestrator.errors import ErrorCode, TransientError
+from orchestrator.errors import ErrorCode, TransientError, error_for
 
 log = logs.get_logger(__name__)
 
@@ -49,6 +49,12 @@ BIN_DIR_MODE = 0o700
 SECRET_MODE = 0o600
 _CHUNK = 256 * 1024
 _NAME_RE = re.compile(r"[A-Za-z0-9_+-][A-Za-z0-9._+-]*")  # matched whole (fullmatch)
+# What the VPS reports back is read within bounds (it may be compromised): ASCII digits only
+# (str.isdigit and int() also take "²" or "١"), a report of a few lines, a secret of ours.
+_COUNT_RE = re.compile(r"[0-9]{1,9}")
+_MODE_RE = re.compile(r"[0-7]{1,4}")
+MAX_REPORT_BYTES = 64 * 1024
+MAX_SECRET_READ = 4096
 
 # "$1" = bin dir, "$@" after shift = artifact names. Prints "stale N", then one line per
 # artifact: "have MODE SHA NAME" or "missing - - NAME".
@@ -256,17 +262,36 @@ async def _prepare(
         if not _NAME_RE.fullmatch(name):
             raise ValueError(f"artifact name {name!r} must be a plain file name")
     result = await remote_exec.run_script(
-        conn, _PREPARE_SCRIPT, args=[bin_dir, *names], timeout_s=timeout_s
+        conn, _PREPARE_SCRIPT, args=[bin_dir, *names], timeout_s=timeout_s,
+        max_stdout=MAX_REPORT_BYTES,
     )
     result.raise_for_status(ErrorCode.PROVISION_FAILED)
+    return parse_prepare_report(result.text, truncated=result.stdout_truncated)
+
+
+def parse_prepare_report(
+    text: str, *, truncated: bool = False
+) -> tuple[dict[str, str], int, dict[str, int]]:
+    """The prepare script's `stale N` and `have MODE SHA256 NAME` lines: (hashes, stale,
+    modes). The VPS wrote them: a count or mode that is not ASCII digits of bounded length
+    (octal for a mode) is VPS_REPLY_INVALID, as is a report over MAX_REPORT_BYTES."""
+    if truncated:
+        raise error_for(ErrorCode.VPS_REPLY_INVALID,
+                        f"prepare: more than {MAX_REPORT_BYTES} bytes of report")
     hashes: dict[str, str] = {}
     modes: dict[str, int] = {}
     stale = 0
-    for line in result.text.splitlines():
+    for line in text.splitlines():
         parts = line.split()
         if parts[:1] == ["stale"] and len(parts) == 2:
+            if _COUNT_RE.fullmatch(parts[1]) is None:
+                raise error_for(ErrorCode.VPS_REPLY_INVALID,
+                                f"prepare: stale count {parts[1]!r:.40}")
             stale = int(parts[1])
         elif parts[:1] == ["have"] and len(parts) == 4:
+            if _MODE_RE.fullmatch(parts[1]) is None:
+                raise error_for(ErrorCode.VPS_REPLY_INVALID,
+                                f"prepare: mode {parts[1]!r:.40} of {parts[3]!r:.80}")
             modes[parts[3]] = int(parts[1], 8)
             hashes[parts[3]] = parts[2]
     return hashes, stale, modes
@@ -366,13 +391,15 @@ async def _ensure_secret(
 
 
 async def _read_if_exists(sftp: asyncssh.SFTPClient, path: str) -> bytes | None:
+    """At most MAX_SECRET_READ bytes of `path` (a longer file is not our secret anyway:
+    it differs and is replaced), None if it does not exist."""
     try:
         remote_file = await sftp.open(path, "rb")
     except ssh_errors.SFTP_NO_SUCH_FILE:
         return None
     async with remote_file:
-        data = await remote_file.read()
-    return data if isinstance(data, bytes) else data.encode()
+        data = await remote_file.read(MAX_SECRET_READ)
+    return (data if isinstance(data, bytes) else data.encode())[:MAX_SECRET_READ]
 
 
 async def _fsync(remote_file: asyncssh.SFTPClientFile) -> None:

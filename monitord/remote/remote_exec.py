@@ -14,10 +14,12 @@ it into the caller's own code. sshd always hands an exec request to the user's s
 `-c` (never a login shell); `run_script` therefore passes multi-step probes as one
 `/bin/sh -c SCRIPT name ARG…` so values travel as positional parameters, never spliced
 into script text. Secrets never go on a command line: send them on stdin (`input=`) or
-over SFTP. The VPS is untrusted: a caller that parses the output passes `max_stdout`, and
-at most that much of stdout (and the tail of stderr) is kept; the rest is read and dropped
-until the command ends (or `timeout_s` runs out) and `CommandResult.stdout_truncated` is set,
-instead of buffering whatever the VPS sends.
+over SFTP. The VPS is untrusted: every command's stdout is bounded (`max_stdout`, 1 MiB
+unless the caller passes less: a caller that parses the output passes what its answer can
+need) and so is stderr (its last 64 KiB kept); the rest is read and dropped until the
+command ends (or `timeout_s` runs out) and `CommandResult.stdout_truncated` is set, instead
+of buffering whatever the VPS sends. A caller that parses a truncated stdout treats it as
+VPS_REPLY_INVALID.
 
 Called by provisioning, preflight and the tunnel's remote helpers.
 """
@@ -39,7 +41,8 @@ from orchestrator.errors import ErrorCode, error_for
 
 _STDERR_TAIL = 400
 _READ_CHUNK = 64 * 1024
-_STDERR_KEEP = 64 * 1024  # with max_stdout, the most of stderr kept (its end)
+_STDERR_KEEP = 64 * 1024  # the most of stderr kept (its end)
+DEFAULT_MAX_STDOUT = 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -88,12 +91,12 @@ async def run(
     *,
     timeout_s: float,
     input: bytes | None = None,
-    max_stdout: int | None = None,
+    max_stdout: int = DEFAULT_MAX_STDOUT,
 ) -> CommandResult:
     """Run argv on the VPS and wait for it, at most `timeout_s` seconds in total.
 
-    With `max_stdout`, at most that many bytes of stdout are kept: the rest is read and
-    dropped until the command ends, and the result has `stdout_truncated` set."""
+    At most `max_stdout` bytes of stdout are kept: the rest is read and dropped until the
+    command ends, and the result has `stdout_truncated` set."""
     line = command_line(argv)
     process: asyncssh.SSHClientProcess[bytes] | None = None
     truncated = False
@@ -104,12 +107,9 @@ async def run(
         ):
             async with asyncio.timeout(timeout_s):
                 process = await conn.create_process(line, encoding=None)
-                if max_stdout is None:
-                    stdout, stderr = await process.communicate(input)
-                else:
-                    stdout, stderr, truncated = await _communicate_bounded(
-                        process, input, max_stdout
-                    )
+                stdout, stderr, truncated = await _communicate_bounded(
+                    process, input, max_stdout
+                )
                 completed = await process.wait(check=False)
     finally:
         if process is not None and process.exit_status is None:
@@ -168,7 +168,7 @@ async def run_script(
     args: Sequence[str] = (),
     timeout_s: float,
     input: bytes | None = None,
-    max_stdout: int | None = None,
+    max_stdout: int = DEFAULT_MAX_STDOUT,
 ) -> CommandResult:
     """Run a fixed POSIX sh script on the VPS; `args` arrive as "$1"…, never as script text."""
     return await run(

@@ -71,6 +71,13 @@ class SharedFacts:
             self._entries.pop(key, None)
         return value
 
+    def drop(self, key: Hashable) -> None:
+        """Forget a finished value now: the next caller asks again (a fact that failed a
+        check, e.g. the free space an operator is about to make, is never served stale)."""
+        hit = self._entries.get(key)
+        if hit is not None and hit[2].done():
+            del self._entries[key]
+
     def _prune(self, now: float) -> None:
         """Drop the finished entries too old to use (keys name connections: they come and go)."""
         for key, (started, max_age_s, future) in list(self._entries.items()):

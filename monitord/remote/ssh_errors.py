@@ -32,6 +32,15 @@ port on this machine: EADDRINUSE is PORT_OCCUPIED, any other OSError FORWARD_DEN
 
 The detail is always `"{during}: {what happened}"`, with asyncssh's `reason` where the
 exception has one.
+
+An area copy names a refused SFTP request by its cause where the status names one
+(`sftp_cause`: SFTPNoSpaceOnFilesystem, SFTPQuotaExceeded -> REMOTE_DISK_FULL;
+SFTPPermissionDenied, SFTPWriteProtect -> REMOTE_PERMISSION_DENIED).
+
+OpenSSH's sftp-server answers ENOSPC and EDQUOT with the bare SSH2_FX_FAILURE ("Failure")
+and ENAMETOOLONG with SSH2_FX_BAD_MESSAGE: the status alone does not name the cause. The
+copy asks the VPS's free space then (`statvfs`, the statvfs@openssh.com extension) and
+names it by the numbers (monitord.remote.copy.transfer).
 """
 
 from __future__ import annotations
@@ -61,6 +70,13 @@ SFTP_NO_SUCH_FILE: tuple[type[Exception], ...] = (asyncssh.SFTPNoSuchFile,)
 SFTP_OP_UNSUPPORTED: tuple[type[Exception], ...] = (asyncssh.SFTPOpUnsupported,)
 
 _LINK_LOST_SFTP = (asyncssh.SFTPConnectionLost, asyncssh.SFTPNoConnection)
+# SFTP statuses that name their cause on the VPS (a v5+ server's; OpenSSH's v3 says less).
+_SFTP_CAUSES: tuple[tuple[type[Exception], ErrorCode], ...] = (
+    (asyncssh.SFTPNoSpaceOnFilesystem, ErrorCode.REMOTE_DISK_FULL),
+    (asyncssh.SFTPQuotaExceeded, ErrorCode.REMOTE_DISK_FULL),
+    (asyncssh.SFTPPermissionDenied, ErrorCode.REMOTE_PERMISSION_DENIED),
+    (asyncssh.SFTPWriteProtect, ErrorCode.REMOTE_PERMISSION_DENIED),
+)
 _KEY_UNUSABLE = (asyncssh.KeyImportError, asyncssh.KeyEncryptionError)
 _LOCAL_FILE_ERRORS = (FileNotFoundError, PermissionError, IsADirectoryError)
 
@@ -157,6 +173,20 @@ def translated(
         raise translate(
             e, code=code, during=during, timeout_code=timeout_code, timeout_s=timeout_s
         ) from e
+
+
+def sftp_cause(error: BaseException) -> ErrorCode | None:
+    """The cause an SFTP status names on the VPS (the module table), or None."""
+    for kind, code in _SFTP_CAUSES:
+        if isinstance(error, kind):
+            return code
+    return None
+
+
+def is_sftp_refusal(error: BaseException | None) -> bool:
+    """The SFTP server answered a request with a failure status (the link still works);
+    False for a lost link and for anything that is not SFTP."""
+    return isinstance(error, asyncssh.SFTPError) and not isinstance(error, _LINK_LOST_SFTP)
 
 
 def is_forward_denied(error: BaseException) -> bool:

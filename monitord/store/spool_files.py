@@ -6,7 +6,11 @@ Every write goes through `monitord.base.atomic_file.atomic_write_bytes`.
 `AreaEntry` values (uuid, service, location, generation) plus the raw entry dicts, so that a
 write keeps unknown fields and entry order exactly as found. A malformed or truncated file
 raises `ConfigCorrupt` (code CONFIG_CORRUPT, with the parse position) and is never overwritten:
-every update re-reads and re-validates the file first.
+every update re-reads and re-validates the file first. So does one that is not a regular file,
+is larger than 16 MiB, nests deeper than 64 levels, holds an integer of more than 4300 digits
+(Python's int-string limit) or NaN/Infinity/1e999 (monitord.base.bounded_json): nothing but
+ConfigCorrupt leaves the loader. An entry whose generation is not an integer in [0, 2^63) is
+quarantined on its own.
 
 `remote_state.json` is the per-service compatibility projection the PHP UI reads; it is never a
 source of truth, so reading it is lenient about missing keys but not about broken JSON.
@@ -27,13 +31,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast
 
+from monitord.base import bounded_json
 from monitord.base.atomic_file import atomic_write_bytes
-from orchestrator import names
+from orchestrator import models, names
 from orchestrator.errors import ErrorCode, PermanentError
 
 CUSTOM_CONFIG_NAME = "custom_config.json"
 REMOTE_STATE_NAME = "remote_state.json"
 LOCATIONS = ("local", "remote")
+# Thousands of areas take a few hundred KiB; anything this large is not a placement.
+MAX_CUSTOM_CONFIG_BYTES = 16 * 1024 * 1024
+TITLE_MAX_CHARS = 200
 
 Location = Literal["local", "remote"]
 
@@ -53,22 +61,48 @@ def _dump_json(document: Any) -> bytes:
     return (json.dumps(document, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
 
 
-def _load_json(path: Path) -> Any | None:
-    """Parsed JSON of `path`, None if it does not exist; ConfigCorrupt with the parse position."""
+def _read_bounded(path: Path) -> bytes | None:
+    """The bytes of `path`, None if it does not exist. Opened without blocking and read only
+    if it is a regular file of at most MAX_CUSTOM_CONFIG_BYTES: the file is writable by
+    the PBX's web UI, and a FIFO put in its place would block the reader (and, with it, the
+    file lock every commit takes) for ever, a huge file exhaust memory."""
     try:
-        raw = path.read_bytes()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
     except OSError as e:
         raise ConfigCorrupt(path=path, detail=f"cannot read: {e.strerror or e}") from e
     try:
-        return json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as e:
-        raise ConfigCorrupt(path=path, detail=f"not UTF-8 at byte {e.start}") from e
-    except json.JSONDecodeError as e:
-        raise ConfigCorrupt(
-            path=path, detail=f"invalid JSON at line {e.lineno} column {e.colno}: {e.msg}"
-        ) from e
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigCorrupt(path=path, detail="not a regular file")
+        chunks: list[bytes] = []
+        size = 0
+        while chunk := os.read(fd, 1024 * 1024):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > MAX_CUSTOM_CONFIG_BYTES:
+                raise ConfigCorrupt(
+                    path=path, detail=f"larger than {MAX_CUSTOM_CONFIG_BYTES} bytes, not read"
+                )
+        return b"".join(chunks)
+    except OSError as e:
+        raise ConfigCorrupt(path=path, detail=f"cannot read: {e.strerror or e}") from e
+    finally:
+        os.close(fd)
+
+
+def _load_json(path: Path) -> Any | None:
+    """Parsed JSON of `path`, None if it does not exist; ConfigCorrupt with the reason and
+    the parse position. Within bounded_json's bounds (nesting, integer digits, RFC 8259),
+    so nothing but ConfigCorrupt leaves here, and what comes back is safe to walk and copy."""
+    raw = _read_bounded(path)
+    if raw is None:
+        return None
+    try:
+        return bounded_json.loads(raw)
+    except bounded_json.JsonRefused as e:
+        raise ConfigCorrupt(path=path, detail=str(e)) from e
 
 
 # --- custom_config.json ------------------------------------------------------------------------
@@ -82,6 +116,9 @@ class AreaEntry:
     service: str
     location: Location = "local"
     generation: int = 0
+    # What an operator calls the account (the entry's `title`, else its `name`): shown, never
+    # used for anything else; None when the entry has neither as a string.
+    title: str | None = None
 
 
 @dataclass(frozen=True)
@@ -111,6 +148,12 @@ class CustomConfig:
                 return entry
         return None
 
+    def titles(self) -> dict[str, str]:
+        """uuid -> the entry's `title` (else its `name`) for the valid entries that carry one
+        as text: what an operator calls the account (the status, `monitord areas`, the page).
+        Never used to decide anything."""
+        return {e.uuid: e.title for e in self.entries if e.title}
+
     def raw_entries(self) -> list[dict[str, Any]]:
         """Deep copies of the raw entry dicts, unknown fields included, in file order."""
         return copy.deepcopy(list(self.document.get("custom_daemons", [])))
@@ -138,17 +181,30 @@ def _entry_from_raw(raw: Any, *, where: str) -> AreaEntry:
             f"{where}.location: expected 'local' or 'remote', got {location!r:.40}",
         )
     generation = raw.get("generation", 0)
-    if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
+    if (isinstance(generation, bool) or not isinstance(generation, int)
+            or not 0 <= generation <= models.MAX_GENERATION):
         raise _EntryInvalid(
             ErrorCode.AREA_ENTRY_INVALID,
-            f"{where}.generation: expected a non-negative integer, got {generation!r:.40}",
+            f"{where}.generation: expected an integer in [0, 2^63), got {generation!r:.40}",
         )
     return AreaEntry(
         uuid=raw["uuid"],
         service=raw["service"],
         location=cast(Location, location),
         generation=generation,
+        title=_title(raw),
     )
+
+
+def _title(raw: Mapping[str, Any]) -> str | None:
+    """The entry's display title: printable characters only, at most TITLE_MAX_CHARS."""
+    for key in ("title", "name"):
+        value = raw.get(key)
+        if isinstance(value, str):
+            shown = "".join(c for c in value if c.isprintable()).strip()[:TITLE_MAX_CHARS]
+            if shown:
+                return shown
+    return None
 
 
 def parse_custom_config(document: Any, *, path: Path) -> CustomConfig:
@@ -231,8 +287,8 @@ def with_area_placement(
     """A copy with one area's location and generation changed; other fields and order kept."""
     if location not in LOCATIONS:
         raise ValueError(f"location must be 'local' or 'remote', got {location!r}")
-    if generation < 0:
-        raise ValueError(f"generation must be >= 0, got {generation}")
+    if not 0 <= generation <= models.MAX_GENERATION:
+        raise ValueError(f"generation must be in [0, 2^63), got {generation}")
     document = copy.deepcopy(dict(config.document))
     daemons = document.setdefault("custom_daemons", [])
     for raw in daemons:

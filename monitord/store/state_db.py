@@ -35,7 +35,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from orchestrator.errors import ErrorCode, TransientError
+from orchestrator.errors import ErrorCode, PermanentError, TransientError
+from orchestrator.models import MAX_GENERATION
 
 DB_NAME = "state.db"
 DEFAULT_EVENTS_CAP = 1000
@@ -292,6 +293,49 @@ def _cleanup_from_row(row: sqlite3.Row) -> dict[str, Any]:
     return {c: row[c] for c in CLEANUP_COLUMNS}
 
 
+def read_only_sections(path: Path, *, transactions: int = 5000, cleanup: int = 100_000,
+                       events: int = 1000) -> dict[str, Any]:
+    """The bundle's state.db sections (`transactions.json`, `cleanup.json`, `events.json`,
+    `lineage.json`), read with the database opened read-only (`mode=ro`): nothing is written,
+    migrated or checkpointed, so it is safe whether or not a monitord runs on it
+    (`monitord bundle --offline`). Without a `-wal` file beside it (monitord stopped cleanly)
+    it is opened `immutable` too, so that not even the empty `-wal` and `-shm` files a WAL
+    reader needs are created (as whoever runs the bundle, in monitord's work_dir); with one,
+    SQLite reads the committed writes that are still in it. StoreError when it cannot be
+    opened or read."""
+    wal = path.with_name(path.name + "-wal")
+    mode = "mode=ro" if wal.exists() else "mode=ro&immutable=1"
+    if not path.exists():
+        raise StoreError(f"{path} does not exist")
+    try:
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?{mode}", uri=True,
+                               isolation_level=None)
+    except sqlite3.Error as e:
+        raise StoreError(f"cannot open {path} read-only: {e}") from e
+    try:
+        conn.row_factory = sqlite3.Row
+        conn.execute("PRAGMA busy_timeout=5000")
+        return {
+            "transactions.json": [_transaction_from_row(r) for r in conn.execute(
+                "SELECT * FROM transactions ORDER BY updated_at DESC LIMIT ?", (transactions,))],
+            "cleanup.json": [_cleanup_from_row(r) for r in conn.execute(
+                "SELECT * FROM cleanup_items ORDER BY next_attempt_at LIMIT ?", (cleanup,))],
+            "events.json": list(reversed([
+                {"at": r["at"], "event": r["event"], **json.loads(r["fields"])}
+                for r in conn.execute(
+                    "SELECT at, event, fields FROM events ORDER BY seq DESC LIMIT ?", (events,))
+            ])),
+            "lineage.json": [
+                {"area": r["area"], "holders": json.loads(r["holders"]), "epoch": r["epoch"]}
+                for r in conn.execute("SELECT area, holders, epoch FROM lineage ORDER BY area")
+            ],
+        }
+    except (sqlite3.Error, ValueError) as e:
+        raise StoreError(f"cannot read {path}: {e}") from e
+    finally:
+        conn.close()
+
+
 class Store:
     """The async face of `state.db`; open with `await Store.open(work_dir)`."""
 
@@ -425,7 +469,10 @@ class Store:
     # --- generations ----------------------------------------------------------------------
 
     async def issue_generation(self, area: str, *, floor: int = 0) -> int:
-        """Durably issue max(highest issued, floor) + 1 for `area`; never returns a value twice."""
+        """Durably issue max(highest issued, floor) + 1 for `area`; never returns a value twice.
+
+        Past MAX_GENERATION (SQLite's INTEGER ends at 2^63 - 1) nothing is issued:
+        PermanentError AREA_ENTRY_INVALID, the area cannot move any more."""
 
         def write() -> int:
             with _Tx(self._db()) as db:
@@ -433,6 +480,12 @@ class Store:
                     "SELECT highest_issued FROM generations WHERE area = ?", (area,)
                 ).fetchone()
                 issued = max(row[0] if row else 0, floor) + 1
+                if issued > MAX_GENERATION:
+                    raise PermanentError(
+                        ErrorCode.AREA_ENTRY_INVALID,
+                        f"area {area}: no generation after {issued - 1} fits state.db"
+                        f" (2^63 - 1 is the last), so it cannot move",
+                    )
                 db.execute(
                     "INSERT INTO generations (area, highest_issued) VALUES (?, ?) "
                     "ON CONFLICT (area) DO UPDATE SET highest_issued = excluded.highest_issued",
@@ -667,6 +720,21 @@ class Store:
                 "SELECT * FROM area_downtime WHERE move_id = ? AND finished_at IS NOT NULL"
                 " ORDER BY finished_at",
                 (move_id,),
+            )
+            return [dict(r) for r in rows]
+
+        return await self._run(read)
+
+    async def downtimes_since(self, since: float, *, limit: int = 20_000
+                              ) -> list[dict[str, Any]]:
+        """The ended records whose transaction ended at or after `since`, at most `limit`
+        of the newest."""
+
+        def read() -> list[dict[str, Any]]:
+            rows = self._db().execute(
+                "SELECT * FROM area_downtime WHERE finished_at >= ?"
+                " ORDER BY finished_at DESC LIMIT ?",
+                (since, limit),
             )
             return [dict(r) for r in rows]
 

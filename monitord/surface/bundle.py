@@ -11,7 +11,9 @@ codes, phases, timestamps); every other value — anything under `env`, commands
 keys, and any key that looks like a secret even if listed — becomes `"<redacted>"`. A few
 keys hold maps keyed by names (`services`, `counts`, …): the names are kept and their values
 redacted by the same rules. Known JSON sections handed in as bytes (the spool files) are
-parsed and redacted too; one that is not valid JSON is replaced by a note. Text sections of
+parsed and redacted too, within monitord.base.bounded_json's bounds (nesting, integer
+digits: another user may have written them); one that is not such JSON is replaced by a
+note. Text sections of
 other names are packed as they are. Finally, a member that still looks like key material is
 replaced, so a private key can not leave through the bundle even if a caller hands one in
 by mistake. Every bundle opens with `version.json`: the monitord and Python versions that
@@ -32,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from monitord import __version__
+from monitord.base import bounded_json
 
 REDACTED = "<redacted>"
 # A key that looks like a secret is redacted even where it is allow-listed.
@@ -91,12 +94,17 @@ VERSION_SECTION = "version.json"
 SECTIONS: dict[str, SectionRules] = {
     VERSION_SECTION: SectionRules(frozenset({"monitord", "python", "implementation"})),
     "status.json": SectionRules(
-        _RUNTIME | _TUNNEL | {"services", "areas", "transactions", "cleanup", "drift"},
-        name_maps=_KIND_MAPS | {"services"},
+        _RUNTIME | _TUNNEL | {"services", "areas", "transactions", "cleanup", "drift"}
+        # each area's process view and each service's last move (an area's `title` is the
+        # operator's name for an account: redacted like any text)
+        | {"process", "health", "restarts_1h", "failures", "as_of", "last_move", "move_id",
+           "in_flight", "outcomes", "max", "p50", "measured"},
+        name_maps=_KIND_MAPS | {"services", "area_downtime_s", "outcomes"},
     ),
     "transactions.json": SectionRules(_RUNTIME),
     "cleanup.json": SectionRules(_RUNTIME),
     "events.json": SectionRules(_RUNTIME, name_maps=_KIND_MAPS),
+    "lineage.json": SectionRules(_RUNTIME | {"holders"}),
     "local_inventory.json": SectionRules(_RUNTIME),
     "remote_inventory.json": SectionRules(
         _RUNTIME | {"agent", "dir", "now", "entries", "processes", "data_dir"}
@@ -207,8 +215,8 @@ def _member_bytes(name: str, value: Any) -> bytes:
         if isinstance(value, str) and text.startswith("unreadable: ") and "\n" not in text[:-1]:
             return text.encode()  # the caller's note that the file could not be read
         try:
-            document = json.loads(text)
-        except ValueError as e:
+            document = bounded_json.loads(text)
+        except bounded_json.JsonRefused as e:
             return (
                 f"{REDACTED}: {name} is not valid JSON ({e}; {len(value)} bytes),"
                 " so none of it is shown\n"

@@ -32,7 +32,11 @@ check sees less than the daemon's preflight does, it says so instead of failing:
 - agent: sshd answers a refused direct-streamlocal channel (the kind the agent is reached
   over) and an agent that is not running alike, so check opens one to a throwaway socket
   of its own on the VPS: a refusal fails `agent` even before the agent first runs;
-- remote_config: needs the agent secret the daemon keeps in work_dir; `–` before it exists.
+- remote_config: needs the agent secret the daemon keeps in work_dir; `–` before it exists;
+- disk_space: the free bytes and inodes under each service's data root on the VPS (the
+  fixed leading part of its remote_data_dir, monitord.base.area_paths.remote_data_root)
+  against the margin alone: each move needs its area's size on top, which only the
+  daemon's preflight knows.
 
 Exit codes: 0 no check failed, 1 a check failed, 2 an unusable configuration (one line
 `monitord: CODE: detail` on stderr).
@@ -357,12 +361,16 @@ async def _service_results(
     auth_error: str, timeout_s: float,
 ) -> list[CheckResult]:
     """One service's preflight, each result as check can state it, the sftp line second."""
+    from monitord.base import area_paths
     from monitord.remote.preflight import TunnelOwnerView, run_preflight
 
     remote = config.remote
     assert remote is not None
     report = await run_preflight(
         conn, config=config, service=service, artifacts=artifacts, area_data_bytes=0,
+        # The free space under the service's data root on the VPS, against the margin alone
+        # (a move adds its area's size: its own preflight judges that).
+        data_root=area_paths.remote_data_root(config, service=service) if service else "",
         # Judged here instead (facts.owner, and forwards "checked by the daemon"): these
         # inputs only keep preflight from failing what it cannot know.
         tunnel_owner=TunnelOwnerView(ours=True),
@@ -609,7 +617,7 @@ def _adjust(
         names = ", ".join(f.name for f in (*remote.reverse_forwards, *remote.local_forwards))
         return replace(result, status=status.SKIPPED, detail=(
             f"checked by the daemon: its tunnel keeper requests {names or 'none'} and proves"
-            " each with a round trip after connecting (monitord status shows them)"))
+            " each with a round trip after connecting (monitord status --json shows them)"))
     if result.check == "tunnel_owner":
         return replace(result, status=status(owner.status), detail=owner.detail,
                        hint=lookup(result.code).action if owner.status == "failed" else "")
@@ -637,7 +645,8 @@ def _adjust(
     if result.check == "agent" and "(fix: " in result.detail:
         return replace(result, hint="")  # the self-check named each fix; the catalogue's is vaguer
     if result.check == "disk_space" and result.status is status.OK:
-        return replace(result, detail=f"{result.detail} (artifacts; each move adds its data)")
+        return replace(result, detail=f"{result.detail}; each move needs its area's size on"
+                                      " top (the daemon's preflight checks it)")
     if result.check == "remote_config" and not has_service:
         return replace(result, status=status.SKIPPED, detail="no [services] configured",
                        hint="")

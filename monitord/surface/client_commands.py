@@ -1,8 +1,11 @@
-"""Operator verbs that talk to a running daemon over its HTTP API: status, place, retry,
-rollback, give-up, bundle.
+"""Operator verbs that talk to a running daemon over its HTTP API: status, areas, logs, place,
+retry, rollback, give-up, bundle.
 
 Called by `monitord.surface.cli`. They are plain synchronous HTTP clients (stdlib urllib, short
-timeouts) so that they work the same from a shell, a PHP `exec()` or a support script.
+timeouts) so that they work the same from a shell, a PHP `exec()` or a support script. Every
+request carries the API token (`<work_dir>/api-token`, monitord.surface.api_token) when this
+user can read it (root, members of `http.token_group`): changes and the bundle need it, reads
+do not; a change refused for the lack of it says why the token could not be read.
 Exit codes: 0 ok, 1 the operation failed or the daemon is unreachable (one line on stderr:
 `monitord: DAEMON_UNREACHABLE: ...`), 2 bad usage/config.
 
@@ -23,8 +26,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from monitord.base import area_paths, log_tail
 from monitord.base import config as config_mod
 from monitord.base.hostport import split_hostport
+from monitord.surface import api_token
 from orchestrator.errors import ErrorCode, TransientError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -119,23 +124,67 @@ def add_give_up_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the API's answer as JSON")
 
 
+def add_fetch_abandoned_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_config(parser)
+    parser.add_argument("area", help="the area (UUID) whose given-up VPS copy to fetch")
+    parser.add_argument("--generation", type=int,
+                        help="which given-up copy (default: the area's newest)")
+    parser.add_argument("--no-wait", dest="wait", action="store_false",
+                        help="return once the fetch has started")
+    parser.add_argument("--timeout", type=float, default=3600.0, help="wait limit in seconds")
+    parser.add_argument("--json", action="store_true", help="print the API's answer as JSON")
+
+
+def add_areas_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_config(parser)
+    parser.add_argument("service", nargs="?", help="only this service's areas")
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+
+
+def add_logs_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_config(parser)
+    parser.add_argument("area", help="the area (UUID)")
+    parser.add_argument("-n", "--lines", type=int, default=log_tail.DEFAULT_LINES,
+                        help=f"how many of the last lines (1..{log_tail.MAX_LINES},"
+                             " default %(default)s)")
+    parser.add_argument("-f", "--follow", action="store_true",
+                        help="keep printing what is appended (Ctrl-C ends it)")
+    parser.add_argument("--side", choices=("local", "remote"),
+                        help="that side's log (default: where the area is placed)")
+
+
 def add_bundle_arguments(parser: argparse.ArgumentParser) -> None:
     _add_config(parser)
     parser.add_argument("-o", "--output", type=Path, required=True, help="where to write .tar.gz")
+    parser.add_argument(
+        "--offline", action="store_true",
+        help="without the daemon: state.db read-only, the config, the spool files, log tails",
+    )
 
 
 class Client:
-    """A tiny JSON client for the daemon's API at `http.listen`."""
+    """A tiny JSON client for the daemon's API at `http.listen`; `token` (the API token) goes
+    into every request's `Authorization: Bearer` header, `token_problem` says why there is none.
+    """
 
-    def __init__(self, base_url: str, *, timeout: float = REQUEST_TIMEOUT_S) -> None:
+    def __init__(
+        self, base_url: str, *, timeout: float = REQUEST_TIMEOUT_S, token: str | None = None,
+        token_problem: str = "",
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
+        self.token = token
+        self.token_problem = token_problem
+
+    def __repr__(self) -> str:  # never the token
+        return f"Client({self.base_url!r}, token={'set' if self.token else 'none'})"
 
     @classmethod
-    def from_config(cls, cfg: config_mod.Config) -> Client:
+    def from_config(cls, cfg: config_mod.Config, *, timeout: float = REQUEST_TIMEOUT_S) -> Client:
         host, port = split_hostport(cfg.http.listen)
         host = f"[{host}]" if ":" in host else host
-        return cls(f"http://{host}:{port}")
+        token, problem = api_token.read(cfg.monitord.work_dir)
+        return cls(f"http://{host}:{port}", token=token, token_problem=problem, timeout=timeout)
 
     def request(self, method: str, path: str, body: Any = None) -> tuple[int, bytes]:
         data = None if body is None else json.dumps(body).encode()
@@ -143,6 +192,8 @@ class Client:
         if data is not None or method not in ("GET", "HEAD"):
             # The API refuses a change without it, even one without a body (retry).
             req.add_header("Content-Type", "application/json")
+        if self.token is not None:
+            req.add_header("Authorization", f"Bearer {self.token}")
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
                 return resp.status, resp.read()
@@ -156,6 +207,9 @@ class Client:
                 code = ErrorCode.DAEMON_UNREACHABLE
                 detail = (f"HTTP {e.code} from {self.base_url}{path} is not an answer of"
                           f" monitord's API: {payload[:200].decode(errors='replace')}")
+            if code == ErrorCode.API_UNAUTHORIZED and self.token is None and self.token_problem:
+                detail = (f"{detail}; {self.token_problem} (run this as root or as a member of"
+                          " http.token_group)")
             raise ApiError(e.code, code, detail) from e
         except (urllib.error.URLError, OSError) as e:
             reason = getattr(e, "reason", e)
@@ -297,6 +351,48 @@ def give_up_line(result: dict[str, Any]) -> str:
 
 
 @_guarded
+def main_fetch_abandoned(args: argparse.Namespace) -> int:
+    """A given-up copy set aside on the VPS, downloaded (verified) into the PBX's work dir
+    for forensics; never started, never removed by monitord."""
+    client = Client.from_config(_load(args))
+    body = {} if args.generation is None else {"generation": args.generation}
+    started = client.json("POST", f"/v1/abandoned/{args.area}/fetch", body)
+    print(json.dumps(started) if args.json else
+          f"{args.area} generation {started['generation']}: fetching {started['from']}"
+          f" from the VPS to {started['to']}")
+    if not args.wait:
+        return EXIT_OK
+    deadline = time.monotonic() + args.timeout
+    shown = -1
+    while True:
+        fetch = fetch_state(client.json("GET", "/v1/status"), area=args.area,
+                            generation=int(started["generation"]))
+        if fetch.get("bytes", 0) != shown:
+            shown = fetch.get("bytes", 0)
+            print(f"{args.area}: {shown} bytes fetched", file=sys.stderr, flush=True)
+        if fetch.get("state") == "done":
+            print(f"{args.area}: done, {fetch.get('files')} files in {fetch.get('to')}",
+                  file=sys.stderr)
+            return EXIT_OK
+        if fetch.get("state") != "running":
+            print(f"{args.area}: failed: {_error_words(fetch.get('error') or {})}",
+                  file=sys.stderr)
+            return EXIT_FAILED
+        if time.monotonic() > deadline:
+            print(f"{args.area}: still fetching after {args.timeout:.0f} s", file=sys.stderr)
+            return EXIT_FAILED
+        time.sleep(0.5)
+
+
+def fetch_state(status: dict[str, Any], *, area: str, generation: int) -> dict[str, Any]:
+    """The fetch of one given-up copy as the status shows it ({} once it is not listed)."""
+    for row in status.get("abandoned_data", []):
+        if row.get("area") == area and row.get("generation") == generation:
+            return dict(row.get("fetch") or {})
+    return {}
+
+
+@_guarded
 def main_place(args: argparse.Namespace) -> int:
     client = Client.from_config(_load(args))
     path = (
@@ -414,10 +510,137 @@ def _wait_area(
 
 
 @_guarded
+def main_areas(args: argparse.Namespace) -> int:
+    """Every area (of SERVICE): service, uuid, title, side, health, pid, uptime, restarts,
+    last exit, the downtime of its last move — the status document's per-area view."""
+    from monitord.surface import status_view
+
+    status = Client.from_config(_load(args)).json("GET", "/v1/status")
+    if args.service is not None and args.service not in status.get("services", {}):
+        raise ApiError(404, ErrorCode.UNKNOWN_SERVICE,
+                       f"service {args.service!r} is not configured")
+    rows = status_view.area_rows(status, service=args.service)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        from rich.console import Console
+
+        Console().print(status_view.areas_listing(rows))
+    return EXIT_OK
+
+
+FOLLOW_INTERVAL_S = 1.0
+
+
+@_guarded
+def main_logs(args: argparse.Namespace) -> int:
+    """An area's log: its last lines, then (-f) what is appended. Through the daemon's API
+    (a remote area's log comes from the agent over the tunnel); with no daemon answering, a
+    local area's log file is read here."""
+    from orchestrator import names
+
+    reason = names.why_invalid(args.area)
+    if reason is not None:
+        print(f"monitord: {ErrorCode.BAD_REQUEST}: area: {reason}", file=sys.stderr)
+        return EXIT_USAGE
+    if not 0 < args.lines <= log_tail.MAX_LINES:
+        print(f"monitord: {ErrorCode.BAD_REQUEST}: -n must be in 1..{log_tail.MAX_LINES}",
+              file=sys.stderr)
+        return EXIT_USAGE
+    cfg = _load(args)
+    reader = _LogReader(Client.from_config(cfg), area=args.area, side=args.side,
+                        local_path=area_paths.local_log_path(cfg.monitord.work_dir, args.area),
+                        custom_config=cfg.monitord.spool_dir / "custom_config.json")
+    found = reader.tail(args.lines)
+    _write(found["data"])
+    if not args.follow:
+        return EXIT_OK
+    try:
+        while True:
+            if not found["data"]:  # caught up: wait; else read on at once (1 MiB at a time)
+                time.sleep(FOLLOW_INTERVAL_S)
+            found = reader.more(found)
+            _write(found["data"])
+    except KeyboardInterrupt:
+        return EXIT_OK
+
+
+def _write(data: str) -> None:
+    if data:
+        sys.stdout.write(data)
+        sys.stdout.flush()
+
+
+class _LogReader:
+    """`monitord logs`: the API first; the local file when the daemon does not answer."""
+
+    def __init__(self, client: Client, *, area: str, side: str | None, local_path: Path,
+                 custom_config: Path) -> None:
+        self.client, self.area, self.side, self.local_path = client, area, side, local_path
+        self.custom_config = custom_config
+        self.direct = False  # reading the local file here (the daemon did not answer)
+
+    def _placed_remote(self) -> bool:
+        """Whether custom_config.json places the area on the VPS (read-only; unknown: no)."""
+        from monitord.store import spool_files
+
+        try:
+            entry = spool_files.read_custom_config(self.custom_config).entry(self.area)
+        except spool_files.ConfigCorrupt:
+            return False
+        return entry is not None and entry.location == "remote"
+
+    def _query(self, **params: Any) -> dict[str, Any]:
+        from urllib.parse import urlencode
+
+        if self.side is not None:
+            params["side"] = self.side
+        query = urlencode({k: v for k, v in params.items() if v is not None})
+        found: dict[str, Any] = self.client.json("GET", f"/v1/areas/{self.area}/logs?{query}")
+        return found
+
+    def tail(self, lines: int) -> dict[str, Any]:
+        try:
+            return self._query(lines=lines)
+        except DaemonUnreachable as e:
+            if self.side == "remote" or (self.side is None and self._placed_remote()):
+                raise DaemonUnreachable(f"{e}; the area's log on the VPS is reached through it"
+                                        ) from e
+            found = log_tail.tail(str(self.local_path), lines=lines)
+            if found["missing"]:
+                raise
+            print(f"monitord: {e.code}: {e}; reading {self.local_path} here", file=sys.stderr)
+            self.direct = True
+            return found
+
+    def more(self, last: dict[str, Any]) -> dict[str, Any]:
+        if self.direct:
+            return log_tail.read_from(str(self.local_path), file=last["file"],
+                                      offset=last["offset"])
+        return self._query(offset=last["offset"], file=last["file"])
+
+
+@_guarded
 def main_bundle(args: argparse.Namespace) -> int:
     from monitord.base import atomic_file
 
-    _, payload = Client.from_config(_load(args)).request("GET", "/v1/diagnostics/bundle")
+    cfg = _load(args)
+    if args.offline:
+        from monitord.surface import bundle, offline_bundle
+
+        client = Client.from_config(cfg, timeout=2.0)
+        try:
+            client.request("GET", "/readyz")
+            reason = f"asked for with --offline; the daemon answers at {client.base_url}"
+        except (DaemonUnreachable, ApiError) as e:
+            reason = f"{e.code}: {e}"
+        payload = bundle.build(offline_bundle.sections(cfg, reason=reason))
+    else:
+        try:
+            _, payload = Client.from_config(cfg).request("GET", "/v1/diagnostics/bundle")
+        except DaemonUnreachable as e:
+            raise DaemonUnreachable(f"{e}; `monitord bundle --offline` writes one without it"
+                                    ) from e
     output: Path = args.output
     # 0600 from creation: the temp file is never wider, so neither is the bundle.
     atomic_file.atomic_write_bytes(output, payload, mode=0o600)
@@ -428,9 +651,12 @@ def main_bundle(args: argparse.Namespace) -> int:
 # The verbs this module serves (monitord.surface.cli): verb -> (add arguments, run).
 VERBS = {
     "status": (add_status_arguments, main_status),
+    "areas": (add_areas_arguments, main_areas),
+    "logs": (add_logs_arguments, main_logs),
     "place": (add_place_arguments, main_place),
     "retry": (add_retry_arguments, main_retry),
     "rollback": (add_rollback_arguments, main_rollback),
     "give-up": (add_give_up_arguments, main_give_up),
+    "fetch-abandoned": (add_fetch_abandoned_arguments, main_fetch_abandoned),
     "bundle": (add_bundle_arguments, main_bundle),
 }

@@ -4,7 +4,8 @@ Shape (after uvicorn): `main()` loads the config (a bad one: one line on stderr,
 `Daemon.serve()`, which installs signal handlers, then
 
   startup    lock work_dir (duplicate: one `duplicate_instance` event, exit 3) -> open the store
-             -> build components -> HTTP listening (/readyz 503) -> start components in order
+             -> the API token (work_dir/api-token, monitord.surface.api_token) -> build
+             components -> HTTP listening (/readyz 503) -> start components in order
              -> open admission (/readyz 200) -> READY=1
   main_loop  wait for a stop request, pinging the systemd watchdog every tick
   shutdown   STOPPING=1 -> stop intake (/readyz 503, new changes 503) -> wait for admitted
@@ -213,9 +214,15 @@ class Daemon:
         from monitord.base.config import is_loopback_listen
         from monitord.base.hostport import split_hostport
         from monitord.store.state_db import Store
-        from monitord.surface import http_api, status_api, wiring
+        from monitord.surface import api_token, http_api, status_api, wiring
 
         self._store = await Store.open(self.config.monitord.work_dir)
+        ensured = await asyncio.to_thread(
+            api_token.ensure, self.config.monitord.work_dir, self.config.http.token_group
+        )
+        if ensured.written is not None:  # where and why, never the token itself
+            self.log.info("api_token_written", path=str(ensured.token.path),
+                          group=ensured.token.group, reason=ensured.written)
         self._tasks = RootTasks(log=self.log, on_fault=self._on_fault)
         ctx = RuntimeContext(
             config=self.config,
@@ -235,6 +242,7 @@ class Daemon:
             custom_config_path=ctx.custom_config_path,
             liveness=self.liveness,
             operator=operator,
+            api_token=ensured.token,
         )
         routes = status_api.routes() if operator is not None else []
         app = http_api.build_app(api_ctx, extra_routes=routes)
@@ -254,8 +262,9 @@ class Daemon:
             self.log.warning(
                 "http_api_not_loopback",
                 listen=self.config.http.listen,
-                detail="the HTTP API has no authentication and is reachable beyond this"
-                " machine (http.allow_remote_api = true); restrict it with a firewall",
+                detail="the HTTP API is reachable beyond this machine"
+                " (http.allow_remote_api = true): its reads need no token and the token of"
+                " a change crosses the network in clear text; restrict it with a firewall",
             )
 
         for component in self._components:

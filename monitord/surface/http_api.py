@@ -17,10 +17,16 @@ placement request"); only the bare application (no engine behind it) reads the f
 
 Every request first passes `guard` (one middleware, applied by `build_app`; docs/operator.md,
 "Browser safety"): a Host that does not name this API is 421, a present Origin that is not
-`http://<an allowed host>` is 403, a mutating request without `Content-Type: application/json`
-(charset, if given, utf-8) is 400, all BAD_REQUEST; aiohttp's own refusals (404, 405, 413 body
-over `MAX_BODY_BYTES`) are put into the error shape. Bodies are read with `read_json`, which
-turns deep nesting, non-UTF-8 bytes and other parser failures into `BadRequest` (400).
+`http://<an allowed host>` is 403 (both BAD_REQUEST); then local authority (docs/design.md,
+"Local authorization"): any method but GET and HEAD, and a GET of a `privileged` handler (the
+bundle), needs `Authorization: Bearer <the API token>` (monitord.surface.api_token), else 401
+API_UNAUTHORIZED, before anything else is looked at; a mutating request without
+`Content-Type: application/json` (charset, if given, utf-8) is 400 BAD_REQUEST; aiohttp's own
+refusals (404, 405, 413 body over `MAX_BODY_BYTES`) are put into the error shape. Every answer
+carries `X-Frame-Options: DENY`, a Content-Security-Policy with `frame-ancestors 'none'` and
+`X-Content-Type-Options: nosniff` (`_security_headers`); the page sets its own, stricter CSP.
+Bodies are read with `read_json`, which turns deep nesting, non-UTF-8 bytes and other parser
+failures into `BadRequest` (400).
 
 Callers: monitord.surface.daemon builds and serves the app; tests build it around test doubles.
 """
@@ -42,6 +48,7 @@ from aiohttp import web
 from monitord.base.config import Config
 from monitord.base.hostport import split_hostport
 from monitord.store import spool_files
+from monitord.surface import api_token
 from monitord.surface.admission import Admission
 from orchestrator import names
 from orchestrator.errors import ErrorCode, MonitordError, PermanentError, error_for
@@ -65,6 +72,8 @@ _REFUSAL_STATUS = {
     ErrorCode.UNKNOWN_AREA: 404,
     ErrorCode.TRANSACTION_CONFLICT: 409,
     ErrorCode.CONFIG_CORRUPT: 409,
+    ErrorCode.PREFLIGHT_REMOTE_CONFIG: 409,  # a move to a VPS that is not configured
+    ErrorCode.AREA_ENTRY_INVALID: 409,  # an area at the last generation cannot move
 }
 
 
@@ -137,6 +146,8 @@ class ApiContext:
     custom_config_path: Path
     liveness: Liveness = field(default_factory=Liveness)
     operator: OperatorFacade | None = None  # the engine's facade; None: no engine behind us
+    # The local authority for changes; None: no token is set up, and every change is refused.
+    api_token: api_token.ApiToken | None = None
 
 
 CONTEXT = web.AppKey("monitord_api_context", ApiContext)
@@ -149,6 +160,17 @@ def error_response(status: int, *, code: str, detail: str) -> web.Response:
 
 # The handlers wrapped by `mutating`: `guard` requires a JSON Content-Type for these.
 _MUTATING: set[Handler] = set()
+# Handlers a GET (or HEAD) of which also needs the API token (`privileged`): the bundle.
+_PRIVILEGED: set[Handler] = set()
+# The only methods that may pass without the API token, and only to a handler not privileged.
+OPEN_METHODS = frozenset({"GET", "HEAD"})
+
+
+def privileged(handler: Handler) -> Handler:
+    """Mark a read-only handler whose answer needs local authority all the same (the bundle:
+    it describes the whole installation); `guard` asks for the API token before it runs."""
+    _PRIVILEGED.add(handler)
+    return handler
 
 
 def mutating(handler: Handler) -> Handler:
@@ -348,8 +370,40 @@ def _allowed(request: web.Request) -> tuple[frozenset[str], frozenset[int]]:
     return frozenset(hosts), frozenset(ports)
 
 
+def needs_authority(request: web.Request) -> bool:
+    """Every method but GET and HEAD (whatever the route, also one that will be a 404/405),
+    and a privileged handler under any method."""
+    return request.method not in OPEN_METHODS or request.match_info.handler in _PRIVILEGED
+
+
+def _unauthorized(request: web.Request) -> web.Response | None:
+    """401 API_UNAUTHORIZED unless the request carries the API token; None when it does.
+
+    The detail says where the token is, never what it is; the header offered is never
+    echoed or logged."""
+    token = request.app[CONTEXT].api_token
+    header = request.headers.get("Authorization")
+    if token is not None and api_token.permits(token, header):
+        return None
+    what = f"{request.method} {request.path}"
+    if token is None:
+        detail = f"{what} needs local authority and no API token is set up"
+        challenge = 'Bearer realm="monitord"'
+    elif api_token.presented(header) is None:
+        detail = (f"{what} needs local authority: send 'Authorization: Bearer <token>' with the"
+                  f" token from {token.path} (readable by root and group {token.group})")
+        challenge = 'Bearer realm="monitord"'
+    else:
+        detail = f"{what}: the bearer token is not this daemon's API token ({token.path})"
+        challenge = 'Bearer realm="monitord", error="invalid_token"'
+    response = error_response(401, code=ErrorCode.API_UNAUTHORIZED, detail=detail)
+    response.headers["WWW-Authenticate"] = challenge
+    return response
+
+
 def _refusal(request: web.Request) -> web.Response | None:
-    """Host, Origin and (for mutating handlers) Content-Type; None when the request may pass."""
+    """Host, Origin, local authority and (for mutating handlers) Content-Type; None when the
+    request may pass."""
     hosts, ports = _allowed(request)
     listen = request.app[CONTEXT].config.http.listen
     host = _authority(request.headers.get("Host", ""))
@@ -369,6 +423,10 @@ def _refusal(request: web.Request) -> web.Response | None:
                 detail=f"Origin {origin!r} is not this API's own page; cross-site requests are"
                        " refused",
             )
+    if needs_authority(request):
+        unauthorized = _unauthorized(request)
+        if unauthorized is not None:
+            return unauthorized
     if request.match_info.handler in _MUTATING:
         if request.content_type != "application/json":
             return error_response(
@@ -435,12 +493,28 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         return _shaped(request, e)
 
 
+# On every answer (errors and aiohttp's own included): no page of this API may be framed
+# (clickjacking the buttons), and nothing is sniffed into another content type. The page
+# replaces the CSP with its own, which also forbids framing (status_api.PAGE_CSP).
+SECURITY_HEADERS = {
+    "X-Frame-Options": "DENY",
+    "Content-Security-Policy": "default-src 'none'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+}
+
+
+async def _security_headers(request: web.Request, response: web.StreamResponse) -> None:
+    for name, value in SECURITY_HEADERS.items():
+        response.headers.setdefault(name, value)
+
+
 def build_app(
     ctx: ApiContext, *, extra_routes: Iterable[web.AbstractRouteDef] = ()
 ) -> web.Application:
     """The aiohttp application: the routes above plus `extra_routes` from other modules."""
     app = web.Application(middlewares=[guard], client_max_size=MAX_BODY_BYTES)
     app[CONTEXT] = ctx
+    app.on_response_prepare.append(_security_headers)
     app.add_routes(
         [
             web.get("/livez", livez),

@@ -1,13 +1,17 @@
 """Read-side HTTP routes of the daemon and the documents behind them.
 
-`GET /v1/status`, `GET /v1/transactions`, `GET /v1/cleanup`, `GET /metrics`,
+`GET /v1/status`, `GET /v1/transactions`, `GET /v1/cleanup`, `GET /v1/moves`, `GET /metrics`,
 `GET /v1/diagnostics/bundle`, the status page at `/`, and the operator actions
 `POST /v1/services/{s}/retry`, `POST /v1/services/{s}/discard-remote-data` and
-`POST /v1/services/{s}/give-up` (admitted like every mutating request). Every handler asks
+`POST /v1/services/{s}/give-up` and `POST /v1/abandoned/{area}/fetch` (admitted like every
+mutating request), and `GET /v1/areas/{uuid}/logs` (an area's log, read-only). Every handler asks
 the operator facade (monitord.engine.operator_facade) for its answer; nothing here reaches
 into the engine.
-Host, Origin and Content-Type were checked by `http_api.guard` before any handler runs; bodies
-are read with `http_api.read_json` (deep nesting, non-UTF-8: 400, never a 500).
+Host, Origin, local authority (the API token for every change and for the bundle) and
+Content-Type were checked by `http_api.guard` before any handler runs; bodies are read with
+`http_api.read_json` (deep nesting, non-UTF-8: 400, never a 500). The page is served with a
+Content-Security-Policy that admits only its own inline script and style (by hash), requests
+to its own origin, and no framing (`PAGE_CSP`).
 Called by `monitord.surface.daemon`, which serves these routes whenever an engine is behind
 the API.
 
@@ -19,13 +23,18 @@ bytes; `at` is then when the document was built.
 
 from __future__ import annotations
 
+import base64
+import functools
+import hashlib
 import json
+import re
 import time
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from monitord.base import log_tail
 from monitord.base.metrics import CONTENT_TYPE
 from monitord.surface import bundle, http_api
 from orchestrator.errors import ErrorCode, MonitordError
@@ -76,12 +85,30 @@ async def get_cleanup(request: web.Request) -> web.Response:
     return web.json_response(await _operator(request).cleanup(limit=_limit(request)))
 
 
+def _digits(raw: str) -> bool:
+    """ASCII digits, at most 20 (`str.isdigit` alone takes `²`, which int() refuses: a 500)."""
+    return raw.isascii() and raw.isdigit() and len(raw) <= 20
+
+
+async def get_moves(request: web.Request) -> web.Response:
+    """The moves whose transactions ended in the last `hours` (default 24, at most 720),
+    newest first, each as the status's `last_move` shows one."""
+    hours = _bounded_int(request, "hours", default=24, maximum=720)
+    since = time.time() - hours * 3600.0
+    return web.json_response({"since": since,
+                              "moves": await _operator(request).moves_since(since)})
+
+
 def _limit(request: web.Request) -> int:
-    raw = request.query.get("limit", "1000")
-    if not raw.isdigit() or not 0 < int(raw) <= 100_000:
+    return _bounded_int(request, "limit", default=1000, maximum=100_000)
+
+
+def _bounded_int(request: web.Request, key: str, *, default: int, maximum: int) -> int:
+    raw = request.query.get(key, str(default))
+    if not _digits(raw) or not 0 < int(raw) <= maximum:
         raise web.HTTPBadRequest(
             text=json.dumps({"error": {"code": "BAD_REQUEST",
-                                       "detail": "limit must be an integer in 1..100000"}}),
+                                       "detail": f"{key} must be an integer in 1..{maximum}"}}),
             content_type="application/json",
         )
     return int(raw)
@@ -167,12 +194,85 @@ async def post_give_up(request: web.Request) -> web.StreamResponse:
                              status=202)
 
 
+@http_api.mutating
+async def post_fetch_abandoned(request: web.Request) -> web.StreamResponse:
+    """Fetch a given-up copy set aside on the VPS to the PBX for forensics: 202 with where it
+    goes (the status row of that copy shows the fetch); 404 NOT_FOUND without such a copy,
+    409 TRANSACTION_CONFLICT while it is being fetched, 503 SSH_UNREACHABLE without the VPS.
+    Body: `{}` for the area's newest given-up generation, or `{"generation": N}`."""
+    area = request.match_info["area"]  # a name (http_api.guard checked it)
+    try:
+        body = await http_api.read_json(request) if request.can_read_body else {}
+    except http_api.BadRequest as e:
+        return http_api.error_response(400, code=e.code, detail=e.detail)
+    generation = body.get("generation") if isinstance(body, dict) else None
+    if not isinstance(body, dict) or set(body) - {"generation"} or not (
+        generation is None
+        or (type(generation) is int and 0 <= generation < 2**63)
+    ):
+        return http_api.error_response(
+            400, code="BAD_REQUEST", detail='body must be {} or {"generation": N}'
+        )
+    try:
+        started = _operator(request).fetch_abandoned(area, generation=generation)
+    except MonitordError as e:
+        status = {ErrorCode.NOT_FOUND: 404, ErrorCode.TRANSACTION_CONFLICT: 409,
+                  ErrorCode.SSH_UNREACHABLE: 503}.get(e.code, 500)
+        return http_api.error_response(status, code=e.code, detail=e.detail)
+    return web.json_response(started, status=202)
+
+
+_LOG_STATUS = {ErrorCode.UNKNOWN_AREA: 404, ErrorCode.NOT_FOUND: 404,
+               ErrorCode.BAD_REQUEST: 400, ErrorCode.PREFLIGHT_REMOTE_CONFIG: 409}
+
+
+def _log_query(request: web.Request) -> tuple[str | None, int, tuple[int | None, int] | None]:
+    """(side, lines, position) of `GET /v1/areas/{uuid}/logs`; BadRequest for anything else."""
+    query = request.query
+    unknown = set(query) - {"side", "lines", "offset", "file"}
+    side = query.get("side")
+    if unknown or side not in (None, "local", "remote"):
+        raise http_api.BadRequest("query: side=local|remote, lines=N, or offset=N and file=I")
+    numbers: dict[str, int] = {}
+    for key in ("lines", "offset", "file"):
+        raw = query.get(key)
+        if raw is not None:
+            if not _digits(raw):
+                raise http_api.BadRequest(f"{key} must be a non-negative integer")
+            numbers[key] = int(raw)
+    lines = numbers.get("lines", log_tail.DEFAULT_LINES)
+    if not 0 < lines <= log_tail.MAX_LINES:
+        raise http_api.BadRequest(f"lines must be in 1..{log_tail.MAX_LINES}")
+    if "file" in numbers and "offset" not in numbers:
+        raise http_api.BadRequest("file goes with offset")
+    position = (numbers.get("file"), numbers["offset"]) if "offset" in numbers else None
+    return side, lines, position
+
+
+async def get_area_log(request: web.Request) -> web.Response:
+    """An area's log, read-only and bounded (at most 1 MiB an answer): `?lines=N` (default
+    100) its last lines, `?offset=N&file=I` what was appended since (`monitord logs -f`),
+    `?side=` another side than where it is placed. A remote log is asked of the agent."""
+    try:
+        side, lines, position = _log_query(request)
+    except http_api.BadRequest as e:
+        return http_api.error_response(400, code=e.code, detail=e.detail)
+    try:
+        found = await _operator(request).area_log(
+            request.match_info["uuid"], side=side, lines=lines, position=position)
+    except MonitordError as e:
+        return http_api.error_response(_LOG_STATUS.get(e.code, 503), code=e.code,
+                                       detail=e.detail)
+    return web.json_response(found)
+
+
 async def get_metrics(request: web.Request) -> web.Response:
     return web.Response(
         body=_operator(request).metrics_text(), headers={"Content-Type": CONTENT_TYPE}
     )
 
 
+@http_api.privileged
 async def get_bundle(request: web.Request) -> web.Response:
     sections = await _operator(request).bundle_sections()
     body = bundle.build(sections)
@@ -211,9 +311,38 @@ async def not_found(request: web.Request) -> web.Response:
     )
 
 
+def _inline_hashes(page: bytes, tag: str) -> str:
+    """`'sha256-…'` sources for every inline <tag>…</tag> block of the page, as CSP wants."""
+    blocks = re.findall(rb"<%s>(.*?)</%s>" % (tag.encode(), tag.encode()), page, re.DOTALL)
+    return " ".join(
+        f"'sha256-{base64.b64encode(hashlib.sha256(block).digest()).decode()}'"
+        for block in blocks
+    )
+
+
+@functools.cache
+def page() -> tuple[bytes, str]:
+    """The page's bytes and its Content-Security-Policy: its own inline script and style only
+    (no other script can run in it, so nothing else can read the token it keeps), requests
+    only to its own origin, no framing, no <base>, no form that navigates."""
+    body = resources.files("monitord.surface").joinpath("static/index.html").read_bytes()
+    csp = (
+        "default-src 'none'; "
+        f"script-src {_inline_hashes(body, 'script')}; "
+        f"style-src {_inline_hashes(body, 'style')}; "
+        "connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'none'; "
+        "frame-ancestors 'none'"
+    )
+    return body, csp
+
+
 async def get_page(request: web.Request) -> web.Response:
-    page = resources.files("monitord.surface").joinpath("static/index.html").read_bytes()
-    return web.Response(body=page, content_type="text/html", charset="utf-8")
+    body, csp = page()
+    return web.Response(
+        body=body, content_type="text/html", charset="utf-8",
+        headers={"Content-Security-Policy": csp, "Referrer-Policy": "no-referrer",
+                 "Cache-Control": "no-store"},
+    )
 
 
 def routes() -> list[web.RouteDef]:
@@ -223,9 +352,12 @@ def routes() -> list[web.RouteDef]:
         web.get("/v1/status", status.get),
         web.get("/v1/transactions", get_transactions),
         web.get("/v1/cleanup", get_cleanup),
+        web.get("/v1/moves", get_moves),
         web.post("/v1/services/{service}/retry", post_retry),
         web.post("/v1/services/{service}/discard-remote-data", post_discard_remote_data),
         web.post("/v1/services/{service}/give-up", post_give_up),
+        web.post("/v1/abandoned/{area}/fetch", post_fetch_abandoned),
+        web.get("/v1/areas/{uuid}/logs", get_area_log),
         web.get("/metrics", get_metrics),
         web.get("/v1/diagnostics/bundle", get_bundle),
         web.route("*", "/{tail:.*}", not_found),  # must stay last

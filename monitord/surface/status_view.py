@@ -2,6 +2,11 @@
 
 Called by `monitord.surface.client_commands` and the demo. Pure formatting over the JSON document
 the daemon serves, so what an operator reads in a terminal is what the API says.
+
+Every text in that document may come from outside (a quarantined entry's uuid is whatever
+custom_config.json holds, an error detail may quote the VPS), so nothing is ever read as
+rich markup: lines are printed with `markup=False` and table cells are `Text` values. A
+`[/x]` shows as `[/x]` instead of raising MarkupError and ending the command.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 
 def _when(at: Any) -> str:
@@ -41,7 +47,7 @@ def services_table(status: dict[str, Any]) -> Table:
     for name, svc in sorted(status.get("services", {}).items()):
         counts = svc.get("counts", {})
         error = svc.get("last_error") or {}
-        table.add_row(
+        cells = (
             name,
             str(svc.get("desired", "")),
             str(svc.get("state", "")),
@@ -52,7 +58,116 @@ def services_table(status: dict[str, Any]) -> Table:
             str(counts.get("orphan", 0)),
             str(error.get("code", "")) if isinstance(error, dict) else str(error),
         )
+        table.add_row(*(Text(cell) for cell in cells))  # literal text, never markup
     return table
+
+
+def areas_table(status: dict[str, Any], *, now: float | None = None) -> Table:
+    """One row per area: where it is placed and how its daemon does there (the status
+    document's `services.*.areas[].process`, orchestrator/area_health.py)."""
+    now = time.time() if now is None else now
+    table = Table(title="areas", expand=False)
+    for column in ("service", "area", "side", "health", "pid", "uptime", "restarts 1h",
+                   "last exit"):
+        table.add_column(column, no_wrap=True,
+                         justify="right" if column in ("pid", "uptime", "restarts 1h")
+                         else "left")
+    for name, svc in sorted(status.get("services", {}).items()):
+        for area in svc.get("areas", []):
+            process = area.get("process") or {}
+            started = process.get("started_at")
+            uptime = _duration(now - started) if isinstance(started, int | float) else ""
+            recent = process.get("restarts_1h")
+            exit_status = process.get("last_exit_status")
+            uuid8 = str(area.get("uuid", ""))[:8]
+            cells = (
+                name, f"{area['title']} ({uuid8})" if area.get("title") else uuid8,
+                str(process.get("side", "")),
+                str(process.get("health", "")) + (
+                    f" ({process['failures']} in a row)" if process.get("failures") else ""),
+                str(process.get("pid") or ""), uptime,
+                "" if recent is None else str(recent),
+                "" if exit_status is None else str(exit_status),
+            )
+            table.add_row(*(Text(cell) for cell in cells))  # a title is text, never markup
+    return table
+
+
+def area_rows(
+    status: dict[str, Any], *, service: str | None = None, now: float | None = None
+) -> list[dict[str, Any]]:
+    """One flat row per area (of `service`, or of all), for `monitord areas`: where it is
+    and how its daemon does there, and the downtime it had in its service's last move."""
+    now = time.time() if now is None else now
+    rows = []
+    for name, svc in sorted(status.get("services", {}).items()):
+        if service is not None and name != service:
+            continue
+        move = svc.get("last_move") if isinstance(svc.get("last_move"), dict) else {}
+        downtimes = move.get("area_downtime_s") or {}
+        for area in svc.get("areas", []):
+            process = area.get("process") or {}
+            started = process.get("started_at")
+            rows.append({
+                "service": name,
+                "uuid": area.get("uuid"),
+                "title": area.get("title"),
+                "location": area.get("location"),
+                "desired": area.get("desired"),
+                "phase": area.get("phase"),
+                "side": process.get("side", area.get("location")),
+                "health": process.get("health"),
+                "state": process.get("state"),
+                "pid": process.get("pid"),
+                "started_at": started,
+                "uptime_s": round(now - started, 1) if isinstance(started, int | float)
+                else None,
+                "restarts": process.get("restarts"),
+                "restarts_1h": process.get("restarts_1h"),
+                "failures": process.get("failures"),
+                "last_exit_status": process.get("last_exit_status"),
+                "last_downtime_s": downtimes.get(area.get("uuid")),
+                "last_move_finished_at": move.get("finished_at")
+                if area.get("uuid") in downtimes else None,
+            })
+    return rows
+
+
+def areas_listing(rows: list[dict[str, Any]]) -> Table:
+    """`monitord areas`: the rows of `area_rows` as a table."""
+    # No box: the full UUID (what `monitord logs` takes) and ten more columns fit in 120
+    # columns; a long title folds within its own column.
+    table = Table(box=None, expand=False, pad_edge=False)
+    right = ("pid", "uptime", "restarts", "1h", "downtime")
+    for column in ("service", "area", "title", "side", "health", "pid", "uptime", "restarts",
+                   "1h", "exit", "downtime"):
+        table.add_column(column, no_wrap=column != "title", overflow="fold",
+                         min_width=10 if column == "title" else None,
+                         justify="right" if column in right else "left")
+    for row in rows:
+        health = str(row["health"] or "")
+        if row.get("failures"):
+            health += f" ({row['failures']} in a row)"
+        downtime = row["last_downtime_s"]
+        table.add_row(
+            # a title is the operator's text: shown as written, never read as markup
+            row["service"], str(row["uuid"]), Text(str(row["title"] or "")),
+            str(row["side"] or ""),
+            health, str(row["pid"] or ""),
+            "" if row["uptime_s"] is None else _duration(row["uptime_s"]),
+            "" if row["restarts"] is None else str(row["restarts"]),
+            "" if row["restarts_1h"] is None else str(row["restarts_1h"]),
+            "" if row["last_exit_status"] is None else str(row["last_exit_status"]),
+            "" if downtime is None else f"{downtime:.2f} s",
+        )
+    return table
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
 def error_lines(status: dict[str, Any]) -> list[str]:
@@ -153,15 +268,20 @@ def loop_lines(status: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _print(console: Console, line: str) -> None:
+    """One line as written: never markup, never highlighted."""
+    console.print(line, highlight=False, soft_wrap=True, markup=False)
+
+
 def print_status(status: dict[str, Any], *, console: Console | None = None) -> None:
     console = console or Console()
-    for line in summary_lines(status):
-        console.print(line, highlight=False, soft_wrap=True)
-    for line in loop_lines(status):  # an error's text is printed as is, never as markup
-        console.print(line, highlight=False, soft_wrap=True, markup=False)
+    for line in (*summary_lines(status), *loop_lines(status)):
+        _print(console, line)
     console.print(services_table(status))
+    if any(svc.get("areas") for svc in status.get("services", {}).values()):
+        console.print(areas_table(status))
     for line in (*last_move_lines(status), *error_lines(status)):
-        console.print(line, highlight=False, soft_wrap=True)
+        _print(console, line)
 
 
 class Progress:
@@ -199,10 +319,8 @@ class Progress:
             f" state {svc.get('state', '?')}" + (f", phases {', '.join(phases)}" if phases else "")
         )
         if line != self._last:
-            self.console.print(line, highlight=False, soft_wrap=True)
+            _print(self.console, line)
             self._last = line
 
     def finish(self, outcome: str) -> None:
-        self.console.print(
-            f"{self.service} -> {self.target}: {outcome}", highlight=False, soft_wrap=True
-        )
+        _print(self.console, f"{self.service} -> {self.target}: {outcome}")

@@ -30,10 +30,11 @@ from pathlib import Path
 
 import asyncssh
 
-from monitord.base import atomic_file, logs
+from monitord.base import area_paths, atomic_file, logs
 from monitord.base.config import Config
 from monitord.base.metrics import Metrics
 from monitord.base.periodic import LoopBook
+from monitord.engine.abandoned_data import AbandonedData
 from monitord.engine.cleanup_worker import CleanupWorker
 from monitord.engine.lease_ledger import LeaseLedger
 from monitord.engine.lease_renewer import LeaseRenewer
@@ -91,7 +92,7 @@ class Orchestration:
         self.loops = LoopBook(metrics=self.metrics)
         self.owner_id = owner_id.load_or_create(work_dir)
         self.state = PlacementState(store=ctx.store, custom_config_path=ctx.custom_config_path)
-        self.supervisor = LocalSupervisor(state_dir=work_dir / "supervisor",
+        self.supervisor = LocalSupervisor(state_dir=work_dir / area_paths.SUPERVISOR_DIR,
                                           log_max_bytes=config.monitord.area_log_max_bytes,
                                           log_keep=config.monitord.area_log_keep,
                                           loops=self.loops)
@@ -168,6 +169,10 @@ class Orchestration:
             on_finished=self._transaction_finished,
             loops=self.loops,
         )
+        self.abandoned = AbandonedData(
+            state=self.state, store=ctx.store, remote=self.actions.remote_side,
+            keep_s=config.monitord.abandoned_data_keep_s,
+        )
         self.cleanup = CleanupWorker(
             store=ctx.store,
             sides=self.actions.sides,
@@ -175,6 +180,7 @@ class Orchestration:
             interval_s=config.monitord.cleanup_interval_s,
             lineage_of=self.state.lineage,
             loops=self.loops,
+            abandoned=self.abandoned,
         )
         self.reconciler = Reconciler(
             state=self.state,
@@ -204,6 +210,7 @@ class Orchestration:
             custom_config_path=ctx.custom_config_path,
             remote_state_path=ctx.remote_state_path,
         )
+        self.metrics.count_restarts_with(self.operator.restart_counts)
         self.remote_state = RemoteStateFile(ctx.remote_state_path)
         self._was_connected = False
         self._last_state: TunnelState | None = None

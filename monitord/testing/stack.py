@@ -121,6 +121,7 @@ class StackOptions:
     parallelism: int = 4
     data_bytes: int = 4096
     remote_daemon_args: tuple[str, ...] = ()  # e.g. ("--crash-after", "0.2"): never healthy
+    local_daemon_args: tuple[str, ...] = ()  # the same for the PBX's daemons
     extra_env: Mapping[str, str] = field(default_factory=dict)
     external_vps: ExternalVps | None = None  # None: the in-process VpsServer
     nats_target: str | None = None  # "host:port" of a real NATS server on this machine
@@ -259,7 +260,8 @@ class Stack:
         entries: list[dict[str, Any]] = []
         for service, count in o.services.items():
             document[f"services.{service}"] = {
-                "command": [*fake, "--side", "local", "--heartbeat", det],
+                "command": [*fake, "--side", "local", "--heartbeat", det,
+                            *o.local_daemon_args],
                 # Remote daemons report through the tunnel (as real ones reach NATS) AND
                 # straight to the detector: the VPS is this machine, so the detector sees a
                 # remote daemon even while the tunnel is cut — the split-brain check must
@@ -373,6 +375,11 @@ class Stack:
         await self.vps.accept_new_connections()
 
     @property
+    def work_dir(self) -> Path:
+        """monitord's work_dir on the PBX (state.db and what lives beside it)."""
+        return self.root / "work"
+
+    @property
     def vps_dir(self) -> Path:
         """remote_bin_dir on the VPS (this machine's filesystem either way)."""
         if self.options.external_vps is not None:
@@ -412,12 +419,26 @@ class Stack:
 
     # -- API ---------------------------------------------------------------------------------
 
-    async def request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    def api_token(self) -> str | None:
+        """The daemon's API token (work/api-token), as an authorised operator reads it; None
+        before the daemon wrote it."""
+        from monitord.surface import api_token
+
+        token, _ = api_token.read(self.root / "work")
+        return token
+
+    async def request(
+        self, method: str, path: str, body: Any = None, *, authorised: bool = True
+    ) -> tuple[int, Any]:
+        """One API request, with the API token (as the CLI sends it) unless not `authorised`."""
         assert self._session is not None
         url = f"http://127.0.0.1:{self.http_port}{path}"
         try:
             # A change is JSON, as the API requires (a bare POST would be refused).
             headers = {} if method in ("GET", "HEAD") else {"Content-Type": "application/json"}
+            token = self.api_token() if authorised else None
+            if token is not None:
+                headers["Authorization"] = f"Bearer {token}"
             async with self._session.request(method, url, json=body, headers=headers) as resp:
                 text = await resp.text()
                 try:

@@ -12,6 +12,15 @@ Upgrades: a running agent records which code it runs in `{dir}/agent.version` (t
 of the monitord.pyz it was started from). `agent-launch` from a different artifact (a new
 version was pushed) stops the old agent with SIGTERM — its daemons stay under their lease
 guards — and starts the new one, which adopts them; from the same artifact it does nothing.
+
+One supervisor: an agent records who started it in `{dir}/agent.supervisor` — `systemd` (the
+`monitord-agent` unit runs it with `--supervised-by systemd`) or `launch`. Where the unit runs
+the agent, `agent-launch` hands over to it instead of starting a second agent outside it: for
+an upgrade it stops the unit's agent and waits for the unit (`Restart=always`, the same pyz
+path) to start the new code; with no agent running but the unit installed, it waits for the
+unit first. It starts one itself only when the unit does not within its wait. The other way
+round, a unit's agent that finds the dir held by a launched agent stops that one and takes
+over (its daemons stay under their guards), so the unit ends up the one supervisor.
 """
 
 from __future__ import annotations
@@ -21,6 +30,10 @@ import os
 import subprocess
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from monitord.base import singleton
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -28,7 +41,14 @@ EXIT_DUPLICATE = 3
 ADDRESS_NAME = "agent.address"
 VERSION_NAME = "agent.version"
 LOCK_NAME = "agent"
+SUPERVISOR_NAME = "agent.supervisor"
+AGENT_LOG_NAME = "agent.log"  # in {dir}/logs/, through a log sink (capped and rotated)
 STOP_OLD_AGENT_S = 15.0
+AGENT_UNIT = "monitord-agent.service"
+# With the unit installed but no agent running, how long agent-launch waits for the unit to
+# start one (its Restart= delay, or its path unit noticing a first monitord.pyz) before it
+# starts one itself.
+UNIT_START_WAIT_S = 10.0
 
 
 def code_version() -> str:
@@ -57,6 +77,8 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
     _common_arguments(parser)
     # Set by agent-launch: the version it compares against is the one the agent records.
     parser.add_argument("--code-version", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--supervised-by", choices=("launch", "systemd"), default="launch",
+                        help="who restarts this agent (the unit passes systemd)")
 
 
 def add_agent_launch_arguments(parser: argparse.ArgumentParser) -> None:
@@ -74,17 +96,22 @@ def main_agent(args: argparse.Namespace) -> int:
     log = logs.get_logger(__name__)
     base_dir: Path = args.dir.resolve()
     base_dir.mkdir(parents=True, exist_ok=True)
+    lock: singleton.InstanceLock | None
     try:
         lock = singleton.acquire(base_dir, name=LOCK_NAME)
     except singleton.AlreadyRunning as e:
-        log.error("duplicate_instance", error_code="DUPLICATE_INSTANCE",
-                  holder_pid=e.holder_pid, dir=str(base_dir))
-        return EXIT_DUPLICATE
+        lock = _take_over(base_dir, log) if args.supervised_by == "systemd" else None
+        if lock is None:
+            log.error("duplicate_instance", error_code="DUPLICATE_INSTANCE",
+                      holder_pid=e.holder_pid, dir=str(base_dir))
+            return EXIT_DUPLICATE
     with lock:
         from monitord.base import atomic_file
 
         version = args.code_version or code_version()
         atomic_file.atomic_write_bytes(base_dir / VERSION_NAME, (version + "\n").encode())
+        atomic_file.atomic_write_bytes(base_dir / SUPERVISOR_NAME,
+                                       (args.supervised_by + "\n").encode())
         try:
             return asyncio.run(_serve(args, base_dir=base_dir))
         except OSError as e:
@@ -139,6 +166,55 @@ async def _serve(args: argparse.Namespace, *, base_dir: Path) -> int:
     return EXIT_FAILURE if failures else EXIT_OK
 
 
+def _take_over(base_dir: Path, log: Any) -> singleton.InstanceLock | None:
+    """The unit's agent found the dir held: by an agent `agent-launch` started, which it stops
+    (its daemons stay under their guards, this one adopts them) before taking the lock; the
+    lock, or None when the holder is the unit's own or would not let go."""
+    from monitord.base import singleton
+
+    if _supervisor(base_dir) == "systemd":
+        return None  # another unit's agent: a real duplicate
+    log.info("agent_taking_over", dir=str(base_dir), holder=_supervisor(base_dir))
+    if not _stop_old_agent(base_dir):
+        return None
+    try:
+        return singleton.acquire(base_dir, name=LOCK_NAME)
+    except singleton.AlreadyRunning:
+        return None
+
+
+def _supervisor(base_dir: Path) -> str:
+    try:
+        return (base_dir / SUPERVISOR_NAME).read_text().strip() or "launch"
+    except OSError:
+        return "launch"
+
+
+def _unit_installed() -> bool:
+    """Whether the agent's systemd unit is installed and enabled on this VPS (asked of
+    systemctl, which any user may ask; False without systemd)."""
+    try:
+        shown = subprocess.run(
+            ["systemctl", "show", AGENT_UNIT, "--property=LoadState,UnitFileState"],
+            capture_output=True, text=True, timeout=5, check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    fields = dict(line.partition("=")[::2] for line in shown.stdout.splitlines())
+    return fields.get("LoadState") == "loaded" and fields.get("UnitFileState") in (
+        "enabled", "enabled-runtime", "static", "linked")
+
+
+def _wait_ready(base_dir: Path, *, version: str, wait_s: float) -> bool:
+    """Whether an agent of `version` is ready on `base_dir` within `wait_s`."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if _ready(base_dir) and _running_version(base_dir) == version:
+            return True
+        time.sleep(0.1)  # poll interval of a bounded wait for another process
+    return False
+
+
 def _ready(base_dir: Path) -> bool:
     """The agent holds its lock, is listening and answers /readyz."""
     from monitord.base import singleton
@@ -189,7 +265,7 @@ def _stop_old_agent(base_dir: Path) -> bool:
 
 def main_agent_launch(args: argparse.Namespace) -> int:
 
-    from monitord.base import singleton
+    from monitord.base import log_sink, singleton
     from monitord.vps import event_log as logs
     from monitord.vps.area_runner import vps_command, vps_environment
 
@@ -202,19 +278,35 @@ def main_agent_launch(args: argparse.Namespace) -> int:
         running = _running_version(base_dir)
         if running == wanted:
             return EXIT_OK
-        log.info("agent_upgrading", dir=str(base_dir), running=running, new=wanted)
+        by_unit = _supervisor(base_dir) == "systemd"
+        log.info("agent_upgrading", dir=str(base_dir), running=running, new=wanted,
+                 supervisor="systemd" if by_unit else "launch")
         if not _stop_old_agent(base_dir):
             log.error("agent_upgrade_failed", error_code="DAEMON_STOP_FAILED", dir=str(base_dir),
                       detail="the running agent did not release its lock")
             return EXIT_FAILURE
+        # The unit restarts its agent from the same pyz path, now the new code.
+        if by_unit and _wait_ready(base_dir, version=wanted, wait_s=args.wait):
+            log.info("agent_restarted_by_unit", dir=str(base_dir), version=wanted)
+            return EXIT_OK
+    elif _unit_installed():
+        if _wait_ready(base_dir, version=wanted, wait_s=min(args.wait, UNIT_START_WAIT_S)):
+            log.info("agent_started_by_unit", dir=str(base_dir), version=wanted)
+            return EXIT_OK
+        log.warning("agent_unit_silent", dir=str(base_dir), unit=AGENT_UNIT,
+                    detail="the unit did not start the agent: starting it outside the unit")
     (base_dir / "logs").mkdir(exist_ok=True)
     env = vps_environment(dict(os.environ))
     argv = vps_command("agent", "--dir", str(base_dir), "--stop-grace", str(args.stop_grace),
                        "--fence-grace", str(args.fence_grace), "--log-format", "json",
                        "--code-version", wanted)
-    with open(base_dir / "logs" / "agent.log", "ab") as out:
-        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                 env=env, start_new_session=True, close_fds=True)
+    # agent.log through a log sink, capped and rotated like an area's log (docs/agent.md)
+    child, _ = log_sink.spawn_logged(
+        argv, env=env, sink_env=vps_environment(dict(os.environ)),
+        sink_argv=vps_command("log-sink", *log_sink.arguments(
+            path=base_dir / "logs" / AGENT_LOG_NAME, max_bytes=log_sink.DEFAULT_MAX_BYTES,
+            keep=log_sink.DEFAULT_KEEP)),
+    )
     deadline = time.monotonic() + args.wait
     while time.monotonic() < deadline:
         if _ready(base_dir):

@@ -3,7 +3,10 @@
 The same shape as the PBX side's lines (monitord.base.logs, which needs structlog and so
 cannot run on a bare VPS Python): `event`, `level`, `timestamp` (ISO 8601, UTC),
 `logger_name`, then the call's own fields (`area`, `generation`, `error_code`, ...). The agent's
-stderr is `{dir}/logs/agent.log`; a bundle or `journalctl` reader parses both sides alike.
+stderr is `{dir}/logs/agent.log` (through a log sink that caps and rotates it) or, under its
+unit, the journal: then each line is sent as a native journal entry with the MONITORD_* fields
+(monitord.base.journal_native, `SYSLOG_IDENTIFIER=monitord-agent`), stderr taking any line the
+socket does not. A bundle or `journalctl` reader parses both sides alike.
 
     log = event_log.get_logger(__name__)
     log.info("area_created", area=area, generation=7)
@@ -17,17 +20,25 @@ import time
 import traceback
 from typing import Any
 
+from monitord.base import journal_native
+
 _LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
 _threshold = _LEVELS["info"]
 _console = False
+_journal: journal_native.JournalSocket | None = None
+JOURNAL_IDENTIFIER = "monitord-agent"
 
 
 def configure(fmt: str = "auto", *, level: str = "info") -> None:
     """`fmt` json, console (`event key=value`, for a person at a terminal) or auto (console
     on a terminal); lines below `level` are dropped."""
-    global _threshold, _console
+    global _threshold, _console, _journal
     _threshold = _LEVELS[level]
     _console = fmt == "console" or (fmt == "auto" and sys.stderr.isatty())
+    if _journal is not None:
+        _journal.close()
+    _journal = (journal_native.JournalSocket.open()
+                if journal_native.stderr_is_journal() else None)
 
 
 class EventLogger:
@@ -52,6 +63,10 @@ class EventLogger:
             record = {"event": event, "level": level, "timestamp": stamp + "Z",
                       "logger_name": self.name, **fields}
             line = json.dumps(record, default=str)
+        if _journal is not None and _journal.send(journal_native.entry_fields(
+                message=line, level=level, identifier=JOURNAL_IDENTIFIER,
+                event={"event": event, **fields})):
+            return
         try:
             sys.stderr.write(line + "\n")
             sys.stderr.flush()

@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import os
 import shutil
+import stat
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -35,7 +37,7 @@ from monitord.vps import area_runner, event_log, lease_file, lease_table, spool_
 from monitord.vps.area_runner import AreaRunner, GuardHandle
 from monitord.vps.lease_table import AreaEntry, AreaSpec, CreateVerdict, GenerationCheck
 from orchestrator import names
-from orchestrator.errors import PermanentError
+from orchestrator.errors import ErrorCode, PermanentError, file_error_code
 
 _RESET_BACKOFF_AFTER_S = 10.0
 MAX_HEALTH_WAIT_S = 10.0  # the longest a health question is held open
@@ -58,6 +60,24 @@ T = TypeVar("T")
 def _encoded(listing: bytes) -> str:
     """A listing in JSON: base64, since a listing is bytes (file names need not be UTF-8)."""
     return base64.b64encode(listing).decode("ascii")
+
+
+def copy_step_error(error: OSError, *, area: str, doing: str, path: Path) -> AgentError:
+    """A file system error of a copy step, named by its cause on the VPS (a full disk with
+    the free space left, a refused path, a name too long: orchestrator.errors
+    .file_error_code), else COPY_INCOMPLETE (500 either way: nothing was changed)."""
+    code = file_error_code(error.errno, remote=True)
+    detail = f"area {area}: cannot {doing}: {error.strerror or error}"
+    if error.filename:
+        detail += f" ({error.filename})"
+    if code is ErrorCode.REMOTE_DISK_FULL:
+        with contextlib.suppress(OSError):
+            where = path
+            while not where.exists() and where != where.parent:
+                where = where.parent
+            st = os.statvfs(where)
+            detail += f" — VPS: {where} has {st.f_bavail * st.f_frsize} bytes free"
+    return AgentError(code=str(code or "COPY_INCOMPLETE"), detail=detail, status=500)
 
 
 def bad_request(detail: str) -> AgentError:
@@ -326,6 +346,26 @@ class AgentRuntime:
             ) from e
         return str(target)
 
+    async def remove_set_aside(self, name: str) -> dict[str, Any]:
+        """DELETE /v1/abandoned/{name}: remove one copy `delete(aside=True)` set aside, once
+        the PBX's keep time for it has passed ("absent" when it is gone already). Only a
+        plain directory directly inside `{dir}/abandoned` is removed, never through a link."""
+        aside_dir = self.base_dir / "abandoned"
+        target = aside_dir / name
+        try:
+            if not stat.S_ISDIR(os.lstat(target).st_mode):
+                raise AgentError(code="CLEANUP_STUCK", status=409,
+                                 detail=f"{target} is not a directory: left as it is")
+            await asyncio.to_thread(shutil.rmtree, target)
+        except FileNotFoundError:
+            return {"name": name, "result": "absent"}
+        except OSError as e:
+            raise AgentError(code="CLEANUP_STUCK", status=500,
+                             detail=f"cannot remove {target}: {e.strerror or e}") from e
+        tree_digest.forget(target)  # what a forensic fetch's listing left beside it
+        log.info("set_aside_removed", path=str(target))
+        return {"name": name, "result": "deleted"}
+
     async def promote(self, area: str, *, data_dir: str, expect: str) -> dict[str, Any]:
         """POST /v1/areas/{area}/promote: an upload's last step, here rather than in a new
         process (inside the area's downtime). The staging dir of `data_dir` is digested
@@ -345,10 +385,8 @@ class AgentRuntime:
                     tree_digest.verify_and_promote, Path(data_dir), expect
                 )
             except OSError as e:
-                raise AgentError(
-                    code="COPY_INCOMPLETE", status=500,
-                    detail=f"area {area}: cannot promote {data_dir}: {e.strerror or e}",
-                ) from e
+                raise copy_step_error(e, area=area, doing=f"promote {data_dir}",
+                                      path=Path(data_dir)) from e
         log.info("area_data_promoted" if promoted else "area_data_differs", area=area,
                  data_dir=data_dir)
         return {"area": area, "promoted": promoted}
@@ -382,10 +420,7 @@ class AgentRuntime:
             try:
                 return await asyncio.to_thread(work, path)
             except OSError as e:
-                raise AgentError(
-                    code="COPY_INCOMPLETE", status=500,
-                    detail=f"area {area}: cannot {doing}: {e.strerror or e}",
-                ) from e
+                raise copy_step_error(e, area=area, doing=doing, path=path) from e
 
     async def renew(
         self, *, owner_id: str, ttl_s: float, areas: Mapping[str, int]

@@ -8,7 +8,11 @@ carries the secret. Every route except `GET /livez` still needs
 request, so re-provisioning takes effect at once; compared in constant time).
 
 One request per connection (`Connection: close`); requests are bounded (head 16 KiB, body
-1 MiB, 30 s to arrive) so a stuck or hostile client holds nothing for long. Errors are JSON:
+1 MiB, 30 s to arrive) so a stuck or hostile client holds nothing for long. Numbers on the
+wire (Content-Length, `generation=`) are ASCII digits only, integers in [0, 2^63), and
+bodies are JSON within monitord.base.bounded_json's bounds (nesting, digits, no NaN): all
+else is 400 BAD_REQUEST, never an exception that leaves the client without an answer.
+Errors are JSON:
 `{"error": {"code", "detail"}}` with the project's stable codes. Bodies are validated here,
 at the edge, into frozen values and handed to `AgentRuntime`. Routes: docs/agent.md.
 Called by monitord.vps.cli (`monitord agent`).
@@ -27,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from monitord.base import bounded_json, log_tail
 from monitord.vps.lease_table import AreaSpec
 from monitord.vps.runtime import (
     MAX_HEALTH_WAIT_S,
@@ -42,6 +47,11 @@ SOCKET_NAME = "agent.sock"
 MAX_HEAD_BYTES = 16 * 1024
 MAX_BODY_BYTES = 1024 * 1024
 REQUEST_TIMEOUT_S = 30.0
+# Generations and counts are SQLite INTEGERs on the owner's side: [0, 2^63).
+MAX_INTEGER = 2**63 - 1
+# A number on the wire is ASCII digits only: `str.isdigit` also takes "²" (which int()
+# refuses) and "١" (which int() reads as 1).
+_ASCII_COUNT = re.compile(r"[0-9]{1,19}")
 
 
 @dataclass(frozen=True)
@@ -99,9 +109,9 @@ class RenewBody:
 
 def _document(raw: bytes) -> dict[str, Any]:
     try:
-        value = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise bad_request(f"body is not JSON: {e}") from e
+        value = bounded_json.loads(raw)  # nesting, integer digits and NaN bounded
+    except bounded_json.JsonRefused as e:
+        raise bad_request(f"body is not JSON within bounds: {e}") from e
     if not isinstance(value, dict):
         raise bad_request("(body): must be a JSON object")
     return value
@@ -115,8 +125,8 @@ def _text(doc: Mapping[str, Any], key: str) -> str:
 
 
 def _count(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise bad_request(f"{where}: must be a non-negative integer")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_INTEGER:
+        raise bad_request(f"{where}: must be an integer in [0, 2^63)")
     return value
 
 
@@ -180,10 +190,16 @@ def parse_renew(raw: bytes) -> RenewBody:
 Handler = Callable[[AgentRuntime, Request, Optional[str]], Awaitable[Response]]
 
 
+def _digits(raw: str) -> bool:
+    """ASCII digits, at most 20 of them (`str.isdigit` alone takes `²`, which int() refuses,
+    and int() of thousands of digits raises: either would cost the client its answer)."""
+    return raw.isascii() and raw.isdigit() and len(raw) <= 20
+
+
 def _generation_param(request: Request) -> int:
     raw = request.query.get("generation", "")
-    if not raw.isdigit():
-        raise bad_request("query parameter generation=N (a non-negative integer) is required")
+    if _ASCII_COUNT.fullmatch(raw) is None or int(raw) > MAX_INTEGER:
+        raise bad_request("query parameter generation=N (ASCII digits, below 2^63) is required")
     return int(raw)
 
 
@@ -232,6 +248,38 @@ async def area_health(runtime: AgentRuntime, request: Request, name: str | None)
         min_uptime_s=_seconds_param(request, "min_uptime_s", maximum=86400.0),
         wait_s=_seconds_param(request, "wait_s", maximum=MAX_HEALTH_WAIT_S),
     ))
+
+
+def _count_param(request: Request, key: str, *, default: int | None, maximum: int) -> int | None:
+    raw = request.query.get(key)
+    if raw is None:
+        return default
+    if not _digits(raw) or int(raw) > maximum:
+        raise bad_request(f"query parameter {key}=N (an integer, 0 to {maximum}) is wanted")
+    return int(raw)
+
+
+async def area_log(runtime: AgentRuntime, request: Request, name: str | None) -> Response:
+    """The area's log `{dir}/logs/{area}.log`, read-only and bounded (monitord.base.log_tail):
+    `?lines=N` its last N lines, `?offset=N&file=I` what was appended since that position
+    (a follower's next read); at most `max_bytes` (1 MiB) either way. It answers for an area
+    the agent no longer holds too (its log stays until the area is deleted from the VPS)."""
+    area = _area(name)
+    path = str(runtime.runner.logs_dir / f"{area}.log")
+    max_bytes = _count_param(request, "max_bytes", default=log_tail.MAX_BYTES,
+                             maximum=log_tail.MAX_BYTES)
+    offset = _count_param(request, "offset", default=None, maximum=2**63 - 1)
+    assert max_bytes is not None
+    if offset is not None:
+        file = _count_param(request, "file", default=None, maximum=2**64 - 1)
+        doc = await asyncio.to_thread(log_tail.read_from, path, file=file, offset=offset,
+                                      max_bytes=max_bytes)
+    else:
+        lines = _count_param(request, "lines", default=log_tail.DEFAULT_LINES,
+                             maximum=log_tail.MAX_LINES)
+        assert lines is not None
+        doc = await asyncio.to_thread(log_tail.tail, path, lines=lines, max_bytes=max_bytes)
+    return Response(200, {"area": area, **doc})
 
 
 async def put_area(runtime: AgentRuntime, request: Request, name: str | None) -> Response:
@@ -297,6 +345,16 @@ async def area_listing(runtime: AgentRuntime, request: Request, name: str | None
     return Response(200, await runtime.listing(area, data_dir=data_dir))
 
 
+# A copy `DELETE /v1/areas/{area}?aside=1` set aside: `{area}-g{generation}-{time}`.
+_SET_ASIDE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}-g[0-9]{1,19}-[0-9]{1,12}")
+
+
+async def delete_set_aside(runtime: AgentRuntime, request: Request, name: str | None) -> Response:
+    if name is None or _SET_ASIDE_NAME.fullmatch(name) is None:
+        raise bad_request("the name of a set-aside copy ({area}-g{generation}-{time}) is required")
+    return Response(200, await runtime.remove_set_aside(name))
+
+
 async def renew_leases(runtime: AgentRuntime, request: Request, _: str | None) -> Response:
     body = parse_renew(request.body)
     # One bad name never fails the batch (every other area would lose its lease): the
@@ -319,12 +377,14 @@ ROUTES: tuple[tuple[str, str, Handler], ...] = (
     ("GET", "/v1/inventory", inventory),
     ("GET", "/v1/areas/{area}", get_area),
     ("GET", "/v1/areas/{area}/health", area_health),
+    ("GET", "/v1/areas/{area}/log", area_log),
     ("PUT", "/v1/areas/{area}", put_area),
     ("POST", "/v1/areas/{area}/stop", stop_area),
     ("POST", "/v1/areas/{area}/copy/promote", promote_area_data),
     ("POST", "/v1/areas/{area}/copy/staging", area_staging),
     ("POST", "/v1/areas/{area}/listing", area_listing),
     ("DELETE", "/v1/areas/{area}", delete_area),
+    ("DELETE", "/v1/abandoned/{area}", delete_set_aside),
     ("POST", "/v1/leases/renew", renew_leases),
 )
 # Each template as the pattern a raw path must match whole: `{area}` is one path segment.
@@ -418,7 +478,7 @@ async def read_request(reader: asyncio.StreamReader) -> Request:
     if "chunked" in headers.get("transfer-encoding", "").lower():
         raise _Malformed("chunked bodies are not accepted")
     length_text = headers.get("content-length", "0")
-    if not length_text.isdigit() or int(length_text) > MAX_BODY_BYTES:
+    if _ASCII_COUNT.fullmatch(length_text) is None or int(length_text) > MAX_BODY_BYTES:
         raise _Malformed("missing, bad or too large Content-Length")
     try:
         body = await reader.readexactly(int(length_text))
@@ -502,6 +562,6 @@ def probe(path: Path, route: str, *, secret: str, timeout_s: float = 1.0) -> int
         )
         head = sock.recv(64)
     parts = head.split(b" ", 2)
-    if len(parts) < 2 or not parts[1].isdigit():
+    if len(parts) < 2 or _ASCII_COUNT.fullmatch(parts[1].decode("latin-1")) is None:
         raise OSError(f"not an HTTP answer from {path}")
     return int(parts[1])

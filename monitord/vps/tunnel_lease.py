@@ -334,7 +334,8 @@ def _session_alive(session: Any) -> bool:
 def _tcp_tuple(ssh_connection: str) -> tuple[str, int, str, int] | None:
     """(client ip, client port, server ip, server port) from $SSH_CONNECTION."""
     parts = ssh_connection.split()
-    if len(parts) != 4 or not parts[1].isdigit() or not parts[3].isdigit():
+    if len(parts) != 4 or not all(p.isascii() and p.isdigit() and len(p) <= 5
+                                  for p in (parts[1], parts[3])):
         return None
     return parts[0], int(parts[1]), parts[2], int(parts[3])
 

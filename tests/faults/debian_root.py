@@ -9,7 +9,11 @@ flock, so a half-built root is never used and two runs never build the same one 
 `RELEASES` names what each suite ships (the matrix asserts it, so a root that is not what it
 claims fails loudly); the table in docs/vps-setup.md lists the same releases.
 
-`python -m tests.faults.debian_root [SUITE ...]` builds the roots ahead of a test run.
+`pbx_root()` is the PBX's release (`PBX_SUITE`) with python3, systemd and openssh-client:
+what tests/faults/test_deb_package.py installs the package into (`systemd-analyze` is there).
+
+`python -m tests.faults.debian_root [SUITE ...]` builds the roots ahead of a test run (all of
+them, the PBX root too, without arguments).
 """
 
 from __future__ import annotations
@@ -31,6 +35,13 @@ PACKAGES = "openssh-server,python3,iproute2,procps"
 BUILD_TIMEOUT_S = 600.0
 # The file whose presence marks a finished root (a rename publishes the whole tree).
 READY_MARK = "usr/sbin/sshd"
+# The PBX's root: the Debian release the package is built for, with systemd for
+# `systemd-analyze verify` and the sysusers/tmpfiles tools the package's scripts use, and
+# ssh-keygen for docs/install.md's key (a standard Debian install has all three).
+PBX_SUITE = "bookworm"
+PBX_ROOT_NAME = "bookworm-pbx"
+PBX_PACKAGES = "python3,systemd,openssh-client"
+PBX_READY_MARK = "usr/bin/ssh-keygen"
 
 
 @dataclass(frozen=True)
@@ -58,6 +69,11 @@ def can_build_roots() -> bool:
     )
 
 
+def can_build_pbx_root() -> bool:
+    return (shutil.which("mmdebstrap") is not None
+            or (ROOTS_DIR / PBX_ROOT_NAME / PBX_READY_MARK).exists())
+
+
 @contextlib.contextmanager
 def _build_lock(suite: str) -> Iterator[None]:
     ROOTS_DIR.mkdir(parents=True, exist_ok=True)
@@ -71,23 +87,33 @@ def _build_lock(suite: str) -> Iterator[None]:
 
 def debian_root(suite: str) -> Path:
     """The cached root of `suite`, built first if this machine has none."""
-    root = ROOTS_DIR / suite
-    if (root / READY_MARK).exists():
+    return _root(suite, name=suite, packages=PACKAGES, ready_mark=READY_MARK)
+
+
+def pbx_root() -> Path:
+    """The cached PBX root (PBX_SUITE with python3 and systemd), built first if missing."""
+    return _root(PBX_SUITE, name=PBX_ROOT_NAME, packages=PBX_PACKAGES,
+                 ready_mark=PBX_READY_MARK)
+
+
+def _root(suite: str, *, name: str, packages: str, ready_mark: str) -> Path:
+    root = ROOTS_DIR / name
+    if (root / ready_mark).exists():
         return root
-    with _build_lock(suite):
-        if (root / READY_MARK).exists():
+    with _build_lock(name):
+        if (root / ready_mark).exists():
             return root
         if shutil.which("mmdebstrap") is None:
             raise RootBuildError("mmdebstrap is not installed (apt-get install mmdebstrap)")
-        scratch = Path(tempfile.mkdtemp(prefix=f".{suite}.", dir=ROOTS_DIR))
+        scratch = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=ROOTS_DIR))
         target = scratch / "root"
         try:
             done = subprocess.run(
-                ["mmdebstrap", "--variant=minbase", f"--include={PACKAGES}", "--quiet",
+                ["mmdebstrap", "--variant=minbase", f"--include={packages}", "--quiet",
                  suite, str(target), MIRROR],
                 capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False,
             )
-            if done.returncode != 0 or not (target / READY_MARK).exists():
+            if done.returncode != 0 or not (target / ready_mark).exists():
                 raise RootBuildError(
                     f"mmdebstrap {suite} -> {done.returncode}: {done.stderr[-2000:]}")
             if root.exists():  # an unfinished leftover of an older run
@@ -101,6 +127,8 @@ def debian_root(suite: str) -> Path:
 def main(argv: list[str]) -> int:
     for suite in argv or list(RELEASES):
         print(f"{suite}: {debian_root(suite)}", flush=True)
+    if not argv:
+        print(f"{PBX_ROOT_NAME}: {pbx_root()}", flush=True)
     return 0
 
 

@@ -18,6 +18,12 @@ only the VPS network: 127.0.0.1 there is the VPS's own loopback, and the PBX is 
 through the tunnel's reverse forwards or at 10.231.N.1 over the veth. Files live in `tmp`
 (same filesystem as the PBX side; only the network is separated).
 
+The VPS's processes see the files through a mount namespace of their own (sshd's, which
+`ip netns exec` made): `mount_tmpfs(path, size_bytes=)` gives a path there a small file
+system of its own (a full VPS disk), `in_mounts(argv)` runs a command as the VPS sees its
+files (`nsenter` into sshd's mounts and root), `fs_usage(path)` reads that file system's
+used and free bytes. The mount dies with the namespace's last process.
+
 Faults (`NetnsVps`): `link_down()` / `link_up()` (`ip link set … down`: both ends see the
 carrier go), `black_hole()` / `heal()` (an nft table inside the namespace drops every SSH
 packet both ways: no reset, no FIN — only keepalives can tell the peer is gone), `reboot()`
@@ -50,6 +56,7 @@ from tests.support import ssh_keys, sshd
 SSHD_BINARY = Path("/usr/sbin/sshd")
 IP_BINARY = "ip"
 NFT_BINARY = "nft"
+NSENTER_BINARY = "nsenter"
 SSH_PORT = 22
 COMMAND_TIMEOUT_S = 10.0
 START_TIMEOUT_S = 10.0
@@ -241,6 +248,26 @@ class NetnsVps:
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    # -- the VPS's own mounts -------------------------------------------------------------
+
+    def in_mounts(self, argv: Sequence[str]) -> str:
+        """Run `argv` in sshd's mount namespace and root (as the VPS sees its files)."""
+        assert self.sshd is not None and self.sshd.returncode is None
+        return run_command([NSENTER_BINARY, "--target", str(self.sshd.pid), "--mount",
+                            "--root", *argv])
+
+    def mount_tmpfs(self, path: Path, *, size_bytes: int) -> None:
+        """A tmpfs of `size_bytes` at `path`, seen by every process the VPS starts from now."""
+        path.mkdir(parents=True, exist_ok=True)
+        self.in_mounts(["mount", "-t", "tmpfs", "-o", f"size={size_bytes},mode=0755",
+                        "tmpfs", str(path)])
+
+    def fs_usage(self, path: Path) -> tuple[int, int]:
+        """(used, free) bytes of the file system holding `path`, as the VPS sees it."""
+        out = self.in_mounts(["stat", "-f", "-c", "%b %f %a %S", str(path)])
+        total, free, avail, block = (int(v) for v in out.split())
+        return (total - free) * block, avail * block
 
     # -- faults --------------------------------------------------------------------------
 

@@ -61,3 +61,51 @@ class TestAVpsThatNeverComesBack:
         assert rows and rows[0]["set_aside_path"], rows
         kept = Path(rows[0]["set_aside_path"])
         assert kept.parent == stack.vps_dir / "abandoned" and any(kept.iterdir())
+
+
+class TestTimedGiveUpAndForensics:
+    async def test_given_up_by_itself_then_fetched_for_forensics_over_real_openssh(
+        self, fault_stack: FaultStackFactory, netns_vps: NetnsVps
+    ) -> None:
+        """`vps_lost_after_s` with `on_vps_lost = "home"`: nobody asks, and tg still comes
+        home — no earlier than the VPS's copy is provably fenced. When SSH returns, the copy
+        is set aside there, and `monitord fetch-abandoned` brings exactly it to the PBX."""
+        stack = await fault_stack(services={"tg": 1},
+                                  monitord_overrides={"vps_lost_after_s": 2.0},
+                                  service_overrides={"on_vps_lost": "home"})
+        (area,) = stack.areas["tg"]
+        await stack.place("tg", "remote")
+        await stack.wait_settled(expect={"tg": "remote"}, timeout_s=90)
+        await asyncio.sleep(1.0)  # records written on the VPS only
+        stack.accepted_data_loss.add(area)  # the policy's accepted loss
+        lost_at = time.time()
+        netns_vps.black_hole()
+
+        await stack.wait_until(lambda: _runs_on(stack, area, "local"), timeout_s=90,
+                               what="tg home by itself on the PBX's copy")
+        [abandoned] = stack.events("remote_data_abandoned")
+        assert (abandoned["area"], abandoned["reason"]) == (area, "policy")
+        [life] = [x for x in stack.detector.lives(area)
+                  if x.key.side == "local" and x.first_seen >= lost_at]
+        # the area lease (3 s in the stack) and its margin: never before the copy fenced
+        assert life.first_seen - lost_at >= 3.0
+        assert not _runs_on(stack, area, "remote")
+
+        netns_vps.heal()
+        await stack.wait_settled(expect={"tg": "local"}, timeout_s=120)
+
+        async def set_aside() -> list[dict[str, object]]:
+            return [r for r in (await stack.status())["abandoned_data"]
+                    if r["area"] == area and r["set_aside_path"]]
+        await stack.wait_until(set_aside, timeout_s=60, what="the VPS's copy set aside")
+        [row] = await set_aside()
+        kept = Path(str(row["set_aside_path"]))
+        fetched = await run_cli("fetch-abandoned", area, "-c", str(stack.config_path))
+        assert fetched.code == 0, fetched.stderr
+        to = stack.work_dir / "abandoned" / kept.name
+        files = {p.relative_to(kept): p.read_bytes() for p in kept.rglob("*") if p.is_file()}
+        assert files and files == {
+            p.relative_to(to): p.read_bytes() for p in to.rglob("*") if p.is_file()}
+        late = [x.key for x in stack.detector.lives(area)
+                if x.key.side == "remote" and x.first_seen >= lost_at]
+        assert late == [], "neither the VPS's return nor the fetch ran it there again"

@@ -16,8 +16,8 @@ import os
 from hypothesis import HealthCheck, Phase, settings
 
 _COUNTS = {
-    "dev": {"config": 100, "api": 100, "agent": 100},
-    "ci": {"config": 600, "api": 500, "agent": 500},
+    "dev": {"config": 100, "api": 100, "agent": 100, "vps": 100},
+    "ci": {"config": 600, "api": 500, "agent": 500, "vps": 400},
 }
 
 _IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -25,7 +25,8 @@ NAME = os.environ.get("MONITORD_FUZZ_PROFILE", "ci" if _IN_CI else "dev")
 
 
 def profile(strategy: str) -> settings:
-    """The settings of one fuzz strategy ("config", "api", "agent") under the active profile."""
+    """The settings of one fuzz strategy ("config", "api", "agent", "vps") under the active
+    profile."""
     ci = NAME == "ci"
     return settings(
         max_examples=_COUNTS[NAME][strategy],

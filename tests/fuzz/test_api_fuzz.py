@@ -29,6 +29,7 @@ from monitord.store.state_db import Store
 from monitord.surface import http_api
 from monitord.surface.admission import Admission
 from orchestrator.errors import ErrorCode
+from tests.support import api_auth
 
 from .profiles import demo, profile
 
@@ -68,8 +69,9 @@ async def _start(root: Path) -> tuple[Store, TestClient[web.Request, web.Applica
         admission=admission,
         placement=http_api.StorePlacementIntake(store),
         custom_config_path=custom,
+        api_token=api_auth.TOKEN,
     )
-    client = TestClient(TestServer(http_api.build_app(ctx)))
+    client = TestClient(TestServer(http_api.build_app(ctx)), headers=api_auth.HEADERS)
     await client.start_server()
     return store, client, custom
 

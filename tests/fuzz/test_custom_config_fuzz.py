@@ -1,8 +1,10 @@
 """Fuzz: custom_config.json entries (monitord.store.spool_files).
 
 Promise: `parse_custom_config` never raises for a list of entries (ConfigCorrupt only for a
-wrong top-level shape); every entry it returns has a uuid and service that are names; every
-valid entry with a unique uuid is kept, every other entry is in `invalid` at its position;
+wrong top-level shape); `read_custom_config` of any text (huge numbers, deep nesting, odd
+constants) returns or raises ConfigCorrupt, nothing else; every entry it returns has a uuid
+and service that are names; every valid entry with a unique uuid is kept, every other entry
+is in `invalid` at its position;
 `update_area_placement` of a kept entry changes that entry's location and generation and
 leaves every other raw entry (and top-level key) equal in JSON terms.
 """
@@ -69,6 +71,7 @@ locations: st.SearchStrategy[Any] = st.one_of(
 )
 generations: st.SearchStrategy[Any] = st.one_of(
     st.integers(min_value=0, max_value=2**63), st.integers(max_value=-1), st.booleans(),
+    st.sampled_from([2**63 - 1, 2**63, 2**64, 10**99]),
     st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=5), st.none(),
 )
 extra_fields = st.dictionaries(
@@ -123,7 +126,8 @@ def _reference_valid(raw: Any) -> bool:
     if raw.get("location", "local") not in ("local", "remote"):
         return False
     generation = raw.get("generation", 0)
-    return isinstance(generation, int) and not isinstance(generation, bool) and generation >= 0
+    return (isinstance(generation, int) and not isinstance(generation, bool)
+            and 0 <= generation < 2**63)
 
 
 Parser = Callable[..., spool_files.CustomConfig]
@@ -258,3 +262,43 @@ def test_an_invalid_twin_quarantines_the_valid_entry_so_no_commit_can_hit_it(
     check_entries(daemons, workdir=workdir)
     config = spool_files.parse_custom_config({"custom_daemons": daemons}, path=workdir / "c")
     assert config.entries == () and [e.position for e in config.invalid] == [0, 1]
+
+
+# -- hostile text: the loader itself ---------------------------------------------------------
+
+hostile_pieces = st.one_of(
+    st.sampled_from(["[", "]", "{", "}", '"', "\\", ",", ":", "NaN", "-Infinity", "1e999",
+                     "true", "null", " ", "\n"]),
+    st.integers(min_value=1, max_value=6000).map(lambda n: "9" * n),
+    st.integers(min_value=1, max_value=3000).map(lambda n: "[" * n),
+    st.integers(min_value=1, max_value=3000).map(lambda n: '{"a":' * n),
+    st.text(max_size=10),
+)
+
+
+@st.composite
+def hostile_texts(draw: st.DrawFn) -> str:
+    """A valid file with hostile pieces spliced in, or hostile pieces alone."""
+    valid = json.dumps({"custom_daemons": [{"uuid": UUID_POOL[0], "service": "tg",
+                                            "generation": 1}]})
+    pieces = draw(st.lists(hostile_pieces, max_size=8))
+    if draw(st.booleans()):
+        at = draw(st.integers(min_value=0, max_value=len(valid)))
+        return valid[:at] + "".join(pieces) + valid[at:]
+    return "".join(pieces)
+
+
+@profile("config")
+@given(text=hostile_texts())
+def test_any_text_is_read_or_config_corrupt_and_nothing_else(workdir: Path, text: str) -> None:
+    path = workdir / "hostile.json"
+    path.write_text(text, encoding="utf-8", errors="surrogatepass")
+    try:
+        config = spool_files.read_custom_config(path)
+    except spool_files.ConfigCorrupt as e:
+        assert e.code == ErrorCode.CONFIG_CORRUPT
+        return
+    for entry in config.entries:
+        assert 0 <= entry.generation < 2**63
+    copy.deepcopy(config.document)  # what a commit does with it: within the bounds
+    json.dumps(config.document)

@@ -90,7 +90,8 @@ async def serving_in_process(
     config = config_module.load(config_path)
     daemon = Daemon(config, assemble=assemble, notifier=notifier or Notifier(None))
     serving = asyncio.create_task(daemon.serve(), name="daemon-under-test")
-    client = daemon_process.ApiClient(f"http://{config.http.listen}")
+    client = daemon_process.ApiClient(f"http://{config.http.listen}",
+                                      work_dir=config.monitord.work_dir)
     try:
         await _until(lambda: client.status_of("/readyz"), 200)
         yield daemon, serving, client

@@ -1,7 +1,8 @@
 """Least privilege: a service's daemons run as its `user` / `group` on both sides, with no
 capabilities, their data dir handed over to that user; an unknown user is a clear error and
 starts nothing; and a non-root monitord (or guard) holding exactly the systemd unit's
-capabilities can do all of it, and still adopts its daemons after a crash."""
+capabilities can do all of it, and still adopts its daemons after a crash; the API token it
+writes is readable by its group's members and by no service user."""
 
 from __future__ import annotations
 
@@ -395,3 +396,109 @@ class TestTheAgentsApiCarriesTheUser:
             status, answer = await agent.request("PUT", f"/v1/areas/{AREA}", json_body=body)
             assert (status, answer["error"]["code"]) == (400, "BAD_REQUEST")
             assert (await agent.inventory())["entries"] == []
+
+
+class TestTheApiTokenFollowsItsGroup:
+    """The API token a non-root monitord writes is readable by root and the members of its
+    group (so they may change placements through the API and the CLI), and by no other user:
+    not by a messenger daemon's service user (docs/design.md, "Local authorization")."""
+
+    READ = ("import json, sys; from pathlib import Path; from monitord.surface import api_token;"
+            " print(json.dumps(api_token.read(Path(sys.argv[1]))))")
+
+    def test_the_group_decides_who_reads_the_token(
+        self, shared_dir: Path, monitord_user: str, service_user: str
+    ) -> None:
+        python, env = python_for(monitord_user)
+
+        def run(user: str, groups: list[str], code: str) -> str:
+            extra = [f"--groups={','.join(groups)}"] if groups else ["--clear-groups"]
+            done = subprocess.run(
+                ["setpriv", f"--reuid={user}", f"--regid={user}", *extra, "--", *python,
+                 "-c", code, str(shared_dir)],
+                env=env, cwd="/", capture_output=True, text=True, timeout=60,
+            )
+            assert done.returncode == 0, done.stderr
+            return done.stdout.strip()
+
+        written = run(monitord_user, [], "import sys; from pathlib import Path;"
+                      " from monitord.surface import api_token;"
+                      " print(api_token.ensure(Path(sys.argv[1]), None).written)")
+        assert written == "missing"
+        path = shared_dir / "api-token"
+        entry = pwd.getpwnam(monitord_user)
+        st = path.lstat()
+        assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (entry.pw_uid, entry.pw_gid, 0o640)
+
+        from monitord.surface import api_token
+
+        token, why = api_token.read(shared_dir)  # root
+        assert token is not None and why == ""
+        member = json.loads(run(service_user, [monitord_user], self.READ))
+        assert member == [token, ""]
+        outsider = json.loads(run(service_user, [], self.READ))
+        assert outsider[0] is None
+        assert outsider[1] == f"cannot read {path}: Permission denied"
+
+
+NOBODY = 65534
+
+
+class TestHandOverFollowsNoLinkAnotherUserPlanted:
+    """`hand_over` walks to the data dir one component at a time, by descriptor: a symlink
+    in a directory the service user can write (its own parent dir, say) is refused, so it
+    cannot redirect the chown to a file of root's; a symlink set up in a directory only
+    root (or monitord) can write is followed, as a data dir on another disk needs."""
+
+    @pytest.fixture
+    def base(self) -> Iterator[Path]:
+        with tempfile.TemporaryDirectory(prefix="hand-over-") as raw:
+            base = Path(raw)
+            base.chmod(0o755)
+            victim = base / "victim"
+            victim.mkdir()
+            (victim / "secret").write_text("root's")
+            (victim / "area").mkdir()
+            tenant = base / "cti"  # the service user's own dir: it may plant links here
+            tenant.mkdir()
+            os.chown(tenant, NOBODY, NOBODY)
+            yield base
+
+    def _owners(self, base: Path) -> set[int]:
+        victim = base / "victim"
+        return {p.stat().st_uid for p in (victim, victim / "secret", victim / "area")}
+
+    def test_a_link_as_the_data_dir_in_the_users_dir_is_refused(self, base: Path) -> None:
+        link = base / "cti" / "area"
+        link.symlink_to(base / "victim")
+        os.lchown(link, NOBODY, NOBODY)
+        who = run_as.RunAs(uid=NOBODY, gid=NOBODY, groups=())
+        with pytest.raises(OSError):
+            run_as.hand_over(link, who)
+        assert self._owners(base) == {0}, "the chown followed the user's link"
+
+    def test_a_link_higher_up_in_the_users_dir_is_refused(self, base: Path) -> None:
+        link = base / "cti" / "svc"
+        link.symlink_to(base / "victim")
+        who = run_as.RunAs(uid=NOBODY, gid=NOBODY, groups=())
+        with pytest.raises(OSError):
+            run_as.hand_over(link / "area", who)
+        assert self._owners(base) == {0}, "the chown followed the user's link"
+
+    def test_a_link_root_set_up_is_followed(self, base: Path) -> None:
+        real = base / "disk2" / "area"
+        real.mkdir(parents=True)
+        (real / "data").write_text("x")
+        (base / "area-link").symlink_to(real)
+        who = run_as.RunAs(uid=NOBODY, gid=NOBODY, groups=())
+        run_as.hand_over(base / "area-link", who)
+        assert (real.stat().st_uid, (real / "data").stat().st_uid) == (NOBODY, NOBODY)
+        assert self._owners(base) == {0}
+
+    def test_a_plain_data_dir_in_the_users_dir_is_handed_over(self, base: Path) -> None:
+        area = base / "cti" / "area"
+        area.mkdir()
+        (area / "sub").mkdir()
+        (area / "sub" / "f").write_text("x")
+        run_as.hand_over(area, run_as.RunAs(uid=NOBODY, gid=NOBODY, groups=()))
+        assert {p.stat().st_uid for p in (area, area / "sub", area / "sub" / "f")} == {NOBODY}

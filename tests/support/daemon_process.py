@@ -74,20 +74,41 @@ def _listen_of(config_path: Path) -> str:
     return str(data["http"]["listen"])
 
 
+def _work_dir_of(config_path: Path) -> Path:
+    import tomllib
+
+    data = tomllib.loads(config_path.read_text())
+    return Path(data["monitord"]["work_dir"])
+
+
 @dataclass(frozen=True)
 class ApiClient:
-    """Plain HTTP calls to a monitord API at `base_url` (a subprocess or an in-process daemon)."""
+    """Plain HTTP calls to a monitord API at `base_url` (a subprocess or an in-process daemon).
+
+    With `work_dir`, every request carries the daemon's API token from `work_dir/api-token`
+    (read at each request: the daemon writes it at start), as an authorised operator's CLI
+    does; `authorised=False` leaves it out."""
 
     base_url: str
+    work_dir: Path | None = None
 
     async def request(
-        self, method: str, path: str, *, json_body: Any = None, timeout_s: float = 5.0
+        self, method: str, path: str, *, json_body: Any = None, timeout_s: float = 5.0,
+        authorised: bool = True,
     ) -> tuple[int, Any]:
         """One HTTP request to the daemon: (status, parsed JSON body or text)."""
+        from monitord.surface import api_token
+
         timeout = aiohttp.ClientTimeout(total=timeout_s)
+        headers = {}
+        if authorised and self.work_dir is not None:
+            token, _ = api_token.read(self.work_dir)
+            if token is not None:
+                headers["Authorization"] = f"Bearer {token}"
         async with (
             aiohttp.ClientSession(timeout=timeout) as session,
-            session.request(method, self.base_url + path, json=json_body) as response,
+            session.request(method, self.base_url + path, json=json_body,
+                            headers=headers) as response,
         ):
             text = await response.text()
             try:
@@ -156,12 +177,14 @@ class DaemonProcess:
 
     @property
     def api(self) -> ApiClient:
-        return ApiClient(self.base_url)
+        return ApiClient(self.base_url, work_dir=_work_dir_of(self.config_path))
 
     async def request(
-        self, method: str, path: str, *, json_body: Any = None, timeout_s: float = 5.0
+        self, method: str, path: str, *, json_body: Any = None, timeout_s: float = 5.0,
+        authorised: bool = True,
     ) -> tuple[int, Any]:
-        return await self.api.request(method, path, json_body=json_body, timeout_s=timeout_s)
+        return await self.api.request(method, path, json_body=json_body, timeout_s=timeout_s,
+                                      authorised=authorised)
 
     async def status_of(self, path: str) -> int | None:
         return await self.api.status_of(path)

@@ -21,6 +21,7 @@ from monitord.base.config import Config, ServiceSection
 from monitord.store.state_db import Store, StoreError
 from monitord.surface import http_api
 from monitord.surface.admission import Admission, IntakeState
+from tests.support import api_auth
 
 AREA = "5b1d0000-0000-4000-8000-000000000001"
 CONFIG = Config(
@@ -60,8 +61,9 @@ async def api_client(
         admission=admission,
         placement=http_api.StorePlacementIntake(store),
         custom_config_path=custom,
+        api_token=api_auth.TOKEN,
     )
-    client = TestClient(TestServer(http_api.build_app(ctx)))
+    client = TestClient(TestServer(http_api.build_app(ctx)), headers=api_auth.HEADERS)
     await client.start_server()
     return client
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import io
+import json
 import tarfile
 
 import asyncssh
+import pytest
 
 from monitord.surface import bundle
 
@@ -68,3 +70,21 @@ class TestVersion:
         version = json.loads(_members(data)["monitord-bundle/version.json"])
         assert version["monitord"] == __version__
         assert version["python"] == platform.python_version()
+
+
+class TestHostileSpoolFiles:
+    """A spool file another user wrote is shown as a note, never an exception: huge
+    numbers, deep nesting and NaN cannot stop the bundle."""
+
+    @pytest.mark.parametrize("raw", [
+        b'{"custom_daemons": [{"uuid": "a1", "generation": ' + b"9" * 5000 + b"}]}",
+        b'{"custom_daemons": [' + b"[" * 100_000 + b"]" * 100_000 + b"]}",
+        b'{"custom_daemons": [' + b"[" * 900 + b"]" * 900 + b"]}",
+        b'{"custom_daemons": [{"uuid": "a1", "generation": NaN}]}',
+    ], ids=["5000 digits", "100000 deep", "900 deep", "NaN"])
+    def test_the_section_is_a_note_and_the_rest_is_packed(self, raw: bytes) -> None:
+        data = bundle.build({"custom_config.json": raw, "status.json": {"areas": []}})
+        members = _members(data)
+        shown = members["monitord-bundle/custom_config.json"]
+        assert shown.startswith(b"<redacted>: custom_config.json is")
+        assert json.loads(members["monitord-bundle/status.json"]) == {"areas": []}

@@ -214,3 +214,29 @@ class TestSshConfig:
         assert error.code == ErrorCode.CONFIG_INVALID
         expected = f"key remote.ssh_config: {str(path)!r} is not a readable file"
         assert error.detail == f"<config>: {expected}"
+
+
+SERVICE = {"command": ["/bin/true"], "local_data_dir": "/srv/{area}",
+           "remote_data_dir": "/srv/{area}"}
+
+
+class TestNamesAndNumbersAreAscii:
+    """A service name is a name by the one pattern (orchestrator/names.py), and a port is
+    ASCII digits: `str.isalnum` took letters of any script and `str.isdigit` took '²'
+    (which int() refuses) and '١' (which it reads as 1)."""
+
+    @pytest.mark.parametrize("name", ["tëlegram", "١٢", "ｔｇ", "-tg", "tg\u200b", "a" * 129])
+    def test_a_service_name_outside_the_pattern_is_config_invalid(self, name: str) -> None:
+        error = config_error({"services": {name: SERVICE}})
+        assert error.code == ErrorCode.CONFIG_INVALID
+        assert "service name" in str(error)
+
+    @pytest.mark.parametrize("name", ["tg", "max-bot", "chats_2", "svc.v2"])
+    def test_a_service_name_by_the_pattern_is_accepted(self, name: str) -> None:
+        parsed = config.parse({"services": {name: SERVICE}})
+        assert list(parsed.services) == [name]
+
+    @pytest.mark.parametrize("listen", ["127.0.0.1:²", "127.0.0.1:\u0661\u0662", "127.0.0.1:+80"])
+    def test_a_port_of_lookalike_digits_is_config_invalid(self, listen: str) -> None:
+        error = config_error({"http": {"listen": listen}})
+        assert error.code == ErrorCode.CONFIG_INVALID

@@ -66,6 +66,10 @@ NOT_CODES = _enum_values() | {
     "WATCHDOG_USEC", "SSH_CONNECTION", "MONITORD_AREA", "MONITORD_CONFIG", "MONITORD_CRASH_AT",
     "MONITORD_GENERATION", "MONITORD_HOLD_AT", "MONITORD_HOLD_RELEASE", "MONITORD_STACK_ROOT",
     "MONITORD_SUPERVISOR", "MONITORD_LOOP_FAULT",
+    "MONITORD_JOURNAL_SOCKET",
+    # journal entry fields (monitord/base/journal_native.py)
+    "MESSAGE", "PRIORITY", "SYSLOG_IDENTIFIER", "MONITORD_SERVICE", "MONITORD_CODE",
+    "MONITORD_TXN", "MONITORD_EVENT",
     # crash and hold point names (monitord/engine/crash_points.py)
     "COMMIT_WRITTEN",
     # SQL keywords (monitord/store/state_db.py)
@@ -74,6 +78,10 @@ NOT_CODES = _enum_values() | {
     "SC_CLK_TCK", "AF_UNIX",
     # argparse metavars, `monitord demo`'s verdict words
     "VERB", "SHA256", "PASS", "FAIL",
+    # HTTP header values (X-Frame-Options: DENY on every API answer)
+    "DENY",
+    # names a package exports (`__all__` of monitord/remote/copy)
+    "DIGESTS_SUFFIX", "STAGING_SUFFIX",
 }
 
 

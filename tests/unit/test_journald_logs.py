@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from monitord.base import journal_native
 from tests.support import daemon_process
 
 # Logs one line per level through monitord's set-up, plus two from a standard-library logger.
@@ -32,8 +33,11 @@ logging.getLogger("asyncio").error("foreign_error")
 
 
 def journal_env(stderr_file: Path, **extra: str) -> dict[str, str]:
+    """stderr is the journal; its native socket is not there (unless `extra` names one), as
+    on a machine without journald: the lines go to stderr with their prefixes."""
     st = os.stat(stderr_file)
-    return {**os.environ, "JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}", **extra}
+    return {**os.environ, "JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}",
+            journal_native.SOCKET_ENV: str(stderr_file.parent / "no-journal-socket"), **extra}
 
 
 def run_emitter(stderr_file: Path, env: dict[str, str]) -> list[str]:

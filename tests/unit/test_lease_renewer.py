@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from monitord.engine.lease_ledger import LeaseLedger
 from monitord.engine.lease_renewer import LeaseRenewer
@@ -162,3 +163,46 @@ class TestWhatARenewalNames:
         world.now += 0.1
         await renewer.renew_once()
         assert agent.named[1] == {"a": 3, "b": 4}
+
+
+class _OddAgent:
+    """Answers a renewal with what a compromised or confused agent might: an area that
+    was not asked (first, so it is met before the real ones), one of those asked left out,
+    one answered `renewed` for another generation."""
+
+    async def renew(self, *, owner_id: str, ttl_s: float,
+                    areas: dict[str, int]) -> dict[str, RenewResult]:
+        return {
+            "never-asked": RenewResult(area="never-asked", renewed=True, result="renewed",
+                                       generation=1),
+            "a": RenewResult(area="a", renewed=True, result="renewed", generation=areas["a"]),
+            "c": RenewResult(area="c", renewed=True, result="renewed", generation=99),
+        }
+
+
+class TestAnAnswerThatDoesNotMatchTheRequest:
+    """Unknown areas are ignored and logged; an area asked but not answered, or answered for
+    another generation, is uncertain (it may have been renewed), never acknowledged."""
+
+    async def test_the_asked_areas_are_booked_and_the_rest_is_ignored(
+        self, tmp_path: Path
+    ) -> None:
+        world = World()
+        async with await Store.open(tmp_path) as store:
+            state = PlacementState(store=store, custom_config_path=tmp_path / "c.json")
+            state.runs = lambda side: {"a": 3, "b": 4, "c": 5}  # type: ignore[method-assign]
+            ledger = LeaseLedger(
+                owner_id="me", policy=POLICY, tunnel_connected=lambda: world.connected,
+                connection_epoch=lambda: world.epoch, clock=lambda: world.now,
+            )
+            agent = _OddAgent()
+            renewer = LeaseRenewer(state=state, agent=lambda: agent,  # type: ignore[arg-type, return-value]
+                                   ledger=ledger)
+            with capture_logs() as logs:
+                await renewer.renew_once()
+            assert renewer.last_error is None
+            assert ledger.lease_for("a", 3).acknowledged_at == world.now
+            assert ledger.oldest_uncertain() == (2, world.now)  # b and c
+            assert "never-asked" not in renewer.rejected
+            events = {e["event"] for e in logs}
+            assert "lease_renewal_unexpected_answer" in events, logs

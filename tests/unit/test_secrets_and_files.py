@@ -125,7 +125,8 @@ class TestBundleFileMode:
         )
         old_umask = os.umask(0)
         try:
-            code = client_commands.main_bundle(argparse.Namespace(config=None, output=output))
+            code = client_commands.main_bundle(
+                argparse.Namespace(config=None, output=output, offline=False))
         finally:
             os.umask(old_umask)
         assert code == 0

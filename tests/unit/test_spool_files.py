@@ -279,3 +279,81 @@ class TestRemoteState:
         path.write_text('{"tg": ')
         with pytest.raises(ConfigCorrupt):
             spool_files.read_remote_state(path)
+
+
+def _entry_text(**fields: str) -> str:
+    """A custom_config.json with one entry whose fields are raw JSON text."""
+    raw = {"uuid": '"a1"', "service": '"tg"', **fields}
+    body = ", ".join(f'"{k}": {v}' for k, v in raw.items())
+    return '{"custom_daemons": [{' + body + '}, {"uuid": "a2", "service": "tg"}]}'
+
+
+class TestHostileNumbersAndShapes:
+    """Huge numbers, deep nesting and odd values make the file CONFIG_CORRUPT or quarantine
+    the one entry; no other exception ever leaves the loader."""
+
+    @pytest.mark.parametrize("text", [
+        _entry_text(generation="9" * 5000),  # Python's int-string limit: ValueError
+        _entry_text(phone="1" * 5000),
+        _entry_text(extra="[" * 100_000 + "]" * 100_000),  # the decoder's RecursionError
+        _entry_text(extra="[" * 900 + "]" * 900),  # decodes, then deepcopy recursed
+        _entry_text(extra='{"a":' * 400 + "1" + "}" * 400),
+        _entry_text(generation="NaN"),
+        _entry_text(extra="Infinity"),
+    ], ids=["5000-digit generation", "5000-digit field", "100000 deep", "900 deep",
+            "400 deep objects", "NaN", "Infinity"])
+    def test_the_file_is_config_corrupt_with_a_reason(self, tmp_path: Path, text: str) -> None:
+        path = tmp_path / "custom_config.json"
+        path.write_text(text)
+        with pytest.raises(ConfigCorrupt) as corrupt:
+            spool_files.read_custom_config(path)
+        assert corrupt.value.code == "CONFIG_CORRUPT"
+        assert path.read_text() == text, "never rewritten"
+
+    @pytest.mark.parametrize("generation", [
+        str(2**63), str(2**64), "9" * 99, "-1", "1e300", "1.0", '"7"', "true", "null", "[]",
+    ])
+    def test_a_generation_outside_0_to_2_63_quarantines_only_its_entry(
+        self, tmp_path: Path, generation: str
+    ) -> None:
+        path = tmp_path / "custom_config.json"
+        path.write_text(_entry_text(generation=generation))
+        config = spool_files.read_custom_config(path)
+        assert [e.uuid for e in config.entries] == ["a2"]
+        assert [(q.position, q.code) for q in config.invalid] == [(0, "AREA_ENTRY_INVALID")]
+        assert "generation" in config.invalid[0].detail
+
+    def test_the_highest_generation_is_2_63_minus_1(self, tmp_path: Path) -> None:
+        path = tmp_path / "custom_config.json"
+        path.write_text(_entry_text(generation=str(2**63 - 1)))
+        config = spool_files.read_custom_config(path)
+        assert config.entry("a1") == AreaEntry(uuid="a1", service="tg", generation=2**63 - 1)
+
+    def test_a_file_larger_than_the_bound_is_config_corrupt_unread(self, tmp_path: Path) -> None:
+        path = tmp_path / "custom_config.json"
+        path.write_text(_entry_text(extra='"' + "x" * spool_files.MAX_CUSTOM_CONFIG_BYTES + '"'))
+        with pytest.raises(ConfigCorrupt, match="larger than"):
+            spool_files.read_custom_config(path)
+
+    def test_a_fifo_in_its_place_is_config_corrupt_at_once(self, tmp_path: Path) -> None:
+        """A reader blocked on a FIFO would hold the file lock (and every commit) forever."""
+        path = tmp_path / "custom_config.json"
+        os.mkfifo(path)
+        with pytest.raises(ConfigCorrupt, match="not a regular file"):
+            spool_files.read_custom_config(path)
+
+
+class TestTitles:
+    """An entry's `title` (else its `name`) is what the operator calls the area; shown only."""
+
+    def test_title_then_name_of_valid_entries_only(self, tmp_path: Path) -> None:
+        document = {"custom_daemons": [
+            {"uuid": "a1", "service": "tg", "title": "  Sales  ", "name": "ignored"},
+            {"uuid": "a2", "service": "tg", "title": "", "name": "Support"},
+            {"uuid": "a3", "service": "tg", "title": 7},
+            {"uuid": "a4", "service": "tg", "name": "x" * 500},
+            {"uuid": "../bad", "service": "tg", "title": "quarantined"},
+        ]}
+        parsed = spool_files.parse_custom_config(document, path=tmp_path / "c.json")
+        assert parsed.titles() == {"a1": "Sales", "a2": "Support",
+                                   "a4": "x" * spool_files.TITLE_MAX_CHARS}

@@ -17,6 +17,7 @@ import pytest
 
 from monitord.store import state_db as store_module
 from monitord.store.state_db import Store, StoreError
+from orchestrator.errors import PermanentError
 
 TX = {
     "transaction_id": "t-1",
@@ -144,6 +145,19 @@ class TestGenerations:
     async def test_concurrent_issues_never_collide(self, store: Store) -> None:
         issued = await asyncio.gather(*(store.issue_generation("a") for _ in range(50)))
         assert sorted(issued) == list(range(1, 51))
+
+    async def test_no_generation_is_issued_past_2_63_minus_1(self, store: Store) -> None:
+        """SQLite's INTEGER ends there: past it the write raised OverflowError (not a
+        StoreError), out of the engine's loop."""
+        assert await store.issue_generation("a", floor=2**63 - 2) == 2**63 - 1
+        for floor in (2**63 - 1, 2**63, 2**70):
+            with pytest.raises(PermanentError) as refused:
+                await store.issue_generation("b", floor=floor)
+            assert refused.value.code == "AREA_ENTRY_INVALID"
+        with pytest.raises(PermanentError):
+            await store.issue_generation("a")
+        assert await store.highest_generation("a") == 2**63 - 1
+        assert await store.highest_generation("b") == 0
 
     async def test_areas_are_independent(self, store: Store) -> None:
         assert await store.issue_generation("a") == 1
@@ -298,3 +312,36 @@ class TestCrashDurability:
             assert set(range(acknowledged + 1)) <= generations
             assert await reopened.highest_generation("area-x") >= acknowledged + 1
         assert json.loads(json.dumps(items[0]))  # plain data, no sqlite objects
+
+
+class TestReadOnlySections:
+    """`monitord bundle --offline` reads state.db without writing a byte beside it."""
+
+    async def test_a_cleanly_closed_database_is_read_and_nothing_is_created(
+        self, tmp_path: Path
+    ) -> None:
+        async with await Store.open(tmp_path) as store:
+            await store.put_transaction(TX)
+            await store.record_event("area_downtime", {"area": "a-1", "downtime_s": 1.5})
+        before = sorted(p.name for p in tmp_path.iterdir())
+        found = store_module.read_only_sections(tmp_path / store_module.DB_NAME)
+        assert [t["transaction_id"] for t in found["transactions.json"]] == ["t-1"]
+        assert found["events.json"][0]["downtime_s"] == 1.5
+        assert sorted(p.name for p in tmp_path.iterdir()) == before  # no -wal, no -shm
+
+    async def test_writes_still_in_the_wal_of_a_crashed_monitord_are_read(
+        self, tmp_path: Path
+    ) -> None:
+        """The files as a kill -9 leaves them: the commits in state.db-wal, not checkpointed."""
+        crashed = tmp_path / "crashed"
+        crashed.mkdir()
+        async with await Store.open(tmp_path) as store:
+            await store.put_transaction(TX)
+            for name in ("state.db", "state.db-wal", "state.db-shm"):
+                (crashed / name).write_bytes((tmp_path / name).read_bytes())
+        found = store_module.read_only_sections(crashed / store_module.DB_NAME)
+        assert [t["transaction_id"] for t in found["transactions.json"]] == ["t-1"]
+
+    def test_a_missing_database_is_a_store_error(self, tmp_path: Path) -> None:
+        with pytest.raises(StoreError, match="does not exist"):
+            store_module.read_only_sections(tmp_path / store_module.DB_NAME)

@@ -14,6 +14,7 @@ handed from the first to the second. Inside, by what each module holds:
 
 from monitord.remote.copy.transfer import (
     CopyReport,
+    Progress,
     Staged,
     download,
     pre_download,
@@ -27,6 +28,7 @@ __all__ = [
     "AreaCopy",
     "CopyAgent",
     "CopyReport",
+    "Progress",
     "Staged",
     "download",
     "pre_download",

@@ -6,6 +6,11 @@ from the VPS, so it is written only through directory fds with O_NOFOLLOW and O_
 followed. A staging dir replaces the data dir only fsynced whole (`promote`); what a
 pre-copy wrote and fsynced before the stop (`settle`) is not fsynced again while the area
 is down. All of it is blocking file I/O, run in a thread by monitord.remote.copy.transfer.
+
+A file system error here is named by its cause (`local_file_error`): ENOSPC/EDQUOT is
+LOCAL_DISK_FULL with the free space found, EACCES/EPERM/EROFS LOCAL_PERMISSION_DENIED,
+ENAMETOOLONG NAME_TOO_LONG (orchestrator.errors.file_error_code); anything else refuses the
+copy (COPY_INCOMPLETE).
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from typing import BinaryIO
 from monitord.base import tree_digest
 from monitord.base.atomic_file import fsync_path
 from monitord.remote.copy.listing import incomplete, name_problem
+from orchestrator import disk_space
+from orchestrator.errors import ErrorCode, MonitordError, error_for, file_error_code
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +66,47 @@ def pre_listing(root: Path) -> tuple[int, list[tuple[str, os.stat_result]]]:
                           if name_problem(rel) is None), key=lambda listed: listed[0])
 
 
+def sizes(root: Path, names: list[str]) -> list[int]:
+    """The sizes of root/name for `names` (0 for one gone since it was listed)."""
+    out = []
+    for name in names:
+        try:
+            out.append((root / name).lstat().st_size)
+        except OSError:
+            out.append(0)
+    return out
+
+
+def local_file_error(error: OSError, *, during: str) -> MonitordError:
+    """The catalogue error for a file system error on the PBX (the module doc); a full disk
+    names its free space."""
+    code = file_error_code(error.errno, remote=False)
+    where = str(error.filename or "")
+    place = f"{where}: " if where else ""
+    what = f"{during}: {place}{error.strerror or error}"
+    if code is None:
+        return incomplete(what)
+    if code is ErrorCode.LOCAL_DISK_FULL and where:
+        with contextlib.suppress(OSError):
+            st = os.statvfs(_existing(Path(where)))
+            free = st.f_bavail * st.f_frsize
+            return error_for(code, f"{what} — PBX: {free} bytes free there",
+                             facts={"side": "PBX", "path": str(where), "free_bytes": free})
+    return error_for(code, what)
+
+
+def _existing(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def free_space(path: Path) -> disk_space.Free:
+    st = os.statvfs(_existing(path))
+    return disk_space.Free(bytes=st.f_bavail * st.f_frsize, inodes=st.f_favail,
+                           total_inodes=st.f_files)
+
+
 def staging_of(final: Path) -> Path:
     """The staging dir of a local data dir (monitord.base.tree_digest.staging_dir)."""
     return tree_digest.staging_dir(final)
@@ -80,8 +128,15 @@ def create_inside(root: Path, rel: str) -> BinaryIO:
     fd = os.open(root, flags)
     try:
         for part in dirs:
-            with contextlib.suppress(FileExistsError):
+            try:
                 os.mkdir(part, dir_fd=fd)
+            except FileExistsError:
+                pass
+            except OSError as e:
+                if file_error_code(e.errno, remote=False) is not None:
+                    e.filename = str(root / part)
+                    raise local_file_error(e, during=f"writing {rel!r}") from e
+                raise
             try:
                 child = os.open(part, flags, dir_fd=fd)
             except OSError as e:  # ELOOP / ENOTDIR: a symlink or a file is in the way
@@ -95,6 +150,9 @@ def create_inside(root: Path, rel: str) -> BinaryIO:
                 0o666, dir_fd=fd,
             )
         except OSError as e:
+            if file_error_code(e.errno, remote=False) is not None:
+                e.filename = str(root / rel)
+                raise local_file_error(e, during=f"writing {rel!r}") from e
             raise incomplete(f"refusing to write {rel!r}: {e.strerror}") from e
     finally:
         os.close(fd)

@@ -15,6 +15,17 @@ cut at any point leaves at most a staging dir behind (removed by the next try); 
 destination dir is either the old one or the complete new one, never a mix. A mismatch
 raises COPY_INCOMPLETE; the engine retries or rolls back.
 
+A copy that fails while the link still works removes its staging dir on the spot, on
+whichever side it was (`_gives_space_back`): a half-written copy on a full disk would
+starve every other area there until the next try. A write the destination refuses is named
+by its cause, never as an unreachable VPS: an errno on the PBX (LOCAL_DISK_FULL,
+LOCAL_PERMISSION_DENIED, NAME_TOO_LONG: local_tree.local_file_error); on the VPS the SFTP
+status where it names one (ssh_errors.sftp_cause), else — OpenSSH's sftp-server answers a
+full disk with a bare "Failure" — the VPS's free space asked in the same SFTP session
+(statvfs@openssh.com) against what was still to be written (orchestrator/disk_space.py):
+REMOTE_DISK_FULL with both numbers. A name too long for the VPS (a component over
+NAME_MAX_BYTES, a path over PATH_MAX_BYTES) is refused before anything is sent.
+
 Pre-copy (`pre_upload`, `pre_download`): while the source still runs, its files go into
 the staging dir ahead of time, each hashed from the very bytes sent (`Staged`). The copy
 after the stop, given that `Staged`, sends only the files whose hash changed since, removes
@@ -49,10 +60,10 @@ import contextlib
 import hashlib
 import os
 import stat
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import BinaryIO
 
 import asyncssh
 
@@ -61,9 +72,16 @@ from monitord.remote import ssh_errors
 from monitord.remote.copy import listing, local_tree, vps_tree
 from monitord.remote.copy.listing import incomplete
 from monitord.remote.copy.vps_tree import CopyAgent, VpsTree
+from orchestrator import disk_space
 from orchestrator.errors import ErrorCode, MonitordError, error_for
 
 _CHUNK = 1 << 20
+# Linux's limits for one name and one path (NAME_MAX, PATH_MAX less the NUL).
+NAME_MAX_BYTES = 255
+PATH_MAX_BYTES = 4095
+_DIAGNOSE_TIMEOUT_S = 5.0  # asking the VPS why a write failed, or removing a staging dir
+# What asking the VPS that (best effort) may raise: the copy's own error is the news then.
+_BEST_EFFORT: tuple[type[Exception], ...] = (MonitordError, TimeoutError, *ssh_errors.SSH_ERRORS)
 _WRITES_IN_FLIGHT = 4  # chunks of one file a pre-copy has on the wire at once
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes total)
@@ -93,14 +111,23 @@ class Staged:
         return (self.local_dir, self.remote_dir, self.upload) == (local_dir, remote_dir, upload)
 
 
-def _sftp_translated(during: str, *, timeout_s: float) -> AbstractContextManager[None]:
+@contextlib.contextmanager
+def _sftp_translated(during: str, *, timeout_s: float) -> Iterator[None]:
     """SFTP failures of one transfer: running out of time is COPY_INCOMPLETE (the source keeps
-    its data, the engine retries), a lost link or a refused SFTP request SSH_UNREACHABLE
-    (the table in ssh_errors.py)."""
-    return ssh_errors.translated(
-        code=ErrorCode.SSH_UNREACHABLE, during=during,
-        timeout_code=ErrorCode.COPY_INCOMPLETE, timeout_s=timeout_s,
-    )
+    its data, the engine retries), a lost link SSH_UNREACHABLE (the table in ssh_errors.py),
+    a refused SFTP request its cause where the status names one (ssh_errors.sftp_cause:
+    REMOTE_DISK_FULL, REMOTE_PERMISSION_DENIED), else SSH_UNREACHABLE."""
+    try:
+        with ssh_errors.translated(
+            code=ErrorCode.SSH_UNREACHABLE, during=during,
+            timeout_code=ErrorCode.COPY_INCOMPLETE, timeout_s=timeout_s,
+        ):
+            yield
+    except MonitordError as e:
+        cause = ssh_errors.sftp_cause(e.__cause__) if e.__cause__ is not None else None
+        if cause is None or cause == e.code:
+            raise
+        raise error_for(cause, e.detail, facts=e.facts) from e.__cause__
 
 
 # -- PBX -> VPS ---------------------------------------------------------------------------
@@ -129,10 +156,11 @@ async def upload(
     ):
         staged = None
     if staged is not None:
-        tree = await vps_tree.chosen(conn, remote_dir=remote_dir, vps_command=vps_command,
-                                     agent=agent, through_agent=staged.through_agent)
-        return await _Upload(conn, local_dir, remote_dir, tree, timeout_s).copy(
-            staged, progress)
+        async with _gives_space_back(conn, remote_dir=remote_dir):
+            tree = await vps_tree.chosen(conn, remote_dir=remote_dir, vps_command=vps_command,
+                                         agent=agent, through_agent=staged.through_agent)
+            return await _Upload(conn, local_dir, remote_dir, tree, timeout_s).copy(
+                staged, progress)
     # No pre-copy (the area is down already): the agent is asked while the files are hashed;
     # both are awaited to the end, then the first failure is raised as it is.
     way, hashed = await asyncio.gather(
@@ -144,8 +172,9 @@ async def upload(
         raise way
     if isinstance(hashed, BaseException):
         raise hashed
-    return await _Upload(conn, local_dir, remote_dir, way, timeout_s).copy(
-        None, progress, manifest=hashed)
+    async with _gives_space_back(conn, remote_dir=remote_dir):
+        return await _Upload(conn, local_dir, remote_dir, way, timeout_s).copy(
+            None, progress, manifest=hashed)
 
 
 async def pre_upload(
@@ -163,7 +192,88 @@ async def pre_upload(
     is simply sent again by `upload`. `agent`: as for `upload`."""
     tree = await vps_tree.chosen(conn, remote_dir=remote_dir, vps_command=vps_command,
                                  agent=agent)
-    return await _Upload(conn, local_dir, remote_dir, tree, timeout_s).pre_copy()
+    async with _gives_space_back(conn, remote_dir=remote_dir):
+        return await _Upload(conn, local_dir, remote_dir, tree, timeout_s).pre_copy()
+
+
+@contextlib.asynccontextmanager
+async def _gives_space_back(
+    conn: asyncssh.SSHClientConnection, *, remote_dir: str
+) -> AsyncIterator[None]:
+    """An upload that fails removes its staging dir on the VPS at once — unless the link
+    itself is what failed (nothing can be asked of the VPS then; the next try resets it)."""
+    try:
+        yield
+    except MonitordError as e:
+        if _link_usable(e):
+            try:
+                async with asyncio.timeout(_DIAGNOSE_TIMEOUT_S):
+                    await vps_tree.remove_leftovers(conn, remote_dir=remote_dir)
+            except _BEST_EFFORT:
+                pass  # the next try's reset removes it; the copy's own error is the news
+        raise
+
+
+def _link_usable(error: MonitordError) -> bool:
+    """Whether the SSH link presumably still works after `error` (a refusal, not a cut)."""
+    cause = error.__cause__
+    if isinstance(cause, TimeoutError):
+        return False
+    if ssh_errors.is_sftp_refusal(cause):
+        return True
+    return error.code not in (ErrorCode.SSH_UNREACHABLE, ErrorCode.SSH_TIMEOUT,
+                              ErrorCode.AGENT_UNREACHABLE)
+
+
+def name_too_long(path: str) -> str | None:
+    """Why `path` cannot be created on a Linux file system (a component over NAME_MAX, the
+    whole over PATH_MAX), or None."""
+    raw = path.encode("utf-8", "surrogateescape")
+    if len(raw) > PATH_MAX_BYTES:
+        return f"its path is {len(raw)} bytes long (at most {PATH_MAX_BYTES})"
+    longest = max(raw.split(b"/"), key=len)
+    if len(longest) > NAME_MAX_BYTES:
+        return f"a name in it is {len(longest)} bytes long (at most {NAME_MAX_BYTES})"
+    return None
+
+
+def _check_names(remote_dir: str, rels: Sequence[str]) -> None:
+    """NAME_TOO_LONG before anything is sent, naming the first path the VPS cannot hold."""
+    staging = vps_tree.staging_of(remote_dir)
+    for rel in rels:
+        why = name_too_long(f"{staging}/{rel}")
+        if why is not None:
+            raise error_for(ErrorCode.NAME_TOO_LONG,
+                            f"VPS: cannot create {rel!r} under {staging}: {why}")
+
+
+async def _refused_write(
+    sftp: asyncssh.SFTPClient, error: Exception, *, during: str, staging: str,
+    remaining: disk_space.Usage,
+) -> MonitordError:
+    """The cause of an SFTP write the VPS refused (the module doc): the status's own, else
+    the VPS's free space against `remaining` (what was still to be written)."""
+    translated = ssh_errors.translate(
+        error, code=ssh_errors.sftp_cause(error) or ErrorCode.SSH_UNREACHABLE, during=during)
+    if not ssh_errors.is_sftp_refusal(error):
+        return translated
+    try:
+        async with asyncio.timeout(_DIAGNOSE_TIMEOUT_S):
+            vfs = await sftp.statvfs(staging)
+    except _BEST_EFFORT:
+        return translated
+    free = disk_space.Free(bytes=vfs.bavail * vfs.frsize, inodes=vfs.favail,
+                           total_inodes=vfs.files)
+    short = disk_space.ran_out(side="VPS", path=staging, remaining=remaining, free=free)
+    if short is not None:
+        return error_for(ErrorCode.REMOTE_DISK_FULL,
+                         f"{during}: {ssh_errors.describe(error)} — {short.detail()}",
+                         facts=short.facts())
+    if translated.code == ErrorCode.REMOTE_DISK_FULL:
+        return error_for(ErrorCode.REMOTE_DISK_FULL,
+                         f"{translated.detail} — VPS: {staging} has {free.bytes} bytes free",
+                         facts={"side": "VPS", "path": staging, "free_bytes": free.bytes})
+    return translated
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,18 +293,21 @@ class _Upload:
         staging = vps_tree.staging_of(self.remote_dir)
         await self.tree.reset_staging()
         epoch, names = await asyncio.to_thread(local_tree.pre_listing, self.local_dir)
+        _check_names(self.remote_dir, [rel for rel, _ in names])
+        during = f"pre-copy to {self.remote_dir}"
         if names:
-            with _sftp_translated(f"pre-copy to {self.remote_dir}", timeout_s=self.timeout_s):
+            sizes = [listed.st_size for _, listed in names]
+            with _sftp_translated(during, timeout_s=self.timeout_s):
                 async with asyncio.timeout(self.timeout_s), \
                         self.conn.start_sftp_client() as sftp:
                     made: set[str] = {staging}
-                    for rel, listed in names:
+                    for i, (rel, listed) in enumerate(names):
                         target = str(PurePosixPath(staging) / rel)
                         parent = str(PurePosixPath(target).parent)
-                        if parent not in made:
-                            await sftp.makedirs(parent, exist_ok=True)
-                            made.add(parent)
                         try:
+                            if parent not in made:
+                                await sftp.makedirs(parent, exist_ok=True)
+                                made.add(parent)
                             sha, before, after = await _send_file(
                                 sftp, self.local_dir / rel, target,
                                 listed=(listed.st_dev, listed.st_ino), size=None)
@@ -202,6 +315,11 @@ class _Upload:
                             if e.code != ErrorCode.COPY_SOURCE_CHANGED:
                                 raise
                             continue  # gone or replaced since the listing: nothing staged
+                        except ssh_errors.SFTP_ERRORS as e:
+                            raise await _refused_write(
+                                sftp, e, during=during, staging=staging,
+                                remaining=disk_space.footprint(sizes[i:]),
+                            ) from e
                         sent[rel] = sha
                         identity = tree_digest.cacheable(before, after, epoch)
                         if identity is not None:
@@ -223,6 +341,7 @@ class _Upload:
         for entry in manifest:
             if (problem := listing.name_problem(entry.path)) is not None:
                 raise incomplete(f"cannot copy {self.local_dir}: {entry.path!r} has {problem}")
+        _check_names(self.remote_dir, [e.path for e in manifest])
         total = sum(e.size for e in manifest)
         staging = vps_tree.staging_of(self.remote_dir)
         kept = {} if staged is None else staged.files
@@ -232,7 +351,8 @@ class _Upload:
         gone = sorted(set(kept) - {e.path for e in manifest})
         done = total - sum(e.size for e in to_send)
         staged_lost = False
-        with _sftp_translated(f"upload to {self.remote_dir}", timeout_s=self.timeout_s):
+        during = f"upload to {self.remote_dir}"
+        with _sftp_translated(during, timeout_s=self.timeout_s):
             try:
                 async with asyncio.timeout(self.timeout_s), \
                         self.conn.start_sftp_client() as sftp:
@@ -240,13 +360,21 @@ class _Upload:
                         with contextlib.suppress(*ssh_errors.SFTP_NO_SUCH_FILE):
                             await sftp.remove(str(PurePosixPath(staging) / rel))
                     made: set[str] = {staging}
-                    for entry in to_send:
+                    for i, entry in enumerate(to_send):
                         target = str(PurePosixPath(staging) / entry.path)
                         parent = str(PurePosixPath(target).parent)
-                        if parent not in made:
-                            await sftp.makedirs(parent, exist_ok=True)
-                            made.add(parent)
-                        await _send_entry(sftp, self.local_dir, entry, target)
+                        try:
+                            if parent not in made:
+                                await sftp.makedirs(parent, exist_ok=True)
+                                made.add(parent)
+                            await _send_entry(sftp, self.local_dir, entry, target)
+                        except ssh_errors.SFTP_NO_SUCH_FILE:
+                            raise
+                        except ssh_errors.SFTP_ERRORS as e:
+                            raise await _refused_write(
+                                sftp, e, during=during, staging=staging,
+                                remaining=disk_space.footprint(x.size for x in to_send[i:]),
+                            ) from e
                         done += entry.size
                         if progress:
                             progress(done, total)
@@ -405,6 +533,29 @@ class _Download:
 
     async def pre_copy(self) -> Staged:
         """`pre_download`: the running VPS tree's files into a fresh local staging dir."""
+        async with self._gives_space_back():
+            return await self._pre_copy()
+
+    async def copy(self, staged: Staged | None, progress: Progress | None) -> CopyReport:
+        """`download` after the stop."""
+        async with self._gives_space_back():
+            return await self._copy(staged, progress)
+
+    @contextlib.asynccontextmanager
+    async def _gives_space_back(self) -> AsyncIterator[None]:
+        """A download that fails removes its local staging dir at once (nothing of a failed
+        copy keeps the PBX's space); a file system error here is named by its cause."""
+        try:
+            try:
+                yield
+            except OSError as e:  # local file work in a thread (asyncssh's are translated)
+                raise local_tree.local_file_error(e, during=f"download of {self.remote_dir}"
+                                                  ) from e
+        except MonitordError:
+            await asyncio.to_thread(local_tree.remove, self.staging)
+            raise
+
+    async def _pre_copy(self) -> Staged:
         listed = await self.tree.data_listing()
         staging = self.staging
         await asyncio.to_thread(local_tree.reset_dir, staging)
@@ -426,8 +577,7 @@ class _Download:
                       files={rel: f.sha256 for rel, f in fetched.items()}, cache=cache,
                       through_agent=self.tree.through_agent)
 
-    async def copy(self, staged: Staged | None, progress: Progress | None) -> CopyReport:
-        """`download` after the stop."""
+    async def _copy(self, staged: Staged | None, progress: Progress | None) -> CopyReport:
         expected = await self.tree.data_listing()
         staging = self.staging
         kept = {} if staged is None else staged.files
@@ -455,7 +605,7 @@ class _Download:
         got = {e.path: e.sha256 for e in manifest}
         if got != expected:
             if staged is not None:  # the staging dir changed under us: start it over, whole
-                return await self.copy(None, progress)
+                return await self._copy(None, progress)
             raise incomplete(f"downloaded copy of {self.remote_dir} differs in"
                              f" {listing.differences(got, expected)}")
         # What a pre-copy staged was fsynced before the stop: only what was written since
@@ -549,10 +699,23 @@ async def _fetch(
                     break
                 budget.take(len(data), rel)
                 digest.update(data)
-                out.write(data)
+                _write_local(out, data, path=staging / rel)
                 offset += len(data)
-        out.flush()
+        _write_local(out, b"", path=staging / rel)  # flush
         return local_tree.Fetched(out.tell(), digest.hexdigest(), os.fstat(out.fileno()))
+
+
+def _write_local(out: BinaryIO, data: bytes, *, path: Path) -> None:
+    """Write (and, for no data, flush) one fetched chunk; a local file system error named
+    by its cause here, before the SFTP layer could take it for a lost link."""
+    try:
+        if data:
+            out.write(data)
+        else:
+            out.flush()
+    except OSError as e:
+        e.filename = str(path)
+        raise local_tree.local_file_error(e, during="download") from e
 
 
 def _as_bytes(chunk: bytes | str) -> bytes:

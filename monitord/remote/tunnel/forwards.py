@@ -37,6 +37,10 @@ from orchestrator.errors import ErrorCode, TransientError, error_for
 from orchestrator.forward_diagnosis import Verdict
 from orchestrator.tunnel_lease import PROBE_PREFIX, PROBE_REPLY, LeaseRecord
 
+# A probe line is the prefix and a 32-digit nonce; anything longer without a newline is
+# not a probe and is never buffered further.
+_MAX_PROBE_LINE = 256
+
 MAX_DIAGNOSES = 5  # per forward and connection: then FORWARD_DENIED and a reconnect
 
 
@@ -84,6 +88,11 @@ class _ProbeSession(asyncssh.SSHTCPSession[bytes]):
 
     def data_received(self, data: bytes, datatype: asyncssh.DataType) -> None:
         self._buffer += data
+        if b"\n" not in self._buffer and len(self._buffer) > _MAX_PROBE_LINE:
+            if self._chan is not None:  # not a probe: whoever it is gets nothing buffered
+                self._chan.close()
+            self._buffer = b""
+            return
         if b"\n" not in self._buffer or self._chan is None:
             return
         line = self._buffer.split(b"\n", 1)[0]
@@ -261,18 +270,18 @@ class ForwardSet:
                 source_port=source_port, host=host, port=port, nonce=probe.nonce.decode(),
                 timeout_s=self._timeout_s,
             )
-            if answer.get("ok"):
+            if answer.ok:
                 async with asyncio.timeout(self._timeout_s):
                     await probe.arrived.wait()
         except TimeoutError as e:
             raise self._unproven(spec, "the nonce never reached this connection") from e
         finally:
             self._probes.pop(source_port, None)
-        if not answer.get("ok"):
-            raise self._unproven(spec, str(answer.get("detail") or "probe failed"))
+        if not answer.ok:
+            raise self._unproven(spec, answer.detail or "probe failed")
         self._status[spec.name] = ForwardStatus(
             spec.name, "reverse", spec.listen, spec.target, "proven",
-            f"round trip {float(answer.get('rtt_ms', 0.0)):.1f} ms",
+            f"round trip {answer.rtt_ms:.1f} ms",
         )
 
     def _unproven(self, spec: ForwardSpec, why: str) -> TransientError:

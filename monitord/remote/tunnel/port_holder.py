@@ -47,8 +47,11 @@ echo '@@self'
 echo "$SSH_CONNECTION"
 """
 
-_USERS = re.compile(r'users:\(\("(?P<name>[^"]*)",pid=(?P<pid>\d+),')
-_LASTRCV = re.compile(r"\blastrcv:(\d+)")
+# Numbers in `ss` output are ASCII digits of bounded length (`\d` also matches "١", and
+# int() of 5000 digits raises): a PID that is not one names no process.
+_USERS = re.compile(r'users:\(\("(?P<name>[^"]{0,64})",pid=(?P<pid>[0-9]{1,10}),', re.ASCII)
+_LASTRCV = re.compile(r"\blastrcv:([0-9]{1,15})\b", re.ASCII)
+MAX_PROBE_BYTES = 256 * 1024
 _ROLE_NOTE = {
     sshd_session.Role.LISTENER: ": the VPS's sshd listener itself",
     sshd_session.Role.PRE_AUTH: ": an unauthenticated connection's helper",
@@ -69,7 +72,12 @@ async def observe(
 ) -> HolderObservation:
     """Run the probe script on the VPS and parse it."""
     result = await remote_exec.run_script(conn, PROBE_SCRIPT, args=[str(port)],
-                                          timeout_s=timeout_s)
+                                          timeout_s=timeout_s, max_stdout=MAX_PROBE_BYTES)
+    if result.stdout_truncated:
+        raise TransientError(
+            ErrorCode.VPS_REPLY_INVALID,
+            f"port {port} on the VPS: more than {MAX_PROBE_BYTES} bytes of `ss` output",
+        )
     if not result.ok:
         raise TransientError(
             ErrorCode.FORWARD_DENIED,
@@ -156,6 +164,7 @@ def _start_ticks(lines: list[str]) -> int | None:
         return None
     raw = lines[0]
     try:
-        return int(raw[raw.rindex(")") + 2 :].split()[19])
+        field = raw[raw.rindex(")") + 2 :].split()[19]
     except (ValueError, IndexError):
         return None
+    return int(field) if re.fullmatch(r"[0-9]{1,19}", field, re.ASCII) else None

@@ -452,3 +452,86 @@ class TestRoutes:
         assert (status, answer["error"]["code"]) == (404, "AGENT_ROUTE_MISSING"), answer
         status, answer = await agent.request("GET", f"/v1/areas/{AREA}")
         assert (status, answer["error"]["code"]) == (404, "UNKNOWN_AREA"), answer
+
+
+class TestSetAsideCopies:
+    """DELETE /v1/areas/{area}?aside=1 moves a given-up copy into `abandoned/`; once the PBX
+    has kept it long enough, DELETE /v1/abandoned/{name} removes exactly that directory."""
+
+    async def test_a_set_aside_copy_is_removed_by_its_name_once(
+        self, agent: AgentProcess, detector: Detector
+    ) -> None:
+        body = area_body(agent, detector, area=AREA, generation=7)
+        await agent.request("PUT", f"/v1/areas/{AREA}", json_body=body)
+        assert await detector.wait_for(lambda d: d.alive(AREA), timeout_s=10)
+        status, answer = await agent.request("DELETE",
+                                             f"/v1/areas/{AREA}?generation=7&aside=1")
+        assert status == 200, answer
+        kept = Path(answer["set_aside"])
+        assert kept.parent == agent.base_dir / "abandoned" and (kept / "session.db").exists()
+        status, answer = await agent.request("DELETE", f"/v1/abandoned/{kept.name}")
+        assert (status, answer["result"]) == (200, "deleted")
+        assert not kept.exists() and (agent.base_dir / "abandoned").is_dir()
+        status, answer = await agent.request("DELETE", f"/v1/abandoned/{kept.name}")
+        assert (status, answer["result"]) == (200, "absent")
+
+    async def test_only_a_plain_directory_named_as_a_copy_is_removed(
+        self, agent: AgentProcess
+    ) -> None:
+        aside = agent.base_dir / "abandoned"
+        aside.mkdir(exist_ok=True)
+        elsewhere = agent.base_dir / "data" / "kept"
+        elsewhere.mkdir(parents=True)
+        (elsewhere / "f").write_bytes(b"x")
+        (aside / f"{AREA}-g3-1700000000").symlink_to(elsewhere)
+        status, answer = await agent.request("DELETE", f"/v1/abandoned/{AREA}-g3-1700000000")
+        assert (status, answer["error"]["code"]) == (409, "CLEANUP_STUCK"), answer
+        assert (elsewhere / "f").exists(), "never through a link"
+        for name in ("x", f"{AREA}", f".{AREA}-g3-1", f"{AREA}-g3-1%2F..",
+                     f"{AREA}-gx-1"):
+            status, answer = await agent.request("DELETE", f"/v1/abandoned/{name}")
+            assert (status, answer["error"]["code"]) == (400, "BAD_REQUEST"), (name, answer)
+        assert (elsewhere / "f").exists() and (aside / f"{AREA}-g3-1700000000").is_symlink()
+
+
+class TestAreaLog:
+    """GET /v1/areas/{area}/log reads the area's log back, read-only and bounded, for the
+    PBX's `monitord logs` (through the agent client, over the same socket)."""
+
+    async def test_the_last_lines_then_what_was_appended_since(
+        self, agent: AgentProcess
+    ) -> None:
+        log = agent.base_dir / "logs" / f"{AREA}.log"
+        log.parent.mkdir(exist_ok=True)
+        log.write_text("".join(f"line {i}\n" for i in range(50)))
+        client = AgentClient(channel=unix_channel(agent.address), secret=agent.secret.encode())
+        found = await client.area_log(area=AREA, lines=2)
+        assert (found["data"], found["missing"]) == ("line 48\nline 49\n", False)
+        with log.open("a") as f:
+            f.write("line 50\n")
+        more = await client.area_log(area=AREA, file=found["file"], offset=found["offset"])
+        assert more["data"] == "line 50\n" and more["offset"] == log.stat().st_size
+        assert (await client.area_log(area="never-ran", lines=5))["missing"] is True
+
+    async def test_bounds_and_names_are_checked_and_nothing_is_written(
+        self, agent: AgentProcess
+    ) -> None:
+        log = agent.base_dir / "logs" / f"{AREA}.log"
+        log.parent.mkdir(exist_ok=True)
+        log.write_bytes(b"x" * 100 + b"\n")
+        before = log.stat()
+        for query in ("lines=10001", "lines=-1", "max_bytes=2000000", "offset=x",
+                      "offset=" + "9" * 5000, "lines=%C2%B2"):
+            status, answer = await agent.request("GET", f"/v1/areas/{AREA}/log?{query}")
+            assert (status, answer["error"]["code"]) == (400, "BAD_REQUEST"), query
+        # the generation of the other routes: only ASCII digits, and not thousands of them
+        for generation in ("%C2%B2", "9" * 5000):
+            status, answer = await agent.request(
+                "POST", f"/v1/areas/{AREA}/stop?generation={generation}")
+            assert (status, answer["error"]["code"]) == (400, "BAD_REQUEST"), generation
+        status, answer = await agent.request("GET", "/v1/areas/..%2Fagent.secret/log")
+        assert (status, answer["error"]["code"]) == (400, "BAD_REQUEST")
+        status, answer = await agent.request("PUT", f"/v1/areas/{AREA}/log", json_body={})
+        assert status == 405
+        after = log.stat()
+        assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)

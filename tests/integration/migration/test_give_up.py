@@ -41,6 +41,23 @@ async def _vps_gone_with_tg(stack: Stack, area: str) -> None:
     await stack.place("tg", "local")
 
 
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+async def _given_up(stack: Stack, area: str) -> None:
+    """The operator gives the VPS up as soon as it is allowed; tg runs on the PBX's copy."""
+    stack.accepted_data_loss.add(area)
+    while True:
+        code, body = await stack.request("POST", "/v1/services/tg/give-up", {})
+        if code == 202:
+            break
+        assert body["error"]["code"] == "VPS_NOT_FENCED", body
+        await asyncio.sleep(body["retry_after_s"])
+    await stack.wait_until(lambda: _runs_on(stack, area, "local"), timeout_s=30,
+                           what="tg runs on the PBX's own copy")
+
+
 class TestGivingTheVpsUp:
     """`monitord give-up SERVICE` brings the accounts home on the PBX's copy, safely."""
 
@@ -89,6 +106,43 @@ class TestGivingTheVpsUp:
         [aside] = await _set_aside(stack, area)
         kept = Path(str(aside["set_aside_path"]))
         assert kept.parent == stack.vps_dir / "abandoned" and any(kept.iterdir())
+        assert aside["remove_after"] == aside["set_aside_at"] + 7 * 86400.0
+
+        # an operator fetches it for forensics: the PBX gets exactly what the VPS kept
+        fetched = await run_cli("fetch-abandoned", area, "-c", str(stack.config_path))
+        assert fetched.code == 0, fetched.stderr
+        [aside] = await _set_aside(stack, area)
+        to = Path(str(aside["fetch"]["to"]))
+        assert (aside["fetch"]["state"], to.parent) == ("done", stack.work_dir / "abandoned")
+        assert _tree(to) == _tree(kept) and _tree(to)
+        assert stack.events("set_aside_fetched")[0]["files"] == len(_tree(kept))
+        assert not _runs_on(stack, area, "remote"), "a fetch starts nothing"
+
+    async def test_a_set_aside_copy_is_removed_once_kept_long_enough(
+        self, stack_factory: StackFactory
+    ) -> None:
+        stack = await stack_factory(services={"tg": 1},
+                                    monitord_overrides={"abandoned_data_keep_s": 3.0})
+        area = stack.areas["tg"][0]
+        await _vps_gone_with_tg(stack, area)
+        await _given_up(stack, area)
+        await stack.heal()
+        await stack.wait_until(lambda: _set_aside(stack, area), timeout_s=30,
+                               what="the VPS's copy set aside")
+        [aside] = await _set_aside(stack, area)
+        kept = Path(str(aside["set_aside_path"]))
+        assert kept.is_dir()
+
+        async def removed() -> bool:
+            return not (await stack.status())["abandoned_data"]
+        await stack.wait_until(removed, timeout_s=30, what="the set-aside copy removed")
+        assert not kept.exists(), "gone from the VPS too"
+        [event] = stack.events("set_aside_removed")
+        assert (event["area"], event["path"], event["result"]) == (area, str(kept), "deleted")
+        assert event["kept_s"] >= 3
+        code, body = await stack.request("POST", f"/v1/abandoned/{area}/fetch", {})
+        assert (code, body["error"]["code"]) == (404, "NOT_FOUND"), "nothing left to fetch"
+        assert _runs_on(stack, area, "local")
 
     async def test_a_rollback_parked_waiting_for_the_vpss_data_is_given_up_too(
         self, stack_factory: StackFactory

@@ -43,3 +43,40 @@ class TestOneBadEntry:
         status = await stack.status()
         assert status["tunnel"]["reconnects"] <= 1, "the tunnel was never recycled"
         assert json.loads(path.read_text())["custom_daemons"][2:] == hostile, "left untouched"
+
+
+class TestHostileNumbersAndNesting:
+    """A custom_config.json with a 5000-digit number or nesting past any bound, written
+    while monitord runs, is CONFIG_CORRUPT in the status; the reconciler's loop records no
+    failure (it raised ValueError / RecursionError before), what runs keeps running, and
+    the file fixed is read again."""
+
+    async def test_the_running_daemon_shows_config_corrupt_and_recovers(
+        self, stack_factory: StackFactory
+    ) -> None:
+        stack = await stack_factory(services={"tg": 1})
+        area = stack.areas["tg"][0]
+        assert await stack.detector.wait_for(lambda d: d.alive(area), timeout_s=30)
+        path = stack.root / "spool" / "custom_config.json"
+        good = path.read_text()
+        document = json.loads(good)
+        for hostile in ("9" * 5000, "[" * 100_000 + "]" * 100_000):
+            text = json.dumps(document).replace('"phone"', f'"x": {hostile}, "phone"', 1)
+            path.write_text(text)
+
+            async def corrupt() -> bool:
+                error = (await stack.status()).get("config_error") or {}
+                return error.get("code") == "CONFIG_CORRUPT"
+
+            await stack.wait_until(corrupt, timeout_s=20, what="CONFIG_CORRUPT shown")
+            path.write_text(good)
+
+            async def clean() -> bool:
+                return (await stack.status()).get("config_error") is None
+
+            await stack.wait_until(clean, timeout_s=20, what="the fixed file read again")
+        status = await stack.status()
+        failed = {name: loop for name, loop in (status.get("loops") or {}).items()
+                  if loop.get("errors")}
+        assert failed == {}, failed
+        assert stack.detector.alive(area), "what ran kept running"

@@ -31,6 +31,7 @@ from monitord.surface.admission import Admission
 from orchestrator import phases
 from orchestrator.area_leases import LeasePolicy
 from orchestrator.models import Phase, Side, Transaction
+from tests.support import api_auth
 
 AREA = "5b1d0c7a-2f3e-4a5b-8c9d-0e1f2a3b4c5d"
 OTHER = "9e8d7c6b-5a4f-4e3d-8c2b-1a0f9e8d7c6b"
@@ -68,8 +69,10 @@ async def engine_api(root: Path) -> AsyncIterator[tuple[Client, Path]]:
         admission = Admission()
         admission.open_intake()
         ctx = http_api.ApiContext(config=CONFIG, admission=admission, placement=facade,
-                                  custom_config_path=custom, operator=facade)
-        async with TestClient(TestServer(http_api.build_app(ctx))) as client:
+                                  custom_config_path=custom, operator=facade,
+                                  api_token=api_auth.TOKEN)
+        async with TestClient(TestServer(http_api.build_app(ctx)),
+                              headers=api_auth.HEADERS) as client:
             yield client, custom
 
 
@@ -84,8 +87,9 @@ async def bare_api(root: Path) -> AsyncIterator[tuple[Client, Path]]:
         admission.open_intake()
         ctx = http_api.ApiContext(config=CONFIG, admission=admission,
                                   placement=http_api.StorePlacementIntake(store),
-                                  custom_config_path=custom)
-        async with TestClient(TestServer(http_api.build_app(ctx))) as client:
+                                  custom_config_path=custom, api_token=api_auth.TOKEN)
+        async with TestClient(TestServer(http_api.build_app(ctx)),
+                              headers=api_auth.HEADERS) as client:
             yield client, custom
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ class SentRequest:
     method: str
     url: str
     body: str
+    headers: dict[str, str] = field(default_factory=dict, compare=False)
 
 
 class ClickingBrowser:
@@ -78,6 +79,11 @@ class ClickingBrowser:
         button = await self.find(css)
         await asyncio.to_thread(button.click)
         return button
+
+    async def type(self, css: str, keys: str) -> None:
+        """Type `keys` into the element, as a user typing (or pasting) them."""
+        field_ = await self.find(css)
+        await asyncio.to_thread(field_.send_keys, keys)
 
     async def press_escape(self) -> None:
         """The Escape key, sent to whatever has the keyboard focus."""
@@ -136,7 +142,8 @@ class ClickingBrowser:
                 continue
             request = message["params"]["request"]
             found.append(SentRequest(request["method"], request["url"],
-                                     request.get("postData", "")))
+                                     request.get("postData", ""),
+                                     dict(request.get("headers", {}))))
         return found
 
     async def sent_changes(self) -> list[SentRequest]:

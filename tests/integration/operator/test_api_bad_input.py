@@ -37,12 +37,14 @@ async def raw(stack: Stack, method: str, path: str, body: bytes | None,
               ) -> tuple[int, dict[str, Any], str]:
     """Send exactly these bytes (no client-side JSON encoding); status, document, content type.
 
-    Changes (PUT, POST) always say Content-Type: application/json, as the API requires, so that
-    these cases test the body and the path (test_api_browser_safety.py tests the header)."""
+    Changes (PUT, POST) always say Content-Type: application/json, as the API requires, and
+    every request carries the API token, so that these cases test the body and the path
+    (test_api_browser_safety.py tests the header, test_api_authority.py the token)."""
     url = f"http://127.0.0.1:{stack.http_port}{path}"
     timeout = aiohttp.ClientTimeout(total=10)
     json_header = body or method in ("PUT", "POST")
-    headers = {"Content-Type": "application/json"} if json_header else None
+    headers = {"Content-Type": "application/json"} if json_header else {}
+    headers["Authorization"] = f"Bearer {stack.api_token()}"
     async with aiohttp.ClientSession(timeout=timeout) as session, session.request(
         method, url, data=body, headers=headers
     ) as resp:
@@ -62,6 +64,10 @@ async def snapshot(stack: Stack) -> dict[str, Any]:
             " ORDER BY service, area"
         ).fetchall()
     spool = stack.root / "spool"
+    for service in status["services"].values():
+        for area in service["areas"]:  # clocks: when the agent was asked, its answer's uptime
+            area["process"].pop("as_of", None)
+            area["process"].pop("started_at", None)
     return {
         "services": status["services"],
         "counts": status["counts"],
@@ -120,7 +126,7 @@ CASES = [
       for bad in ("t%20g", ".hidden", "tg%0A")),
     *(Case("GET", f"/v1/{what}?limit={limit}", None, 400, "BAD_REQUEST")
       for what in ("transactions", "cleanup")
-      for limit in ("abc", "0", "-1", "100001", "", "1.5", "1e3")),
+      for limit in ("abc", "0", "-1", "100001", "", "1.5", "1e3", "%C2%B2", "9" * 5000)),
     Case("GET", "/v1/nothing-here", None, 404, "NOT_FOUND"),
     Case("DELETE", "/v1/services/tg/placement", None, 405, "BAD_REQUEST"),
     Case("POST", "/v1/status", VALID, 405, "BAD_REQUEST"),

@@ -26,7 +26,7 @@ from monitord.surface import http_api
 from monitord.surface.admission import Admission
 from monitord.testing.stack import Stack, StackOptions, free_port
 from tests.integration.operator.test_api_bad_input import snapshot
-from tests.support import daemon_process
+from tests.support import api_auth, daemon_process
 
 MODULE_LOOP = pytest.mark.asyncio(loop_scope="module")
 
@@ -52,12 +52,18 @@ async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack
 
 
 async def send(port: int, method: str, path: str, body: bytes | None = None,
-               headers: dict[str, str] | None = None) -> tuple[int, Any, str]:
-    """Exactly these bytes and headers (aiohttp adds Host only when `headers` has none)."""
+               headers: dict[str, str] | None = None, *,
+               token: str | None = None) -> tuple[int, Any, str]:
+    """Exactly these bytes and headers (aiohttp adds Host only when `headers` has none), and
+    `Authorization: Bearer <token>` with a token: the checks after local authority are
+    tested as an authorised operator meets them."""
     timeout = aiohttp.ClientTimeout(total=20)
+    headers = dict(headers or {})
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
     async with aiohttp.ClientSession(timeout=timeout) as session, session.request(
         method, f"http://127.0.0.1:{port}{path}",
-        data=io.BytesIO(body) if body and len(body) > 65536 else body, headers=headers or {}
+        data=io.BytesIO(body) if body and len(body) > 65536 else body, headers=headers
     ) as resp:
         text = await resp.text()
         try:
@@ -97,7 +103,8 @@ class TestCrossSiteRequests:
         """Even with a valid JSON body and no Origin (an old browser, a no-cors fetch)."""
         before = await snapshot(stack)
         headers = {"Content-Type": content_type} if content_type else {}
-        answer = await send(stack.http_port, method, path, body or None, headers)
+        answer = await send(stack.http_port, method, path, body or None, headers,
+                            token=stack.api_token())
         assert "Content-Type" in assert_error(answer, 400)
         assert await snapshot(stack) == before
 
@@ -113,11 +120,12 @@ class TestCrossSiteRequests:
         port = stack.http_port
         for origin in (f"http://127.0.0.1:{port}", f"http://localhost:{port}"):
             status, document, _ = await send(port, "POST", "/v1/services/tg/retry", None,
-                                             {"Content-Type": JSON, "Origin": origin})
+                                             {"Content-Type": JSON, "Origin": origin},
+                                             token=stack.api_token())
             assert status == 202, document
         status, document, _ = await send(
             port, "POST", "/v1/services/tg/retry", None,
-            {"Content-Type": "application/json; charset=UTF-8"},
+            {"Content-Type": "application/json; charset=UTF-8"}, token=stack.api_token(),
         )
         assert status == 202, document
 
@@ -182,7 +190,8 @@ class TestHostileBodies:
         self, stack: Stack, method: str, path: str, body: bytes, content_type: str
     ) -> None:
         before = await snapshot(stack)
-        answer = await send(stack.http_port, method, path, body, {"Content-Type": content_type})
+        answer = await send(stack.http_port, method, path, body, {"Content-Type": content_type},
+                            token=stack.api_token())
         assert_error(answer, 400)
         assert await snapshot(stack) == before
 
@@ -190,7 +199,7 @@ class TestHostileBodies:
         before = await snapshot(stack)
         body = b'{"location": "' + b"x" * (http_api.MAX_BODY_BYTES + 1) + b'"}'
         answer = await send(stack.http_port, "PUT", "/v1/services/tg/placement", body,
-                            {"Content-Type": JSON})
+                            {"Content-Type": JSON}, token=stack.api_token())
         assert_error(answer, 413)
         assert await snapshot(stack) == before
 
@@ -216,8 +225,8 @@ async def bare(tmp_path: Path) -> AsyncIterator[TestClient[web.Request, web.Appl
     admission.open_intake()
     ctx = http_api.ApiContext(config=CONFIG, admission=admission,
                               placement=http_api.StorePlacementIntake(NoStore()),
-                              custom_config_path=custom)
-    client = TestClient(TestServer(http_api.build_app(ctx)))
+                              custom_config_path=custom, api_token=api_auth.TOKEN)
+    client = TestClient(TestServer(http_api.build_app(ctx)), headers=api_auth.HEADERS)
     await client.start_server()
     try:
         yield client

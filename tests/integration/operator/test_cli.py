@@ -51,12 +51,18 @@ class TestStatus:
         lines = result.stdout.splitlines()
         assert "tunnel: connected, attempts 1" in lines
         assert "areas: local 2, remote 1, migrating 0, orphan 0" in lines
-        rows = {cells[0]: cells for cells in (
-            [c.strip() for c in line.strip("│┃ ").split("│")] for line in lines
-            if line.startswith("│")
-        )}
+        split = lines.index(next(line for line in lines if line.strip() == "areas"))
+        table = [[c.strip() for c in line.strip("│┃ ").split("│")] for line in lines
+                 if line.startswith("│")]
+        services = [[c.strip() for c in line.strip("│┃ ").split("│")]
+                    for line in lines[:split] if line.startswith("│")]
+        rows = {cells[0]: cells for cells in services}
         assert rows["tg"][:8] == ["tg", "local", "idle", "", "2", "0", "0", "0"]
         assert rows["chats"][:8] == ["chats", "remote", "idle", "", "0", "1", "0", "0"]
+        # then one row per area: where it runs and how its daemon does there
+        areas = [cells for cells in table[len(services):]]
+        assert sorted((cells[0], cells[2], cells[3]) for cells in areas) == [
+            ("chats", "remote", "up"), ("tg", "local", "up"), ("tg", "local", "up")]
 
     async def test_status_json_is_the_api_document(self, stack_factory: StackFactory) -> None:
         stack = await stack_factory(services={"tg": 1})

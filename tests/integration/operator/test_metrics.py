@@ -26,6 +26,9 @@ FAMILIES = {
     "monitord_areas": "gauge",
     "monitord_tunnel_up": "gauge",
     "monitord_tunnel_reconnects": "counter",
+    "monitord_area_up": "gauge",
+    "monitord_area_restarts": "counter",
+    "monitord_service_state": "gauge",
 }
 
 
@@ -65,6 +68,15 @@ class TestMetrics:
         assert value("monitord_cleanup_backlog") == 0
         assert value("monitord_drift") == 0
         assert value("monitord_duplicate_instances_total") == 0
+        # each area up where it is placed; each service in exactly one state
+        assert value("monitord_area_up", service="tg", side="remote") == 1
+        assert value("monitord_area_up", service="tg", side="local") == 0
+        assert value("monitord_area_up", service="chats", side="local") == 1
+        assert value("monitord_service_state", service="tg", state="idle") == 1
+        assert sum(s.value for s in families["monitord_service_state"].samples
+                   if s.labels["service"] == "tg") == 1
+        assert not [s.name for f in families.values() for s in f.samples
+                    if s.name.endswith("_created")], "no _created series"
 
 
 class TestBuildAndProcessMetrics:

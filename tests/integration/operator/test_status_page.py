@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from importlib import resources
 from pathlib import Path
@@ -138,12 +139,61 @@ class TestErrorBlock:
 
         tg = page.one("tr", data_service="tg")
         assert cells(tg)["state"] == "parked" and cells(tg)["phase"] == "PARKED"
+        assert tg.attrs.get("class") == "parked", "a parked row stands out"
+        assert "class" not in page.one("tr", data_service="chats").attrs
         tg_buttons = buttons(tg)
         assert tg_buttons["local"].disabled and tg_buttons["remote"].disabled
         assert not tg_buttons["retry"].disabled
         chats_buttons = buttons(page.one("tr", data_service="chats"))
         assert not chats_buttons["remote"].disabled, "another service's change must stay open"
         assert "retry" not in chats_buttons
+
+
+class TestWhatTheStatusKnows:
+    """The page shows what the status document knows: every area with its title, side,
+    health and last downtime; quarantined entries; the version, the forwards and when it was
+    updated; and the last day's moves with their downtime."""
+
+    async def test_areas_titles_quarantine_version_forwards_and_moves(
+        self, stack_factory: StackFactory, browser: Browser
+    ) -> None:
+        stack = await stack_factory(services={"tg": 1, "chats": 1})
+        await stack.place("chats", "remote")
+        await stack.wait_settled(expect={"tg": "local", "chats": "remote"}, timeout_s=60)
+        (tg,), (chats,) = stack.areas["tg"], stack.areas["chats"]
+        path = stack.root / "spool" / "custom_config.json"
+        document = json.loads(path.read_text())
+        for entry in document["custom_daemons"]:
+            if entry["uuid"] == tg:
+                entry["title"] = "Sales <b>line</b>"  # text, never markup
+        document["custom_daemons"].append({"uuid": "../escape", "service": "tg"})
+        path.write_text(json.dumps(document))
+
+        async def known() -> bool:
+            status = await stack.status()
+            return bool(status["quarantined"]) and any(
+                a["title"] for a in status["services"]["tg"]["areas"])
+        await stack.wait_until(known, timeout_s=30, what="the title and the quarantine read")
+        page = await render(browser, stack)
+
+        row = page.one("tr", data_area=tg)
+        texts = [td.text for td in row.find_all("td")]
+        assert texts[:4] == ["tg", f"Sales <b>line</b> ({tg[:8]})", "local", "up"]
+        assert texts[4].isdigit() and re.fullmatch(r"\d+m\d\ds", texts[5]), texts
+        moved = page.one("tr", data_area=chats)
+        assert [td.text for td in moved.find_all("td")][2:4] == ["remote", "up"]
+        assert re.fullmatch(r"\d+\.\d\d s", moved.find_all("td")[8].text)
+        assert page.by_id("quarantined").attrs.get("hidden") is None
+        [entry] = page.by_id("quarantined").find_all("p", cls="quarantined-entry")
+        assert "AREA_ID_INVALID" in entry.text
+        assert page.by_id("version").text.startswith("v")
+        assert page.by_id("updated").text.endswith("UTC")
+        assert "nats: " in page.by_id("forwards").text
+        [move] = page.by_id("moves").find_all("tr", cls=None)[1:] or [None]
+        assert move is not None
+        cols = [td.text for td in move.find_all("td")]
+        assert cols[1:5] == ["chats", "local to remote", "1", "done 1"], cols
+        assert cols[0].endswith("UTC") and cols[5].endswith(" s")
 
 
 class TestScreenshot:

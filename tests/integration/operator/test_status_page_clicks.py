@@ -50,10 +50,19 @@ def cell(service: str, name: str) -> str:
     return f'tr[data-service="{service}"] td.{name}'
 
 
-async def open_page(browser: ClickingBrowser, stack: Stack) -> None:
+TOKEN_KEY = "monitord-api-token"
+
+
+async def open_page(browser: ClickingBrowser, stack: Stack, *, authorised: bool = True) -> None:
+    """Open the page; `authorised`: as an operator who already gave this tab the API token
+    (TestLocalAuthority gives it through the page's own dialog)."""
     await browser.open(f"http://127.0.0.1:{stack.http_port}/")
     await browser.wait_js("return document.body.dataset.loaded === '1'",
                           what="the first status document rendered")
+    if authorised:
+        token = stack.api_token()
+        assert token is not None
+        await browser.js("sessionStorage.setItem(arguments[0], arguments[1])", TOKEN_KEY, token)
     await browser.sent()  # what loading the page sent is not what a test asks about
 
 
@@ -262,3 +271,77 @@ class TestGiveUpTheVps:
         assert (post.method, post.url.rsplit("/v1/", 1)[1]) == ("POST", "services/tg/give-up")
         await stack.heal()
         await stack.wait_settled(expect={"tg": "local", "chats": "local"}, timeout_s=90)
+
+
+class TestLocalAuthority:
+    """A change from a tab that has no API token yet is refused (nothing changes) and asks for
+    the token in an in-page dialog; with the token pasted there, the same change goes through,
+    and the tab keeps it for the next one."""
+
+    async def test_the_page_asks_for_the_token_and_then_moves_with_it(
+        self, stack_factory: StackFactory, browser: ClickingBrowser
+    ) -> None:
+        stack = await stack_factory(services={"tg": 1})
+        await stack.wait_settled(expect={"tg": "local"})
+        token = stack.api_token()
+        assert token is not None
+        await open_page(browser, stack, authorised=False)
+        token_dialog_open = "return document.getElementById('token-dialog').open"
+
+        # Cancelled: the refusal is shown in the page and nothing changed.
+        await open_dialog(browser, "tg", "remote")
+        await browser.click("#confirm-move .confirm-ok")
+        await browser.wait_js(token_dialog_open, what="the token dialog")
+        assert not await browser.alert_open()
+        assert token not in await browser.js("return document.documentElement.outerHTML")
+        [refused] = await browser.sent_changes()
+        assert refused.method == "PUT" and "Authorization" not in refused.headers
+        await browser.click("#token-dialog .token-cancel")
+        await browser.wait_js(
+            "const r = document.getElementById('request-error');"
+            "return !r.hidden && r.dataset.code === 'API_UNAUTHORIZED';",
+            what="the refusal in the error region",
+        )
+        assert await browser.sent_changes() == []
+        status = await stack.status()
+        assert status["services"]["tg"]["desired"] == "local" and status["transactions"] == []
+
+        # A wrong token is refused too, and not kept.
+        await open_dialog(browser, "tg", "remote")
+        await browser.click("#confirm-move .confirm-ok")
+        await browser.wait_js(token_dialog_open, what="the token dialog, again")
+        await browser.type("#token-input", token[:-1] + ("x" if token[-1] != "x" else "y"))
+        await browser.click("#token-dialog .token-ok")
+        await browser.wait_js(
+            "return document.getElementById('request-error').dataset.code === 'API_UNAUTHORIZED'"
+            " && !document.getElementById('token-dialog').open",
+            what="a wrong token refused",
+        )
+        assert await browser.js(f"return sessionStorage.getItem('{TOKEN_KEY}')") is None
+        assert (await stack.status())["services"]["tg"]["desired"] == "local"
+        await browser.sent()
+
+        # The right one: the move the operator confirmed is sent again, with the token.
+        await open_dialog(browser, "tg", "remote")
+        await browser.click("#confirm-move .confirm-ok")
+        await browser.wait_js(token_dialog_open, what="the token dialog, a third time")
+        await browser.type("#token-input", token)
+        await browser.click("#token-dialog .token-ok")
+        await wait_row(browser, "tg", desired="remote", state="idle", local="0", remote="1",
+                       timeout_s=MOVE_TIMEOUT_S)
+        first, second = await browser.sent_changes()
+        assert "Authorization" not in first.headers
+        assert (second.method, second.url.rsplit("/v1/", 1)[1]) == ("PUT", "services/tg/placement")
+        assert second.headers.get("Authorization") == f"Bearer {token}"
+        assert await browser.js(f"return sessionStorage.getItem('{TOKEN_KEY}')") == token
+        assert await browser.js("return document.getElementById('forget-token').hidden") is False
+        await stack.wait_settled(expect={"tg": "remote"})
+
+        # Kept for the tab: the next change needs no dialog.
+        await open_dialog(browser, "tg", "local")
+        await browser.click("#confirm-move .confirm-ok")
+        await wait_row(browser, "tg", desired="local", state="idle", local="1", remote="0",
+                       timeout_s=MOVE_TIMEOUT_S)
+        [put] = await browser.sent_changes()
+        assert put.headers.get("Authorization") == f"Bearer {token}"
+        await stack.wait_settled(expect={"tg": "local"})

@@ -42,6 +42,24 @@ class TestArgvQuoting:
         assert "s3cret" not in "".join(vps.command_log)
 
 
+class TestEveryOutputIsBounded:
+    """A VPS that floods stdout or stderr costs at most the bound in memory, whatever the
+    caller passed (the default bound applies to every remote command)."""
+
+    async def test_a_flood_on_stdout_and_stderr_keeps_at_most_the_bounds(
+        self, conn: asyncssh.SSHClientConnection
+    ) -> None:
+        flood = 3 * remote_exec.DEFAULT_MAX_STDOUT
+        result = await remote_exec.run_script(
+            conn, 'head -c "$1" /dev/zero; head -c "$1" /dev/zero >&2', args=[str(flood)],
+            timeout_s=TIMEOUT,
+        )
+        assert result.ok
+        assert len(result.stdout) == remote_exec.DEFAULT_MAX_STDOUT
+        assert result.stdout_truncated
+        assert len(result.stderr) <= 64 * 1024
+
+
 class TestExitStatus:
     """A failing command is a result, not an exception, until the caller names its code."""
 

@@ -22,8 +22,14 @@ NOW = 10_000.0
 # (phase, source, error code, consecutive failures incl. this one, data_wait_since) -> outcome
 FAILED_STEP: list[tuple[Phase, Side, str, int, float | None, Outcome]] = [
     # a failed preflight counts towards parking, an unreachable VPS included
-    (Phase.PREFLIGHT, Side.LOCAL, ErrorCode.PREFLIGHT_DISK_SPACE, 1, None, Outcome.FAILED),
-    (Phase.PREFLIGHT, Side.LOCAL, ErrorCode.PREFLIGHT_DISK_SPACE, PARK_AT, None, Outcome.PARK),
+    (Phase.PREFLIGHT, Side.LOCAL, ErrorCode.PREFLIGHT_AGENT, 1, None, Outcome.FAILED),
+    (Phase.PREFLIGHT, Side.LOCAL, ErrorCode.PREFLIGHT_AGENT, PARK_AT, None, Outcome.PARK),
+    # ... except a cause retrying cannot fix (a full disk): it parks at the first failure
+    (Phase.PREFLIGHT, Side.LOCAL, ErrorCode.PREFLIGHT_DISK_SPACE, 1, None, Outcome.PARK),
+    (Phase.PREFLIGHT, Side.REMOTE, ErrorCode.LOCAL_DISK_FULL, 1, None, Outcome.PARK),
+    (Phase.PREFLIGHT, Side.LOCAL, ErrorCode.REMOTE_PERMISSION_DENIED, 1, None, Outcome.PARK),
+    # in a later phase it fails the step like any other: the rollback runs first
+    (Phase.COPY, Side.LOCAL, ErrorCode.REMOTE_DISK_FULL, 1, None, Outcome.FAILED),
     (Phase.PREFLIGHT, Side.LOCAL, ErrorCode.SSH_UNREACHABLE, 1, None, Outcome.UNREACHABLE),
     (Phase.PREFLIGHT, Side.LOCAL, ErrorCode.SSH_UNREACHABLE, PARK_AT, None, Outcome.PARK),
     (Phase.PREFLIGHT, Side.REMOTE, ErrorCode.AGENT_UNREACHABLE, 2, None, Outcome.UNREACHABLE),
@@ -47,8 +53,9 @@ FAILED_STEP: list[tuple[Phase, Side, str, int, float | None, Outcome]] = [
 
 
 class TestTheOutcomeOfAFailedStep:
-    """Preflight failures count towards parking; a data wait parks at its bound; an
-    unreachable side takes the table's UNREACHABLE edge where there is one."""
+    """Preflight failures count towards parking (a cause retrying cannot fix parks at once);
+    a data wait parks at its bound; an unreachable side takes the table's UNREACHABLE edge
+    where there is one."""
 
     @pytest.mark.parametrize(("phase", "source", "code", "failures", "waited", "expected"),
                              FAILED_STEP)
@@ -84,12 +91,19 @@ SETTLED: list[tuple[Phase, Outcome, str | None, int, Outcome]] = [
     (Phase.ROLLBACK, Outcome.FAILED, "INTERNAL", PARK_AT, Outcome.FAILED),
     (Phase.COPY, Outcome.OK, "INTERNAL", PARK_AT, Outcome.OK),
     (Phase.PREFLIGHT, Outcome.OK, None, PARK_AT, Outcome.OK),
+    # a rollback after a cause retrying cannot fix parks at once (the source runs again)
+    (Phase.ROLLBACK, Outcome.OK, "REMOTE_DISK_FULL", 1, Outcome.PARK),
+    (Phase.ROLLBACK, Outcome.OK, "LOCAL_DISK_FULL", 1, Outcome.PARK),
+    (Phase.ROLLBACK, Outcome.OK, "NAME_TOO_LONG", 1, Outcome.PARK),
+    (Phase.ROLLBACK, Outcome.FAILED, "REMOTE_DISK_FULL", 1, Outcome.FAILED),
+    (Phase.ROLLBACK, Outcome.OK, "COPY_INCOMPLETE", 1, Outcome.OK),  # transient: retried
 ]
 
 
 class TestTheOutcomeTheTableIsFed:
-    """A rollback that completed after an error parks the service at the limit; every other
-    observed outcome goes to the table unchanged."""
+    """A rollback that completed after an error parks the service at the limit, or at once
+    after a cause retrying cannot fix; every other observed outcome goes to the table
+    unchanged."""
 
     @pytest.mark.parametrize(("phase", "observed", "last_error", "failures", "expected"),
                              SETTLED)

@@ -1,0 +1,97 @@
+"""JSON from someone else, read within bounds: nesting depth, integer length, RFC 8259 only.
+
+`json.loads` trusts its input in three ways that a file another user can write, or a VPS
+that may be compromised, can exploit:
+
+- nesting: the decoder recurses per level, so `[[[[…` a few thousand deep raises
+  `RecursionError` — not a `ValueError`, so the caller's handler misses it — and a document
+  a little under that limit still breaks whoever walks it next (`copy.deepcopy`, a
+  redaction, `json.dumps`);
+- integers: an integer literal of more than 4300 digits raises `ValueError` from `int()`
+  (Python's int-string limit; below it a conversion costs at most about a millisecond);
+- `NaN` and `Infinity` are accepted although they are not JSON, and `1e999` reads as an
+  infinite float.
+
+`loads()` lets the C decoder parse (it guards its own recursion with the interpreter's
+limit, so `[[[[…` thousands deep is a `RecursionError` caught here, as is the `ValueError`
+of a too long integer), refuses the three constants, then checks what it parsed with an
+iterative walk, linear in the number of values: nesting at most MAX_DEPTH, no infinite
+float, and raises only `JsonRefused` (a `ValueError`) with a short reason
+and, for a syntax error, the line and column.
+Standard library only: the VPS agent parses its request bodies with it too
+(monitord/remote/artifact.py PORTABLE_MODULES).
+
+Callers: monitord.store.spool_files (custom_config.json), monitord.surface.bundle,
+monitord.remote.tunnel.lease_client and preflight (the VPS's answers), monitord.vps.server
+(request bodies).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+# Far deeper than any document monitord reads or writes (custom_config.json is three levels
+# deep), far shallower than the interpreter's recursion limit.
+MAX_DEPTH = 64
+
+_INF = float("inf")
+
+
+class JsonRefused(ValueError):
+    """The text is not JSON within the bounds; `str()` says why (and where, when known)."""
+
+
+def check_depth(value: Any, *, max_depth: int = MAX_DEPTH) -> None:
+    """JsonRefused if arrays and objects in a parsed value nest deeper than `max_depth`, or
+    a number in it is infinite (`1e999`). Iterative (a walk that recursed would meet the
+    very limit it guards against) and linear in the number of values; strings are leaves, so
+    their length costs nothing here."""
+    if max_depth < 1:
+        raise JsonRefused(f"nested deeper than {max_depth} levels")
+    stack: list[tuple[Any, int]] = [(value, 0)]  # (a container, its depth: the root's is 0)
+    while stack:
+        item, depth = stack.pop()
+        for child in item.values() if isinstance(item, dict) else item:
+            kind = type(child)
+            if kind is dict or kind is list:
+                if depth + 1 >= max_depth:
+                    raise JsonRefused(f"nested deeper than {max_depth} levels")
+                if child:  # an empty one has nothing to look at
+                    stack.append((child, depth + 1))
+            elif kind is float and child in (_INF, -_INF):
+                raise JsonRefused("a number out of a float's range")
+
+
+def _no_constant(name: str) -> Any:
+    raise JsonRefused(f"{name} is not JSON")
+
+
+def loads(
+    data: str | bytes,
+    *,
+    max_depth: int = MAX_DEPTH,
+) -> Any:
+    """The JSON value of `data` (bytes must be UTF-8); JsonRefused for anything else."""
+    if isinstance(data, (bytes, bytearray)):
+        try:
+            text = bytes(data).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise JsonRefused(f"not UTF-8 at byte {e.start}") from e
+    else:
+        text = data
+    try:
+        value = json.loads(text, parse_constant=_no_constant)
+    except JsonRefused:
+        raise
+    except json.JSONDecodeError as e:
+        raise JsonRefused(f"invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from e
+    except RecursionError as e:  # the C decoder guards its own recursion with the limit
+        raise JsonRefused(f"nested deeper than {max_depth} levels") from e
+    except ValueError as e:  # int() refusing a literal over the int-string limit
+        raise JsonRefused(f"unreadable JSON: {str(e)[:120]}") from e
+    if isinstance(value, (dict, list)):
+        check_depth(value, max_depth=max_depth)
+    elif isinstance(value, float) and value in (_INF, -_INF):
+        raise JsonRefused("a number out of a float's range")
+    return value
