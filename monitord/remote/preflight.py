@@ -410,7 +410,7 @@ def parse_probe_report(text: str) -> _RemoteFacts:
 def _data_fs(values: list[str]) -> tuple[disk_space.Free | None, str, str]:
     """(free space, device, path) of the probe's `data_fs` line: `stat -f`'s available
     blocks, block size, free and total inodes, then the device and the path measured."""
-    if len(values) < 6 or not all(v.isdigit() for v in values[:4]):
+    if len(values) < 6 or not all(_COUNT_RE.fullmatch(v) for v in values[:4]):
         return None, "", ""
     blocks, block_size, inodes, total = (int(v) for v in values[:4])
     free = disk_space.Free(bytes=blocks * block_size, inodes=inodes, total_inodes=total)

@@ -179,7 +179,7 @@ class TestPreflightOutput:
         try:
             facts = await preflight._probe(
                 None, remote=SimpleNamespace(remote_bin_dir="/b"),  # type: ignore[arg-type]
-                artifacts=[], timeout_s=1.0)
+                artifacts=[], data_root="/b/data", timeout_s=1.0)
         except MonitordError as e:
             assert e.code == ErrorCode.VPS_REPLY_INVALID
         else:
