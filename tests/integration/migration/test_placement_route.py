@@ -37,7 +37,11 @@ AREA = "5b1d0c7a-2f3e-4a5b-8c9d-0e1f2a3b4c5d"
 OTHER = "9e8d7c6b-5a4f-4e3d-8c2b-1a0f9e8d7c6b"
 CONFIG = config.Config(
     services={"tg": config.ServiceSection(command=("tgd",), local_data_dir="/d/{area}",
-                                          remote_data_dir="/r")}
+                                          remote_data_dir="/r")},
+    # a VPS is configured: a move to it is one the intake takes (none is made here)
+    remote=config.RemoteSection(host="vps.invalid", user="offload",
+                                key_file=Path("/nonexistent/key"),
+                                known_hosts=Path("/nonexistent/known_hosts")),
 )
 JSON = {"Content-Type": "application/json"}
 GOOD = json.dumps({"custom_daemons": [{"uuid": AREA, "service": "tg"}]})
