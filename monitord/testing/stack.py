@@ -45,6 +45,7 @@ from typing import Any
 
 import aiohttp
 
+from monitord.base import proc_identity
 from monitord.base.task_owner import TaskOwner
 from monitord.testing.split_brain import Detector
 from monitord.testing.vps_server import VpsServer
@@ -530,11 +531,13 @@ class Stack:
 
 
 def kill_processes_under(root: Path) -> int:
-    """SIGKILL every process whose command line or environment names `root` (not us)."""
+    """SIGKILL every process whose command line or environment names `root`, except us and
+    our ancestors: `timeout 300 monitord demo --dir D` (or a shell running it) names D too."""
     needle = str(root).encode()
+    spared = _self_and_ancestors()
     killed = 0
     for entry in PROC.iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+        if not entry.name.isdigit() or int(entry.name) in spared:
             continue
         try:
             cmdline = (entry / "cmdline").read_bytes()
@@ -546,6 +549,17 @@ def kill_processes_under(root: Path) -> int:
                 os.kill(int(entry.name), signal.SIGKILL)
                 killed += 1
     return killed
+
+
+def _self_and_ancestors() -> set[int]:
+    chain, pid = set(), os.getpid()
+    while pid > 1 and pid not in chain:
+        chain.add(pid)
+        parent = proc_identity.parent_of(pid)
+        if parent is None:
+            break
+        pid = parent
+    return chain
 
 
 @contextlib.asynccontextmanager
