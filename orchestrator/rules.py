@@ -11,7 +11,8 @@
 4. Crash recovery resumes or rolls back by the committed location (`recovery_outcome`).
 5. Preflight failure never stops the source (the table sends PREFLIGHT failures straight
    to ROLLED_BACK, whose only action is Finish); `failure_outcome` parks the service after
-   `park_after_failures` consecutive failures until an operator retries.
+   `park_after_failures` consecutive failures until an operator retries; the failures one
+   link outage causes count once (`link_outage`).
 6. A reversal of the desired location before the commit becomes a rollback, after the
    commit a new transaction (`reversal`).
 7. What a step's result becomes before the table sees it: a failed step's outcome
@@ -192,6 +193,33 @@ def reversal(txn: Transaction, *, desired: Location) -> Reversal:
     return Reversal(outcome=Outcome.REVERSE_REQUESTED, new_transaction_after=False)
 
 
+@dataclass(frozen=True, slots=True)
+class LinkEpoch:
+    """The tunnel as the engine sees it: `connections` made so far, and whether it is up."""
+
+    connections: int
+    connected: bool
+
+
+def link_outage(
+    error_code: str | None, *, step_began_in: int | None, link: LinkEpoch | None
+) -> int | None:
+    """The link outage a failed transaction belongs to, or None: a failure of its own.
+
+    A transaction whose failing step began while the tunnel's `step_began_in`-th connection
+    was the last one, and which could not reach the VPS, with the link down now or
+    reconnected since, failed because that link went away (or never came back). Every area
+    of a service a single outage hits fails the same way, and so does each retry while it
+    lasts: the engine counts such failures once per outage towards parking (rule 5), so one
+    cut does not park a service with many areas in flight, while a VPS that answers over a
+    steady link but keeps failing is still counted per failure."""
+    if error_code not in UNREACHABLE_CODES or step_began_in is None or link is None:
+        return None
+    if link.connected and link.connections == step_began_in:
+        return None
+    return step_began_in
+
+
 def failure_outcome(
     *, consecutive_failures: int, park_after_failures: int = DEFAULT_PARK_AFTER_FAILURES
 ) -> Outcome:
@@ -223,7 +251,7 @@ def outcome_for_error(
     """The outcome a step of `txn` that failed with `error_code` reports (rule 7).
 
     Every failed preflight counts towards parking (`consecutive_failures` counts this one),
-    an unreachable VPS included. A rollback waiting for the destination's newer data since
+    an unreachable VPS included (the engine counts an outage once: `link_outage`). A rollback waiting for the destination's newer data since
     `txn.data_wait_since` parks once `rollback_data_wait_s` passed (wall `at`): the area
     stays stopped, bounded, and an operator chooses. Otherwise an unreachable side takes the
     UNREACHABLE edge where the table has one, and anything else is FAILED."""

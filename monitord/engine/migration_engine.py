@@ -88,6 +88,7 @@ class MigrationEngine:
         vps_lost_after_s: float | None = None,
         vps_lost_services: frozenset[str] = frozenset(),
         vps_unreachable_since: Callable[[], float | None] = lambda: None,
+        link_epoch: Callable[[], rules.LinkEpoch | None] = lambda: None,
         on_finished: Callable[[Transaction], None] = lambda txn: None,
         wall: Callable[[], float] = time.time,
         clock: Callable[[], float] = time.monotonic,
@@ -108,6 +109,7 @@ class MigrationEngine:
         self.vps_lost_services = vps_lost_services
         self._vps_unreachable_since = vps_unreachable_since
         self._vps_lost_logged: set[str] = set()
+        self._link_epoch = link_epoch
         self.on_finished = on_finished
         self._wall = wall
         self._clock = clock
@@ -117,6 +119,9 @@ class MigrationEngine:
         # Rolled-back sources, until healthy (their downtime's end).
         self._watcher_tasks = TaskOwner(f"{TASK_NAME}: watchers")
         self._failures: dict[str, int] = defaultdict(int)  # consecutive, per service
+        # One link outage fails every area in flight: counted once (rules.link_outage).
+        self._step_began_in: dict[str, int] = {}  # transaction id -> the link's connections
+        self._counted_outage: dict[str, int] = {}  # service -> the outage last counted
         self._not_before: dict[str, float] = {}  # area -> monotonic time of the next try
         self._exhausted: set[str] = set()  # areas at the last generation, logged once
         # The intake: opens due transactions and starts their runners every tick, under the
@@ -258,7 +263,7 @@ class MigrationEngine:
     async def retry(self, service: str) -> list[str]:
         """The operator's retry: leave PARKED with fresh generations; clear back-offs."""
         async with self.intake_lock:
-            self._failures[service] = 0
+            self._reset_failures(service)
             for area in self.state.areas_of(service):
                 self._not_before.pop(area.uuid, None)
             resumed = []
@@ -353,7 +358,7 @@ class MigrationEngine:
                 self._start_runners()
                 raise PermanentError(ErrorCode.TRANSACTION_CONFLICT,
                                      f"nothing of {where} is on the VPS: nothing to give up")
-            self._failures[service] = 0
+            self._reset_failures(service)
             self.last_errors.pop(service, None)
             await self.state.record_desired(service=service, area=area, location=Side.LOCAL)
             for uuid, decision in abandoned.items():
@@ -559,6 +564,9 @@ class MigrationEngine:
             if reversal.outcome is not None:
                 await self._advance(txn, reversal.outcome)
                 return True, False
+        link = self._link_epoch()
+        if link is not None:
+            self._step_began_in[txn.transaction_id] = link.connections
         actions = phases.next_actions(txn, self._ctx(txn))
         outcome, error = await self._perform(txn, actions)
         if outcome is None:
@@ -656,7 +664,7 @@ class MigrationEngine:
     def _outcome_for_error(self, txn: Transaction, error: MonitordError) -> Outcome:
         return rules.outcome_for_error(
             txn, error_code=str(error.code),
-            consecutive_failures=self._failures[txn.service] + 1,
+            consecutive_failures=self._failures_with(txn, str(error.code)),
             park_after_failures=self.park_after_failures, at=self._wall(),
             rollback_data_wait_s=self.rollback_data_wait_s,
         )
@@ -697,7 +705,7 @@ class MigrationEngine:
         lease: AreaLease | None = None,
     ) -> Transaction:
         outcome = rules.settled_outcome(
-            txn, outcome, consecutive_failures=self._failures[txn.service] + 1,
+            txn, outcome, consecutive_failures=self._failures_with(txn, txn.last_error_code),
             park_after_failures=self.park_after_failures,
         )
         ctx = self._ctx(txn, error=error, new_generation=new_generation, lease=lease)
@@ -731,15 +739,35 @@ class MigrationEngine:
         if ended:
             await self.downtime.ended(new)
 
+    def _outage_of(self, txn: Transaction, error_code: str | None) -> int | None:
+        began_in = self._step_began_in.get(txn.transaction_id)
+        return rules.link_outage(error_code, step_began_in=began_in, link=self._link_epoch())
+
+    def _failures_with(self, txn: Transaction, error_code: str | None) -> int:
+        """The service's consecutive failures once this failure of `txn` is counted."""
+        return self._failures_with_outage(txn.service, self._outage_of(txn, error_code))
+
+    def _failures_with_outage(self, service: str, outage: int | None) -> int:
+        counted = outage is not None and self._counted_outage.get(service) == outage
+        return self._failures[service] + (0 if counted else 1)
+
+    def _reset_failures(self, service: str) -> None:
+        self._failures[service] = 0
+        self._counted_outage.pop(service, None)
+
     def _count_end(self, txn: Transaction) -> None:
         """Consecutive failures per service, and the back-off before this area tries again."""
+        outage = self._outage_of(txn, txn.last_error_code)
+        self._step_began_in.pop(txn.transaction_id, None)
         if txn.phase is Phase.DONE:
-            self._failures[txn.service] = 0
+            self._reset_failures(txn.service)
             self.last_errors.pop(txn.service, None)
             self._status_changed()
         elif txn.last_error_code is not None:
-            self._failures[txn.service] += 1
-            count = self._failures[txn.service]
+            self._failures[txn.service] = self._failures_with_outage(txn.service, outage)
+            if outage is not None:
+                self._counted_outage[txn.service] = outage
+            count = max(1, self._failures[txn.service])
             delay = min(self.retry_backoff_cap_s, self.retry_backoff_base_s * 2 ** (count - 1))
             self._not_before[txn.area] = self._clock() + delay
 

@@ -54,6 +54,7 @@ from monitord.surface.components import Assembly, RuntimeContext
 from orchestrator import status as status_rules
 from orchestrator.area_leases import LeasePolicy
 from orchestrator.models import Transaction
+from orchestrator.rules import LinkEpoch
 
 log = logs.get_logger(__name__)
 
@@ -166,6 +167,7 @@ class Orchestration:
                 if section.on_vps_lost == "home"
             ),
             vps_unreachable_since=lambda: self._down_since,
+            link_epoch=self._link_epoch,
             on_finished=self._transaction_finished,
             loops=self.loops,
         )
@@ -278,6 +280,12 @@ class Orchestration:
         self.engine.wake()
         if self.renewer is not None:
             self.renewer.wake()
+
+    def _link_epoch(self) -> LinkEpoch | None:
+        if self.link is None:
+            return None
+        status = self.link.keeper.status()
+        return LinkEpoch(connections=status.reconnects, connected=status.connected)
 
     def _tunnel_changed(self, status: TunnelStatus) -> None:
         self.metrics.tunnel_up.set(1 if status.connected else 0)

@@ -192,6 +192,34 @@ class TestParking:
         )
 
 
+class TestOneOutageCountsOnce:
+    """`link_outage` names the outage an unreachable failure belongs to; anything else, and a
+    failure over a link that stayed up, is a failure of its own (None)."""
+
+    @pytest.mark.parametrize(("code", "began_in", "link", "outage"), [
+        # the link dropped after the step began: that outage, whether it is back or not
+        ("SSH_UNREACHABLE", 3, rules.LinkEpoch(connections=3, connected=False), 3),
+        ("AGENT_UNREACHABLE", 3, rules.LinkEpoch(connections=4, connected=True), 3),
+        ("ROLLBACK_DATA_UNREACHABLE", 3, rules.LinkEpoch(connections=5, connected=False), 3),
+        # the VPS was never reached since the step began (a retry while it is away)
+        ("SSH_TIMEOUT", 0, rules.LinkEpoch(connections=0, connected=False), 0),
+        # the link stayed up all along: the agent itself failed, counted on its own
+        ("AGENT_UNREACHABLE", 3, rules.LinkEpoch(connections=3, connected=True), None),
+        # not an unreachable side: counted on its own whatever the link did
+        ("HEALTHCHECK_TIMEOUT", 3, rules.LinkEpoch(connections=4, connected=False), None),
+        ("REMOTE_DISK_FULL", 3, rules.LinkEpoch(connections=3, connected=False), None),
+        (None, 3, rules.LinkEpoch(connections=3, connected=False), None),
+        # nothing known: no VPS configured, or the step's start was not seen
+        ("SSH_UNREACHABLE", 3, None, None),
+        ("SSH_UNREACHABLE", None, rules.LinkEpoch(connections=3, connected=False), None),
+    ])
+    def test_the_outage_of_a_failure(
+        self, code: str | None, began_in: int | None, link: rules.LinkEpoch | None,
+        outage: int | None,
+    ) -> None:
+        assert rules.link_outage(code, step_began_in=began_in, link=link) == outage
+
+
 class TestLeaseArithmetic:
     """A remote lease counts as lapsed only after ack + ttl * (1 + margin) + safety."""
 
