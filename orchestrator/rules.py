@@ -251,9 +251,10 @@ def outcome_for_error(
     """The outcome a step of `txn` that failed with `error_code` reports (rule 7).
 
     Every failed preflight counts towards parking (`consecutive_failures` counts this one),
-    an unreachable VPS included (the engine counts an outage once: `link_outage`). A rollback waiting for the destination's newer data since
-    `txn.data_wait_since` parks once `rollback_data_wait_s` passed (wall `at`): the area
-    stays stopped, bounded, and an operator chooses. Otherwise an unreachable side takes the
+    an unreachable VPS included (the engine counts an outage once: `link_outage`). A
+    rollback waiting for the destination's newer data since `txn.data_wait_since` parks once
+    `rollback_data_wait_s` passed (wall `at`): the area stays stopped, bounded, and an
+    operator chooses. Otherwise an unreachable side takes the
     UNREACHABLE edge where the table has one, and anything else is FAILED."""
     if txn.phase is Phase.PREFLIGHT and error_code in PARK_AT_ONCE_CODES:
         return Outcome.PARK
