@@ -21,9 +21,12 @@ and, for a syntax error, the line and column.
 Standard library only: the VPS agent parses its request bodies with it too
 (monitord/remote/artifact.py PORTABLE_MODULES).
 
+`count()` reads a number from text someone else sent (a query parameter, a header) within
+the same bounds.
+
 Callers: monitord.store.spool_files (custom_config.json), monitord.surface.bundle,
 monitord.remote.tunnel.lease_client and preflight (the VPS's answers), monitord.vps.server
-(request bodies).
+(request bodies, query parameters, headers), monitord.surface.status_api (query parameters).
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ from typing import Any
 MAX_DEPTH = 64
 
 _INF = float("inf")
+
+# The largest integer `count()` returns at most: a signed 64-bit value, as SQLite stores it.
+MAX_COUNT = 2**63 - 1
 
 
 class JsonRefused(ValueError):
@@ -95,3 +101,15 @@ def loads(
     elif isinstance(value, float) and value in (_INF, -_INF):
         raise JsonRefused("a number out of a float's range")
     return value
+
+
+def count(raw: str, *, maximum: int = MAX_COUNT) -> int | None:
+    """`raw` as a non-negative integer of ASCII digits no larger than `maximum`; else None.
+
+    `str.isdigit` alone takes `²` (which int() refuses) and Arabic-Indic digits (which it
+    reads), and int() of thousands of digits raises: either would cost the sender its answer.
+    """
+    if not raw.isascii() or not raw.isdigit() or len(raw) > len(str(MAX_COUNT)):
+        return None
+    value = int(raw)
+    return value if value <= maximum else None

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from monitord.base import log_tail
+from monitord.base import bounded_json, log_tail
 from monitord.base.metrics import CONTENT_TYPE
 from monitord.surface import bundle, http_api
 from orchestrator.errors import ErrorCode, MonitordError
@@ -85,11 +85,6 @@ async def get_cleanup(request: web.Request) -> web.Response:
     return web.json_response(await _operator(request).cleanup(limit=_limit(request)))
 
 
-def _digits(raw: str) -> bool:
-    """ASCII digits, at most 20 (`str.isdigit` alone takes `²`, which int() refuses: a 500)."""
-    return raw.isascii() and raw.isdigit() and len(raw) <= 20
-
-
 async def get_moves(request: web.Request) -> web.Response:
     """The moves whose transactions ended in the last `hours` (default 24, at most 720),
     newest first, each as the status's `last_move` shows one."""
@@ -104,14 +99,14 @@ def _limit(request: web.Request) -> int:
 
 
 def _bounded_int(request: web.Request, key: str, *, default: int, maximum: int) -> int:
-    raw = request.query.get(key, str(default))
-    if not _digits(raw) or not 0 < int(raw) <= maximum:
+    value = bounded_json.count(request.query.get(key, str(default)), maximum=maximum)
+    if not value:
         raise web.HTTPBadRequest(
             text=json.dumps({"error": {"code": "BAD_REQUEST",
                                        "detail": f"{key} must be an integer in 1..{maximum}"}}),
             content_type="application/json",
         )
-    return int(raw)
+    return value
 
 
 @http_api.mutating
@@ -237,9 +232,10 @@ def _log_query(request: web.Request) -> tuple[str | None, int, tuple[int | None,
     for key in ("lines", "offset", "file"):
         raw = query.get(key)
         if raw is not None:
-            if not _digits(raw):
+            number = bounded_json.count(raw)
+            if number is None:
                 raise http_api.BadRequest(f"{key} must be a non-negative integer")
-            numbers[key] = int(raw)
+            numbers[key] = number
     lines = numbers.get("lines", log_tail.DEFAULT_LINES)
     if not 0 < lines <= log_tail.MAX_LINES:
         raise http_api.BadRequest(f"lines must be in 1..{log_tail.MAX_LINES}")

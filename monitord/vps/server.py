@@ -51,7 +51,6 @@ REQUEST_TIMEOUT_S = 30.0
 MAX_INTEGER = 2**63 - 1
 # A number on the wire is ASCII digits only: `str.isdigit` also takes "²" (which int()
 # refuses) and "١" (which int() reads as 1).
-_ASCII_COUNT = re.compile(r"[0-9]{1,19}")
 
 
 @dataclass(frozen=True)
@@ -190,17 +189,11 @@ def parse_renew(raw: bytes) -> RenewBody:
 Handler = Callable[[AgentRuntime, Request, Optional[str]], Awaitable[Response]]
 
 
-def _digits(raw: str) -> bool:
-    """ASCII digits, at most 20 of them (`str.isdigit` alone takes `²`, which int() refuses,
-    and int() of thousands of digits raises: either would cost the client its answer)."""
-    return raw.isascii() and raw.isdigit() and len(raw) <= 20
-
-
 def _generation_param(request: Request) -> int:
-    raw = request.query.get("generation", "")
-    if _ASCII_COUNT.fullmatch(raw) is None or int(raw) > MAX_INTEGER:
+    generation = bounded_json.count(request.query.get("generation", ""), maximum=MAX_INTEGER)
+    if generation is None:
         raise bad_request("query parameter generation=N (ASCII digits, below 2^63) is required")
-    return int(raw)
+    return generation
 
 
 def _area(value: str | None) -> str:
@@ -254,9 +247,10 @@ def _count_param(request: Request, key: str, *, default: int | None, maximum: in
     raw = request.query.get(key)
     if raw is None:
         return default
-    if not _digits(raw) or int(raw) > maximum:
+    value = bounded_json.count(raw, maximum=maximum)
+    if value is None:
         raise bad_request(f"query parameter {key}=N (an integer, 0 to {maximum}) is wanted")
-    return int(raw)
+    return value
 
 
 async def area_log(runtime: AgentRuntime, request: Request, name: str | None) -> Response:
@@ -477,11 +471,11 @@ async def read_request(reader: asyncio.StreamReader) -> Request:
             headers[name.strip().lower()] = value.strip()
     if "chunked" in headers.get("transfer-encoding", "").lower():
         raise _Malformed("chunked bodies are not accepted")
-    length_text = headers.get("content-length", "0")
-    if _ASCII_COUNT.fullmatch(length_text) is None or int(length_text) > MAX_BODY_BYTES:
+    length = bounded_json.count(headers.get("content-length", "0"), maximum=MAX_BODY_BYTES)
+    if length is None:
         raise _Malformed("missing, bad or too large Content-Length")
     try:
-        body = await reader.readexactly(int(length_text))
+        body = await reader.readexactly(length)
     except asyncio.IncompleteReadError as e:
         raise _Malformed("connection closed inside the body") from e
     parts = urlsplit(target)
@@ -562,6 +556,7 @@ def probe(path: Path, route: str, *, secret: str, timeout_s: float = 1.0) -> int
         )
         head = sock.recv(64)
     parts = head.split(b" ", 2)
-    if len(parts) < 2 or _ASCII_COUNT.fullmatch(parts[1].decode("latin-1")) is None:
+    status = bounded_json.count(parts[1].decode("latin-1")) if len(parts) >= 2 else None
+    if status is None:
         raise OSError(f"not an HTTP answer from {path}")
-    return int(parts[1])
+    return status

@@ -46,3 +46,22 @@ class TestBounds:
         document = {"custom_daemons": [{"uuid": "a", "generation": 2**63 - 1, "x": 1.5,
                                         "y": [None, True, "é"]}]}
         assert bounded_json.loads(json.dumps(document).encode()) == document
+
+
+class TestCount:
+    """A number someone else sent as text: ASCII digits within a bound, or None."""
+
+    @pytest.mark.parametrize(("raw", "maximum", "value"), [
+        ("0", 10, 0), ("10", 10, 10), ("007", 10, 7),
+        (str(2**63 - 1), bounded_json.MAX_COUNT, 2**63 - 1),
+    ])
+    def test_digits_within_the_bound_are_read(self, raw: str, maximum: int, value: int) -> None:
+        assert bounded_json.count(raw, maximum=maximum) == value
+
+    @pytest.mark.parametrize("raw", [
+        "", "11", "-1", "+1", " 1", "1 ", "1.0", "1e3", "0x1", "²", "١٢", "9" * 5000,
+        str(2**63),
+    ])
+    def test_anything_else_is_none(self, raw: str) -> None:
+        maximum = 10 if raw == "11" else bounded_json.MAX_COUNT
+        assert bounded_json.count(raw, maximum=maximum) is None
