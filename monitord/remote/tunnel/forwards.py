@@ -153,6 +153,15 @@ class ForwardSet:
             listener.close()
         self._listeners.clear()
 
+    async def cancel(self) -> None:
+        """Close every listener and wait for the VPS to confirm each cancel-tcpip-forward:
+        SSH keeps order, so once it has, no channel for them is still on its way here."""
+        listeners, self._listeners = self._listeners, []
+        for listener in listeners:
+            listener.close()
+        await asyncio.gather(*(listener.wait_closed() for listener in listeners),
+                             return_exceptions=True)
+
     # -- requesting ----------------------------------------------------------------------
     async def open(self) -> None:
         for spec in self._reverse:

@@ -170,6 +170,7 @@ class TunnelKeeper:
         self._listeners: list[StatusListener] = []
         self._conn: asyncssh.SSHClientConnection | None = None
         self._helper: LeaseSession | None = None
+        self._forwards: ForwardSet | None = None
         self._closing = asyncio.Event()
         self._attempt_task: asyncio.Task[None] | None = None
         self._tasks = TaskOwner(TASK_NAME)
@@ -260,21 +261,35 @@ class TunnelKeeper:
                 with contextlib.suppress(MonitordError, TimeoutError):
                     async with asyncio.timeout(RELEASE_TIMEOUT_S):
                         await helper.release()
-            # Channels first, each acknowledged by the VPS (bounded), then the disconnect: a
-            # bare conn.close() sends every channel's close and the disconnect in one burst
-            # and drops the socket, so the server answers into a dead socket and forwarded
-            # connections on the VPS end with a reset. asyncssh lists channels only privately.
-            channels = list(conn._channels.values())
-            for channel in channels:
-                channel.close()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(RELEASE_TIMEOUT_S):
-                    await asyncio.gather(*(c.wait_closed() for c in channels))
+            await self._close_channels(conn)
             conn.close()
         attempt = self._attempt_task
         if attempt is not None and not attempt.done():
             attempt.cancel()
             await asyncio.gather(attempt, return_exceptions=True)
+
+    async def _close_channels(self, conn: asyncssh.SSHClientConnection) -> None:
+        """Every channel closed and acknowledged by the VPS (bounded) before the disconnect.
+
+        A bare conn.close() sends every channel's close and the disconnect in one burst and
+        drops the socket, so the server answers into a dead socket and forwarded connections
+        on the VPS end with a reset. The reverse forwards are cancelled first, confirmed by
+        the VPS: a remote daemon whose forwarded connection is closed connects again at once,
+        and the VPS would open a new channel for it after the ones closed here. asyncssh
+        lists channels only privately."""
+        closed = 0
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(RELEASE_TIMEOUT_S):
+                if self._forwards is not None:
+                    await self._forwards.cancel()
+                while channels := list(conn._channels.values()):
+                    for channel in channels:
+                        channel.close()
+                    await asyncio.gather(*(c.wait_closed() for c in channels))
+                    closed += len(channels)
+        # `left` above 0: the VPS did not acknowledge within the bound; they go with the
+        # disconnect, and the VPS may answer into a closed connection.
+        self._log.info("tunnel_channels_closed", closed=closed, left=len(conn._channels))
 
     # -- one attempt -----------------------------------------------------------------------
     async def _wait_before_attempt(self) -> None:
@@ -339,7 +354,7 @@ class TunnelKeeper:
                 return False
             if not prepared:
                 await self._prepare_vps(conn)
-            forwards = self._forward_set(conn, helper=helper, answer=answer)
+            forwards = self._forwards = self._forward_set(conn, helper=helper, answer=answer)
             await forwards.open()
             statuses = await forwards.prove()
             await self._connected(
@@ -355,7 +370,7 @@ class TunnelKeeper:
                 forwards.close()
             if self._helper is not None:
                 self._helper.close()
-            self._conn = self._helper = None
+            self._conn = self._helper = self._forwards = None
             if dead_standby:
                 conn.abort()  # nothing to say goodbye to: do not wait for the peer
             else:

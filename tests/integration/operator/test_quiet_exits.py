@@ -10,10 +10,14 @@ remote areas, six open channels, and the in-process VPS's own log is read.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
+import socket
 import subprocess
 import sys
+import threading
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -87,6 +91,51 @@ class TestTunnelShutdown:
             r.getMessage() for r in caplog.records if "socket.send()" in r.getMessage()
         ]
         assert written_after_close == []
+
+
+    # The in-process VPS's asyncssh server can leave the socket of a connection it accepted
+    # unclosed when its channel open crossed the disconnect (a leak of the test's SSH server,
+    # collected at teardown), so that one warning is not this test's subject.
+    @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+    async def test_clients_reconnecting_through_the_forward_leave_no_channel_to_the_disconnect(
+        self, stack_factory: StackFactory
+    ) -> None:
+        """Daemons on the VPS whose forwarded connection closes connect again at once; each
+        new connection is a new channel, opened after the ones being closed. The forward is
+        cancelled first (the VPS confirms it), so every channel is closed and acknowledged
+        before the disconnect, none left for its burst."""
+        stack = await stack_factory(services={"tg": 2})
+        await stack.wait_settled(expect={"tg": "local"}, timeout_s=60)
+        await stack.place("tg", "remote")
+        await stack.wait_settled(expect={"tg": "remote"}, timeout_s=120)
+        [nats] = tomllib.loads(stack.config_path.read_text())["remote"]["reverse_forwards"]
+        host, port = nats["listen"].rsplit(":", 1)
+        stop = threading.Event()
+        connected = [0]
+
+        def reconnecting() -> None:
+            while not stop.is_set():
+                with contextlib.suppress(OSError), \
+                        socket.create_connection((host, int(port)), timeout=1) as conn:
+                    connected[0] += 1
+                    conn.settimeout(0.05)
+                    with contextlib.suppress(OSError):
+                        conn.recv(1)
+
+        threads = [threading.Thread(target=reconnecting, daemon=True) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        try:
+            await stack.wait_until(lambda: connected[0] > 50, timeout_s=30,
+                                   what="clients connecting through the reverse forward")
+            assert await stack.stop_monitord() == 0
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(timeout=5)
+        [closing] = stack.events("tunnel_channels_closed")
+        assert closing["left"] == 0, closing
+        assert closing["closed"] >= 1
 
 
 class TestVerbsWithoutADaemon:
