@@ -565,7 +565,9 @@ class MigrationEngine:
                 await self._advance(txn, reversal.outcome)
                 return True, False
         link = self._link_epoch()
-        if link is not None:
+        if link is not None and txn.last_error_code is None:
+            # Kept from the step that failed through its rollback: the outage is judged by
+            # when the failing step began, not by when the rollback's last step did.
             self._step_began_in[txn.transaction_id] = link.connections
         actions = phases.next_actions(txn, self._ctx(txn))
         outcome, error = await self._perform(txn, actions)

@@ -142,6 +142,28 @@ class TestOneOutageIsOneFailure:
         assert state["tg"]["fail_count"] == 0 and not state["tg"]["parked"]
 
 
+    async def test_rollbacks_ending_after_the_link_is_back_count_once_too(
+        self, stack_factory: StackFactory
+    ) -> None:
+        """A short cut: the rollbacks wait out the area lease and end over the new
+        connection; the failure is judged by when the failing step began."""
+        stack = await stack_factory(services={"tg": 3}, park_after_failures=2)
+        await stack.wait_settled(expect={"tg": "local"})
+        await _hold(stack, "COPY")
+        await stack.place("tg", "remote")
+        await stack.wait_until(lambda: len(stack.events("hold_point")) == 3, timeout_s=30,
+                               what="three areas held at COPY")
+        cut = asyncio.ensure_future(stack.cut_ssh(for_s=1.0))
+        await asyncio.sleep(0.2)
+        stack.release_hold()
+        await cut
+        await stack.wait_settled(expect={"tg": "remote"}, timeout_s=90)
+        ends = [e["phase"] for e in stack.events("transaction_phase")
+                if e.get("phase") in ("ROLLED_BACK", "PARKED")]
+        assert "ROLLED_BACK" in ends, "the cut failed no step: nothing was tested"
+        assert "PARKED" not in ends
+
+
 class TestStaleVpsConfig:
     """A VPS that comes back with orphan entries in its cache starts none and loses them."""
 
