@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -93,6 +92,8 @@ class Case:
 
 
 AREA = "{tg_area}"  # replaced by a real tg area of the stack
+# A well-formed area id no stack has (a constant: parallel workers must collect the same ids).
+NO_SUCH_AREA = "0badc0de-0000-4000-8000-000000000000"
 PLACEMENT_BODIES = [
     (b"{not json", "malformed"),
     (b"", "empty"),
@@ -113,7 +114,7 @@ CASES = [
     *(Case("PUT", f"/v1/areas/{AREA}/placement", body, 400, "BAD_REQUEST")
       for body, _ in PLACEMENT_BODIES),
     Case("PUT", "/v1/services/nope/placement", VALID, 404, "UNKNOWN_SERVICE"),
-    Case("PUT", f"/v1/areas/{uuid.uuid4()}/placement", VALID, 404, "UNKNOWN_AREA"),
+    Case("PUT", f"/v1/areas/{NO_SUCH_AREA}/placement", VALID, 404, "UNKNOWN_AREA"),
     Case("PUT", "/v1/areas/not-a-uuid/placement", VALID, 404, "UNKNOWN_AREA"),
     Case("POST", "/v1/services/nope/retry", None, 404, "UNKNOWN_SERVICE"),
     # Path parameters that are not names (orchestrator.names) never reach a handler.

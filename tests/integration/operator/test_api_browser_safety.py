@@ -24,7 +24,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from monitord.base import config
 from monitord.surface import http_api
 from monitord.surface.admission import Admission
-from monitord.testing.stack import Stack, StackOptions, free_port
+from monitord.testing.ports import free_port
+from monitord.testing.stack import Stack, StackOptions
 from tests.integration.operator.test_api_bad_input import snapshot
 from tests.support import api_auth, daemon_process
 
