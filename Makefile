@@ -19,8 +19,13 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 	$(BIN)/python scripts/check_vps_portable.py
 
+# The suite runs in TEST_WORKERS parallel processes (pytest-xdist; its tests mostly wait on
+# sockets and timeouts, so more workers than cores pay: docs/benchmarks.md, "The test suite").
+# Workers steal queued tests from each other, so one slow file does not hold up the end.
+TEST_WORKERS ?= 4
+
 test: lint
-	$(BIN)/python -m pytest --durations=10 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal --durations=10 $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(BIN)/monitord demo
