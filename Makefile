@@ -21,11 +21,12 @@ lint: $(STAMP)
 
 # The suite runs in TEST_WORKERS parallel processes (pytest-xdist; its tests mostly wait on
 # sockets and timeouts, so more workers than cores pay: docs/benchmarks.md, "The test suite").
-# Workers steal queued tests from each other, so one slow file does not hold up the end.
+# Tests that share an expensive module-scoped fixture (a stack, a built package) carry an
+# xdist_group mark, so one worker builds it once (--dist loadgroup).
 TEST_WORKERS ?= 4
 
 test: lint
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal --durations=10 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=10 $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(BIN)/monitord demo

@@ -30,6 +30,8 @@ from tests.integration.operator.test_api_bad_input import snapshot
 from tests.support import api_auth, daemon_process
 
 MODULE_LOOP = pytest.mark.asyncio(loop_scope="module")
+# One worker builds the module's stack once and runs every case on it (make test: --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("api-browser-safety")
 
 JSON = "application/json"
 FORM = "application/x-www-form-urlencoded"
