@@ -19,8 +19,16 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 	$(BIN)/python scripts/check_vps_portable.py
 
+# The suite runs in TEST_WORKERS parallel processes (pytest-xdist; its tests mostly wait on
+# sockets and timeouts, so more workers than cores pay: docs/benchmarks.md, "The test suite").
+# Tests that share an expensive module-scoped fixture (a stack, a built package) carry an
+# xdist_group mark, so one worker builds it once (--dist loadgroup). pytest 9.2 with
+# pytest-xdist 3.8 ignores the mark (pytest-xdist issue 1386): each worker that draws such a
+# test builds the fixture itself, which is safe (its own directories and ports), only slower.
+TEST_WORKERS ?= 4
+
 test: lint
-	$(BIN)/python -m pytest --durations=10 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=10 $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(BIN)/monitord demo

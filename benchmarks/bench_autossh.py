@@ -120,7 +120,7 @@ async def _running_autossh(
     tmp: Path, sshd: Sshd, proxy: TcpProxy, *, label: str, target_port: int, poll: int,
     extra: tuple[str, ...] = (),
 ) -> AsyncIterator[_Autossh]:
-    from monitord.testing.stack import free_port
+    from monitord.testing.ports import free_port
 
     listen = free_port()
     fill = {"key": str(sshd.client_key.private_path),
@@ -155,7 +155,7 @@ async def _running_keeper(
 ) -> AsyncIterator[_Keeper]:
     from monitord.base.config import ForwardSpec, RemoteSection
     from monitord.remote.tunnel.keeper import TunnelKeeper
-    from monitord.testing.stack import free_port
+    from monitord.testing.ports import free_port
 
     remote_dir = tmp / f"remote-{pacing}"  # one tunnel lease per keeper
     remote_dir.mkdir()
@@ -266,7 +266,7 @@ async def _references(
     from monitord.remote import remote_exec
     from monitord.remote.tunnel import ssh_connect
     from monitord.remote.tunnel.lease_client import LeaseClient
-    from monitord.testing.stack import free_port
+    from monitord.testing.ports import free_port
 
     known_hosts = sshd.known_hosts_for_port(proxy.port)
     remote_dir = tmp / "remote-references"

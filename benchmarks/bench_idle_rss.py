@@ -38,7 +38,8 @@ STATUS_READS = 5
 def _config(root: Path, *, areas: int) -> Path:
     import asyncssh
 
-    from monitord.testing.stack import free_port, to_toml
+    from monitord.testing.ports import free_port
+    from monitord.testing.stack import to_toml
 
     root.mkdir(parents=True)
     key = asyncssh.generate_private_key("ssh-ed25519")

@@ -169,7 +169,7 @@ async def _floor(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _closed_port() -> str:
-    from monitord.testing.stack import free_port
+    from monitord.testing.ports import free_port
 
     return f"127.0.0.1:{free_port()}"
 

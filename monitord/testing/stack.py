@@ -33,7 +33,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import sys
 import time
 import uuid
@@ -47,6 +46,7 @@ import aiohttp
 
 from monitord.base import proc_identity
 from monitord.base.task_owner import TaskOwner
+from monitord.testing.ports import free_port
 from monitord.testing.split_brain import Detector
 from monitord.testing.vps_server import VpsServer
 
@@ -55,13 +55,6 @@ from monitord.testing.vps_server import VpsServer
 SYSTEM_PYTHON = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
 
 PROC = Path("/proc")
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (bind port 0, read it, close)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def _toml_value(value: Any) -> str:

@@ -51,6 +51,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from monitord.testing import ports
 from tests.support import ssh_keys, sshd
 
 SSHD_BINARY = Path("/usr/sbin/sshd")
@@ -121,11 +122,17 @@ def _used_subnets() -> str:
     return run_command([IP_BINARY, "-4", "-o", "addr", "show"])
 
 
+SUBNET_SLOTS = 16  # the /30s of 10.231.0.0/16, dealt round-robin to parallel test workers
+
+
 def _pick_subnet() -> tuple[str, str]:
-    """(PBX address, VPS address) of a /30 in 10.231.0.0/16 that no interface uses."""
+    """(PBX address, VPS address) of a /30 in 10.231.0.0/16 that no interface uses. Each
+    pytest-xdist worker picks among its own /30s (`ports.worker_slot`), so two workers
+    building namespaces at the same moment cannot both take one that is still free."""
     used = _used_subnets()
+    slot = ports.worker_slot() % SUBNET_SLOTS
     for _ in range(100):
-        block = secrets.randbelow(16384) * 4
+        block = (secrets.randbelow(16384 // SUBNET_SLOTS) * SUBNET_SLOTS + slot) * 4
         base = f"10.231.{block // 256}.{block % 256}"
         prefix = base.rsplit(".", 1)[0] + "."
         pbx, vps = f"{prefix}{block % 256 + 1}", f"{prefix}{block % 256 + 2}"

@@ -24,6 +24,9 @@ REPO = Path(__file__).resolve().parents[2]
 INSTALL_DOC = REPO / "docs" / "install.md"
 DEB_IN_ROOT = "/tmp/monitord.deb"
 RUN_TIMEOUT_S = 300.0
+# Both cases share the built package (session-scoped): one worker builds it once
+# (make test: --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("deb-package")
 
 
 @pytest.fixture(scope="session")

@@ -27,6 +27,10 @@ from tests.faults.nats_server import NatsServer
 from tests.faults.netns_vps import NetnsVps
 from tests.support import releases, script_daemons
 
+# Both cases share the previous release's venv (module-scoped, built from its commit): one
+# worker builds it once (make test: --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("previous-release")
+
 
 @pytest.fixture(scope="module")
 def previous_python(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:

@@ -6,7 +6,6 @@ import asyncio
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -160,14 +159,14 @@ class TestDuplicateDaemonStart:
             await first.close()
             await second.close()
 
-    async def test_the_loser_exits_within_two_seconds(self, tmp_path: Path) -> None:
+    async def test_the_loser_exits_before_it_starts_anything(self, tmp_path: Path) -> None:
+        """The lock comes before the store, HTTP, SSH or any daemon: the loser's only event
+        is `duplicate_instance` (no wall-clock bound: a busy machine slows its start)."""
         async with daemon_process.running_daemon(tmp_path) as holder:
-            started = time.monotonic()
             duplicate = await daemon_process.DaemonProcess.start(holder.config_path)
             try:
-                assert await duplicate.wait_exit(timeout_s=10) == 3
-                assert time.monotonic() - started < 2.0
-                assert len(duplicate.events("duplicate_instance")) == 1
+                assert await duplicate.wait_exit(timeout_s=60) == 3
+                assert [e.get("event") for e in duplicate.events()] == ["duplicate_instance"]
                 assert await holder.status_of("/livez") == 200
             finally:
                 await duplicate.close()

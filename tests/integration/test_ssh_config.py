@@ -13,7 +13,7 @@ import pytest
 
 from monitord.base.config import RemoteSection
 from monitord.remote.tunnel import ssh_connect
-from monitord.testing.stack import free_port
+from monitord.testing.ports import free_port
 from monitord.testing.vps_server import VpsServer
 from orchestrator.errors import ErrorCode, MonitordError
 from tests.support import ssh_keys

@@ -9,7 +9,7 @@ from pathlib import Path
 import asyncssh
 import pytest
 
-from monitord.testing.stack import free_port
+from monitord.testing.ports import free_port
 from monitord.testing.vps_server import VpsServer
 
 TIMEOUT = 10.0

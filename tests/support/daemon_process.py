@@ -27,7 +27,7 @@ from typing import Any
 
 import aiohttp
 
-from monitord.testing.stack import free_port
+from monitord.testing.ports import free_port
 
 SERVICE_BLOCK = """
 [services.tg]

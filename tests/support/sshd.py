@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from monitord.testing.stack import free_port
+from monitord.testing.ports import free_port
 from orchestrator import sshd_session
 from tests.support import ssh_keys
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from monitord.testing.stack import free_port
+from monitord.testing.ports import free_port
 from tests.integration.migration.conftest import StackFactory, settle_remote
 
 LEGACY_AGENT = "127.0.0.1:8225"

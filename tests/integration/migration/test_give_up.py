@@ -137,6 +137,10 @@ class TestGivingTheVpsUp:
             return not (await stack.status())["abandoned_data"]
         await stack.wait_until(removed, timeout_s=30, what="the set-aside copy removed")
         assert not kept.exists(), "gone from the VPS too"
+        # The record goes first, then the event is logged, and the log reaches us through a
+        # pipe: the status can say "removed" a moment before the line arrives.
+        await stack.wait_until(lambda: stack.events("set_aside_removed"), timeout_s=10,
+                               what="the set_aside_removed event")
         [event] = stack.events("set_aside_removed")
         assert (event["area"], event["path"], event["result"]) == (area, str(kept), "deleted")
         assert event["kept_s"] >= 3

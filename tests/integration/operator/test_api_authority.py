@@ -33,16 +33,23 @@ from tests.integration.operator.conftest import run_cli
 from tests.integration.operator.test_api_bad_input import snapshot
 from tests.support import daemon_process
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+# One worker builds the module's stack once and runs every case on it (make test: --dist loadgroup).
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.xdist_group("api-authority")]
 
 JSON = {"Content-Type": "application/json"}
+
+# The snapshots compare the areas' processes too: a lease that lapses because the machine is
+# too busy to renew it within the test stack's 3 s restarts a remote daemon, which no request
+# did. The stack's leases are therefore the default's 30 s.
+QUIET_LEASE_TTL_S = 30.0
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack]:
     """tg local, chats on the VPS; no refused case may change anything in it."""
     async with Stack(tmp_path_factory.mktemp("authority"),
-                     StackOptions(services={"tg": 1, "chats": 1})) as stack:
+                     StackOptions(services={"tg": 1, "chats": 1},
+                                  area_lease_ttl_s=QUIET_LEASE_TTL_S)) as stack:
         await stack.place("chats", "remote")
         await stack.wait_settled(expect={"tg": "local", "chats": "remote"}, timeout_s=60)
         yield stack

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -17,16 +16,23 @@ import pytest_asyncio
 
 from monitord.testing.stack import Stack, StackOptions
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+# One worker builds the module's stack once and runs every case on it (make test: --dist loadgroup).
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.xdist_group("api-bad-input")]
 
 VALID = b'{"location": "remote"}'
+
+# The snapshots compare the areas' processes too: a lease that lapses because the machine is
+# too busy to renew it within the test stack's 3 s restarts a remote daemon, which no request
+# did. The stack's leases are therefore the default's 30 s.
+QUIET_LEASE_TTL_S = 30.0
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack]:
     """One settled installation shared by the cases: none of them may change anything."""
     async with Stack(tmp_path_factory.mktemp("bad-input"),
-                     StackOptions(services={"tg": 2, "chats": 1})) as stack:
+                     StackOptions(services={"tg": 2, "chats": 1},
+                                  area_lease_ttl_s=QUIET_LEASE_TTL_S)) as stack:
         await stack.place("chats", "remote")
         await stack.wait_settled(expect={"tg": "local", "chats": "remote"}, timeout_s=60)
         yield stack
@@ -93,6 +99,8 @@ class Case:
 
 
 AREA = "{tg_area}"  # replaced by a real tg area of the stack
+# A well-formed area id no stack has (a constant: parallel workers must collect the same ids).
+NO_SUCH_AREA = "0badc0de-0000-4000-8000-000000000000"
 PLACEMENT_BODIES = [
     (b"{not json", "malformed"),
     (b"", "empty"),
@@ -113,7 +121,7 @@ CASES = [
     *(Case("PUT", f"/v1/areas/{AREA}/placement", body, 400, "BAD_REQUEST")
       for body, _ in PLACEMENT_BODIES),
     Case("PUT", "/v1/services/nope/placement", VALID, 404, "UNKNOWN_SERVICE"),
-    Case("PUT", f"/v1/areas/{uuid.uuid4()}/placement", VALID, 404, "UNKNOWN_AREA"),
+    Case("PUT", f"/v1/areas/{NO_SUCH_AREA}/placement", VALID, 404, "UNKNOWN_AREA"),
     Case("PUT", "/v1/areas/not-a-uuid/placement", VALID, 404, "UNKNOWN_AREA"),
     Case("POST", "/v1/services/nope/retry", None, 404, "UNKNOWN_SERVICE"),
     # Path parameters that are not names (orchestrator.names) never reach a handler.

@@ -24,11 +24,14 @@ from aiohttp.test_utils import TestClient, TestServer
 from monitord.base import config
 from monitord.surface import http_api
 from monitord.surface.admission import Admission
-from monitord.testing.stack import Stack, StackOptions, free_port
+from monitord.testing.ports import free_port
+from monitord.testing.stack import Stack, StackOptions
 from tests.integration.operator.test_api_bad_input import snapshot
 from tests.support import api_auth, daemon_process
 
 MODULE_LOOP = pytest.mark.asyncio(loop_scope="module")
+# One worker builds the module's stack once and runs every case on it (make test: --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("api-browser-safety")
 
 JSON = "application/json"
 FORM = "application/x-www-form-urlencoded"

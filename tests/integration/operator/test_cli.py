@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from monitord.testing.stack import Stack, free_port
+from monitord.testing.ports import free_port
+from monitord.testing.stack import Stack
 from orchestrator import errors
 from tests.integration.operator.conftest import StackFactory, run_cli
 

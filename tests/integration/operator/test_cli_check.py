@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from monitord.testing.stack import free_port
+from monitord.testing.ports import free_port
 from tests.integration.operator.conftest import CliResult, StackFactory, run_cli
 from tests.integration.operator.test_cli import park
 from tests.support import daemon_process

@@ -142,7 +142,7 @@ class TestVerbsWithoutADaemon:
     """`monitord status` with no daemon: one readable line with the code, exit 1."""
 
     def test_status_without_a_daemon_is_one_line(self, tmp_path: Path) -> None:
-        from monitord.testing.stack import free_port
+        from monitord.testing.ports import free_port
 
         config = tmp_path / "monitord.toml"
         config.write_text(

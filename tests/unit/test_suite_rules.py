@@ -1,0 +1,60 @@
+"""The suite's own rules (tests/conftest.py) hold in parallel runs too: `make test` runs the
+suite under pytest-xdist, where each test runs and is reported in a worker process. A small
+suite with this repository's conftest.py is run in a subprocess, with two workers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+CONFTEST = Path(__file__).parents[1] / "conftest.py"
+INI = """
+[pytest]
+asyncio_mode = auto
+asyncio_default_fixture_loop_scope = function
+"""
+
+
+TESTS = """
+import asyncio
+
+import pytest
+
+def test_skips():
+    pytest.skip("a missing tool")
+
+@pytest.mark.skip(reason="marked")
+def test_marked():
+    pass
+
+async def test_leaks():
+    asyncio.get_running_loop().create_task(asyncio.sleep(60), name="left-behind")
+
+async def test_owns_its_task():
+    task = asyncio.get_running_loop().create_task(asyncio.sleep(60))
+    task.cancel()
+"""
+
+
+def test_skips_and_leaked_tasks_fail_in_workers_under_ci(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One run (workers take seconds to start): a skip in the body fails that test, a skip
+    mark fails its setup, a task left running fails the test's teardown; the run fails."""
+    monkeypatch.setenv("CI", "true")
+    pytester.makeini(INI)
+    pytester.makeconftest(CONFTEST.read_text())
+    pytester.makepyfile(test_rules=TESTS)
+    result = pytester.runpytest_subprocess("-n", "2", "-p", "no:cacheprovider", "-q",
+                                           timeout=120)
+    # test_leaks passes its body and errors at teardown; test_marked errors at setup.
+    result.assert_outcomes(passed=2, failed=1, errors=2)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines_random([
+        "FAILED test_rules.py::test_skips - skipped under CI=true, which forbids skips: *",
+        "ERROR test_rules.py::test_marked - skipped under CI=true, which forbids skips: *",
+        "ERROR test_rules.py::test_leaks - *the test left 1 asyncio task(s) running: left-behind*",
+    ])
