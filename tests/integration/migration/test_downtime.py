@@ -22,6 +22,18 @@ async def last_move(stack: Stack, service: str) -> Any:
     return (await stack.status())["services"][service]["last_move"]
 
 
+async def measured_move(stack: Stack, service: str, direction: str) -> Any:
+    """The last move once it is the one in `direction` with its one area measured: the
+    areas settle on their side a moment before the transaction ends and is measured."""
+    async def measured() -> bool:
+        move = await last_move(stack, service)
+        return bool(move and move["direction"] == direction and move["downtime_s"]
+                    and move["downtime_s"]["measured"] == 1)
+
+    await stack.wait_until(measured, timeout_s=30, what=f"the {direction} move measured")
+    return await last_move(stack, service)
+
+
 async def downtime_samples(stack: Stack) -> dict[tuple[str, str], float]:
     """(service, direction) -> how many downtimes the histogram counted."""
     url = f"http://127.0.0.1:{stack.http_port}/metrics"
@@ -86,8 +98,7 @@ class TestDowntimeOfAMove:
         stack = await stack_factory(services={"tg": 1})
         await stack.place("tg", "remote")
         await stack.wait_settled(expect={"tg": "remote"})
-        before = await last_move(stack, "tg")
-        assert before["downtime_s"]["measured"] == 1
+        before = await measured_move(stack, "tg", "local_to_remote")
 
         assert await stack.stop_monitord() == 0
         await stack.start_monitord()
@@ -95,8 +106,7 @@ class TestDowntimeOfAMove:
 
         await stack.place("tg", "local")
         await stack.wait_settled(expect={"tg": "local"})
-        back = await last_move(stack, "tg")
-        assert back["direction"] == "remote_to_local"
+        back = await measured_move(stack, "tg", "remote_to_local")
         assert back["move_id"] != before["move_id"]
         assert back["outcomes"]["done"] == 1
         assert back["downtime_s"]["measured"] == 1

@@ -42,11 +42,22 @@ class TestMetrics:
         await stack.wait_settled(expect={"tg": "remote", "chats": "local"}, timeout_s=60)
 
         url = f"http://127.0.0.1:{stack.http_port}/metrics"
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session, \
-                session.get(url) as resp:
-            assert resp.status == 200
-            assert resp.content_type == "text/plain"
-            text = await resp.text()
+        scraped: list[str] = []
+
+        async def move_ended() -> bool:
+            # The area runs on the VPS a moment before its transaction ends and is observed.
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session, \
+                    session.get(url) as resp:
+                assert resp.status == 200
+                assert resp.content_type == "text/plain"
+                scraped.append(await resp.text())
+            return any(s.name == "monitord_migration_duration_seconds_count"
+                       and s.labels.get("service") == "tg" and s.value >= 1
+                       for f in text_string_to_metric_families(scraped[-1])
+                       for s in f.samples)
+
+        await stack.wait_until(move_ended, timeout_s=30, what="the move's duration observed")
+        text = scraped[-1]
         families = {f.name: f for f in text_string_to_metric_families(text)}
         assert {name: families[name].type for name in FAMILIES if name in families} == FAMILIES
 
