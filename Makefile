@@ -25,7 +25,10 @@ lint: $(STAMP)
 # xdist_group mark, so one worker builds it once (--dist loadgroup). pytest 9.2 with
 # pytest-xdist 3.8 ignores the mark (pytest-xdist issue 1386): each worker that draws such a
 # test builds the fixture itself, which is safe (its own directories and ports), only slower.
-TEST_WORKERS ?= 4
+# The default stays 0 (serial, as CI runs it) until the suite passes repeatedly in parallel:
+# with 4 workers on 2 cores it takes 18-21 min instead of 40-48, but timing-dependent tests
+# still fail now and then under that load (docs/benchmarks.md). `make test TEST_WORKERS=4`.
+TEST_WORKERS ?= 0
 
 test: lint
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=10 $(PYTEST_ARGS)
