@@ -109,6 +109,22 @@ class TestRollbackWhileTheVpsIsUnreachable:
         assert area not in stack.agent_cache()
 
 
+async def _three_areas_held_at_copy(stack_factory: StackFactory) -> Stack:
+    """Three tg areas moving to the VPS, all held at COPY; the service parks at 2 failures."""
+    stack = await stack_factory(services={"tg": 3}, park_after_failures=2)
+    await stack.wait_settled(expect={"tg": "local"})
+    await _hold(stack, "COPY")
+    await stack.place("tg", "remote")
+    await stack.wait_until(lambda: len(stack.events("hold_point")) == 3, timeout_s=30,
+                           what="three areas held at COPY")
+    return stack
+
+
+def _failed_ends(stack: Stack) -> list[str]:
+    return [e["phase"] for e in stack.events("transaction_phase")
+            if e.get("phase") in ("ROLLED_BACK", "PARKED")]
+
+
 class TestOneOutageIsOneFailure:
     """One link outage fails every area in flight and every retry while it lasts; it counts
     once towards parking, so the service moves on by itself once the VPS is back."""
@@ -116,24 +132,16 @@ class TestOneOutageIsOneFailure:
     async def test_three_areas_cut_at_copy_do_not_park_a_service_that_parks_at_two(
         self, stack_factory: StackFactory
     ) -> None:
-        stack = await stack_factory(services={"tg": 3}, park_after_failures=2)
-        await stack.wait_settled(expect={"tg": "local"})
-        await _hold(stack, "COPY")
-        await stack.place("tg", "remote")
-        await stack.wait_until(lambda: len(stack.events("hold_point")) == 3, timeout_s=30,
-                               what="three areas held at COPY")
+        stack = await _three_areas_held_at_copy(stack_factory)
         await stack.partition()
         stack.release_hold()
 
-        def failed_ends() -> list[str]:
-            return [e["phase"] for e in stack.events("transaction_phase")
-                    if e.get("phase") in ("ROLLED_BACK", "PARKED")]
-
         # Every area rolls back, and retries fail in PREFLIGHT while the VPS stays away
         # (preflight_tunnel_wait_s is 3 s in the stack): more failures than the limit.
-        await stack.wait_until(lambda: len(failed_ends()) >= 5 or "PARKED" in failed_ends(),
+        await stack.wait_until(lambda: len(_failed_ends(stack)) >= 5
+                               or "PARKED" in _failed_ends(stack),
                                timeout_s=60, what="the areas failed again and again while cut off")
-        assert "PARKED" not in failed_ends()
+        assert "PARKED" not in _failed_ends(stack)
         await stack.heal()
         await stack.wait_settled(expect={"tg": "remote"}, timeout_s=90)
         parked = [e for e in stack.events("transaction_phase") if e.get("phase") == "PARKED"]
@@ -141,25 +149,18 @@ class TestOneOutageIsOneFailure:
         state = json.loads((stack.root / "spool" / "remote_state.json").read_text())
         assert state["tg"]["fail_count"] == 0 and not state["tg"]["parked"]
 
-
     async def test_rollbacks_ending_after_the_link_is_back_count_once_too(
         self, stack_factory: StackFactory
     ) -> None:
         """A short cut: the rollbacks wait out the area lease and end over the new
         connection; the failure is judged by when the failing step began."""
-        stack = await stack_factory(services={"tg": 3}, park_after_failures=2)
-        await stack.wait_settled(expect={"tg": "local"})
-        await _hold(stack, "COPY")
-        await stack.place("tg", "remote")
-        await stack.wait_until(lambda: len(stack.events("hold_point")) == 3, timeout_s=30,
-                               what="three areas held at COPY")
+        stack = await _three_areas_held_at_copy(stack_factory)
         cut = asyncio.ensure_future(stack.cut_ssh(for_s=1.0))
         await asyncio.sleep(0.2)
         stack.release_hold()
         await cut
         await stack.wait_settled(expect={"tg": "remote"}, timeout_s=90)
-        ends = [e["phase"] for e in stack.events("transaction_phase")
-                if e.get("phase") in ("ROLLED_BACK", "PARKED")]
+        ends = _failed_ends(stack)
         assert "ROLLED_BACK" in ends, "the cut failed no step: nothing was tested"
         assert "PARKED" not in ends
 
