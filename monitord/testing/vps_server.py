@@ -76,6 +76,7 @@ class VpsServer:
         self._command_tasks: set[asyncio.Task[None]] = set()
         self._relay_tasks: set[asyncio.Task[Any]] = set()
         self._stalled = False
+        self._refusing = False
         self._denied_forward_ports: set[int] = set()
         self.key_file = work_dir / "id_ed25519"
         self.known_hosts = work_dir / "known_hosts"
@@ -147,14 +148,28 @@ class VpsServer:
         return len(dropped)
 
     async def refuse_new_connections(self) -> None:
-        """Close the listening socket: new connects get ECONNREFUSED; open sessions stay."""
+        """Close the listening socket: new connects get ECONNREFUSED; open sessions stay.
+
+        A connection the loop had accepted but whose SSH handler had not started yet is one
+        of the new ones: it is aborted when its handler starts (closing the listener does not
+        wait for it, so `drop_all_sessions()` right after would not see it). The loop stops
+        accepting a moment before the listener closes, because asyncio (3.11) silently drops
+        a connection accepted just before its server closed, without closing its socket: the
+        client would hang until its own timeout."""
+        self._refusing = True
         if self._listener is not None:
+            loop = asyncio.get_running_loop()
+            for sock in self._listener.sockets:
+                loop.remove_reader(sock.fileno())
+            for _ in range(2):  # an accepted connection's transport, then its handler
+                await asyncio.sleep(0)
             self._listener.close()
             await self._listener.wait_closed()
             self._listener = None
 
     async def accept_new_connections(self) -> None:
         """Listen again on the same port after `refuse_new_connections()`."""
+        self._refusing = False
         if self._listener is None:
             await self._listen()
 
@@ -259,6 +274,10 @@ class VpsServer:
     # -- connection bookkeeping (called by _VpsConnectionHandler) ------------------------
 
     def _connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
+        if self._refusing:
+            # Aborted from the loop, not inside asyncssh's own connection_made.
+            asyncio.get_running_loop().call_soon(conn.abort)
+            return
         self._connections.add(conn)
         self.accepted_connections += 1
         if self._stalled:
