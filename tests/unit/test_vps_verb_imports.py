@@ -18,7 +18,8 @@ HEAVY = ("asyncio", "ssl", "logging", "concurrent.futures")
 
 
 @pytest.mark.parametrize(
-    "module", ["monitord.vps.lease_guard", "monitord.base.log_sink", "monitord.base.tree_digest"]
+    "module", ["monitord.vps.lease_guard", "monitord.base.log_sink", "monitord.base.log_hub",
+               "monitord.base.tree_digest"]
 )
 def test_a_per_daemon_verb_does_not_import_asyncio(module: str) -> None:
     probe = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); import {module}; "
