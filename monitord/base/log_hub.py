@@ -214,6 +214,9 @@ class Hub:
             log.max_bytes, log.keep = max_bytes, keep  # the newest spawn's settings
             if note:
                 self._note(log)
+            # A FIFO nobody writes any more (all its writers ended while no hub ran) shows no
+            # hang-up to a reader that opened it since: one read finds its end of file now.
+            self._read(stream)
 
     def _note(self, log: RotatingLog) -> None:
         line = _NOTE.format(pid=self._predecessor).encode()

@@ -216,3 +216,25 @@ class TestHubRestart:
             pipes.close()
         text = (Path(pipes.logs_dir) / f"{area(1)}.log").read_bytes()
         assert text.endswith(b"last words\nunfinished")
+
+    async def test_a_fifo_whose_writers_all_ended_while_no_hub_ran_is_ended_by_the_next(
+        self, tmp_path: Path
+    ) -> None:
+        """Daemon, spawner and hub all gone: nothing is left to write, and the next hub
+        removes the FIFO and, with nothing else to serve, exits."""
+        pipes = make_pipes(tmp_path)
+        fd, _name = pipes.open(area(2), max_bytes=MiB, keep=1)
+        await wait_until(pipes.hub_pid, timeout_s=30, what="the hub")
+        hub = pipes.hub_pid()
+        assert hub
+        os.kill(hub, signal.SIGKILL)
+        await wait_until(lambda: pipes.hub_pid() is None, timeout_s=10, what="no hub")
+        pipes.close()  # the spawner goes too: nobody holds the FIFO
+        assert fifos(pipes)
+        successor = make_pipes(tmp_path)
+        successor.ensure_hub()
+        await wait_until(lambda: not fifos(successor), timeout_s=30,
+                         what="the next hub to end the FIFO")
+        await wait_until(lambda: successor.hub_pid() is None,
+                         timeout_s=log_hub._IDLE_EXIT_S + 10, what="the idle hub to exit")
+        successor.close()
