@@ -308,6 +308,7 @@ class LogPipes:
         if held is not None:
             return held
         name = fifo_name(area, max_bytes=max_bytes, keep=keep)
+        os.makedirs(self.pipes_dir, mode=0o700, exist_ok=True)  # (removed by hand meanwhile)
         # Made under a hidden name and opened before it gets its own: the hub never opens a
         # FIFO nobody writes yet (it would read end of file and remove it).
         hidden = os.path.join(self.pipes_dir, "." + name)
@@ -471,8 +472,21 @@ def _end_on_signal(signum: int, _frame: object) -> None:
     raise SystemExit(0)
 
 
+def _raise_fd_limit() -> None:
+    """One descriptor per area: take the hard limit as the soft one (1024 is a common soft
+    limit; the hard one is usually far higher)."""
+    import resource
+
+    try:
+        _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (OSError, ValueError):
+        pass  # the soft limit stays: FIFOs beyond it wait for a descriptor
+
+
 def run(args: argparse.Namespace) -> int:
     log_sink._drop_capabilities()
+    _raise_fd_limit()
     hub = Hub(pipes_dir=args.pipes, logs_dir=args.logs)
     try:
         lock_fd = hub.lock()
