@@ -19,7 +19,7 @@ SUPERVISOR_DIR = "supervisor"
 
 
 def local_log_path(work_dir: Path, area: str) -> Path:
-    """The PBX's log of an area's daemon (the supervisor's log sink writes it)."""
+    """The PBX's log of an area's daemon (the side's log hub writes it)."""
     return work_dir / SUPERVISOR_DIR / "logs" / f"{area}.log"
 
 

@@ -1,7 +1,7 @@
-"""The area log sink: a daemon's output, copied into a size-capped, rotated log file.
+"""The log sink: a process's output, copied into a size-capped, rotated log file.
 
 `monitord log-sink --path P --max-bytes N --keep K` (on the VPS: `monitord.pyz log-sink ...`)
-reads its stdin — the pipe that carries one daemon's stdout and stderr — and appends it to P.
+reads its stdin — the pipe that carries one process's stdout and stderr — and appends it to P.
 When the next line would take P past N bytes, P is rotated first: P.{K-1} -> P.K, ...,
 P -> P.1 (the old P.K is dropped), and a fresh P is opened. So:
 
@@ -15,11 +15,11 @@ P -> P.1 (the old P.K is dropped), and a fresh P is opened. So:
 - it exits when its stdin reaches end of file, i.e. when the daemon and everything that
   inherited its output are gone.
 
-Spawned by the local supervisor (monitord.local.supervisor) and by the agent's area runner
-(monitord.vps.area_runner) between each daemon and `logs/{area}.log`, and by `monitord launch`
-and `agent-launch` (`spawn_logged`) for `monitord.log` and `logs/agent.log`, in a session of its
-own, so that neither monitord's exit nor a signal to its process group (or the daemon's)
-ends it before it has read the daemon's last words. See docs/operations.md, "Area logs".
+Spawned by `monitord launch` and `agent-launch` (`spawn_logged`) for `monitord.log` and
+`logs/agent.log`, in a session of its own, so that neither the launcher's exit nor a signal
+to its process group ends it before it has read the last words. The areas' logs are written
+by the side's one log hub (monitord/base/log_hub.py) through this module's RotatingLog, with
+the same caps, rotation and notes. See docs/operations.md, "Area logs".
 
 Standard library only, Python >= 3.9: it runs on the VPS too.
 """
@@ -35,8 +35,9 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 
-# One sink runs per daemon, so it imports little: no pathlib, typing or subprocess (a few
-# hundred kB of memory each); `start`, which the spawners call, imports subprocess itself.
+# A sink (and the log hub, which imports this) imports little: no pathlib, typing or
+# subprocess (a few hundred kB of memory); `start`, which the spawners call, imports
+# subprocess itself.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import subprocess
@@ -90,8 +91,8 @@ class RotatingLog:
     # -- internals -------------------------------------------------------------------
 
     def _follow(self) -> None:
-        """Before each write: write where the path points now (another sink — a restarted
-        daemon's, overlapping the old one's last reads — may have rotated it; one stat),
+        """Before each write: write where the path points now (another writer — a relaunched
+        sink overlapping the old one's last reads — may have rotated it; one stat),
         retry a failed file at most every _REOPEN_AFTER_S, and count what others appended."""
         if self._fd is not None and self._moved():
             self.close()

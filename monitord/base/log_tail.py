@@ -1,5 +1,5 @@
 """Reading an area's log file (or monitord's own) back, bounded: its last lines, or what was
-appended since a reader's last position, across the log sink's rotations.
+appended since a reader's last position, across the rotations of the log hub and sinks.
 
 Used by the agent's `GET /v1/areas/{area}/log` (the VPS side), by the daemon's
 `GET /v1/areas/{uuid}/logs` for a local area, by `monitord logs` and `monitord bundle
@@ -7,10 +7,11 @@ Used by the agent's `GET /v1/areas/{area}/log` (the VPS side), by the daemon's
 sent whole.
 
 A position is `(file, offset)`: `file` is the log file's inode, `offset` a byte offset in it.
-The sink (monitord.base.log_sink) rotates by renaming P to P.1 and opening a fresh P, so when
-P's inode is no longer the reader's `file`, the rest of that file is read from P.1 first, then
-the new P from its start: a follower loses nothing unless more than a whole file was written
-between two reads. A P shorter than the offset (kept = 0: started afresh) is read from 0.
+The hub and the sinks (monitord.base.log_sink.RotatingLog) rotate by renaming P to P.1 and
+opening a fresh P, so when P's inode is no longer the reader's `file`, the rest of that file is
+read from P.1 first, then the new P from its start: a follower loses nothing unless more than
+a whole file was written between two reads. A P shorter than the offset (kept = 0: started
+afresh) is read from 0.
 
 Answers are dicts of JSON-able values: `data` (text, UTF-8 with undecodable bytes replaced),
 `file`, `offset` (where the next read starts), `missing` (there is no such log). Standard

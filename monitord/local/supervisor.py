@@ -5,9 +5,12 @@ drive it through `set_desired()`, `start_area()` and `stop_area()` and read `inv
 
 - Each daemon runs in a session of its own (its PID is its process group), with two markers
   in its environment: MONITORD_SUPERVISOR={state_dir} and MONITORD_AREA={area}. Its stdout
-  and stderr are a pipe to a log sink (monitord/base/log_sink.py, a process in a session of
-  its own that outlives monitord and ends with the daemon's output), which writes
-  `{state_dir}/logs/{area}.log`, size-capped and rotated.
+  and stderr are the area's FIFO in `{state_dir}/log-pipes/`, which the side's one log hub
+  (monitord/base/log_hub.py, a process in a session of its own that outlives monitord)
+  copies into `{state_dir}/logs/{area}.log`, size-capped and rotated. The supervisor holds
+  each FIFO while its area runs here (restarts reuse it), starts the hub when none runs
+  (checked every second by the supervising pass), and lets a stopped area's FIFO go once the
+  hub holds it, so that no daemon's last words are lost while no hub runs.
 - A service with a `user` / `group` runs as them: resolved before each start (unknown:
   SERVICE_USER_UNKNOWN, retried with backoff), its data dir handed over to them, and the
   daemon started with setgroups/setgid/setuid and no capabilities
@@ -46,7 +49,16 @@ from pathlib import Path
 from typing import Any
 
 import monitord
-from monitord.base import area_paths, atomic_file, group_stop, log_sink, logs, proc_identity, run_as
+from monitord.base import (
+    area_paths,
+    atomic_file,
+    group_stop,
+    log_hub,
+    log_sink,
+    logs,
+    proc_identity,
+    run_as,
+)
 from monitord.base.config import ServiceSection
 from monitord.base.periodic import LoopBook, Periodic
 from monitord.base.proc_identity import ProcessIdentity
@@ -57,6 +69,8 @@ AREA_ENV = "MONITORD_AREA"
 GENERATION_ENV = "MONITORD_GENERATION"
 TASK_NAME = "local supervisor"
 EXITS_KEPT = 256  # per area: enough to count an hour of a fast crash loop's back-off
+LOG_DRAIN_S = 2.0  # a stop waits this long for the hub to write the daemon's last words
+_LOG_DRAIN_POLL_S = 0.005
 
 log = logs.get_logger(__name__)
 
@@ -124,7 +138,6 @@ class _Slot:
     run: AreaRun
     identity: ProcessIdentity | None = None
     popen: subprocess.Popen[bytes] | None = None
-    sink: subprocess.Popen[bytes] | None = None  # the log sink of the daemon we started
     started_mono: float = 0.0
     failures: int = 0
     restarts: int = 0
@@ -154,13 +167,16 @@ class _Record:
     generation: int
     identity: ProcessIdentity
     command: tuple[str, ...] | None
+    log_pipe: str | None = None  # the FIFO name of its output (None: an older release's sink)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> _Record:
         command = data.get("command")
+        log_pipe = data.get("log_pipe")
         return cls(area=str(data["area"]), generation=int(data["generation"]),
                    identity=ProcessIdentity.from_json(data["identity"]),
-                   command=None if command is None else tuple(str(p) for p in command))
+                   command=None if command is None else tuple(str(p) for p in command),
+                   log_pipe=None if log_pipe is None else str(log_pipe))
 
 
 def _search_path(env: Mapping[str, str] | None) -> str:
@@ -212,7 +228,15 @@ class LocalSupervisor:
         self.backoff_cap_s = backoff_cap_s
         self.log_max_bytes = log_max_bytes
         self.log_keep = log_keep
-        self._sinks_draining: list[subprocess.Popen[bytes]] = []  # reaped by the loop
+        hub_env = {k: v for k, v in os.environ.items()
+                   if k not in (SUPERVISOR_ENV, AREA_ENV, GENERATION_ENV)}
+        hub_env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (_package_root(), hub_env.get("PYTHONPATH", "")) if p
+        )
+        self._pipes = log_hub.LogPipes(
+            pipes_dir=str(self.state_dir / "log-pipes"), logs_dir=str(self.logs_dir),
+            hub_command=[sys.executable, "-m", "monitord", "log-hub"], hub_env=hub_env,
+        )
         self._clock = clock
         self._desired: dict[str, AreaRun] = {}
         self._slots: dict[str, _Slot] = {}
@@ -318,6 +342,10 @@ class LocalSupervisor:
             verdict = self._survivor_verdict(identity, env=env, record=record, area=area,
                                              generation=generation)
             want = self._desired.get(area)
+            if record is not None and record.log_pipe is not None:
+                # held from now on: its last words survive its exit (or this stop) even
+                # while no hub runs
+                self._pipes.adopt(area, record.log_pipe)
             if verdict == "adopt" and want is not None:
                 self._slots[area] = _Slot(run=want, identity=identity, adopted=True,
                                           started_mono=self._clock())
@@ -343,6 +371,7 @@ class LocalSupervisor:
                             recorded=record is not None)
             if gone and area not in self._slots:
                 (self.records_dir / f"{area}.json").unlink(missing_ok=True)
+                self._pipes.retire(area)
         for left in recorded.values():
             # a record whose process is gone (or was never ours): drop it
             if not proc_identity.is_same_process(left.identity):
@@ -400,9 +429,11 @@ class LocalSupervisor:
         self._tasks.spawn(TASK_NAME, self.run())
 
     async def close(self) -> None:
-        """Stop supervising; the daemons keep running for the next instance to adopt."""
+        """Stop supervising; the daemons keep running for the next instance to adopt (their
+        log FIFOs and the log hub too)."""
         self.loop.close()
         await self._tasks.close()
+        self._pipes.close()
 
     # -- internals -------------------------------------------------------------------
 
@@ -419,8 +450,9 @@ class LocalSupervisor:
         await self.loop.run()
 
     async def _pass(self) -> None:
-        """One supervising pass: reap finished log sinks, converge every area once."""
-        self._sinks_draining = [s for s in self._sinks_draining if s.poll() is None]
+        """One supervising pass: the log hub runs, ended areas' FIFOs are let go, and every
+        area converges once."""
+        self._pipes.tick()
         for area in sorted(set(self._desired) | set(self._slots)):
             lock = self._lock(area)
             if lock.locked():
@@ -464,6 +496,7 @@ class LocalSupervisor:
         if want is None:
             if slot is not None and not slot.running():
                 del self._slots[area]
+                self._pipes.retire(area)
             return
         if slot is None or slot.run.generation != want.generation:
             slot = self._slots[area] = _Slot(run=want)
@@ -480,9 +513,6 @@ class LocalSupervisor:
             # not reaped yet, so its group id is still ours: kill what the daemon left behind
             proc_identity.signal_group(slot.popen.pid, signal.SIGKILL)
             status = slot.popen.wait()
-        if slot.sink is not None:
-            self._sinks_draining.append(slot.sink)  # it ends once it has read the last words
-            slot.sink = None
         ran_s = now - slot.started_mono
         if ran_s >= slot.run.min_uptime_s:
             slot.failures = 0
@@ -507,7 +537,7 @@ class LocalSupervisor:
     async def _spawn(self, area: str, slot: _Slot) -> None:
         run = slot.run
         try:
-            popen, sink = self._start(area, run)
+            popen, log_pipe = self._start(area, run)
         except OSError as e:
             self._spawn_failed(area, slot, e)
             return
@@ -521,11 +551,12 @@ class LocalSupervisor:
             # monotonic per service, whatever becomes of the slot (monitord_area_restarts)
             self.restarts_by_service[run.service] = \
                 self.restarts_by_service.get(run.service, 0) + 1
-        slot.identity, slot.popen, slot.adopted, slot.sink = identity, popen, False, sink
+        slot.identity, slot.popen, slot.adopted = identity, popen, False
         slot.started_mono = self._clock()
         self.version += 1
         record = {"area": area, "service": run.service, "generation": run.generation,
-                  "identity": identity.to_json(), "command": list(run.command)}
+                  "identity": identity.to_json(), "command": list(run.command),
+                  "log_pipe": log_pipe}
         try:
             # in a thread: its fsyncs are most of a start's time, and the loop goes on
             await asyncio.to_thread(atomic_file.atomic_write_bytes, self._record_path(area),
@@ -534,8 +565,7 @@ class LocalSupervisor:
             # An unrecorded daemon could not be adopted by name after a crash: do not keep it.
             proc_identity.signal_group(popen.pid, signal.SIGKILL)
             popen.wait()
-            self._sinks_draining.append(sink)
-            slot.identity, slot.popen, slot.sink = None, None, None
+            slot.identity, slot.popen = None, None
             self._schedule_retry(slot, now=self._clock())
             log.error("daemon_record_failed", area=area, error_code="STORE_WRITE_FAILED",
                       detail=f"{e.strerror or e}: {e.filename}")
@@ -543,16 +573,14 @@ class LocalSupervisor:
         log.info("daemon_started", area=area, service=run.service, generation=run.generation,
                  pid=popen.pid, restarts=slot.restarts)
 
-    def _start(
-        self, area: str, run: AreaRun
-    ) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]]:
-        """The daemon and its log sink, started (synchronous: two forks)."""
+    def _start(self, area: str, run: AreaRun) -> tuple[subprocess.Popen[bytes], str]:
+        """The daemon, started (synchronous: a fork), and the name of its log FIFO."""
         Path(run.data_dir).mkdir(parents=True, exist_ok=True)
         who = run_as.resolve(user=run.user, group=run.group)
         env = {**os.environ, **run_as.login_environment(who), **run.env,
                SUPERVISOR_ENV: str(self.state_dir), AREA_ENV: area,
                GENERATION_ENV: str(run.generation)}
-        return self._start_with_log_sink(area, run, env=env, who=who)
+        return self._start_logged(area, run, env=env, who=who)
 
     async def _hand_over(self, area: str, slot: _Slot) -> bool:
         """Before starting a daemon as its service's user: give its data dir (created if
@@ -580,53 +608,38 @@ class LocalSupervisor:
         log.error("daemon_spawn_failed", area=area, service=slot.run.service,
                   generation=slot.run.generation, error_code=str(code), detail=str(error))
 
-    def _start_with_log_sink(
+    def _start_logged(
         self, area: str, run: AreaRun, *, env: Mapping[str, str], who: run_as.RunAs | None
-    ) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]]:
-        """Start the area's log sink, then the daemon with its stdout and stderr a pipe to
-        it. Neither inherits monitord's capabilities (docs/operations.md)."""
+    ) -> tuple[subprocess.Popen[bytes], str]:
+        """Start the daemon with its stdout and stderr the area's log FIFO (a restarted one
+        gets its predecessor's). It does not inherit monitord's capabilities
+        (docs/operations.md)."""
         run_as.clear_inheritable_capabilities()  # this thread's: the one that forks
-        sink_env = {k: v for k, v in os.environ.items()
-                    if k not in (SUPERVISOR_ENV, AREA_ENV, GENERATION_ENV)}
-        sink_env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (_package_root(), sink_env.get("PYTHONPATH", "")) if p
+        fd, name = self._pipes.open(area, max_bytes=self.log_max_bytes, keep=self.log_keep)
+        popen = subprocess.Popen(
+            list(run.command), cwd=run.data_dir, env=dict(env),
+            stdin=subprocess.DEVNULL, stdout=fd, stderr=fd,
+            start_new_session=True, close_fds=True, **run_as.popen_kwargs(who),
         )
-        sink_argv = [sys.executable, "-m", "monitord", "log-sink", *log_sink.arguments(
-            path=self.logs_dir / f"{area}.log", max_bytes=self.log_max_bytes, keep=self.log_keep
-        )]
-        read_end, write_end = os.pipe()
-        try:
-            sink = log_sink.start(sink_argv, stdin_fd=read_end, env=sink_env)
-            try:
-                popen = subprocess.Popen(
-                    list(run.command), cwd=run.data_dir, env=dict(env),
-                    stdin=subprocess.DEVNULL, stdout=write_end, stderr=write_end,
-                    start_new_session=True, close_fds=True, **run_as.popen_kwargs(who),
-                )
-            except OSError:
-                self._sinks_draining.append(sink)  # it ends as soon as our end is closed
-                raise
-        finally:
-            os.close(read_end)
-            os.close(write_end)
-        return popen, sink
+        return popen, name
 
-    async def _let_sink_finish(self, slot: _Slot, *, timeout_s: float = 2.0) -> None:
-        """After the daemon is verified gone: wait (briefly) until its sink has written the
-        daemon's last words; one still held open by an escaped child is reaped later."""
-        sink, slot.sink = slot.sink, None
-        if sink is None:
+    async def _let_log_finish(self, area: str) -> None:
+        """After the daemon is verified gone: its FIFO is let go, and we wait (briefly) for
+        the hub to write its last words and remove it; what is left is written later."""
+        path = self._pipes.retire(area)
+        if path is None:
             return
-        try:
-            await asyncio.to_thread(sink.wait, timeout_s)
-        except subprocess.TimeoutExpired:
-            self._sinks_draining.append(sink)
+        for _ in range(int(LOG_DRAIN_S / _LOG_DRAIN_POLL_S)):
+            if self._pipes.ended(path):
+                return
+            await asyncio.sleep(_LOG_DRAIN_POLL_S)  # the hub tells nobody: look again
 
     async def _stop_slot(self, area: str, *, grace_s: float | None) -> bool:
         slot = self._slots.get(area)
         if slot is None or slot.identity is None:
             if slot is not None:
                 del self._slots[area]
+                self._pipes.retire(area)
             return True
         pid = slot.identity.pid
         gone = await group_stop.terminate_group(
@@ -640,8 +653,8 @@ class LocalSupervisor:
             return False
         if slot.popen is not None:
             await _reap(slot.popen)
-        await self._let_sink_finish(slot)
         del self._slots[area]
+        await self._let_log_finish(area)
         self.version += 1
         self._record_path(area).unlink(missing_ok=True)
         log.info("daemon_stopped", area=area, generation=slot.run.generation, pid=pid)
@@ -676,7 +689,7 @@ class LocalSupervisor:
 
 
 def _package_root() -> str:
-    """The sys.path entry that holds `monitord` (the log sink runs `-m monitord` from /)."""
+    """The sys.path entry that holds `monitord` (the log hub runs `-m monitord` from /)."""
     return str(Path(next(iter(monitord.__path__))).resolve().parent)
 
 

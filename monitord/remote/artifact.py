@@ -39,6 +39,7 @@ PORTABLE_MODULES = (
     "monitord/base/group_stop.py",
     "monitord/base/hostport.py",
     "monitord/base/journal_native.py",
+    "monitord/base/log_hub.py",
     "monitord/base/log_sink.py",
     "monitord/base/log_tail.py",
     "monitord/base/proc_identity.py",

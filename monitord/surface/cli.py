@@ -45,7 +45,8 @@ VERBS: dict[str, tuple[str, str]] = {
     "agent": ("monitord.vps.cli", "run the remote agent on the VPS"),
     "agent-launch": ("monitord.vps.cli", "start the agent detached unless it already runs"),
     "tunnel-lease": ("monitord.vps.tunnel_lease", "internal: tunnel lease ops on the VPS"),
-    "log-sink": ("monitord.base.log_sink", "internal: copy stdin to a size-capped area log"),
+    "log-sink": ("monitord.base.log_sink", "internal: copy stdin to a size-capped log"),
+    "log-hub": ("monitord.base.log_hub", "internal: copy every area's output to its capped log"),
 }
 
 

@@ -5,9 +5,13 @@ Layout under the agent's dir: `leases/{area}.json` (the lease file each guard wa
 daemon command; the generation and owner, so that a restarted agent can adopt or stop it —
 never by PID alone), `run/{area}.daemon`
 (the daemon's pid, written by the guard once it started it: believed only while that pid is
-a live child of the guard, it spares the agent a scan of /proc per look) and
-`logs/{area}.log` (guard and daemon output, through a log sink that caps and rotates it:
-monitord/base/log_sink.py; the sink runs in a session of its own and ends with that output).
+a live child of the guard, it spares the agent a scan of /proc per look),
+`log-pipes/{area}.…` (the FIFO that is the guard's and the daemon's stdout and stderr, named
+in the guard's record) and `logs/{area}.log`, which the agent's one log hub
+(monitord/base/log_hub.py, a process in a session of its own that outlives the agent)
+copies every FIFO into, capped and rotated. The runner holds each area's FIFO while it runs
+and until the hub holds it, and starts the hub again within a second if it dies
+(`learn_daemons`, once per agent tick).
 A service's `user` / `group` (spawn's `user=`, `group=`) is resolved here, the data dir is
 handed over to it, and the guard — which stays the agent's user, to read the lease and
 signal the daemon — starts the daemon as that user (monitord/base/run_as.py).
@@ -34,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import monitord
-from monitord.base import atomic_file, group_stop, log_sink, proc_identity, run_as
+from monitord.base import atomic_file, group_stop, log_hub, log_sink, proc_identity, run_as
 from monitord.base.proc_identity import ProcessIdentity
 from monitord.vps import lease_file
 from monitord.vps.lease_table import AreaSpec
@@ -43,6 +47,7 @@ _POLL_S = 0.02
 # A guard we started reports its daemon's pid; one that has not after this long (it could
 # not write the file) is looked for by a scan of /proc, as an adopted one always is.
 _REPORT_WAIT_S = 2.0
+_LOG_DRAIN_S = 2.0  # a stop waits this long for the hub to write the last words
 
 
 def package_root() -> str:
@@ -80,7 +85,6 @@ class GuardHandle:
     popen: subprocess.Popen[bytes] | None
     adopted: bool
     daemon: ProcessIdentity | None = None  # learnt once the guard has started it
-    sink: subprocess.Popen[bytes] | None = None  # its log sink, when we started the guard
     # Where the guard writes its daemon's pid (guards we started; adopted ones may predate it)
     daemon_file: Path | None = None
     spawned_at: float = 0.0  # time.monotonic() of the spawn
@@ -110,7 +114,10 @@ class AreaRunner:
         self.logs_dir = base_dir / "logs"
         for directory in (self.leases_dir, self.run_dir, self.logs_dir):
             directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self._sinks: list[subprocess.Popen[bytes]] = []  # log sinks we started, until reaped
+        self.pipes = log_hub.LogPipes(
+            pipes_dir=str(base_dir / "log-pipes"), logs_dir=str(self.logs_dir),
+            hub_command=vps_command("log-hub"), hub_env=vps_environment(dict(os.environ)),
+        )
 
     def lease_path(self, area: str) -> Path:
         return self.leases_dir / f"{area}.json"
@@ -143,7 +150,7 @@ class AreaRunner:
         log_keep: int = log_sink.DEFAULT_KEEP,
     ) -> GuardHandle:
         """Start the guard (which starts the daemon, as `user` / `group` when given) with its
-        output piped to the area's log sink, and record its identity durably. An unknown
+        output the area's log FIFO, and record its identity durably. An unknown
         user or group raises run_as.ServiceUserUnknown (an OSError) before anything starts."""
         who = run_as.resolve(user=user, group=group)
         data_dir = Path(spec.data_dir)
@@ -166,30 +173,17 @@ class AreaRunner:
         )
         self._daemon_path(spec.area).unlink(missing_ok=True)
         env = vps_environment({**os.environ, **run_as.login_environment(who), **spec.env})
-        self._reap_sinks()
-        read_end, write_end = os.pipe()
-        try:
-            sink = log_sink.start(
-                vps_command("log-sink", *log_sink.arguments(
-                    path=self.logs_dir / f"{spec.area}.log", max_bytes=log_max_bytes,
-                    keep=log_keep)),
-                stdin_fd=read_end,
-                env=vps_environment(dict(os.environ)),
-            )
-            self._sinks.append(sink)  # if the guard fails to start, it sees EOF and ends
-            popen = subprocess.Popen(
-                argv,
-                cwd=data_dir,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=write_end,
-                stderr=write_end,
-                start_new_session=True,
-                close_fds=True,
-            )
-        finally:
-            os.close(read_end)
-            os.close(write_end)
+        log_fd, log_pipe = self.pipes.open(spec.area, max_bytes=log_max_bytes, keep=log_keep)
+        popen = subprocess.Popen(
+            argv,
+            cwd=data_dir,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log_fd,
+            stderr=log_fd,
+            start_new_session=True,
+            close_fds=True,
+        )
         identity = proc_identity.read(popen.pid) or ProcessIdentity(
             pid=popen.pid, start_ticks=-1, cmdline=tuple(argv)
         )
@@ -198,15 +192,12 @@ class AreaRunner:
             "generation": spec.generation,
             "owner_id": spec.owner_id,
             "guard": identity.to_json(),
+            "log_pipe": log_pipe,
         }
         atomic_file.atomic_write_bytes(self._record_path(spec.area), json.dumps(record).encode())
-        return GuardHandle(spec=spec, identity=identity, popen=popen, adopted=False, sink=sink,
+        return GuardHandle(spec=spec, identity=identity, popen=popen, adopted=False,
                            daemon_file=self._daemon_path(spec.area),
                            spawned_at=time.monotonic())
-
-    def _reap_sinks(self) -> None:
-        """Collect the exit status of log sinks that ended (they end with their daemon)."""
-        self._sinks = [sink for sink in self._sinks if sink.poll() is None]
 
     def daemon_pids(self, handles: list[GuardHandle]) -> dict[int, int | None]:
         """guard pid -> its daemon's pid (None when the daemon is not running)."""
@@ -239,7 +230,7 @@ class AreaRunner:
     def learn_daemons(self, handles: list[GuardHandle]) -> None:
         """Remember each guard's daemon identity, so that it can still be found (and
         verified gone) after its guard died and it was re-parented."""
-        self._reap_sinks()  # once per agent tick, like this
+        self.pipes.tick()  # once per agent tick, like this: the log hub runs
         waiting = [h for h in handles if h.daemon is None and not h.exited()]
         if not waiting:
             return
@@ -287,7 +278,19 @@ class AreaRunner:
         if gone:
             self._record_path(handle.spec.area).unlink(missing_ok=True)
             self._daemon_path(handle.spec.area).unlink(missing_ok=True)
+            await self._let_log_finish(handle.spec.area)
         return gone
+
+    async def _let_log_finish(self, area: str) -> None:
+        """After guard and daemon are verified gone: the area's FIFO is let go, and we wait
+        (briefly) for the hub to write their last words; what is left is written later."""
+        path = self.pipes.retire(area)
+        if path is None:
+            return
+        for _ in range(int(_LOG_DRAIN_S / _POLL_S)):
+            if self.pipes.ended(path):
+                return
+            await asyncio.sleep(_POLL_S)  # the hub tells nobody: look again
 
     async def _wait_exited(self, handle: GuardHandle, *, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
@@ -298,9 +301,16 @@ class AreaRunner:
         return True
 
     def forget(self, area: str) -> None:
-        """Drop the record of a guard that exited by itself."""
+        """Drop the record of a guard that exited by itself (its FIFO goes once the hub has
+        it: a new start gets a fresh one)."""
         self._record_path(area).unlink(missing_ok=True)
         self._daemon_path(area).unlink(missing_ok=True)
+        self.pipes.retire(area)
+
+    def close(self) -> None:
+        """Stop holding the areas' FIFOs (the guards hold theirs; the next agent adopts them
+        with their guards)."""
+        self.pipes.close()
 
     def survivors(self) -> list[tuple[dict[str, Any], ProcessIdentity | None]]:
         """Records left by a previous agent: (record, the guard's identity if it still lives)."""
@@ -317,6 +327,14 @@ class AreaRunner:
         return found
 
     def adopt(self, spec: AreaSpec, identity: ProcessIdentity) -> GuardHandle:
+        """A guard a previous agent started, with its log FIFO (its record names it)."""
+        try:
+            record = json.loads(self._record_path(spec.area).read_text())
+            log_pipe = record.get("log_pipe")
+        except (OSError, ValueError, AttributeError):
+            log_pipe = None
+        if isinstance(log_pipe, str):
+            self.pipes.adopt(spec.area, log_pipe)
         return GuardHandle(spec=spec, identity=identity, popen=None, adopted=True)
 
     async def stop_survivor(self, identity: ProcessIdentity, area: str) -> bool:

@@ -2,7 +2,7 @@
 
 `python3 monitord.pyz VERB ...` (or `python -m monitord.vps VERB ...` from an installed tree)
 runs one of: agent, agent-launch, tunnel-lease, self-check, lease-guard, log-sink,
-tree-digest. Standard
+log-hub, tree-digest. Standard
 library only, so it runs under a bare system Python in isolated mode (`python3 -I`). The PBX's
 `monitord` command serves the operator verbs and, for tests and one-machine set-ups, the
 same VPS verbs through the same modules.
@@ -23,6 +23,7 @@ VERBS = {
     "tunnel-lease": ("monitord.vps.tunnel_lease", "tunnel lease operations (run over SSH)"),
     "self-check": ("monitord.vps.self_check", "check that this VPS can run the agent"),
     "log-sink": ("monitord.base.log_sink", "copy stdin to a size-capped, rotated log file"),
+    "log-hub": ("monitord.base.log_hub", "copy every area's output to its size-capped log"),
     "tree-digest": ("monitord.base.tree_digest", "SHA-256 of a tree, re-hashing what changed"),
 }
 # Verbs that parse their own arguments (argv after the verb is passed through untouched).

@@ -196,6 +196,7 @@ class AgentRuntime:
                 await task
             except asyncio.CancelledError:
                 pass
+        self.runner.close()
         log.info("agent_stopped", running=len(self._handles))
 
     # -- requests --------------------------------------------------------------------

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from monitord.base import log_sink, proc_identity
+from monitord.base import log_hub, log_sink, proc_identity
 from monitord.base.proc_identity import ProcessIdentity
 from monitord.local.supervisor import AreaRun, LocalSupervisor
 from tests.integration.agent.conftest import OWNER
@@ -102,16 +102,52 @@ def assert_rotated_within_cap(path: Path, *, max_bytes: int, keep: int, lines: i
         assert rotated.stat().st_size > max_bytes - 2 * LINE_BYTES  # full, bar the next line
 
 
-def sink_pids(log_path: Path) -> list[int]:
-    """Live log sinks writing `log_path` (found by their command line)."""
+def log_process_pids(logs_dir: Path) -> list[int]:
+    """Live processes writing area logs into `logs_dir`: a log hub, or per-daemon sinks."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         identity = proc_identity.read(int(entry.name))
-        if identity and "log-sink" in identity.cmdline and str(log_path) in identity.cmdline:
+        if identity and ("log-sink" in identity.cmdline or "log-hub" in identity.cmdline) \
+                and any(str(logs_dir) in part for part in identity.cmdline):
             found.append(identity.pid)
     return found
+
+
+def area_fifos(pipes_dir: Path) -> list[str]:
+    """The area FIFOs in a pipes directory (monitord/base/log_hub.py)."""
+    return sorted(n for n in os.listdir(pipes_dir) if log_hub.parse_name(n) is not None)
+
+
+def assert_ticks_kept_across_the_restart(log_path: Path) -> None:
+    """Every tick once and in order, except what the killed hub held (log_hub's promise): at
+    most the ticks of one read, missing where the new hub's note stands, and right after the
+    note at most one fragment — the rest of a line whose beginning was lost."""
+    ticks: list[int] = []
+    gap_at = -1
+    lines = log_path.read_bytes().splitlines()
+    for position, line in enumerate(lines):
+        if _TICK_LINE.fullmatch(line):
+            ticks.append(int(line.split()[1]))
+        elif line.startswith(b"log-hub: the previous log hub ("):
+            assert gap_at < 0, "one note for one restart"
+            gap_at = len(ticks)
+        elif line.startswith(b"{"):
+            pass  # the lease guard's own lines, on the VPS
+        else:
+            assert position > 0 and lines[position - 1].startswith(b"log-hub:"), line
+            assert len(line) < len(b"tick 000000000"), line
+    if gap_at < 0:
+        assert ticks == list(range(ticks[0], ticks[-1] + 1)), "a tick is lost or doubled"
+        return
+    before, after = ticks[:gap_at], ticks[gap_at:]
+    assert before == list(range(before[0], before[0] + len(before))) if before else True
+    assert after == list(range(after[0], after[0] + len(after))), "a tick lost after the note"
+    if before:
+        assert after[0] > before[-1]
+        assert (after[0] - before[-1] - 1) * len(b"tick 000000000\n") <= \
+            log_hub._READ_BYTES + log_hub._PARTIAL_HOLD_BYTES
 
 
 def last_tick(log_path: Path) -> int:
@@ -253,9 +289,9 @@ class TestLocalAreaLog:
             await supervisor.close()
             assert await supervisor.stop_all()
         assert_rotated_within_cap(log, max_bytes=MiB, keep=2, lines=lines_written())
-        assert sink_pids(log) == []
+        assert area_fifos(supervisor.state_dir / "log-pipes") == []  # the hub ended it
 
-    async def test_the_sink_outlives_monitord_and_ends_with_the_daemon(
+    async def test_the_hub_outlives_monitord_and_ends_the_area_with_the_daemon(
         self, tmp_path: Path
     ) -> None:
         state_dir = tmp_path / "state"
@@ -264,16 +300,22 @@ class TestLocalAreaLog:
                             "command": [sys.executable, "-c", TICKER],
                             "data_dir": str(tmp_path / "data")}])
         first = await _start_host(state_dir, runs)
-        await wait_until(lambda: last_tick(log) >= 0, timeout_s=20, what="the first tick")
-        [sink] = sink_pids(log)
-        os.killpg(first.pid, signal.SIGKILL)  # monitord and all of its process group die
-        await first.wait()
+        try:
+            await wait_until(lambda: last_tick(log) >= 0, timeout_s=20, what="the first tick")
+            await wait_until(lambda: len(log_process_pids(log.parent)) == 1, timeout_s=20,
+                             what="one hub")
+            [hub] = log_process_pids(log.parent)
+            [fifo] = area_fifos(state_dir / "log-pipes")
+        finally:
+            os.killpg(first.pid, signal.SIGKILL)  # monitord and all of its process group die
+            await first.wait()
         seen = last_tick(log)
         await wait_until(lambda: last_tick(log) > seen + 10, timeout_s=20,
                          what="ticks written after monitord died")
-        second = await _start_host(state_dir, runs)  # adopts the daemon: no second sink
+        second = await _start_host(state_dir, runs)  # adopts the daemon, its FIFO and the hub
         try:
-            assert sink_pids(log) == [sink]
+            assert log_process_pids(log.parent) == [hub]
+            assert area_fifos(state_dir / "log-pipes") == [fifo]
             seen = last_tick(log)
             await wait_until(lambda: last_tick(log) > seen + 10, timeout_s=20,
                              what="ticks written under the second monitord")
@@ -284,8 +326,44 @@ class TestLocalAreaLog:
         daemon = ProcessIdentity.from_json(record["identity"])
         assert proc_identity.is_same_process(daemon)
         proc_identity.signal_group(daemon.pid, signal.SIGKILL)
-        await wait_until(lambda: not proc_identity.is_alive(sink), timeout_s=20,
-                         what="the sink to end with its daemon")
+        await wait_until(lambda: not area_fifos(state_dir / "log-pipes"), timeout_s=20,
+                         what="the hub to end the area with its daemon")
+        await wait_until(lambda: not proc_identity.is_alive(hub), timeout_s=20,
+                         what="the hub to exit once no area is left")
+
+    async def test_a_killed_log_process_is_restarted_and_no_daemon_stops(
+        self, tmp_path: Path
+    ) -> None:
+        supervisor = LocalSupervisor(state_dir=tmp_path / "state", stop_grace_s=1.0)
+        log = supervisor.logs_dir / f"{AREA}.log"
+        run = AreaRun(service="tg", area=AREA, generation=1, command=(sys.executable, "-c", TICKER),
+                      data_dir=str(tmp_path / "data"))
+        try:
+            await supervisor.start()
+            [before] = await _started(supervisor, run)
+            await wait_until(lambda: last_tick(log) >= 0, timeout_s=20, what="the first tick")
+            killed = log_process_pids(supervisor.logs_dir)
+            assert killed
+            for pid in killed:
+                os.kill(pid, signal.SIGKILL)
+            await wait_until(lambda: not any(proc_identity.is_alive(p) for p in killed),
+                             timeout_s=10, what="the log process to die")
+            seen = last_tick(log)
+            await wait_until(lambda: last_tick(log) > seen + 50, timeout_s=30,
+                             what="ticks written after the log process was killed")
+            [after] = supervisor.inventory()
+            assert (after.pid, after.restarts, after.state) == (before.pid, 0, "running")
+            assert log_process_pids(supervisor.logs_dir)  # a new one
+            assert_ticks_kept_across_the_restart(log)
+            assert await supervisor.stop_area(AREA)
+        finally:
+            await supervisor.close()
+            assert await supervisor.stop_all()
+
+
+async def _started(supervisor: LocalSupervisor, run: AreaRun) -> list[Any]:
+    await supervisor.start_area(run)
+    return supervisor.inventory()
 
 
 async def _start_host(state_dir: Path, runs_json: str) -> asyncio.subprocess.Process:
@@ -321,13 +399,13 @@ class TestRemoteAreaLog:
                              what="the daemon to have written 50 MB")
             status, answer = await agent.request("POST", f"/v1/areas/{AREA}/stop?generation=1")
             assert status == 200, answer
-            await wait_until(lambda: not sink_pids(log), timeout_s=20,
-                             what="the sink to end with the guard and its daemon")
+            await wait_until(lambda: not area_fifos(agent.base_dir / "log-pipes"), timeout_s=20,
+                             what="the hub to end the area with the guard and its daemon")
         assert_rotated_within_cap(log, max_bytes=log_sink.DEFAULT_MAX_BYTES,
                                   keep=log_sink.DEFAULT_KEEP, lines=lines_written())
         assert b'"event": "fence_done"' in log.read_bytes()  # the guard's own lines too
 
-    async def test_the_sink_outlives_the_agent_and_ends_with_the_daemon(
+    async def test_the_hub_outlives_the_agent_and_ends_the_area_with_the_daemon(
         self, tmp_path: Path
     ) -> None:
         async with running_agent(tmp_path / "vps", kill_daemons_on_exit=False) as agent:
@@ -337,7 +415,9 @@ class TestRemoteAreaLog:
                 "PUT", f"/v1/areas/{AREA}", json_body=_area_body(agent, command))
             assert status == 201, answer
             await wait_until(lambda: last_tick(log) >= 0, timeout_s=20, what="the first tick")
-            [sink] = sink_pids(log)
+            await wait_until(lambda: len(log_process_pids(log.parent)) == 1, timeout_s=20,
+                             what="one hub")
+            [hub] = log_process_pids(log.parent)
             await agent.kill(signal.SIGKILL)
         seen = last_tick(log)
         try:
@@ -345,5 +425,33 @@ class TestRemoteAreaLog:
                              what="ticks written after the agent died")
         finally:
             kill_left_processes(tmp_path / "vps")  # the guard, hence its daemon (PDEATHSIG)
-        await wait_until(lambda: not proc_identity.is_alive(sink), timeout_s=20,
-                         what="the sink to end with its daemon")
+        await wait_until(lambda: not area_fifos(tmp_path / "vps" / "log-pipes"), timeout_s=20,
+                         what="the hub to end the area with its daemon")
+        await wait_until(lambda: not proc_identity.is_alive(hub), timeout_s=20,
+                         what="the hub to exit once no area is left")
+
+    async def test_a_killed_hub_is_restarted_and_no_guard_or_daemon_stops(
+        self, tmp_path: Path
+    ) -> None:
+        async with running_agent(tmp_path / "vps") as agent:
+            log = agent.base_dir / "logs" / f"{AREA}.log"
+            status, answer = await agent.request(
+                "PUT", f"/v1/areas/{AREA}",
+                json_body=_area_body(agent, (sys.executable, "-c", TICKER)))
+            assert status == 201, answer
+            await wait_until(lambda: last_tick(log) >= 0, timeout_s=20, what="the first tick")
+            record = json.loads((agent.base_dir / "run" / f"{AREA}.json").read_text())
+            guard = ProcessIdentity.from_json(record["guard"])
+            await wait_until(lambda: len(log_process_pids(log.parent)) == 1, timeout_s=20,
+                             what="one hub")
+            [hub] = log_process_pids(log.parent)
+            os.kill(hub, signal.SIGKILL)
+            await wait_until(lambda: not proc_identity.is_alive(hub), timeout_s=10,
+                             what="the hub to die")
+            seen = last_tick(log)
+            await wait_until(lambda: last_tick(log) > seen + 50, timeout_s=30,
+                             what="ticks written after the hub was killed")
+            assert proc_identity.is_same_process(guard)
+            assert log_process_pids(log.parent) not in ([], [hub])
+            assert_ticks_kept_across_the_restart(log)
+            assert b"daemon_exited" not in log.read_bytes()

@@ -29,7 +29,7 @@ from monitord.local.supervisor import AreaRun, LocalSupervisor
 from monitord.vps.area_runner import AreaRunner
 from monitord.vps.lease_table import AreaSpec
 from orchestrator.errors import ErrorCode
-from tests.integration.test_area_logs import sink_pids
+from tests.integration.test_area_logs import log_process_pids
 from tests.support.agent_process import wait_until
 
 pytestmark = [
@@ -171,8 +171,8 @@ class TestLocalDaemonsRunAsTheirServiceUser:
             assert owner(Path("/etc/passwd")) == "root"
             assert owner(outside) == "root"
             log = supervisor.logs_dir / f"{AREA}.log"
-            await wait_until(log.exists, timeout_s=20, what="the sink to open the log")
-            assert owner(log) == "root"  # the sink writes it as monitord: not the daemon's
+            await wait_until(log.exists, timeout_s=20, what="the hub to open the log")
+            assert owner(log) == "root"  # the hub writes it as monitord: not the daemon's
             assert await supervisor.stop_area(AREA)
         finally:
             await supervisor.close()
@@ -191,7 +191,9 @@ class TestLocalDaemonsRunAsTheirServiceUser:
             [failed] = [e for e in events if e["event"] == "daemon_spawn_failed"]
             assert failed["error_code"] == "SERVICE_USER_UNKNOWN"
             assert NO_SUCH_USER in failed["detail"]
-            assert sink_pids(supervisor.logs_dir / f"{AREA}.log") == []
+            assert log_process_pids(supervisor.logs_dir) == []
+            assert not (supervisor.state_dir / "log-pipes").exists() \
+                or not os.listdir(supervisor.state_dir / "log-pipes")
         finally:
             await supervisor.close()
             assert await supervisor.stop_all()
@@ -243,9 +245,10 @@ class TestLocalDaemonsRunAsTheirServiceUser:
             for identity, _ in proc_identity.find_by_environ("MONITORD_SUPERVISOR",
                                                               str(state_dir)):
                 proc_identity.signal_group(identity.pid, signal.SIGKILL)
-            await wait_until(lambda: not sink_pids(log) and not proc_identity.find_by_environ(
-                "MONITORD_SUPERVISOR", str(state_dir)), timeout_s=20,
-                what="the daemons and their sinks to end")
+            await wait_until(lambda: not log_process_pids(log.parent)
+                             and not proc_identity.find_by_environ(
+                                 "MONITORD_SUPERVISOR", str(state_dir)), timeout_s=20,
+                             what="the daemons and their log hub to end")
 
 
 class TestRemoteDaemonsRunAsTheirServiceUser:
@@ -272,8 +275,9 @@ class TestRemoteDaemonsRunAsTheirServiceUser:
             assert owner(data_dir) == owner(data_dir / "copied.db") == service_user
         finally:
             assert await runner.stop(handle, fence=False)
-        assert handle.sink is not None
-        assert await asyncio.to_thread(handle.sink.wait, 20) == 0
+        # the hub wrote the guard's last lines and ended the area's FIFO
+        assert not [n for n in os.listdir(runner.pipes.pipes_dir) if n.startswith(AREA)]
+        runner.close()
 
     async def test_an_unknown_user_fails_the_spawn_before_anything_starts(
         self, tmp_path: Path
@@ -287,7 +291,7 @@ class TestRemoteDaemonsRunAsTheirServiceUser:
         assert failed.value.code == ErrorCode.SERVICE_USER_UNKNOWN  # in the catalogue
         assert isinstance(failed.value, OSError)  # the agent's spawn path handles it as such
         assert list(runner.run_dir.glob("*.json")) == []
-        assert sink_pids(runner.logs_dir / f"{AREA}.log") == []
+        assert log_process_pids(runner.logs_dir) == []
 
     async def test_a_non_root_guard_with_the_units_capabilities_drops_and_fences(
         self, shared_dir: Path, monitord_user: str, service_user: str

@@ -15,6 +15,7 @@ from benchmarks import (
     bench_autossh,
     bench_cleanup_queue,
     bench_idle_rss,
+    bench_log_rss,
     bench_migration,
     bench_reconcile,
     bench_rollback,
@@ -56,6 +57,12 @@ class TestWholeInstallationBenchmarks:
     async def test_idle_rss_of_a_few_areas_against_none(self, tmp_path: Path) -> None:
         figures = await bench_idle_rss.measure(tmp_path, areas=10)
         assert_figures(figures, count=1, names={"idle_rss"})
+
+    async def test_log_rss_of_one_area_on_each_side_against_the_daemon_alone(
+        self, tmp_path: Path
+    ) -> None:
+        figures = await bench_log_rss.measure(tmp_path, sizes=(1,))
+        assert_figures(figures, count=2, names={"log_rss_pbx", "log_rss_vps"})
 
     async def test_migration_and_status_latency_on_tiny_stacks(self, tmp_path: Path) -> None:
         # Two independent stacks side by side: the smoke run stays short.

@@ -1,6 +1,6 @@
 """What starts once per remote daemon or copy must start fast: the lease guard (one per
 daemon start, and its start is part of the area's downtime: the health window counts from
-the daemon's own start, which comes after the guard's), the log sink beside it, and the
+the daemon's own start, which comes after the guard's), the log sink and hub, and the
 tree-digest verb (two per copy). None of them may import asyncio, which alone costs each
 start about 50 ms here (it pulls in ssl, logging and concurrent.futures)."""
 
@@ -18,7 +18,8 @@ HEAVY = ("asyncio", "ssl", "logging", "concurrent.futures")
 
 
 @pytest.mark.parametrize(
-    "module", ["monitord.vps.lease_guard", "monitord.base.log_sink", "monitord.base.tree_digest"]
+    "module", ["monitord.vps.lease_guard", "monitord.base.log_sink", "monitord.base.log_hub",
+               "monitord.base.tree_digest"]
 )
 def test_a_per_daemon_verb_does_not_import_asyncio(module: str) -> None:
     probe = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); import {module}; "

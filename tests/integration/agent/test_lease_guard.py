@@ -154,6 +154,6 @@ async def test_the_agent_believes_a_reported_pid_only_from_the_guards_own_child(
     finally:
         if not handle.exited():
             proc_identity.signal_group(handle.pid, signal.SIGKILL)
-        for process in (handle.popen, handle.sink):  # reaped, as the agent's tick does
-            if process is not None:
-                process.wait(timeout=10)
+        if handle.popen is not None:  # reaped, as the agent's tick does
+            handle.popen.wait(timeout=10)
+        runner.close()

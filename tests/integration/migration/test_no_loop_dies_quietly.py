@@ -152,17 +152,6 @@ class Fault:
         return self.original(*args, **kwargs)
 
 
-class RaisingSink:
-    """A log sink still draining whose poll() raises once (the supervisor polls them first
-    in every pass), then reports it ended."""
-
-    def __init__(self, error: BaseException) -> None:
-        self.fault = Fault(lambda: 0, error)
-
-    def poll(self) -> int | None:
-        return self.fault()  # type: ignore[no-any-return]
-
-
 async def _loop_under_test(
     which: str, error: BaseException, tmp_path: Path, store: Store
 ) -> tuple[Any, Callable[[], Any], Fault, Callable[[], Awaitable[None]]]:
@@ -215,9 +204,10 @@ async def _loop_under_test(
         state.parked_services = fault  # type: ignore[method-assign]
         return engine, engine.run, fault, engine.stop
     assert which == "local supervisor"
-    sink = RaisingSink(error)
-    supervisor._sinks_draining.append(sink)  # type: ignore[arg-type]
-    return supervisor, supervisor.run, sink.fault, supervisor.close
+    # the first step of every pass: the log hub's check (it raises once, then passes through)
+    fault = Fault(supervisor._pipes.tick, error)
+    supervisor._pipes.tick = fault  # type: ignore[method-assign]
+    return supervisor, supervisor.run, fault, supervisor.close
 
 
 LOOPS = ("cleanup worker", "reconciler", "lease renewer", "migration engine",

@@ -50,12 +50,14 @@ class TestArtifactRuns:
     def test_help_lists_the_verbs(self, tmp_path: Path) -> None:
         result = run_pyz(artifact.build(tmp_path).path, "--help")
         assert result.returncode == 0, result.stderr
-        for verb in ("agent", "agent-launch", "tunnel-lease", "self-check", "log-sink"):
+        for verb in ("agent", "agent-launch", "tunnel-lease", "self-check", "log-sink",
+                     "log-hub"):
             assert verb in result.stdout
 
     def test_every_verb_help(self, tmp_path: Path) -> None:
         pyz = artifact.build(tmp_path).path
-        for verb in ("agent", "agent-launch", "tunnel-lease", "self-check", "log-sink"):
+        for verb in ("agent", "agent-launch", "tunnel-lease", "self-check", "log-sink",
+                     "log-hub"):
             result = run_pyz(pyz, verb, "--help")
             assert result.returncode == 0, (verb, result.stderr)
             assert result.stdout.startswith(f"usage: monitord.pyz {verb}"), result.stdout
