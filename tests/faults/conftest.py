@@ -12,6 +12,9 @@ therefore sees them even while SSH is black-holed). At teardown the stacks are c
 process in the namespace is killed and the namespace deleted, and the detector must have
 seen no overlap — checked here, after the body, so no test can forget it.
 
+`deb` is `make deb`'s package, built once per run, for the tests that install it into a
+Debian root (test_deb_package.py, test_unit_under_systemd.py).
+
 Every test here needs root, iproute2, nft, sshd and nats-server; without them it is skipped
 (and under CI=true a skip is a failure).
 """
@@ -22,6 +25,8 @@ import asyncio
 import contextlib
 import shutil
 import signal
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -56,6 +61,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 item.add_marker(pytest.mark.skip(reason="needs nats-server"))
             elif _on_a_debian_root(item) and not debian_root.can_build_roots():
                 item.add_marker(pytest.mark.skip(reason="needs mmdebstrap or built roots"))
+
+
+REPO = Path(__file__).resolve().parents[2]
+DEB_BUILD_TIMEOUT_S = 300.0
+
+
+@pytest.fixture(scope="session")
+def deb(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`make deb`'s package (scripts/deb.py build), built once per test run. The modules that
+    use it share the xdist group "deb-package", so one worker builds it (--dist loadgroup)."""
+    out = tmp_path_factory.mktemp("deb")
+    built = subprocess.run([sys.executable, str(REPO / "scripts" / "deb.py"), "build",
+                            "--out", str(out)], capture_output=True, text=True,
+                           timeout=DEB_BUILD_TIMEOUT_S, check=False)
+    assert built.returncode == 0, built.stderr[-3000:]
+    return Path(built.stdout.strip().splitlines()[-1])
 
 
 def _on_a_debian_root(item: pytest.Item) -> bool:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,19 +23,9 @@ REPO = Path(__file__).resolve().parents[2]
 INSTALL_DOC = REPO / "docs" / "install.md"
 DEB_IN_ROOT = "/tmp/monitord.deb"
 RUN_TIMEOUT_S = 300.0
-# Both cases share the built package (session-scoped): one worker builds it once
-# (make test: --dist loadgroup).
+# Both cases share the built package (conftest's session-scoped `deb`): one worker builds
+# it once (make test: --dist loadgroup).
 pytestmark = pytest.mark.xdist_group("deb-package")
-
-
-@pytest.fixture(scope="session")
-def deb(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("deb")
-    built = subprocess.run([sys.executable, str(REPO / "scripts" / "deb.py"), "build",
-                            "--out", str(out)], capture_output=True, text=True,
-                           timeout=RUN_TIMEOUT_S, check=False)
-    assert built.returncode == 0, built.stderr[-3000:]
-    return Path(built.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture
