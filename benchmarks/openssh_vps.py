@@ -30,8 +30,10 @@ Two figures per size, like bench_migration's: `openssh_migration_local_to_remote
 events: p50/p99/max; `ratio` = p99 against the floor's p99, `ratio_by_hand_p50/p99` against
 the by-hand moves' downtimes, each from its stop to the end of its health window). The by-hand
 steps' medians (`by_hand_stop_p50_s`, `by_hand_rsync_p50_s`, `by_hand_start_p50_s`) and
-monitord's stretches (as bench_migration's) say where the time went; `load_avg_1m` is the
-machine's load average at the start and the end of the size.
+monitord's stretches (as bench_migration's) say where the time went, with the CPU seconds
+`monitord run` and the VPS's agent used during the move (`monitord_cpu_s`, `agent_cpu_s`;
+`cpu_share_of_wall`: their sum over the wall time, of the machine's 2 or more cores);
+`load_avg_1m` is the machine's load average at the start and the end of the size.
 
 `python -m benchmarks.openssh_vps [AREAS ...]` prints each size's figures as soon as it is done
 (default 1 10 100); it is not part of `python -m benchmarks`. The fault tier runs the smallest
@@ -122,6 +124,23 @@ async def _ssh_connect_p50(vps: NetnsVps) -> float:
         await _command([*_ssh_argv(vps), f"{vps.user}@{vps.vps_address}", "true"])
         spans.append(time.perf_counter() - clock)
     return statistics.median(spans)
+
+
+def _cpu_s(pid: int | None) -> float:
+    """User + system CPU seconds a live process has used so far (0.0 if it is gone)."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _agent_pid(stack: Stack) -> int | None:
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        return int((stack.vps_dir / "agent.pid").read_text().split()[0])
+    return None
 
 
 def _alive(pid: int) -> bool:
@@ -249,10 +268,15 @@ async def _one_case(case: Path, root: Path, *, areas: int, data_bytes: int
                                   daemon_file=fake_daemon_copy(vps),
                                   parallelism=parallelism, heartbeat=bm._closed_port())
             since = len(stack.log_lines)
+            assert stack.daemon is not None
+            monitord_pid, agent_pid = stack.daemon.pid, _agent_pid(stack)
+            cpu = _cpu_s(monitord_pid), _cpu_s(agent_pid)
             clock = time.perf_counter()
             await stack.place(SERVICE, "remote")
             await bm._all_done(stack, timeout_s=120 + 10 * areas + copy_allowance_s)
             wall_s = time.perf_counter() - clock
+            monitord_cpu_s = _cpu_s(monitord_pid) - cpu[0]
+            agent_cpu_s = _cpu_s(agent_pid) - cpu[1]
             downtimes = await bm._all_downtimes(stack, since, areas=areas)
             stretches = bm._stretches(stack, since)
             wall_stretches = bm._stretches(stack, since, bm.WALL_STRETCHES)
@@ -286,6 +310,9 @@ async def _one_case(case: Path, root: Path, *, areas: int, data_bytes: int
         "ratio_by_hand": round(wall_s / hand["wall_s"], 2),
         "per_area_s": round(wall_s / areas, 3),
         "ssh_connect_p50_s": round(ssh_connect_s, 3),
+        "monitord_cpu_s": round(monitord_cpu_s, 2),
+        "agent_cpu_s": round(agent_cpu_s, 2),
+        "cpu_share_of_wall": round((monitord_cpu_s + agent_cpu_s) / wall_s, 2),
         "committed_remote": committed_remote,
         "transactions_started": started, "rollbacks": rollbacks,
         "step_retries": step_retries, "split_brain_overlaps": overlaps,

@@ -15,7 +15,7 @@ from monitord.testing.fake_daemon import verify_session_db
 
 DATA_BYTES = 4096
 POSITIVE_WALL = ("wall_s", "reference_s", "by_hand_s", "ratio", "ratio_by_hand",
-                 "ssh_connect_p50_s")
+                 "ssh_connect_p50_s", "monitord_cpu_s")
 POSITIVE_DOWNTIME = ("p50_s", "p99_s", "reference_p99_s", "by_hand_p50_s", "by_hand_p99_s",
                      "ratio", "ratio_by_hand_p99", "by_hand_rsync_p50_s",
                      "by_hand_start_p50_s")
