@@ -54,6 +54,7 @@ import statistics
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -106,11 +107,11 @@ async def _command(argv: list[str], *, timeout_s: float = COMMAND_TIMEOUT_S) -> 
     )
     try:
         out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
-    except TimeoutError:
+    except TimeoutError as e:
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
         await proc.wait()
-        raise
+        raise TimeoutError(f"{shlex.join(argv)[-300:]}: not done in {timeout_s:g} s") from e
     if proc.returncode != 0:
         raise RuntimeError(f"{argv[0]} -> {proc.returncode}: {err.decode()[-500:]}")
     return out.decode()
@@ -354,8 +355,10 @@ async def measure_case(tmp: Path, *, areas: int, data_bytes: int = DATA_BYTES,
         root = await asyncio.to_thread(debian_root.debian_root, suite)
         return await _one_case(case, root, areas=areas, data_bytes=data_bytes)
     except (TimeoutError, RuntimeError, AssertionError, OSError) as e:
+        where = traceback.extract_tb(e.__traceback__)[-1]
         return [{"benchmark": name, "areas": areas, "data_bytes_per_area": data_bytes,
-                 "error": f"{type(e).__name__}: {str(e)[:300]}"}
+                 "error": f"{type(e).__name__}: {str(e)[:300]} (at "
+                          f"{Path(where.filename).name}:{where.lineno})"}
                 for name in ("openssh_migration_local_to_remote",
                              "openssh_area_downtime_local_to_remote")]
     finally:
