@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint demo bench clean lock deb
+.PHONY: test lint demo bench bench-openssh clean lock deb
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,15 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks
+
+# The migration on real OpenSSH: 1, 10 and 100 areas moved to the fault tier's namespace VPS
+# (a Debian root's sshd), against the floor and an operator's rsync by hand in the same run.
+# Root, iproute2, nftables, openssh-server, rsync and mmdebstrap (or built roots); about 2 min
+# (docs/benchmarks.md, "Real OpenSSH"). `make bench-openssh BENCH_AREAS="1 10"`: fewer sizes.
+BENCH_AREAS ?=
+
+bench-openssh: $(STAMP)
+	$(BIN)/python -m benchmarks.openssh_vps $(BENCH_AREAS)
 
 # The PBX side as one Debian package, dist/monitord_VERSION_amd64.deb, from requirements.lock
 # (scripts/deb.py; docs/install.md). `make lock` re-resolves the lock from pyproject.toml.

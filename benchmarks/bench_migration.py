@@ -191,6 +191,13 @@ async def _measure_floor(stack: Stack, *, parallelism: int, timeout_s: float
         "areas": areas, "parallelism": parallelism, "min_uptime_s": MIN_UPTIME_S,
         "heartbeat": _closed_port(),
     }
+    return await run_floor(spec, timeout_s=timeout_s)
+
+
+async def run_floor(spec: dict[str, Any], *, timeout_s: float) -> dict[str, Any]:
+    """The floor process (`_floor`) run on `spec`: host, port, user, key_file, known_hosts of
+    the VPS's SSH server; areas ({area, src, dst}); parallelism, min_uptime_s, heartbeat.
+    Its {wall_s, bytes, downtimes_s}."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "benchmarks.bench_migration", "--floor", json.dumps(spec),
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,

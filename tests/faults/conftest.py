@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
 import signal
 import subprocess
 import sys
@@ -33,8 +32,7 @@ from typing import Any
 
 import pytest
 
-from monitord.testing import fake_daemon
-from monitord.testing.stack import ExternalVps, Stack
+from monitord.testing.stack import Stack
 from tests.faults import debian_root, monitord_process
 from tests.faults.monitord_process import MonitordRun
 from tests.faults.nats_server import NatsServer, can_run_nats, running_nats_server
@@ -42,6 +40,7 @@ from tests.faults.netns_vps import (
     JumpHost,
     NetnsVps,
     can_build_netns,
+    external_vps,
     running_jump_host,
     running_netns_vps,
 )
@@ -87,7 +86,6 @@ def _on_a_debian_root(item: pytest.Item) -> bool:
 # The VPS releases every release-dependent promise is proven on (docs/vps-setup.md's table):
 # `@pytest.mark.parametrize("netns_vps", RELEASE_MATRIX, indirect=True)`.
 RELEASE_MATRIX = list(debian_root.RELEASES)
-FAKE_DAEMON = Path(fake_daemon.__file__)
 
 
 # The same with a dedicated non-root login, as docs/vps-setup.md sets a VPS up ("SUITE:USER").
@@ -119,22 +117,6 @@ async def jump_host(tmp_path: Path, netns_vps: NetnsVps) -> AsyncIterator[JumpHo
 async def nats(tmp_path: Path) -> AsyncIterator[NatsServer]:
     async with running_nats_server(tmp_path / "nats") as server:
         yield server
-
-
-def external_vps(vps: NetnsVps) -> ExternalVps:
-    """The stack's view of the VPS. On a Debian root the fake daemons run under that
-    release's python3, from a copy of their one stdlib-only file the VPS can see."""
-    daemon_argv: tuple[str, ...] = ()
-    if vps.debian_root is not None:
-        copy = vps.root / "fake_daemon.py"
-        shutil.copyfile(FAKE_DAEMON, copy)
-        daemon_argv = ("python3", str(copy))
-    return ExternalVps(
-        host=vps.vps_address, port=vps.port, user=vps.user,
-        key_file=vps.client_key.private_path, known_hosts=vps.known_hosts,
-        remote_bin_dir=vps.remote_bin_dir, observer_host=vps.pbx_address,
-        remote_daemon_argv=daemon_argv,
-    )
 
 
 @pytest.fixture

@@ -1,10 +1,14 @@
 """Minimal Debian roots of the releases a VPS runs, for the fault tier's release matrix.
 
 `debian_root(suite)` returns a directory holding `mmdebstrap --variant=minbase
---include=openssh-server,python3,iproute2,procps SUITE`: that release's OpenSSH, python3, `ss`
-and `ps`, nothing of ours. A root is built once per machine into ROOTS_DIR (a second run, and
-`.ci/run`'s warm-up, reuse it): into a temporary directory beside it, then renamed, under an
-flock, so a half-built root is never used and two runs never build the same one twice.
+--include=openssh-server,python3,iproute2,procps,rsync SUITE`: that release's OpenSSH,
+python3, `ss`, `ps` and rsync (the by-hand reference of benchmarks/openssh_vps.py), nothing of
+ours. A root is built once per machine into ROOTS_DIR (a second run, and `.ci/run`'s warm-up,
+reuse it): into a temporary directory beside it, then renamed, under an flock, so a half-built
+root is never used and two runs never build the same one twice. A root's directory is named
+by its suite and a digest of what was asked of mmdebstrap (`root_name`): a changed package
+list builds a new root beside the old one instead of reusing a root that lacks a package (or
+deleting one a test on another checkout may be running in).
 
 `RELEASES` names what each suite ships (the matrix asserts it, so a root that is not what it
 claims fails loudly); the table in docs/vps-setup.md lists the same releases.
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import os
 import shutil
 import subprocess
@@ -31,7 +36,8 @@ from pathlib import Path
 
 ROOTS_DIR = Path(os.environ.get("MONITORD_TEST_ROOTS", "/var/cache/monitord-tests/roots"))
 MIRROR = os.environ.get("MONITORD_TEST_MIRROR", "http://deb.debian.org/debian")
-PACKAGES = "openssh-server,python3,iproute2,procps"
+PACKAGES = "openssh-server,python3,iproute2,procps,rsync"
+VARIANT = "minbase"
 BUILD_TIMEOUT_S = 600.0
 # The file whose presence marks a finished root (a rename publishes the whole tree).
 READY_MARK = "usr/sbin/sshd"
@@ -63,15 +69,28 @@ class RootBuildError(RuntimeError):
     """mmdebstrap failed or is missing (the message carries its output's tail)."""
 
 
+def root_name(name: str, *, suite: str, packages: str) -> str:
+    """The cache directory of a root: `name`, then a digest of the suite, variant and package
+    list it is built from (the mirror only decides where the same packages come from)."""
+    built_from = f"{suite} {VARIANT} {','.join(sorted(packages.split(',')))}"
+    return f"{name}-{hashlib.sha256(built_from.encode()).hexdigest()[:10]}"
+
+
+def release_of(root: Path) -> Release:
+    """The release a root returned by `debian_root()` was built from."""
+    return RELEASES[root.name.rsplit("-", 1)[0]]
+
+
 def can_build_roots() -> bool:
     return shutil.which("mmdebstrap") is not None or all(
-        (ROOTS_DIR / suite / READY_MARK).exists() for suite in RELEASES
+        (ROOTS_DIR / root_name(suite, suite=suite, packages=PACKAGES) / READY_MARK).exists()
+        for suite in RELEASES
     )
 
 
 def can_build_pbx_root() -> bool:
-    return (shutil.which("mmdebstrap") is not None
-            or (ROOTS_DIR / PBX_ROOT_NAME / PBX_READY_MARK).exists())
+    name = root_name(PBX_ROOT_NAME, suite=PBX_SUITE, packages=PBX_PACKAGES)
+    return shutil.which("mmdebstrap") is not None or (ROOTS_DIR / name / PBX_READY_MARK).exists()
 
 
 @contextlib.contextmanager
@@ -97,6 +116,7 @@ def pbx_root() -> Path:
 
 
 def _root(suite: str, *, name: str, packages: str, ready_mark: str) -> Path:
+    name = root_name(name, suite=suite, packages=packages)
     root = ROOTS_DIR / name
     if (root / ready_mark).exists():
         return root
@@ -109,7 +129,7 @@ def _root(suite: str, *, name: str, packages: str, ready_mark: str) -> Path:
         target = scratch / "root"
         try:
             done = subprocess.run(
-                ["mmdebstrap", "--variant=minbase", f"--include={packages}", "--quiet",
+                ["mmdebstrap", f"--variant={VARIANT}", f"--include={packages}", "--quiet",
                  suite, str(target), MIRROR],
                 capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False,
             )

@@ -51,7 +51,8 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from monitord.testing import ports
+from monitord.testing import fake_daemon, ports
+from monitord.testing.stack import ExternalVps
 from tests.support import ssh_keys, sshd
 
 SSHD_BINARY = Path("/usr/sbin/sshd")
@@ -67,6 +68,7 @@ DOCUMENTED_SSHD_CONFIG = Path(__file__).parents[2] / "config" / "sshd_config.mon
 AUTHORIZED_KEY_OPTIONS = "restrict,port-forwarding"
 DOCUMENTED_USER = "offload"  # the login user the documented block's `Match User` names
 LOGIN_UID = 2000  # of a non-root login added to a Debian root
+FAKE_DAEMON = Path(fake_daemon.__file__)
 _FORWARDING_OFF = {
     "allowtcpforwarding": "AllowTcpForwarding no",
     "allowstreamlocalforwarding": "AllowStreamLocalForwarding no",
@@ -438,6 +440,28 @@ async def running_netns_vps(
                     await asyncio.wait_for(process.wait(), COMMAND_TIMEOUT_S)
         finally:
             _delete_network(vps)
+
+
+def external_vps(vps: NetnsVps) -> ExternalVps:
+    """The stack's view of the VPS. On a Debian root the fake daemons run under that
+    release's python3, from a copy of their one stdlib-only file the VPS can see
+    (`fake_daemon_copy`)."""
+    daemon_argv: tuple[str, ...] = ()
+    if vps.debian_root is not None:
+        daemon_argv = ("python3", str(fake_daemon_copy(vps)))
+    return ExternalVps(
+        host=vps.vps_address, port=vps.port, user=vps.user,
+        key_file=vps.client_key.private_path, known_hosts=vps.known_hosts,
+        remote_bin_dir=vps.remote_bin_dir, observer_host=vps.pbx_address,
+        remote_daemon_argv=daemon_argv,
+    )
+
+
+def fake_daemon_copy(vps: NetnsVps) -> Path:
+    """A copy of the fake daemon's one stdlib-only file where the VPS sees it."""
+    copy = vps.root / "fake_daemon.py"
+    shutil.copyfile(FAKE_DAEMON, copy)
+    return copy
 
 
 # -- a jump host in front of the VPS -------------------------------------------------------

@@ -21,7 +21,7 @@ from tests.faults.conftest import (
     FaultStackFactory,
     external_vps,
 )
-from tests.faults.debian_root import RELEASES, debian_root
+from tests.faults.debian_root import debian_root, release_of
 from tests.faults.nats_server import NatsServer
 from tests.faults.netns_vps import NetnsVps, running_netns_vps
 from tests.support import stacks
@@ -45,7 +45,7 @@ class TestCheckRemote:
         self, fault_stack: FaultStackFactory, netns_vps: NetnsVps
     ) -> None:
         assert netns_vps.debian_root is not None
-        release = RELEASES[netns_vps.debian_root.name]
+        release = release_of(netns_vps.debian_root)
         stack = await fault_stack(services={"tg": 1})
         await stack.wait_settled(expect={"tg": "local"}, timeout_s=90)  # provisioned
         committed = stack.committed()

@@ -15,9 +15,9 @@ import pytest
 from monitord.base.config import RemoteSection
 from monitord.remote.tunnel import ssh_connect
 from orchestrator.errors import ErrorCode, MonitordError
-from tests.faults.conftest import FaultStackFactory, external_vps
+from tests.faults.conftest import FaultStackFactory
 from tests.faults.nats_server import NatsServer
-from tests.faults.netns_vps import JumpHost, NetnsVps
+from tests.faults.netns_vps import JumpHost, NetnsVps, external_vps
 from tests.support import stacks
 
 TIMEOUT_S = 20.0

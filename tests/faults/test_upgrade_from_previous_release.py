@@ -22,9 +22,8 @@ import pytest
 import monitord
 from monitord.remote import artifact
 from monitord.testing.stack import Stack, StackOptions
-from tests.faults.conftest import external_vps
 from tests.faults.nats_server import NatsServer
-from tests.faults.netns_vps import NetnsVps
+from tests.faults.netns_vps import NetnsVps, external_vps
 from tests.support import releases, script_daemons
 
 # Both cases share the previous release's venv (module-scoped, built from its commit): one

@@ -25,7 +25,7 @@ import pytest
 
 from monitord.testing.stack import Stack
 from tests.faults.conftest import RELEASE_MATRIX, FaultStackFactory
-from tests.faults.debian_root import RELEASES, Release
+from tests.faults.debian_root import Release, release_of
 from tests.faults.netns_vps import NetnsVps
 
 # The per-connection process that owns the forwards, by generation (`ssh -V` of the root).
@@ -53,7 +53,7 @@ def _lease(vps: NetnsVps) -> dict[str, Any]:
 
 def _release(vps: NetnsVps) -> Release:
     assert vps.debian_root is not None
-    return RELEASES[vps.debian_root.name]
+    return release_of(vps.debian_root)
 
 
 def _interpreters(vps: NetnsVps, marker: bytes) -> set[str]:
