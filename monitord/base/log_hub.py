@@ -364,6 +364,19 @@ class LogPipes:
         self._let_go()
         return not os.path.exists(path)
 
+    async def finish(self, area: str, *, within_s: float, poll_s: float) -> None:
+        """`retire(area)`, then wait up to `within_s` for the hub to write the daemon's last
+        words and remove the FIFO; what is left then is written later."""
+        import asyncio  # here, not at the top: the hub process itself never needs it
+
+        path = self.retire(area)
+        if path is None:
+            return
+        for _ in range(int(within_s / poll_s)):
+            if self.ended(path):
+                return
+            await asyncio.sleep(poll_s)  # the hub tells nobody: look again
+
     def tick(self) -> None:
         """Periodic (the spawner's loop): a hub runs, and ended areas' FIFOs are let go."""
         now = time.monotonic()

@@ -624,15 +624,8 @@ class LocalSupervisor:
         return popen, name
 
     async def _let_log_finish(self, area: str) -> None:
-        """After the daemon is verified gone: its FIFO is let go, and we wait (briefly) for
-        the hub to write its last words and remove it; what is left is written later."""
-        path = self._pipes.retire(area)
-        if path is None:
-            return
-        for _ in range(int(LOG_DRAIN_S / _LOG_DRAIN_POLL_S)):
-            if self._pipes.ended(path):
-                return
-            await asyncio.sleep(_LOG_DRAIN_POLL_S)  # the hub tells nobody: look again
+        """After the daemon is verified gone: its FIFO is let go (LogPipes.finish)."""
+        await self._pipes.finish(area, within_s=LOG_DRAIN_S, poll_s=_LOG_DRAIN_POLL_S)
 
     async def _stop_slot(self, area: str, *, grace_s: float | None) -> bool:
         slot = self._slots.get(area)

@@ -282,15 +282,9 @@ class AreaRunner:
         return gone
 
     async def _let_log_finish(self, area: str) -> None:
-        """After guard and daemon are verified gone: the area's FIFO is let go, and we wait
-        (briefly) for the hub to write their last words; what is left is written later."""
-        path = self.pipes.retire(area)
-        if path is None:
-            return
-        for _ in range(int(_LOG_DRAIN_S / _POLL_S)):
-            if self.pipes.ended(path):
-                return
-            await asyncio.sleep(_POLL_S)  # the hub tells nobody: look again
+        """After guard and daemon are verified gone: the area's FIFO is let go
+        (LogPipes.finish)."""
+        await self.pipes.finish(area, within_s=_LOG_DRAIN_S, poll_s=_POLL_S)
 
     async def _wait_exited(self, handle: GuardHandle, *, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
