@@ -298,7 +298,8 @@ class LocalSupervisor:
 
     def inventory(self) -> list[ProcessView]:
         areas = sorted(set(self._desired) | set(self._slots))
-        return [self._view(area) for area in areas]
+        since_boot = proc_identity.seconds_since_boot()  # one /proc read for every area
+        return [self._view(area, since_boot=since_boot) for area in areas]
 
     async def adopt_or_stop_survivors(
         self, wanted: Mapping[str, AreaRun] | None = None
@@ -457,14 +458,17 @@ class LocalSupervisor:
             lock = self._lock(area)
             if lock.locked():
                 continue
+            version = self.version
             async with lock:
                 try:
                     await self._converge(area)
                 except Exception as e:  # one area's failure never stops the others
                     self._report_internal(area, e)
             # A start is synchronous (two forks, an fsynced record): let the API, the
-            # keepalives and the lease renewals run between areas, not after them all.
-            await asyncio.sleep(0)
+            # keepalives and the lease renewals run between areas that changed, not after
+            # them all (an area left as it was costs no loop turn: a pass stays O(areas)).
+            if self.version != version:
+                await asyncio.sleep(0)
 
     def _report_internal(self, area: str, error: Exception) -> None:
         """An unexpected error converging one area: logged with its traceback once per
@@ -653,14 +657,14 @@ class LocalSupervisor:
         log.info("daemon_stopped", area=area, generation=slot.run.generation, pid=pid)
         return True
 
-    def _view(self, area: str) -> ProcessView:
+    def _view(self, area: str, *, since_boot: float | None = None) -> ProcessView:
         slot = self._slots.get(area)
         run = slot.run if slot is not None else self._desired[area]
         identity = slot.identity if slot is not None else None
-        now = self._clock()
+        now, wall = self._clock(), time.time()
         next_retry_at = None
         if slot is not None and identity is None and area in self._desired:
-            next_retry_at = time.time() + max(0.0, slot.next_start - now)
+            next_retry_at = wall + max(0.0, slot.next_start - now)
         state = "running" if identity is not None else (
             "backoff" if area in self._desired else "stopped"
         )
@@ -671,12 +675,13 @@ class LocalSupervisor:
             state=state,
             pid=identity.pid if identity else None,
             started_at=proc_identity.started_at(identity) if identity else None,
-            uptime_s=round(proc_identity.uptime_s(identity), 3) if identity else 0.0,
+            uptime_s=(round(proc_identity.uptime_s(identity, since_boot=since_boot), 3)
+                      if identity else 0.0),
             restarts=slot.restarts if slot else 0,
             next_retry_at=next_retry_at,
             last_exit_status=slot.last_exit_status if slot else None,
             adopted=slot.adopted if slot else False,
-            restarts_1h=sum(1 for at in slot.exits if at > time.time() - 3600) if slot else 0,
+            restarts_1h=sum(1 for at in slot.exits if at > wall - 3600) if slot else 0,
             failures=slot.failures if slot else 0,
         )
 
