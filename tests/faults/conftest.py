@@ -13,7 +13,8 @@ process in the namespace is killed and the namespace deleted, and the detector m
 seen no overlap — checked here, after the body, so no test can forget it.
 
 `deb` is `make deb`'s package, built once per run, for the tests that install it into a
-Debian root (test_deb_package.py, test_unit_under_systemd.py).
+Debian root (test_deb_package.py, test_unit_under_systemd.py,
+test_install_to_the_first_move.py).
 
 Every test here needs root, iproute2, nft, sshd and nats-server; without them it is skipped
 (and under CI=true a skip is a failure).

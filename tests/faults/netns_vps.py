@@ -32,6 +32,12 @@ packet both ways: no reset, no FIN — only keepalives can tell the peer is gone
 Teardown, also after a failure: SIGKILL every process in the namespace, reap sshd, delete the
 namespace (its nft table goes with it) and the PBX-side veth.
 
+`running_distribution_vps(tmp, debian_root=..., client_key=..., login=...)` is a fresh VPS
+as its distribution ships it, for the install docs' own commands: the root's sshd with the
+root's own /etc/ssh/sshd_config and host keys, on a copy (an overlay) of the root, with no
+login set up; `NetnsVps.at_console(script)` runs a script there as root (nsenter into sshd's
+mounts, root and network).
+
 `running_jump_host(tmp, vps)` puts a jump host in front of a running VPS: a second namespace
 with its own sshd (port 2222, the same client key), a veth pair from it into the VPS's
 namespace, and an nft table there that refuses SSH arriving over the PBX's veth (`JumpHost`).
@@ -62,6 +68,8 @@ NSENTER_BINARY = "nsenter"
 SSH_PORT = 22
 COMMAND_TIMEOUT_S = 10.0
 START_TIMEOUT_S = 10.0
+CONSOLE_TIMEOUT_S = 60.0
+ROOT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # root's, on Debian
 FAULT_TABLE = "mtd_fault"
 # What docs/vps-setup.md tells a VPS to run with: its sshd lines and its authorized_keys options.
 DOCUMENTED_SSHD_CONFIG = Path(__file__).parents[2] / "config" / "sshd_config.monitord"
@@ -74,10 +82,17 @@ _FORWARDING_OFF = {
     "allowstreamlocalforwarding": "AllowStreamLocalForwarding no",
 }
 # $1 the Debian root, $2 the shared directory, $3 a directory of passwd, group and shadow
-# files to use instead of the root's ("-": the root's own), then sshd's argv.
+# files to use instead of the root's ("-": the root's own), $4 a directory with `upper`,
+# `work` and `merged` in which the root is mounted as the lower layer of an overlay, so that
+# the VPS changes its own copy ("-": the root itself), then sshd's argv.
 CHROOT_SCRIPT = r"""
 set -e
-root="$1"; shared="$2"; accounts="$3"; shift 3
+root="$1"; shared="$2"; accounts="$3"; overlay="$4"; shift 4
+if [ "$overlay" != "-" ]; then
+    mount -t overlay overlay \
+        -o "lowerdir=$root,upperdir=$overlay/upper,workdir=$overlay/work" "$overlay/merged"
+    root="$overlay/merged"
+fi
 if [ "$accounts" != "-" ]; then
     for f in passwd group shadow; do mount --bind "$accounts/$f" "$root/etc/$f"; done
 fi
@@ -86,8 +101,10 @@ mount --rbind /dev "$root/dev"
 mount -t tmpfs -o mode=0755 tmpfs "$root/run"
 mkdir -p "$root/run/sshd"
 mount -t tmpfs -o mode=1777 tmpfs "$root/tmp"
-mkdir -p "$root$shared"
-mount --bind "$shared" "$root$shared"
+if [ "$shared" != "-" ]; then
+    mkdir -p "$root$shared"
+    mount --bind "$shared" "$root$shared"
+fi
 exec chroot "$root" "$@"
 """
 
@@ -167,6 +184,9 @@ class NetnsVps:
     debian_root: Path | None = None
     shared: Path | None = None
     accounts: Path | None = None  # passwd, group, shadow with the login user added
+    # `running_distribution_vps`: sshd runs on a copy (an overlay in this directory) of
+    # `debian_root` with that root's own /etc/ssh/sshd_config and host keys.
+    overlay: Path | None = None
 
     @property
     def remote_bin_dir(self) -> Path:
@@ -218,14 +238,16 @@ class NetnsVps:
         """This machine's sshd, or (with `debian_root`) that release's, chrooted into its root
         in a mount namespace of its own: /proc, /dev, a fresh /run and /tmp, and `shared` at
         its own path. The mounts die with the namespace's last process."""
-        sshd_argv = [str(SSHD_BINARY), "-D", "-e", "-f", str(self.config_path)]
+        sshd_argv = [str(SSHD_BINARY), "-D", "-e"]
+        if self.overlay is None:
+            sshd_argv += ["-f", str(self.config_path)]
         if self.debian_root is None:
             return self.netns_argv(sshd_argv)
-        assert self.shared is not None
+        assert self.shared is not None or self.overlay is not None
         return self.netns_argv([
             "unshare", "--mount", "--propagation", "private", "/bin/sh", "-c", CHROOT_SCRIPT,
-            "chroot-sshd", str(self.debian_root), str(self.shared),
-            str(self.accounts or "-"), *sshd_argv,
+            "chroot-sshd", str(self.debian_root), str(self.shared or "-"),
+            str(self.accounts or "-"), str(self.overlay or "-"), *sshd_argv,
         ])
 
     async def start_sshd(self) -> None:
@@ -265,6 +287,18 @@ class NetnsVps:
         assert self.sshd is not None and self.sshd.returncode is None
         return run_command([NSENTER_BINARY, "--target", str(self.sshd.pid), "--mount",
                             "--root", *argv])
+
+    def at_console(self, script: str, *,
+                   stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        """`sh -e` running `script` as root on the VPS (its mounts, root and network, root's
+        PATH), as an administrator at its console runs it."""
+        assert self.sshd is not None and self.sshd.returncode is None
+        return subprocess.run(
+            [NSENTER_BINARY, "--target", str(self.sshd.pid), "--mount", "--net", "--root",
+             "/bin/sh", "-ec", script], input=stdin,
+            capture_output=True, text=True, timeout=CONSOLE_TIMEOUT_S, check=False,
+            env={"PATH": ROOT_PATH, "HOME": "/root", "LANG": "C.UTF-8"}, cwd="/",
+        )
 
     def mount_tmpfs(self, path: Path, *, size_bytes: int) -> None:
         """A tmpfs of `size_bytes` at `path`, seen by every process the VPS starts from now."""
@@ -438,6 +472,53 @@ async def running_netns_vps(
                     with contextlib.suppress(ProcessLookupError):
                         process.kill()
                     await asyncio.wait_for(process.wait(), COMMAND_TIMEOUT_S)
+        finally:
+            _delete_network(vps)
+
+
+@contextlib.asynccontextmanager
+async def running_distribution_vps(
+    tmp: Path, *, debian_root: Path, client_key: ssh_keys.KeyPair, login: str,
+    stage: dict[str, tuple[str, int]] | None = None,
+) -> AsyncIterator[NetnsVps]:
+    """A fresh VPS as its distribution ships it, for an install by the docs: sshd runs on a
+    copy of `debian_root` (an overlay in `tmp`, mounted in sshd's own mount namespace, so
+    it goes with it) with that root's own /etc/ssh/sshd_config (which includes
+    /etc/ssh/sshd_config.d/*.conf) and host keys, in a namespace and behind a veth as
+    `running_netns_vps` builds them. Nothing is set up for a login: the test does that as
+    root at the VPS's console (`NetnsVps.at_console`). `client_key` is the key that will log
+    in as `login` (the PBX's); `known_hosts` names the root's ed25519 host key at the VPS
+    address. `stage`: files put into the copy before sshd starts, {path: (text, mode)}."""
+    token = secrets.token_hex(3)
+    tmp.mkdir(parents=True, exist_ok=True)
+    overlay = tmp / "overlay"
+    for name in ("upper", "work", "merged"):
+        (overlay / name).mkdir(parents=True)
+    for path, (text, mode) in (stage or {}).items():
+        staged = overlay / "upper" / path.lstrip("/")
+        staged.parent.mkdir(parents=True, exist_ok=True)
+        staged.write_text(text)
+        staged.chmod(mode)
+    host_public = (debian_root / "etc/ssh/ssh_host_ed25519_key.pub").read_text().strip()
+    pbx_address, vps_address = _pick_subnet()
+    known_hosts = tmp / "known_hosts"
+    known_hosts.write_text(ssh_keys.known_hosts_line(
+        host=vps_address, port=SSH_PORT, host_public_line=host_public))
+    vps = NetnsVps(
+        name=f"mtd-{token}", pbx_dev=f"mtd{token}p", vps_dev=f"mtd{token}v",
+        pbx_address=pbx_address, vps_address=vps_address, root=tmp,
+        host_key=ssh_keys.KeyPair(debian_root / "etc/ssh/ssh_host_ed25519_key", host_public),
+        client_key=client_key, known_hosts=known_hosts,
+        config_path=Path("/etc/ssh/sshd_config"),  # the VPS's own, as it sees its files
+        log_path=tmp / "sshd.log", debian_root=debian_root, overlay=overlay, user=login,
+    )
+    try:
+        _create_network(vps)
+        await vps.start_sshd()
+        yield vps
+    finally:
+        try:
+            await _stop_namespace_processes(vps)
         finally:
             _delete_network(vps)
 

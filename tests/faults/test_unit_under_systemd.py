@@ -23,15 +23,10 @@ gives cgroup v2 that controller).
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import re
 import shutil
-import signal
-import subprocess
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -39,13 +34,11 @@ from typing import Any
 import pytest
 
 from tests.faults import debian_root
+from tests.faults.nspawn_pbx import CONFIG, Container, booted_pbx
 
 pytestmark = pytest.mark.xdist_group("deb-package")
 
-CONFIG = "/etc/monitord/monitord.toml"
 STAGE = "/var/tmp/monitord-test"  # in the container (its /tmp is a fresh tmpfs)
-BOOT_TIMEOUT_S = 60.0
-COMMAND_TIMEOUT_S = 60.0
 SETTLE_TIMEOUT_S = 45.0
 AREAS = {"5b1d6c2e-8f0a-4c1e-9a57-3d2f1b0c9e11": "one",
          "0f6a9d34-2b7c-4e58-a1d0-6c3e8b5f2a90": "two"}
@@ -91,66 +84,6 @@ runuser -u monitord -- monitord check -c {CONFIG}
 systemctl start monitord.service
 """
 
-# The unit's processes as {pid: argv}, read inside the container.
-UNIT_PROCESSES = """python3 - <<'EOF'
-import json
-procs = {}
-with open("/sys/fs/cgroup/system.slice/monitord.service/cgroup.procs") as f:
-    for pid in f.read().split():
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as c:
-                procs[pid] = [a.decode() for a in c.read().split(b"\\0") if a]
-        except FileNotFoundError:
-            pass
-print(json.dumps(procs))
-EOF"""
-
-
-class Container:
-    """A booted systemd-nspawn container; `sh(script)` runs `sh -ec script` inside it."""
-
-    def __init__(self, nspawn: subprocess.Popen[bytes], console: Path) -> None:
-        self.nspawn = nspawn
-        self.console = console
-        self.leader = 0
-
-    def console_tail(self) -> str:
-        return self.console.read_text(errors="replace")[-3000:]
-
-    def find_leader(self) -> int:
-        """The container's PID 1 as this machine sees it (nspawn's child)."""
-        children = Path(f"/proc/{self.nspawn.pid}/task/{self.nspawn.pid}/children")
-        with contextlib.suppress(FileNotFoundError):
-            pids = children.read_text().split()
-            if pids:
-                return int(pids[0])
-        return 0
-
-    def sh(self, script: str, *, check: bool = True) -> str:
-        done = subprocess.run(["nsenter", "-t", str(self.leader), "-a", "sh", "-ec", script],
-                              capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S,
-                              check=False)
-        if check:
-            assert done.returncode == 0, (
-                f"{script}\n-> {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
-        return done.stdout
-
-    def show(self, *props: str) -> dict[str, str]:
-        out = self.sh("systemctl show " + " ".join(f"-p {p}" for p in props)
-                      + " monitord.service")
-        return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
-
-    def areas(self) -> dict[str, dict[str, Any]]:
-        rows = json.loads(self.sh(f"monitord areas --json -c {CONFIG}"))
-        return {row["uuid"]: row for row in rows}
-
-    def unit_processes(self) -> dict[int, list[str]]:
-        return {int(pid): argv for pid, argv in json.loads(self.sh(UNIT_PROCESSES)).items()}
-
-    def journal(self) -> list[str]:
-        """The unit's journal, one message a line: systemd's lines about it and monitord's."""
-        return self.sh("journalctl -q -u monitord.service -o cat --no-pager").splitlines()
-
 
 def wait_for(what: str, probe: Callable[[], Any], container: Container,
              timeout_s: float = SETTLE_TIMEOUT_S) -> Any:
@@ -169,91 +102,18 @@ def wait_for(what: str, probe: Callable[[], Any], container: Container,
 
 @pytest.fixture
 def container(tmp_path: Path, deb: Path) -> Iterator[Container]:
-    """A fresh PBX root (an overlay on the cached one) with the package and this test's files
-    staged, booted with systemd-nspawn in a mount namespace of its own (the overlay and
-    nspawn's runtime files vanish with it). Powered off and killed at the end."""
+    """A fresh PBX root with the package and this test's files staged, booted (private
+    network: only `lo`)."""
     for tool in ("systemd-nspawn", "nsenter", "unshare"):
         if shutil.which(tool) is None:  # .ci/run installs systemd-container
             pytest.fail(f"{tool} is missing")
     if not debian_root.can_build_pbx_root():  # .ci/run installs mmdebstrap
         pytest.skip("needs mmdebstrap or a built PBX root")
-    lower = debian_root.pbx_root()
-    for name in ("upper", "work", "merged"):
-        (tmp_path / name).mkdir()
-    stage = tmp_path / "upper" / STAGE.lstrip("/")
-    stage.mkdir(parents=True)
-    shutil.copy(deb, stage / "monitord.deb")
-    (stage / "fake-msgd").write_text(FAKE_MSGD)
-    (stage / "monitord.toml").write_text(MONITORD_TOML)
-    (stage / "custom_config.json").write_text(CUSTOM_CONFIG)
-    merged = tmp_path / "merged"
-    machine = f"monitord-test-{uuid.uuid4().hex[:8]}"
-    # A cgroup v2 group of its own, below this process's: nspawn (--keep-unit, as where no
-    # systemd runs this machine) puts the container in "payload" under the group it was
-    # started in, and two containers sharing one would manage each other's units' groups.
-    group = own_cgroup2() / machine
-    group.mkdir()
-    outer = (
-        f"echo $$ > {group}/cgroup.procs && "
-        f"mount -t overlay overlay -o lowerdir={lower},upperdir={tmp_path / 'upper'},"
-        f"workdir={tmp_path / 'work'} {merged} && "
-        "mkdir -p /run/systemd/nspawn && mount -t tmpfs tmpfs /run/systemd/nspawn && "
-        f"exec systemd-nspawn --boot --directory={merged} --machine={machine} "
-        "--register=no --keep-unit --private-network"
-    )
-    console = tmp_path / "console.log"
-    with console.open("wb") as out:
-        nspawn = subprocess.Popen(
-            ["unshare", "--mount", "sh", "-c", outer], stdin=subprocess.DEVNULL,
-            stdout=out, stderr=subprocess.STDOUT,
-            # cgroup v2 only inside, as Debian 12 boots, also on a host that mounts v1 too
-            env={**os.environ, "SYSTEMD_NSPAWN_UNIFIED_HIERARCHY": "1"})
-    box = Container(nspawn, console)
-    try:
-        box.leader = wait_for_boot(box)
+    stage = {f"{STAGE}/monitord.deb": deb.read_bytes(), f"{STAGE}/fake-msgd": FAKE_MSGD.encode(),
+             f"{STAGE}/monitord.toml": MONITORD_TOML.encode(),
+             f"{STAGE}/custom_config.json": CUSTOM_CONFIG.encode()}
+    with booted_pbx(tmp_path, stage=stage) as box:
         yield box
-    finally:
-        nspawn.send_signal(signal.SIGTERM)  # nspawn: an orderly poweroff of the container
-        try:
-            nspawn.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            nspawn.kill()
-            nspawn.wait(timeout=10)
-        remove_cgroup(group)
-
-
-def own_cgroup2() -> Path:
-    """This process's group in the cgroup v2 hierarchy, as a directory."""
-    mount = next(line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()
-                 if line.split(" - ")[1].split()[0] == "cgroup2")
-    path = next(line[3:] for line in Path("/proc/self/cgroup").read_text().splitlines()
-                if line.startswith("0::"))
-    return Path(mount) / path.lstrip("/")
-
-
-def remove_cgroup(group: Path) -> None:
-    """Remove `group` and the groups below it (empty once the container is gone)."""
-    for sub in sorted((d for d in group.rglob("*") if d.is_dir()),
-                      key=lambda d: len(d.parts), reverse=True):
-        with contextlib.suppress(OSError):
-            sub.rmdir()
-    group.rmdir()
-
-
-def wait_for_boot(box: Container) -> int:
-    deadline = time.monotonic() + BOOT_TIMEOUT_S
-    while True:
-        assert box.nspawn.poll() is None, f"systemd-nspawn exited:\n{box.console_tail()}"
-        leader = box.find_leader()
-        if leader and Path(f"/proc/{leader}/comm").read_text().strip() == "systemd":
-            done = subprocess.run(
-                ["nsenter", "-t", str(leader), "-a", "systemctl", "is-system-running", "--wait"],
-                capture_output=True, text=True, timeout=BOOT_TIMEOUT_S, check=False)
-            state = done.stdout.strip()
-            if state in ("running", "degraded"):
-                return leader
-        assert time.monotonic() < deadline, f"no boot:\n{box.console_tail()}"
-        time.sleep(0.3)
 
 
 def daemons_by_area(processes: dict[int, list[str]]) -> dict[str, list[int]]:
