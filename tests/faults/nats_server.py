@@ -21,7 +21,7 @@ from typing import Any
 
 import aiohttp
 
-from tests.support.sshd import free_port
+from monitord.testing.ports import free_port
 
 NATS_BINARY = "nats-server"
 START_TIMEOUT_S = 10.0
