@@ -6,8 +6,8 @@ modules it imports), so 100 areas would need most of a 1 GB VPS just to be watch
 from a process that has already imported everything (and run a guard's code once, so that
 what that leaves behind is shared too), a guard shares those pages copy-on-write and pays only
 for what it touches itself: about a third (docs/benchmarks.md, "Log path and guards per area").
-It also starts in a few milliseconds instead of an interpreter's start-up, which is part of
-every move's downtime.
+It also skips an interpreter's start-up (a remote start waits for it: it is part of every
+move's downtime).
 
 `monitord.pyz guard-forkserver --socket PATH` listens on a SOCK_SEQPACKET unix socket in the
 agent's `run/` directory (0700: only the agent's user reaches it). One request per connection:
