@@ -155,6 +155,7 @@ async def _vps_path(root: Path, areas: int) -> dict[str, int]:
     handles = []
     try:
         # as in the agent, which starts it long before its first area
+        runner.ensure_forkserver()
         await _until(runner.forkserver_socket.exists, timeout_s=30, what="the fork server")
         for i in range(areas):
             spec = AreaSpec(area=_area(i), service="bench", generation=1, owner_id="bench",

@@ -121,8 +121,7 @@ class AreaRunner:
         )
         self.forkserver_socket = self.run_dir / ".guards.sock"
         self._forkserver: subprocess.Popen[bytes] | None = None
-        self._forkserver_started_at = -_FORKSERVER_RETRY_S
-        self.ensure_forkserver()
+        self._forkserver_started_at = -_FORKSERVER_RETRY_S  # (started by ensure_forkserver)
 
     def lease_path(self, area: str) -> Path:
         return self.leases_dir / f"{area}.json"

@@ -124,7 +124,9 @@ class AgentRuntime:
     # -- lifecycle -------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Load the cache, adopt or stop survivors, then start the lease loop."""
+        """Start the guards' fork server, load the cache, adopt or stop survivors, then start
+        the lease loop."""
+        self.runner.ensure_forkserver()  # first: it warms up while the agent gets ready
         try:
             self._entries = spool_cache.load(self.cache_path)
         except spool_cache.CacheUnreadable as e:

@@ -49,6 +49,7 @@ async def _runner(tmp_path: Path) -> AsyncIterator[AreaRunner]:
     runner = AreaRunner(base_dir=tmp_path / "agent", stop_grace_s=2.0, fence_grace_s=0.5)
     handles: list[GuardHandle] = []
     runner.spawned = handles  # type: ignore[attr-defined]
+    runner.ensure_forkserver()  # as the agent's start does
     try:
         await _until(runner.forkserver_socket.exists, what="the fork server never listened")
         yield runner
@@ -160,6 +161,7 @@ async def test_the_fork_server_ends_with_its_agent(tmp_path: Path) -> None:
         "from pathlib import Path\n"
         "from monitord.vps.area_runner import AreaRunner\n"
         "r = AreaRunner(base_dir=Path(sys.argv[2]), stop_grace_s=1, fence_grace_s=0.5)\n"
+        "r.ensure_forkserver()\n"
         "print(r._forkserver.pid, flush=True); time.sleep(60)",
         area_runner.package_root(), str(tmp_path / "agent"),
         stdout=asyncio.subprocess.PIPE,
