@@ -12,10 +12,13 @@ each starting its daemon — also through the hub. RSS is VmRSS summed over ever
 
 Figures per side and size: `rss_per_area_mib` = (path - reference) / N, what one more area
 costs beyond its daemon; `ratio` = path / reference. On the VPS the lease guard (a Python
-process per area, not part of the log path) is in the path too: `guard_rss_per_area_mib`
-names it, and `log_rss_per_area_mib` is the log path's share alone (the hub / N). The
-`one_log_sink_mib` field is one per-daemon log sink (`monitord log-sink`, what each area
-cost before the hub) measured in the same run. Not a test: nothing here is pass/fail.
+process per area, not part of the log path, forked from the agent's fork server, which counts
+in it) is in the path too: `guard_rss_per_area_mib` names it, `guard_pss_per_area_mib` is the
+guards' and the fork server's proportional set size per area (a page shared by the guards
+counts once in all, not once in each: what the VPS pays), and `log_rss_per_area_mib` is the
+log path's share alone (the hub / N). The `one_log_sink_mib` field is one per-daemon log
+sink (`monitord log-sink`, what each area cost before the hub) measured in the same run.
+Not a test: nothing here is pass/fail.
 """
 
 from __future__ import annotations
@@ -41,6 +44,16 @@ def _rss_kib(pid: int) -> int:
     with contextlib.suppress(OSError):
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def _pss_kib(pid: int) -> int:
+    """Proportional set size: each shared page divided among the processes that map it (what
+    the machine pays for a process, where VmRSS counts a shared page in each)."""
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
                 return int(line.split()[1])
     return 0
 
@@ -141,6 +154,9 @@ async def _vps_path(root: Path, areas: int) -> dict[str, int]:
     runner = AreaRunner(base_dir=root / "vps", stop_grace_s=1.0, fence_grace_s=0.3)
     handles = []
     try:
+        # as in the agent, which starts it long before its first area
+        runner.ensure_forkserver()
+        await _until(runner.forkserver_socket.exists, timeout_s=30, what="the fork server")
         for i in range(areas):
             spec = AreaSpec(area=_area(i), service="bench", generation=1, owner_id="bench",
                             command=DAEMON, data_dir=str(root / "vps" / "data" / str(i)))
@@ -155,11 +171,14 @@ async def _vps_path(root: Path, areas: int) -> dict[str, int]:
         await _until(lambda: len(_log_processes(runner.logs_dir)) == 1, timeout_s=30,
                      what="the log hub")
         await asyncio.sleep(SETTLE_S)
-        guards = sum(_rss_kib(h.pid) for h in handles)
+        server = runner.forkserver_pid()
+        guards = sum(_rss_kib(pid) for pid in (*(h.pid for h in handles), server) if pid)
+        guards_pss = sum(_pss_kib(pid) for pid in (*(h.pid for h in handles), server) if pid)
         daemons = _groups_rss_kib({h.daemon.pid for h in handles if h.daemon is not None})
         logging = sum(_rss_kib(pid) for pid in _log_processes(runner.logs_dir))
         return {"total_kib": guards + daemons + logging, "log_kib": logging,
-                "guard_kib": guards}
+                "guard_kib": guards, "guard_pss_kib": guards_pss,
+                "forked": sum(1 for h in handles if h.popen is None)}
     finally:
         await asyncio.gather(*(runner.stop(h, fence=False) for h in handles))
         for handle in handles:
@@ -215,6 +234,9 @@ async def measure(tmp: Path, *, sizes: tuple[int, ...] = SIZES) -> list[dict[str
                 "log_rss_mib": round(got["log_kib"] / 1024, 1),
                 "log_rss_per_area_mib": round(got["log_kib"] / areas / 1024, 2),
                 "guard_rss_per_area_mib": round(got["guard_kib"] / areas / 1024, 2),
+                **({} if "guard_pss_kib" not in got else {
+                    "guard_pss_per_area_mib": round(got["guard_pss_kib"] / areas / 1024, 2),
+                    "guards_forked": got["forked"]}),
                 "one_log_sink_mib": round(one_sink / 1024, 1),
             })
     return figures

@@ -40,7 +40,7 @@ from typing import Any
 import monitord
 from monitord.base import atomic_file, group_stop, log_hub, log_sink, proc_identity, run_as
 from monitord.base.proc_identity import ProcessIdentity
-from monitord.vps import lease_file
+from monitord.vps import guard_forkserver, lease_file
 from monitord.vps.lease_table import AreaSpec
 
 _POLL_S = 0.02
@@ -48,6 +48,7 @@ _POLL_S = 0.02
 # not write the file) is looked for by a scan of /proc, as an adopted one always is.
 _REPORT_WAIT_S = 2.0
 _LOG_DRAIN_S = 2.0  # a stop waits this long for the hub to write the last words
+_FORKSERVER_RETRY_S = 5.0  # a fork server that died is started again at most this often
 
 
 def package_root() -> str:
@@ -118,6 +119,9 @@ class AreaRunner:
             pipes_dir=str(base_dir / "log-pipes"), logs_dir=str(self.logs_dir),
             hub_command=vps_command("log-hub"), hub_env=vps_environment(dict(os.environ)),
         )
+        self.forkserver_socket = self.run_dir / ".guards.sock"
+        self._forkserver: subprocess.Popen[bytes] | None = None
+        self._forkserver_started_at = -_FORKSERVER_RETRY_S  # (started by ensure_forkserver)
 
     def lease_path(self, area: str) -> Path:
         return self.leases_dir / f"{area}.json"
@@ -157,8 +161,7 @@ class AreaRunner:
         data_dir.mkdir(parents=True, exist_ok=True)
         if who is not None:
             run_as.hand_over(data_dir, who)
-        argv = vps_command(
-            "lease-guard",
+        guard_argv = [
             "--lease-file",
             str(self.lease_path(spec.area)),
             "--stop-grace",
@@ -170,34 +173,86 @@ class AreaRunner:
             str(self._daemon_path(spec.area)),
             "--",
             *spec.command,
-        )
+        ]
         self._daemon_path(spec.area).unlink(missing_ok=True)
         env = vps_environment({**os.environ, **run_as.login_environment(who), **spec.env})
         log_fd, log_pipe = self.pipes.open(spec.area, max_bytes=log_max_bytes, keep=log_keep)
-        popen = subprocess.Popen(
-            argv,
-            cwd=data_dir,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log_fd,
-            stderr=log_fd,
-            start_new_session=True,
-            close_fds=True,
-        )
-        identity = proc_identity.read(popen.pid) or ProcessIdentity(
-            pid=popen.pid, start_ticks=-1, cmdline=tuple(argv)
-        )
+        popen = None
+        pid = self._fork_guard(guard_argv, env=env, cwd=data_dir, log_fd=log_fd)
+        if pid is None:  # no fork server (yet): the guard as a command of its own
+            argv = vps_command("lease-guard", *guard_argv)
+            popen = subprocess.Popen(
+                argv,
+                cwd=data_dir,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log_fd,
+                stderr=log_fd,
+                start_new_session=True,
+                close_fds=True,
+            )
+            pid = popen.pid
+        # (a guard that is gone already gets an identity no process has: it reads as exited)
+        identity = proc_identity.read(pid) or ProcessIdentity(pid=pid, start_ticks=-1, cmdline=())
         record = {
             "area": spec.area,
             "generation": spec.generation,
             "owner_id": spec.owner_id,
             "guard": identity.to_json(),
+            "command": list(spec.command),  # a forked guard's argv is its fork server's
             "log_pipe": log_pipe,
         }
         atomic_file.atomic_write_bytes(self._record_path(spec.area), json.dumps(record).encode())
         return GuardHandle(spec=spec, identity=identity, popen=popen, adopted=False,
                            daemon_file=self._daemon_path(spec.area),
                            spawned_at=time.monotonic())
+
+    # -- the guards' fork server (monitord/vps/guard_forkserver.py) -------------------------
+
+    def ensure_forkserver(self) -> None:
+        """Start this runner's fork server unless it runs (at most every few seconds: one
+        that cannot start must not cost a process per tick)."""
+        if self._forkserver is not None and self._forkserver.poll() is None:
+            return
+        now = time.monotonic()
+        if now - self._forkserver_started_at < _FORKSERVER_RETRY_S:
+            return
+        self._forkserver_started_at = now
+        # (a socket left by a dead server: once it exists again, the new one listens)
+        self.forkserver_socket.unlink(missing_ok=True)
+        self._forkserver = subprocess.Popen(
+            vps_command("guard-forkserver", "--socket", str(self.forkserver_socket),
+                        "--agent-pid", str(os.getpid())),
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            cwd="/", env=vps_environment(dict(os.environ)), start_new_session=True,
+            close_fds=True,
+        )
+
+    def forkserver_pid(self) -> int | None:
+        server = self._forkserver
+        return server.pid if server is not None and server.poll() is None else None
+
+    def _fork_guard(self, guard_argv: list[str], *, env: dict[str, str], cwd: Path,
+                    log_fd: int) -> int | None:
+        """A guard forked by our fork server; None when it does not run or failed (the
+        caller then starts the guard as a command: slower and bigger, as safe)."""
+        if self._forkserver is None or self._forkserver.poll() is not None:
+            return None
+        try:
+            return guard_forkserver.spawn(str(self.forkserver_socket), argv=guard_argv,
+                                          env=env, cwd=str(cwd), log_fd=log_fd)
+        except (OSError, ValueError):
+            return None
+
+    def _stop_forkserver(self) -> None:
+        server, self._forkserver = self._forkserver, None
+        if server is not None and server.poll() is None:
+            server.terminate()
+            try:
+                server.wait(timeout=2.0)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
 
     def daemon_pids(self, handles: list[GuardHandle]) -> dict[int, int | None]:
         """guard pid -> its daemon's pid (None when the daemon is not running)."""
@@ -231,6 +286,7 @@ class AreaRunner:
         """Remember each guard's daemon identity, so that it can still be found (and
         verified gone) after its guard died and it was re-parented."""
         self.pipes.tick()  # once per agent tick, like this: the log hub runs
+        self.ensure_forkserver()  # ... and the guards' fork server
         waiting = [h for h in handles if h.daemon is None and not h.exited()]
         if not waiting:
             return
@@ -303,8 +359,9 @@ class AreaRunner:
 
     def close(self) -> None:
         """Stop holding the areas' FIFOs (the guards hold theirs; the next agent adopts them
-        with their guards)."""
+        with their guards) and stop the fork server (the guards do not need it)."""
         self.pipes.close()
+        self._stop_forkserver()
 
     def survivors(self) -> list[tuple[dict[str, Any], ProcessIdentity | None]]:
         """Records left by a previous agent: (record, the guard's identity if it still lives)."""
@@ -337,6 +394,15 @@ class AreaRunner:
             area=area, service="", generation=-1, owner_id="", command=(), data_dir=""
         )
         return await self.stop(self.adopt(spec, identity), fence=True)
+
+
+def recorded_command(record: dict[str, Any], guard: ProcessIdentity) -> tuple[str, ...] | None:
+    """The daemon command a surviving guard was started with: its record's (a forked guard's
+    argv is its fork server's), else, from a release that did not record it, the guard's argv."""
+    command = record.get("command")
+    if isinstance(command, list) and all(isinstance(part, str) for part in command):
+        return tuple(command)
+    return guard_daemon_command(guard.cmdline)
 
 
 def guard_daemon_command(guard_argv: Sequence[str]) -> tuple[str, ...] | None:

@@ -2,7 +2,7 @@
 
 `python3 monitord.pyz VERB ...` (or `python -m monitord.vps VERB ...` from an installed tree)
 runs one of: agent, agent-launch, tunnel-lease, self-check, lease-guard, log-sink,
-log-hub, tree-digest. Standard
+log-hub, tree-digest, guard-forkserver. Standard
 library only, so it runs under a bare system Python in isolated mode (`python3 -I`). The PBX's
 `monitord` command serves the operator verbs and, for tests and one-machine set-ups, the
 same VPS verbs through the same modules.
@@ -25,6 +25,8 @@ VERBS = {
     "log-sink": ("monitord.base.log_sink", "copy stdin to a size-capped, rotated log file"),
     "log-hub": ("monitord.base.log_hub", "copy every area's output to its size-capped log"),
     "tree-digest": ("monitord.base.tree_digest", "SHA-256 of a tree, re-hashing what changed"),
+    "guard-forkserver": ("monitord.vps.guard_forkserver",
+                         "internal: fork the lease guards from one warm process"),
 }
 # Verbs that parse their own arguments (argv after the verb is passed through untouched).
 RAW_VERBS = {"lease-guard": "monitord.vps.lease_guard"}

@@ -242,16 +242,7 @@ def _report_daemon(path: Path, pid: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="lease_guard", description=__doc__.splitlines()[0])
-    parser.add_argument("--lease-file", type=Path, required=True)
-    parser.add_argument("--stop-grace", type=float, default=5.0, help="on SIGTERM: seconds")
-    parser.add_argument("--fence-grace", type=float, default=0.5, help="on lapse: seconds")
-    parser.add_argument("--uid", type=int, default=None, help="run the daemon as this user")
-    parser.add_argument("--gid", type=int, default=None, help="... and group")
-    parser.add_argument("--groups", default=None, help="... and supplementary groups: 1,2,3")
-    parser.add_argument("--daemon-file", type=Path, default=None,
-                        help="write the daemon's pid here once it is started")
-    parser.add_argument("command", nargs=argparse.REMAINDER)
+    parser = build_parser()
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
@@ -266,6 +257,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         groups=None if args.groups is None else [int(g) for g in args.groups.split(",") if g],
         daemon_file=args.daemon_file,
     )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lease_guard", description=__doc__.splitlines()[0])
+    parser.add_argument("--lease-file", type=Path, required=True)
+    parser.add_argument("--stop-grace", type=float, default=5.0, help="on SIGTERM: seconds")
+    parser.add_argument("--fence-grace", type=float, default=0.5, help="on lapse: seconds")
+    parser.add_argument("--uid", type=int, default=None, help="run the daemon as this user")
+    parser.add_argument("--gid", type=int, default=None, help="... and group")
+    parser.add_argument("--groups", default=None, help="... and supplementary groups: 1,2,3")
+    parser.add_argument("--daemon-file", type=Path, default=None,
+                        help="write the daemon's pid here once it is started")
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    return parser
 
 
 if __name__ == "__main__":

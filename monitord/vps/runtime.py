@@ -124,7 +124,9 @@ class AgentRuntime:
     # -- lifecycle -------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Load the cache, adopt or stop survivors, then start the lease loop."""
+        """Start the guards' fork server, load the cache, adopt or stop survivors, then start
+        the lease loop."""
+        self.runner.ensure_forkserver()  # first: it warms up while the agent gets ready
         try:
             self._entries = spool_cache.load(self.cache_path)
         except spool_cache.CacheUnreadable as e:
@@ -149,7 +151,7 @@ class AgentRuntime:
                     lease.expires_at_wall - time.time(),
                     lease.expires_at_boottime - lease_file.boottime(),
                 )
-                command = area_runner.guard_daemon_command(identity.cmdline)
+                command = area_runner.recorded_command(record, identity)
                 if command is not None and command != tuple(entry.spec.command):
                     gone = await self.runner.stop_survivor(identity, area)
                     log.warning("survivor_replaced", area=area, pid=identity.pid,
@@ -489,7 +491,8 @@ class AgentRuntime:
             return
         self._started_mono[area] = self._clock()
         log.info("daemon_started", area=area, generation=entry.generation,
-                 guard_pid=self._handles[area].pid, restarts=entry.restarts)
+                 guard_pid=self._handles[area].pid, restarts=entry.restarts,
+                 guard_forked=self._handles[area].popen is None)
 
     async def _stop_process(self, area: str, *, fence: bool) -> None:
         """Stop the area's guard and daemon, verified. Caller holds the lock."""

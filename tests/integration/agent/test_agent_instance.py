@@ -97,9 +97,31 @@ class TestZipapp:
         assert agent_argv[:5] == [*python, b"agent"]
         guard_pid = (await agent.inventory())["processes"][0]["guard_pid"]
         guard_argv = Path(f"/proc/{guard_pid}/cmdline").read_bytes().split(b"\0")
-        assert guard_argv[:5] == [*python, b"lease-guard"]
+        # forked by the agent's fork server (its argv), or started as a command while that
+        # server was still starting: the same interpreter and flags either way
+        assert guard_argv[:4] == python
+        assert guard_argv[4] in (b"guard-forkserver", b"lease-guard")
         environ = Path(f"/proc/{guard_pid}/environ").read_bytes().split(b"\0")
         assert not any(e.startswith(b"PYTHONPATH=") for e in environ)
         status, _ = await agent.request("POST", f"/v1/areas/{AREA}/stop?generation=1")
         assert status == 200
         assert detector.alive(AREA) == []
+
+    async def test_once_its_fork_server_listens_the_agent_forks_its_guards(
+        self, agent: AgentProcess, detector: Detector
+    ) -> None:
+        """The production path (the pyz, the isolated system Python): a guard forked by the
+        agent's fork server guards and stops its daemon like one started as a command."""
+        await wait_until((agent.base_dir / "run" / ".guards.sock").exists, timeout_s=10,
+                         what="the agent's fork server to listen")
+        body = area_body(agent, detector, area=AREA, generation=1, ttl_s=30)
+        assert (await agent.request("PUT", f"/v1/areas/{AREA}", json_body=body))[0] == 201
+        assert await detector.wait_for(lambda d: d.alive(AREA), timeout_s=10)
+        guard_pid = (await agent.inventory())["processes"][0]["guard_pid"]
+        guard_argv = Path(f"/proc/{guard_pid}/cmdline").read_bytes().split(b"\0")
+        assert guard_argv[4] == b"guard-forkserver"
+        assert Path(f"/proc/{guard_pid}/comm").read_text().strip() == "lease-guard"
+        status, _ = await agent.request("POST", f"/v1/areas/{AREA}/stop?generation=1")
+        assert status == 200
+        assert detector.alive(AREA) == []
+        assert not proc_identity.is_alive(guard_pid)
