@@ -12,7 +12,7 @@ import socket
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -210,9 +210,14 @@ class RemoteSection(_Section):
     # A second, idle connection kept logged in so that a reconnect after one connection
     # dies skips the login (monitord/remote/tunnel/standby.py).
     standby_connection: bool = True
-    # An area whose data is smaller than this is not pre-copied: the pre-copy's own round
-    # trips (staging, SFTP, the VPS's digest) cost more wall time than sending every byte
-    # while the source is stopped. 0: pre-copy every area.
+    # Which areas a move pre-copies (orchestrator/pre_copy.py): "adaptive" skips an area
+    # whose bytes take less time to send, at the copy throughput monitord measured, than a
+    # pre-copy's measured fixed cost (its round trips: staging, SFTP, the VPS's digest);
+    # "by_size" skips an area smaller than pre_copy_min_bytes. Not set: "by_size" when
+    # pre_copy_min_bytes is set (an explicit threshold is kept as it was), else "adaptive".
+    pre_copy: Literal["adaptive", "by_size"] = "adaptive"
+    # "by_size": the threshold. "adaptive": the threshold until copies have been timed, and
+    # its scale after (it stays within 1/16 and 16 times this). 0: pre-copy every area.
     pre_copy_min_bytes: int = Field(default=1024 * 1024, ge=0)
     tunnel_lease_ttl_s: float = Field(default=30.0, gt=0)
     area_lease_ttl_s: float = Field(default=30.0, gt=0)
@@ -238,6 +243,15 @@ class RemoteSection(_Section):
                 " would skip the host key check it asks for)"
             )
         return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _pre_copy_rule(cls, data: Any) -> Any:
+        """`pre_copy` not given: an explicit `pre_copy_min_bytes` keeps its fixed meaning."""
+        if isinstance(data, dict) and "pre_copy" not in data:
+            data = {**data,
+                    "pre_copy": "by_size" if "pre_copy_min_bytes" in data else "adaptive"}
+        return data
 
     @model_validator(mode="before")
     @classmethod

@@ -26,6 +26,7 @@ from monitord.base import logs
 from monitord.base.config import Config, ServiceSection
 from monitord.engine import crash_points, txn_log
 from monitord.engine.area_side import AreaSide, health_timeout
+from monitord.engine.copy_timings import CopyTimings
 from monitord.engine.lease_renewer import LeaseRenewer
 from monitord.engine.local_side import LocalRuns, LocalSide
 from monitord.engine.placement_state import PlacementState
@@ -39,6 +40,7 @@ from orchestrator.errors import ErrorCode, MonitordError, error_for
 from orchestrator.lineage import CopyPlan
 from orchestrator.models import Area, Side, Transaction
 from orchestrator.phases import Outcome
+from orchestrator.pre_copy import Decision as PreCopyDecision
 
 log = logs.get_logger(__name__)
 
@@ -87,6 +89,8 @@ class PhaseActions:
         # What each area's pre-copy staged while its source still ran (by transaction id):
         # in memory only — lost on a restart, which just means a full copy.
         self._staged: dict[str, area_copy.Staged] = {}
+        # What the copies cost, per direction, for the pre-copy rule (in memory, bounded).
+        self.copy_timings = CopyTimings()
         self._local_runs = LocalRuns(config)
         self.local_side = LocalSide(config=config, supervisor=supervisor, runs=self.local_runs,
                                     remote=remote)
@@ -171,8 +175,9 @@ class PhaseActions:
         """Every preflight check of the destination (monitord.engine.area_side.check_ready),
         with the source's size and footprint where the source can tell them (the VPS's
         through one `find` there); then (`pre_copy`) the pre-copy — skipped for an area
-        known to be smaller than `remote.pre_copy_min_bytes` (it costs less sent whole
-        after the stop).
+        known to be small enough that sending it whole after the stop costs less than the
+        pre-copy's own round trips (orchestrator/pre_copy.py: by the copy timings measured,
+        or `remote.pre_copy_min_bytes`).
 
         First of all the authoritative file: nothing stops while custom_config.json is
         corrupt (the commit could not be written, and the move would only roll back)."""
@@ -200,11 +205,11 @@ class PhaseActions:
         await self.sides[txn.destination].check_ready(txn, incoming_bytes=size, incoming=usage)
         if not pre_copy:
             return Outcome.OK
-        if size is not None and size < link.remote.pre_copy_min_bytes:
-            txn_log.bound(txn).info("area_pre_copy_skipped", bytes=size,
-                                    pre_copy_min_bytes=link.remote.pre_copy_min_bytes)
+        decision = self.copy_timings.decide(txn.source, size=size, remote=link.remote)
+        if decision.pre_copy:
+            await self._pre_copy(txn, decision)
         else:
-            await self._pre_copy(txn)
+            txn_log.bound(txn).info("area_pre_copy_skipped", bytes=size, **decision.facts())
         return Outcome.OK
 
     async def warm_preflight(self, conn: object) -> None:
@@ -294,6 +299,7 @@ class PhaseActions:
         report = await self.sides[source.other].receive(
             local_dir=local, remote_dir=remote_dir, area=txn.area, staged=staged
         )
+        self.copy_timings.copied(source, report)
         txn_log.bound(txn).info(
             "area_copied", from_side=source.value, files=report.files, bytes=report.bytes,
             reused=report.reused,
@@ -313,7 +319,7 @@ class PhaseActions:
         )
         return Path(local), remote_dir
 
-    async def _pre_copy(self, txn: Transaction) -> None:
+    async def _pre_copy(self, txn: Transaction, decision: PreCopyDecision) -> None:
         """Best effort, while the source still runs: stage its data on the destination so
         that the copy after the stop moves only what changed (monitord.remote.copy).
         Only where the lineage says the copy will happen; a failure just means a full copy
@@ -340,9 +346,12 @@ class PhaseActions:
             if e.code in rules.PARK_AT_ONCE_CODES:
                 raise
             return
+        wall_s = self._clock() - started
         self._staged[txn.transaction_id] = staged
-        log.info("area_pre_copied", files=len(staged.files),
-                 seconds=round(self._clock() - started, 3))
+        self.copy_timings.pre_copied(txn.source, staged, wall_s=wall_s)
+        log.info("area_pre_copied", files=len(staged.files), bytes=staged.sent_bytes,
+                 seconds=round(wall_s, 3), send_seconds=round(staged.send_s, 3),
+                 **decision.facts())
 
     # -- ROLLBACK: the destination's newer data back to the source --------------------------
 

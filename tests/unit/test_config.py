@@ -216,6 +216,33 @@ class TestSshConfig:
         assert error.detail == f"<config>: {expected}"
 
 
+class TestPreCopyRule:
+    """remote.pre_copy is adaptive unless an explicit pre_copy_min_bytes asks for a fixed one."""
+
+    def test_unset_is_adaptive_from_the_default_threshold(self, tmp_path: Path) -> None:
+        remote = config.parse(remote_with(tmp_path)).remote
+        assert remote is not None
+        assert (remote.pre_copy, remote.pre_copy_min_bytes) == ("adaptive", 1024 * 1024)
+
+    def test_an_explicit_threshold_alone_keeps_its_fixed_meaning(self, tmp_path: Path) -> None:
+        remote = config.parse(remote_with(tmp_path, pre_copy_min_bytes=1 << 40)).remote
+        assert remote is not None
+        assert (remote.pre_copy, remote.pre_copy_min_bytes) == ("by_size", 1 << 40)
+
+    def test_an_explicit_rule_wins_and_the_threshold_is_its_cold_start(
+        self, tmp_path: Path
+    ) -> None:
+        remote = config.parse(remote_with(tmp_path, pre_copy="adaptive",
+                                          pre_copy_min_bytes=4096)).remote
+        assert remote is not None
+        assert (remote.pre_copy, remote.pre_copy_min_bytes) == ("adaptive", 4096)
+
+    def test_an_unknown_rule_is_config_invalid_naming_the_key(self, tmp_path: Path) -> None:
+        error = config_error(remote_with(tmp_path, pre_copy="sometimes"))
+        assert error.code == ErrorCode.CONFIG_INVALID
+        assert "remote.pre_copy" in error.detail
+
+
 SERVICE = {"command": ["/bin/true"], "local_data_dir": "/srv/{area}",
            "remote_data_dir": "/srv/{area}"}
 

@@ -60,6 +60,7 @@ import contextlib
 import hashlib
 import os
 import stat
+import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -92,6 +93,11 @@ class CopyReport:
     files: int
     bytes: int
     reused: int = 0  # files a pre-copy had already put in place unchanged
+    # What crossed the link, and the seconds spent sending it (file by file, from the first
+    # open to the last write: no session set-up, listing, digest or promote) — the copy
+    # throughput the pre-copy rule is judged on (orchestrator/pre_copy.py).
+    sent_bytes: int = 0
+    send_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +112,8 @@ class Staged:
     files: dict[str, str]
     cache: tree_digest.Cache
     through_agent: bool = False  # the way the pre-copy took on the VPS: the copy's too
+    sent_bytes: int = 0  # as CopyReport's: what the pre-copy sent, and in how long
+    send_s: float = 0.0
 
     def matches(self, *, local_dir: Path, remote_dir: str, upload: bool) -> bool:
         return (self.local_dir, self.remote_dir, self.upload) == (local_dir, remote_dir, upload)
@@ -295,12 +303,14 @@ class _Upload:
         epoch, names = await asyncio.to_thread(local_tree.pre_listing, self.local_dir)
         _check_names(self.remote_dir, [rel for rel, _ in names])
         during = f"pre-copy to {self.remote_dir}"
+        sent_bytes, send_s = 0, 0.0
         if names:
             sizes = [listed.st_size for _, listed in names]
             with _sftp_translated(during, timeout_s=self.timeout_s):
                 async with asyncio.timeout(self.timeout_s), \
                         self.conn.start_sftp_client() as sftp:
                     made: set[str] = {staging}
+                    started = time.monotonic()
                     for i, (rel, listed) in enumerate(names):
                         target = str(PurePosixPath(staging) / rel)
                         parent = str(PurePosixPath(target).parent)
@@ -321,13 +331,16 @@ class _Upload:
                                 remaining=disk_space.footprint(sizes[i:]),
                             ) from e
                         sent[rel] = sha
+                        sent_bytes += before.st_size
                         identity = tree_digest.cacheable(before, after, epoch)
                         if identity is not None:
                             cache[rel] = (identity, sha)
+                    send_s = time.monotonic() - started
         found = await self.tree.staging_listing(during=f"pre-copy to {self.remote_dir}")
         files = {rel: sha for rel, sha in sent.items() if found.get(rel) == sha}
         return Staged(local_dir=self.local_dir, remote_dir=self.remote_dir, upload=True,
-                      files=files, cache=cache, through_agent=self.tree.through_agent)
+                      files=files, cache=cache, through_agent=self.tree.through_agent,
+                      sent_bytes=sent_bytes, send_s=send_s)
 
     async def copy(
         self, staged: Staged | None, progress: Progress | None, *,
@@ -352,6 +365,7 @@ class _Upload:
         done = total - sum(e.size for e in to_send)
         staged_lost = False
         during = f"upload to {self.remote_dir}"
+        send_s = 0.0
         with _sftp_translated(during, timeout_s=self.timeout_s):
             try:
                 async with asyncio.timeout(self.timeout_s), \
@@ -360,6 +374,7 @@ class _Upload:
                         with contextlib.suppress(*ssh_errors.SFTP_NO_SUCH_FILE):
                             await sftp.remove(str(PurePosixPath(staging) / rel))
                     made: set[str] = {staging}
+                    started = time.monotonic()
                     for i, entry in enumerate(to_send):
                         target = str(PurePosixPath(staging) / entry.path)
                         parent = str(PurePosixPath(target).parent)
@@ -378,6 +393,7 @@ class _Upload:
                         done += entry.size
                         if progress:
                             progress(done, total)
+                    send_s = time.monotonic() - started
             except ssh_errors.SFTP_NO_SUCH_FILE:
                 if staged is None:
                     raise
@@ -387,7 +403,8 @@ class _Upload:
             found = await self.tree.promote(expected)
             if found is None:
                 return CopyReport(files=len(manifest), bytes=total,
-                                  reused=len(manifest) - len(to_send))
+                                  reused=len(manifest) - len(to_send),
+                                  sent_bytes=sum(e.size for e in to_send), send_s=send_s)
             if staged is None:
                 raise incomplete(f"the VPS found {self.remote_dir} incomplete: it differs in"
                                  f" {listing.differences(found, expected)}")
@@ -566,16 +583,19 @@ class _Download:
             sizes = await _declared_sizes(sftp, remote_root, sorted(listed),
                                           where=self.remote_dir, skip_gone=True)
             budget = _Budget(sum(sizes.values()))
+            started = time.monotonic()
             for rel, size in sizes.items():
                 try:
                     fetched[rel] = await _fetch(sftp, f"{remote_root}/{rel}", rel, staging,
                                                 size=size, budget=budget)
                 except ssh_errors.SFTP_NO_SUCH_FILE:
                     continue  # gone since the listing (the daemon runs)
+            send_s = time.monotonic() - started
         cache = await asyncio.to_thread(local_tree.settle, staging, fetched)
         return Staged(local_dir=self.local_dir, remote_dir=self.remote_dir, upload=False,
                       files={rel: f.sha256 for rel, f in fetched.items()}, cache=cache,
-                      through_agent=self.tree.through_agent)
+                      through_agent=self.tree.through_agent,
+                      sent_bytes=sum(f.size for f in fetched.values()), send_s=send_s)
 
     async def _copy(self, staged: Staged | None, progress: Progress | None) -> CopyReport:
         expected = await self.tree.data_listing()
@@ -593,12 +613,14 @@ class _Download:
             sizes = await _declared_sizes(sftp, remote_root, to_fetch, where=self.remote_dir,
                                           skip_gone=False)
             budget = _Budget(sum(sizes.values()))
+            started = time.monotonic()
             for rel, size in sizes.items():
                 fetched = await _fetch(sftp, f"{remote_root}/{rel}", rel, staging, size=size,
                                        budget=budget)
                 done += fetched.size
                 if progress:
                     progress(done, done)
+            send_s = time.monotonic() - started
         manifest = await asyncio.to_thread(
             local_tree.manifest, staging, None if staged is None else staged.cache
         )
@@ -612,7 +634,8 @@ class _Download:
         # costs an fsync while the area is down.
         await asyncio.to_thread(local_tree.promote, staging, self.local_dir,
                                 settled=None if staged is None else staged.cache)
-        return CopyReport(files=len(got), bytes=done, reused=len(expected) - len(to_fetch))
+        return CopyReport(files=len(got), bytes=done, reused=len(expected) - len(to_fetch),
+                          sent_bytes=done, send_s=send_s)
 
     @contextlib.asynccontextmanager
     async def _refused_leaves_nothing(self, during: str) -> AsyncIterator[asyncssh.SFTPClient]:

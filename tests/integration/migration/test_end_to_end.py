@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 
 from monitord.testing.stack import Stack
+from orchestrator import pre_copy
 from tests.integration.migration.conftest import StackFactory
 
 
@@ -97,8 +99,50 @@ class TestPreCopy:
         skipped = stack.events("area_pre_copy_skipped")
         assert sorted(e["area"] for e in skipped) == sorted(stack.areas["tg"]), skipped
         assert all(256 * 1024 <= e["bytes"] < 1024 * 1024 for e in skipped), skipped
+        # an explicit threshold is a fixed one, and the event says so
+        assert all(e["rule"] == "by_size" and e["threshold_bytes"] == 1024 * 1024
+                   for e in skipped), skipped
         assert stack.events("area_pre_copied") == []
         copied = stack.events("area_copied")
         assert len(copied) == 2, copied
         # nothing was staged ahead: every byte crossed after the stop, and was checked
         assert all(e["reused"] == 0 and e["bytes"] >= 256 * 1024 for e in copied), copied
+
+    async def test_once_copies_are_timed_a_small_area_is_skipped_by_the_measured_rule(
+        self, stack_factory: StackFactory
+    ) -> None:
+        # The configured threshold (4 KiB) would pre-copy every area here; the measured one
+        # stays within 256 B .. 64 KiB (orchestrator/pre_copy.py) and, on any link where a
+        # pre-copy's round trips take longer than sending ~10 KiB, skips the small area.
+        stack = await stack_factory(
+            services={"warm": 2, "small": 1, "big": 1}, data_bytes=256 * 1024,
+            remote_overrides={"pre_copy": "adaptive", "pre_copy_min_bytes": 4096})
+        small = stack.areas["small"][0]
+        media = stack.root / "pbx" / "small" / small / "media.bin"
+        media.with_suffix(".new").write_bytes(os.urandom(8 * 1024))
+        media.with_suffix(".new").rename(media)
+        await stack.wait_settled(expect={"warm": "local", "small": "local", "big": "local"})
+        await stack.place("warm", "remote")  # nothing timed yet: the configured threshold
+        await stack.wait_settled(expect={"warm": "remote"})
+        warmed = stack.events("area_pre_copied")
+        assert sorted(e["area"] for e in warmed) == sorted(stack.areas["warm"]), warmed
+        assert warmed[0]["rule"] == "cold_start", warmed
+        await stack.place("small", "remote")
+        await stack.place("big", "remote")
+        await stack.wait_settled(expect={"small": "remote", "big": "remote"})
+
+        skipped = stack.events("area_pre_copy_skipped")
+        assert [e["area"] for e in skipped] == [small], skipped
+        decision = skipped[0]
+        assert decision["rule"] == "adaptive", decision
+        low, high = pre_copy.bounds(4096)
+        assert 4096 <= decision["bytes"] < decision["threshold_bytes"] <= high, decision
+        # the threshold is the fixed cost's worth of bytes at the throughput, within bounds
+        wanted = min(high, max(low, decision["fixed_cost_s"] * decision["throughput_bytes_s"]))
+        assert abs(decision["threshold_bytes"] - wanted) <= max(1.0, wanted / 100), decision
+        big = [e for e in stack.events("area_pre_copied") if e["area"] == stack.areas["big"][0]]
+        assert len(big) == 1 and big[0]["rule"] == "adaptive", big
+        assert big[0]["threshold_bytes"] <= high <= big[0]["bytes"], big
+        copied = {e["area"]: e for e in stack.events("area_copied")}
+        assert copied[small]["reused"] == 0, copied[small]  # sent whole after the stop
+        assert copied[stack.areas["big"][0]]["reused"] >= 1, copied
