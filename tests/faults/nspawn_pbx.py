@@ -28,6 +28,19 @@ from typing import Any
 from tests.faults import debian_root
 
 CONFIG = "/etc/monitord/monitord.toml"
+
+# A daemon for the containers: any service command the tests configure.
+FAKE_MSGD = """#!/usr/bin/python3
+# A stand-in messenger daemon: a line on stdout now and then (through the log hub), exit 0
+# on SIGTERM.
+import signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+print("fake-msgd started", sys.argv[1:], flush=True)
+while True:
+    time.sleep(2)
+    print("fake-msgd alive", flush=True)
+"""
+
 BOOT_TIMEOUT_S = 60.0
 COMMAND_TIMEOUT_S = 60.0
 

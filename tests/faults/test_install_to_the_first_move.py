@@ -57,7 +57,7 @@ import pytest
 from monitord.testing import ports
 from tests.faults import debian_root
 from tests.faults.netns_vps import NetnsVps, running_distribution_vps
-from tests.faults.nspawn_pbx import CONFIG, Container, booted_pbx
+from tests.faults.nspawn_pbx import CONFIG, FAKE_MSGD, Container, booted_pbx
 from tests.support import ssh_keys
 
 pytestmark = pytest.mark.xdist_group("deb-package")
@@ -77,16 +77,6 @@ NOT_CHECKED_BEFORE_THE_FIRST_CONNECT = {
     "agent", "artifacts", "tunnel_owner", "forwards", "remote_config"}
 SETTLE_TIMEOUT_S = 45.0
 MOVE_TIMEOUT_S = 180.0
-
-FAKE_MSGD = """#!/usr/bin/python3
-# A stand-in messenger daemon: a line on stdout now and then, exit 0 on SIGTERM.
-import signal, sys, time
-signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-print("fake-msgd started", sys.argv[1:], flush=True)
-while True:
-    time.sleep(2)
-    print("fake-msgd alive", flush=True)
-"""
 
 # What the administrator puts in place of the shipped [services.*] sections.
 SERVICES = """[services.tg]

@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 
 from tests.faults import debian_root
-from tests.faults.nspawn_pbx import CONFIG, Container, booted_pbx
+from tests.faults.nspawn_pbx import CONFIG, FAKE_MSGD, Container, booted_pbx
 
 pytestmark = pytest.mark.xdist_group("deb-package")
 
@@ -42,17 +42,6 @@ STAGE = "/var/tmp/monitord-test"  # in the container (its /tmp is a fresh tmpfs)
 SETTLE_TIMEOUT_S = 45.0
 AREAS = {"5b1d6c2e-8f0a-4c1e-9a57-3d2f1b0c9e11": "one",
          "0f6a9d34-2b7c-4e58-a1d0-6c3e8b5f2a90": "two"}
-
-FAKE_MSGD = """#!/usr/bin/python3
-# A stand-in messenger daemon: a line on stdout now and then (through the log hub), exit 0
-# on SIGTERM.
-import signal, sys, time
-signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-print("fake-msgd started", sys.argv[1:], flush=True)
-while True:
-    time.sleep(2)
-    print("fake-msgd alive", flush=True)
-"""
 
 MONITORD_TOML = """[monitord]
 work_dir = "/var/lib/monitord"
