@@ -228,6 +228,15 @@ class AreaRunner:
             close_fds=True,
         )
 
+    async def forkserver_listening(self, *, within_s: float) -> bool:
+        """Wait (at most `within_s`) until the fork server we started listens."""
+        deadline = time.monotonic() + within_s
+        while self.forkserver_pid() is not None and not self.forkserver_socket.exists():
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(_POLL_S)
+        return self.forkserver_pid() is not None
+
     def forkserver_pid(self) -> int | None:
         server = self._forkserver
         return server.pid if server is not None and server.poll() is None else None

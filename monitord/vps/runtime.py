@@ -40,6 +40,7 @@ from orchestrator import names
 from orchestrator.errors import ErrorCode, PermanentError, file_error_code
 
 _RESET_BACKOFF_AFTER_S = 10.0
+_FORKSERVER_WAIT_S = 2.0  # at the agent's start: how long readiness waits for it
 MAX_HEALTH_WAIT_S = 10.0  # the longest a health question is held open
 _HEALTH_POLL_S = 0.02  # while the daemon is not up yet: a look at /proc, no network
 
@@ -170,6 +171,10 @@ class AgentRuntime:
         for path in self.runner.leases_dir.glob("*.json"):
             if path.stem not in self._handles:
                 path.unlink(missing_ok=True)
+        # Ready only once guards can be forked (or it is late: then they start as commands),
+        # so that the first areas after a start do not each cost an interpreter of their own.
+        if not await self.runner.forkserver_listening(within_s=_FORKSERVER_WAIT_S):
+            log.warning("guard_forkserver_not_listening", within_s=_FORKSERVER_WAIT_S)
         self._loop_task = asyncio.create_task(self._lease_loop(), name="agent lease loop")
         self._loop_task.add_done_callback(self._loop_ended)
         self.ready = True
