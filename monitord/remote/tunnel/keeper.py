@@ -22,7 +22,9 @@ The state is published as a frozen `TunnelStatus` (`keeper.status()`,
 as `tunnel {state, connected, last_error, attempts, lease}`. Other parts use the live
 connection only through `async with keeper.session() as conn:` and register
 `add_reconnect_hook()` callbacks (cleanup worker, reconciler) run after every (re)connect.
-Started by `monitord run` as the root task "tunnel keeper".
+Started by `monitord run` as the root task "tunnel keeper", whose first step loads the SSH
+side (asyncssh and the modules on it) in a worker thread: the daemon becomes ready without
+it (monitord/remote/ssh_side.py), so this module imports it only for type checking.
 """
 
 from __future__ import annotations
