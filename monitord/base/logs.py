@@ -40,11 +40,33 @@ import os
 import sys
 import time
 from collections.abc import Callable, Hashable, Mapping
-from typing import IO, Any
-
-import structlog
+from typing import IO, TYPE_CHECKING, Any
 
 from monitord.base import journal_native
+
+
+def _import_structlog() -> Any:
+    """structlog, imported without rich. When rich is installed (the CLI's tables need it),
+    structlog's `dev` and `tracebacks` modules import rich's traceback and pretty-printer at
+    import time: about a tenth of a second of `monitord run`'s start-up, for formatters these
+    lines never use (tracebacks are rendered to text by `format_exc_info` before any
+    renderer, so the console renderer's exception formatter is never called). rich stays
+    importable for everything else once structlog is loaded."""
+    if "structlog" in sys.modules or "rich" in sys.modules:
+        import structlog
+    else:
+        sys.modules["rich"] = None  # type: ignore[assignment]  # `import rich` -> ImportError
+        try:
+            import structlog
+        finally:
+            del sys.modules["rich"]
+    return structlog
+
+
+if TYPE_CHECKING:
+    import structlog
+else:
+    structlog = _import_structlog()
 
 # `--log-level` names -> logging levels.
 LEVELS: Mapping[str, int] = {
@@ -71,6 +93,7 @@ FOREIGN_MIN_LEVEL = logging.WARNING
 # The processors that add context bound through structlog.contextvars to every line (first in
 # the chain; tests capture with `structlog.testing.capture_logs(processors=CONTEXT_PROCESSORS)`).
 CONTEXT_PROCESSORS: tuple[Any, ...] = (structlog.contextvars.merge_contextvars,)
+bound_contextvars = structlog.contextvars.bound_contextvars
 
 _foreign_handler: logging.Handler | None = None
 _journal: journal_native.JournalSocket | None = None

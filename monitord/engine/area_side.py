@@ -14,17 +14,19 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Collection
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from monitord.base.config import ServiceSection
 from monitord.remote import artifact
-from monitord.remote.copy import AreaCopy, CopyReport, Staged
-from monitord.remote.remote_link import RemoteLink
 from orchestrator import disk_space
 from orchestrator.cleanup_policy import SideObservation
 from orchestrator.errors import ErrorCode, MonitordError, error_for
 from orchestrator.lineage import Lineage
 from orchestrator.models import Side, Transaction
+
+if TYPE_CHECKING:  # the SSH side loads after readiness (monitord/remote/ssh_side.py)
+    from monitord.remote.copy import CopyReport, Staged
+    from monitord.remote.remote_link import RemoteLink
 
 T = TypeVar("T")
 
@@ -44,6 +46,8 @@ async def copy_over(
     """One direction of a copy (monitord.remote.copy: pre_upload, upload, pre_download,
     download) over the tunnel's live connection, with the agent answering for the area's
     dirs on the VPS; what both sides' `pre_receive` and `receive` are made of."""
+    from monitord.remote.copy import AreaCopy
+
     async with link.session() as conn:
         return await transfer(
             conn, local_dir=local_dir, remote_dir=remote_dir,

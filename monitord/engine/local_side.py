@@ -17,20 +17,22 @@ import shutil
 import stat
 from collections.abc import Callable, Collection
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from monitord.base import area_paths, tree_digest
 from monitord.base.config import Config, ServiceSection
 from monitord.engine.area_side import STOP_GRACE_S, copy_over
 from monitord.engine.placement_state import PlacementState
 from monitord.local.supervisor import AreaRun, LocalSupervisor, area_run
-from monitord.remote import copy as area_copy
-from monitord.remote.copy.local_tree import local_file_error
-from monitord.remote.remote_link import RemoteLink
 from orchestrator import disk_space
 from orchestrator.cleanup_policy import SideObservation
 from orchestrator.errors import ErrorCode, error_for
 from orchestrator.lineage import Lineage
 from orchestrator.models import Side, Transaction
+
+if TYPE_CHECKING:  # the SSH side loads after readiness (monitord/remote/ssh_side.py)
+    from monitord.remote import copy as area_copy
+    from monitord.remote.remote_link import RemoteLink
 
 
 class LocalSide:
@@ -84,6 +86,8 @@ class LocalSide:
             target.parent.mkdir(parents=True, exist_ok=True)
             free = await asyncio.to_thread(_free_space, target.parent)
         except OSError as e:
+            from monitord.remote.copy.local_tree import local_file_error
+
             raise local_file_error(e, during=f"preflight of {target.parent}") from e
         usage = incoming or disk_space.Usage(bytes=incoming_bytes or 0)
         short = disk_space.shortage(side="PBX", path=str(target.parent), usage=usage, free=free)
@@ -224,12 +228,16 @@ class LocalSide:
         return self._remote
 
     async def pre_receive(self, *, local_dir: Path, remote_dir: str, area: str) -> area_copy.Staged:
+        from monitord.remote import copy as area_copy
+
         return await copy_over(self._link(), area_copy.pre_download, local_dir=local_dir,
                                remote_dir=remote_dir, area=area)
 
     async def receive(
         self, *, local_dir: Path, remote_dir: str, area: str, staged: area_copy.Staged | None
     ) -> area_copy.CopyReport:
+        from monitord.remote import copy as area_copy
+
         return await copy_over(self._link(), area_copy.download, local_dir=local_dir,
                                remote_dir=remote_dir, area=area, staged=staged)
 

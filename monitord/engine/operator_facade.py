@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from monitord import __version__
 from monitord.base import log_tail
@@ -40,13 +40,15 @@ from monitord.engine.migration_engine import MigrationEngine
 from monitord.engine.placement_state import PlacementState
 from monitord.engine.reconciler import Reconciler
 from monitord.local.supervisor import LocalSupervisor, ProcessView
-from monitord.remote.remote_link import RemoteLink
 from monitord.store import spool_files
 from monitord.store.state_db import Store
 from orchestrator import area_health
 from orchestrator import status as status_rules
 from orchestrator.errors import ErrorCode, PermanentError, error_for
 from orchestrator.models import Area, Side
+
+if TYPE_CHECKING:  # the SSH side loads after readiness (monitord/remote/ssh_side.py)
+    from monitord.remote.remote_link import RemoteLink
 
 _CONFLICT_STATES = frozenset({"lease_conflict", "port_occupied"})
 

@@ -21,6 +21,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from monitord.base import logs
 from monitord.base.config import Config, ServiceSection
@@ -32,8 +33,6 @@ from monitord.engine.local_side import LocalRuns, LocalSide
 from monitord.engine.placement_state import PlacementState
 from monitord.engine.remote_side import RemoteSide
 from monitord.local.supervisor import AreaRun, LocalSupervisor
-from monitord.remote import copy as area_copy
-from monitord.remote.remote_link import RemoteLink
 from monitord.store.state_db import Store
 from orchestrator import disk_space, lineage, phases, rules
 from orchestrator.errors import ErrorCode, MonitordError, error_for
@@ -41,6 +40,10 @@ from orchestrator.lineage import CopyPlan
 from orchestrator.models import Area, Side, Transaction
 from orchestrator.phases import Outcome
 from orchestrator.pre_copy import Decision as PreCopyDecision
+
+if TYPE_CHECKING:  # the SSH side loads after readiness (monitord/remote/ssh_side.py)
+    from monitord.remote import copy as area_copy
+    from monitord.remote.remote_link import RemoteLink
 
 log = logs.get_logger(__name__)
 

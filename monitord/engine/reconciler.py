@@ -19,7 +19,7 @@ import asyncio
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from monitord.base import logs
 from monitord.base.metrics import Metrics
@@ -28,11 +28,13 @@ from monitord.engine.area_side import AreaSide
 from monitord.engine.placement_state import PlacementState
 from monitord.local.supervisor import LocalSupervisor
 from monitord.remote.agent_client import to_remote_inventory
-from monitord.remote.remote_link import RemoteLink
 from monitord.store.state_db import Store
 from orchestrator import planner
 from orchestrator.errors import ErrorCode, MonitordError
 from orchestrator.models import CleanupItem, LocalInventory, ProcessInfo, RemoteInventory, Side
+
+if TYPE_CHECKING:  # the SSH side loads after readiness (monitord/remote/ssh_side.py)
+    from monitord.remote.remote_link import RemoteLink
 
 log = logs.get_logger(__name__)
 

@@ -14,18 +14,14 @@ import posixpath
 import time
 from collections.abc import Callable, Collection
 from pathlib import Path, PurePosixPath
-
-import asyncssh
+from typing import TYPE_CHECKING
 
 from monitord.base import area_paths, logs
 from monitord.base.config import Config
 from monitord.engine.area_side import copy_over, health_timeout
 from monitord.engine.lease_renewer import LeaseRenewer
 from monitord.engine.placement_state import PlacementState
-from monitord.remote import artifact, remote_exec
-from monitord.remote import copy as area_copy
-from monitord.remote import preflight as preflight_checks
-from monitord.remote.remote_link import RemoteLink
+from monitord.remote import artifact
 from monitord.remote.shared_facts import SharedFacts
 from orchestrator import disk_space
 from orchestrator import lineage as lineages
@@ -33,6 +29,12 @@ from orchestrator.cleanup_policy import SideObservation
 from orchestrator.errors import ErrorCode, MonitordError, error_for
 from orchestrator.lineage import Lineage
 from orchestrator.models import Side, Transaction
+
+if TYPE_CHECKING:  # the SSH side loads after readiness (monitord/remote/ssh_side.py)
+    import asyncssh
+
+    from monitord.remote import copy as area_copy
+    from monitord.remote.remote_link import RemoteLink
 
 log = logs.get_logger(__name__)
 
@@ -100,6 +102,8 @@ class RemoteSide:
         if not self.reachable():
             return None
         data_dir = self.data_dir(service=service, area=area, generation=generation)
+        from monitord.remote import remote_exec
+
         try:
             async with self._link().session() as conn:
                 result = await remote_exec.run_script(conn, _USAGE_SCRIPT, args=[data_dir],
@@ -123,6 +127,8 @@ class RemoteSide:
         """Every preflight check of a move to the VPS (monitord.remote.preflight), the free
         space measured where the area's data dir and staging dir will be (their parent); an
         agent that is not running but can be is started."""
+        from monitord.remote import preflight as preflight_checks
+
         link = self._link()
         data_root = posixpath.dirname(
             self.data_dir(service=txn.service, area=txn.area, generation=txn.generation)
@@ -157,6 +163,8 @@ class RemoteSide:
     async def warm(self, conn: asyncssh.SSHClientConnection) -> None:
         """A connection just came up: fetch what every preflight over it will ask first
         (monitord.remote.preflight.warm), so that the first move need not wait for it."""
+        from monitord.remote import preflight as preflight_checks
+
         link = self._link()
         await preflight_checks.warm(
             conn, config=self.config, artifacts=link.artifacts, shared=self._preflight_facts,
@@ -195,6 +203,8 @@ class RemoteSide:
         """Download a set-aside copy into `local_dir` for forensics, verified as a move home
         verifies its copy (listed by the tree-digest verb: the agent's listing route serves
         an area's data dir, and this is none)."""
+        from monitord.remote import copy as area_copy
+
         link = self._link()
         async with link.session() as conn:
             return await area_copy.download(
@@ -323,11 +333,15 @@ class RemoteSide:
     # -- receiving a copy from the PBX -----------------------------------------------------
 
     async def pre_receive(self, *, local_dir: Path, remote_dir: str, area: str) -> area_copy.Staged:
+        from monitord.remote import copy as area_copy
+
         return await copy_over(self._link(), area_copy.pre_upload, local_dir=local_dir,
                                remote_dir=remote_dir, area=area)
 
     async def receive(
         self, *, local_dir: Path, remote_dir: str, area: str, staged: area_copy.Staged | None
     ) -> area_copy.CopyReport:
+        from monitord.remote import copy as area_copy
+
         return await copy_over(self._link(), area_copy.upload, local_dir=local_dir,
                                remote_dir=remote_dir, area=area, staged=staged)

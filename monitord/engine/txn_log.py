@@ -15,8 +15,6 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-import structlog
-
 from monitord.base import logs
 from orchestrator.models import Transaction
 
@@ -38,7 +36,7 @@ def identity(txn: Transaction) -> dict[str, Any]:
 @contextlib.contextmanager
 def step(txn: Transaction) -> Iterator[None]:
     """Every line logged inside carries the transaction's id, service and area (see above)."""
-    with structlog.contextvars.bound_contextvars(
+    with logs.bound_contextvars(
         transaction_id=txn.transaction_id, service=txn.service, area=txn.area
     ):
         yield

@@ -14,19 +14,22 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING
 
-import asyncssh
-
-from monitord.remote import ssh_errors
 from monitord.remote.agent_client import AgentUnreachable, Channel, ChannelReader, ChannelWriter
 from orchestrator.errors import MonitordError
 
-Session = Callable[[], contextlib.AbstractAsyncContextManager[asyncssh.SSHClientConnection]]
+if TYPE_CHECKING:  # the SSH side loads after readiness (monitord/remote/ssh_side.py)
+    import asyncssh
+
+Session = Callable[[], contextlib.AbstractAsyncContextManager["asyncssh.SSHClientConnection"]]
 
 
 def over_ssh(session: Session, socket_path: str) -> Channel:
     @contextlib.asynccontextmanager
     async def channel() -> AsyncIterator[tuple[ChannelReader, ChannelWriter]]:
+        from monitord.remote import ssh_errors
+
         opened = False
         try:
             async with session() as conn:

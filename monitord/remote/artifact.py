@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import re
 import tempfile
 import zipfile
 from dataclasses import dataclass
@@ -29,6 +30,8 @@ import monitord
 from monitord.base.config import RemoteSection
 
 PYZ_NAME = "monitord.pyz"
+# A name provisioning may give a file in remote_bin_dir, matched whole (fullmatch).
+NAME_RE = re.compile(r"[A-Za-z0-9_+-][A-Za-z0-9._+-]*")
 SHEBANG = b"#!/usr/bin/env python3\n"
 # Besides the monitord/vps/ package: what the VPS side imports from the shared rooms.
 PORTABLE_MODULES = (
@@ -142,6 +145,44 @@ def remote_command(remote: RemoteSection) -> tuple[str, ...]:
         .replace("{remote_bin_dir}", remote.remote_bin_dir)
         for part in remote.remote_monitord
     )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LocalArtifact:
+    """A local file to place in remote_bin_dir under `name`, with its expected hash and mode."""
+
+    path: Path
+    name: str
+    sha256: str
+    size: int
+    mode: int = 0o755
+
+    @classmethod
+    def from_path(cls, path: Path, *, name: str | None = None, mode: int = 0o755) -> LocalArtifact:
+        """Describe a local file (hashing it now); the remote name defaults to its file name."""
+        remote_name = name or path.name
+        if not NAME_RE.fullmatch(remote_name):
+            raise ValueError(f"artifact name {remote_name!r} must be a plain file name")
+        return cls(
+            path=path,
+            name=remote_name,
+            sha256=sha256_file(path),
+            size=path.stat().st_size,
+            mode=mode,
+        )
+
+    @classmethod
+    def from_info(cls, info: ArtifactInfo) -> LocalArtifact:
+        """The built agent artifact (monitord.pyz), mode 0644: it runs through the python."""
+        return cls(path=info.path, name=info.path.name, sha256=info.sha256, size=info.size,
+                   mode=0o644)
+
+
+def local_artifacts(remote: RemoteSection, *, agent: ArtifactInfo) -> list[LocalArtifact]:
+    """The agent artifact plus every configured service binary (`remote.artifacts`)."""
+    return [LocalArtifact.from_info(agent)] + [
+        LocalArtifact.from_path(path) for path in remote.artifacts
+    ]
 
 
 def _add(archive: zipfile.ZipFile, arcname: str, data: bytes) -> None:

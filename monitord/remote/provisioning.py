@@ -33,13 +33,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from enum import StrEnum
-from pathlib import Path
 
 import asyncssh
 
 from monitord.base import logs
 from monitord.base.config import RemoteSection
 from monitord.remote import artifact, remote_exec, ssh_errors
+from monitord.remote.artifact import LocalArtifact as LocalArtifact  # its old home
 from orchestrator.errors import ErrorCode, TransientError, error_for
 
 log = logs.get_logger(__name__)
@@ -48,7 +48,7 @@ SECRET_NAME = "agent.secret"
 BIN_DIR_MODE = 0o700
 SECRET_MODE = 0o600
 _CHUNK = 256 * 1024
-_NAME_RE = re.compile(r"[A-Za-z0-9_+-][A-Za-z0-9._+-]*")  # matched whole (fullmatch)
+_NAME_RE = artifact.NAME_RE
 # What the VPS reports back is read within bounds (it may be compromised): ASCII digits only
 # (str.isdigit and int() also take "²" or "١"), a report of a few lines, a secret of ours.
 _COUNT_RE = re.compile(r"[0-9]{1,9}")
@@ -101,44 +101,6 @@ class ArtifactAction(StrEnum):
     UNCHANGED = "unchanged"  # already in place with the expected hash
     PUSHED = "pushed"  # was missing
     REPLACED = "replaced"  # was there with another hash (old version, truncated, tampered)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LocalArtifact:
-    """A local file to place in remote_bin_dir under `name`, with its expected hash and mode."""
-
-    path: Path
-    name: str
-    sha256: str
-    size: int
-    mode: int = 0o755
-
-    @classmethod
-    def from_path(cls, path: Path, *, name: str | None = None, mode: int = 0o755) -> LocalArtifact:
-        """Describe a local file (hashing it now); the remote name defaults to its file name."""
-        remote_name = name or path.name
-        if not _NAME_RE.fullmatch(remote_name):
-            raise ValueError(f"artifact name {remote_name!r} must be a plain file name")
-        return cls(
-            path=path,
-            name=remote_name,
-            sha256=artifact.sha256_file(path),
-            size=path.stat().st_size,
-            mode=mode,
-        )
-
-    @classmethod
-    def from_info(cls, info: artifact.ArtifactInfo) -> LocalArtifact:
-        """The built agent artifact (monitord.pyz), mode 0644: it runs through the python."""
-        return cls(path=info.path, name=info.path.name, sha256=info.sha256, size=info.size,
-                   mode=0o644)
-
-
-def local_artifacts(remote: RemoteSection, *, agent: artifact.ArtifactInfo) -> list[LocalArtifact]:
-    """The agent artifact plus every configured service binary (`remote.artifacts`)."""
-    return [LocalArtifact.from_info(agent)] + [
-        LocalArtifact.from_path(path) for path in remote.artifacts
-    ]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -11,14 +11,16 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-
-import asyncssh
+from typing import TYPE_CHECKING
 
 from monitord.base.config import Config, RemoteSection
-from monitord.remote import provisioning
 from monitord.remote.agent_client import AgentClient
-from monitord.remote.provisioning import LocalArtifact
-from monitord.remote.tunnel.keeper import TunnelKeeper
+from monitord.remote.artifact import LocalArtifact
+
+if TYPE_CHECKING:  # the SSH side loads after readiness (monitord/remote/ssh_side.py)
+    import asyncssh
+
+    from monitord.remote.tunnel.keeper import TunnelKeeper
 
 
 @dataclass
@@ -45,6 +47,8 @@ class RemoteLink:
 
     async def ensure_agent(self) -> None:
         """Start the agent through its idempotent launcher (it may have died on the VPS)."""
+        from monitord.remote import provisioning
+
         async with self.session() as conn:
             await provisioning.launch_agent(conn, remote=self.remote, timeout_s=30.0)
 

@@ -271,7 +271,7 @@ class VpsFacts:
 
 async def check_remote(config: Config, *, services: Sequence[str]) -> int:
     """Connect, probe, run preflight per service, print the lines; the exit code."""
-    from monitord.remote import agent_channel, artifact, provisioning
+    from monitord.remote import agent_channel, artifact
     from monitord.remote.agent_client import AgentClient
     from monitord.remote.tunnel import ssh_connect
 
@@ -281,7 +281,7 @@ async def check_remote(config: Config, *, services: Sequence[str]) -> int:
     timeout_s = max(PROBE_TIMEOUT_S, remote.connect_timeout_s)
     with tempfile.TemporaryDirectory(prefix="monitord-check-") as build_dir:
         pyz = artifact.build(Path(build_dir))  # only its hash and size are compared
-        artifacts = provisioning.local_artifacts(remote, agent=pyz)
+        artifacts = artifact.local_artifacts(remote, agent=pyz)
 
     conn: asyncssh.SSHClientConnection | None = None
     auth_error = ""

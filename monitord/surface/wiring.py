@@ -27,8 +27,7 @@ import asyncio
 import secrets
 import time
 from pathlib import Path
-
-import asyncssh
+from typing import TYPE_CHECKING
 
 from monitord.base import area_paths, atomic_file, logs
 from monitord.base.config import Config
@@ -44,7 +43,7 @@ from monitord.engine.phase_actions import PhaseActions
 from monitord.engine.placement_state import PlacementState
 from monitord.engine.reconciler import Reconciler
 from monitord.local.supervisor import LocalSupervisor
-from monitord.remote import agent_channel, artifact, provisioning
+from monitord.remote import agent_channel, artifact
 from monitord.remote.agent_client import AgentClient
 from monitord.remote.remote_link import RemoteLink
 from monitord.remote.tunnel.keeper import TunnelKeeper, TunnelState, TunnelStatus
@@ -55,6 +54,9 @@ from orchestrator import status as status_rules
 from orchestrator.area_leases import LeasePolicy
 from orchestrator.models import Transaction
 from orchestrator.rules import LinkEpoch
+
+if TYPE_CHECKING:  # the SSH side loads after readiness (monitord/remote/ssh_side.py)
+    import asyncssh
 
 log = logs.get_logger(__name__)
 
@@ -112,7 +114,7 @@ class Orchestration:
                 log.warning("config_deprecated", detail=message)
             secret = load_or_create_secret(work_dir)
             pyz = artifact.build(work_dir / "artifacts")
-            artifacts = provisioning.local_artifacts(remote, agent=pyz)
+            artifacts = artifact.local_artifacts(remote, agent=pyz)
             keeper = TunnelKeeper(
                 remote,
                 owner_id=self.owner_id,
@@ -261,6 +263,8 @@ class Orchestration:
 
     async def _provision(self, conn: asyncssh.SSHClientConnection) -> None:
         """Keeper hook, after the lease and before forwards: the VPS has what we need."""
+        from monitord.remote import provisioning
+
         assert self.link is not None
         await provisioning.provision(
             conn,

@@ -19,6 +19,7 @@ from benchmarks import (
     bench_migration,
     bench_reconcile,
     bench_rollback,
+    bench_startup,
     bench_status_api,
 )
 from tests.support.sshd import can_run_sshd
@@ -57,6 +58,10 @@ class TestWholeInstallationBenchmarks:
     async def test_idle_rss_of_a_few_areas_against_none(self, tmp_path: Path) -> None:
         figures = await bench_idle_rss.measure(tmp_path, areas=10)
         assert_figures(figures, count=1, names={"idle_rss"})
+
+    def test_startup_to_readyz_against_a_bare_interpreter(self, tmp_path: Path) -> None:
+        figures = bench_startup.measure(tmp_path, runs=1)
+        assert_figures(figures, count=1, names={"startup_readyz"})
 
     async def test_log_rss_of_one_area_on_each_side_against_the_daemon_alone(
         self, tmp_path: Path

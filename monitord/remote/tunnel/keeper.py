@@ -22,7 +22,9 @@ The state is published as a frozen `TunnelStatus` (`keeper.status()`,
 as `tunnel {state, connected, last_error, attempts, lease}`. Other parts use the live
 connection only through `async with keeper.session() as conn:` and register
 `add_reconnect_hook()` callbacks (cleanup worker, reconciler) run after every (re)connect.
-Started by `monitord run` as the root task "tunnel keeper".
+Started by `monitord run` as the root task "tunnel keeper", whose first step loads the SSH
+side (asyncssh and the modules on it) in a worker thread: the daemon becomes ready without
+it (monitord/remote/ssh_side.py), so this module imports it only for type checking.
 """
 
 from __future__ import annotations
@@ -34,27 +36,28 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Any
-
-import asyncssh
+from typing import TYPE_CHECKING, Any
 
 from monitord.base import logs
 from monitord.base.config import RemoteSection
 from monitord.base.periodic import LoopBook
 from monitord.base.task_owner import TaskOwner
-from monitord.remote import artifact, ssh_errors
-from monitord.remote.tunnel import ssh_connect
+from monitord.remote import artifact, ssh_side
 from monitord.remote.tunnel.backoff import ReconnectBackoff
-from monitord.remote.tunnel.forwards import ForwardSet, ForwardStatus
 from monitord.remote.tunnel.lease_client import LeaseAnswer, LeaseClient, LeaseSession
 from monitord.remote.tunnel.standby import LOGIN_WAIT_S, PROMOTE_TIMEOUT_S, Standby
 from orchestrator.errors import ErrorCode, MonitordError, TransientError, error_for
 from orchestrator.tunnel_lease import LeaseRecord
 
+if TYPE_CHECKING:  # loaded by run() (monitord/remote/ssh_side.py)
+    import asyncssh
+
+    from monitord.remote.tunnel.forwards import ForwardSet, ForwardStatus
+
 TASK_NAME = "tunnel keeper"
 RELEASE_TIMEOUT_S = 3.0
-ReconnectHook = Callable[[asyncssh.SSHClientConnection], Awaitable[None]]
-BeforeForwards = Callable[[asyncssh.SSHClientConnection], Awaitable[None]]
+ReconnectHook = Callable[["asyncssh.SSHClientConnection"], Awaitable[None]]
+BeforeForwards = Callable[["asyncssh.SSHClientConnection"], Awaitable[None]]
 StatusListener = Callable[["TunnelStatus"], None]
 
 
@@ -228,6 +231,8 @@ class TunnelKeeper:
     async def run(self) -> None:
         """The root task body: keep the tunnel up until close()."""
         try:
+            # The SSH side, off the loop: the daemon was ready without it (ssh_side.py).
+            await ssh_side.load()
             while not self._closing.is_set():
                 await self._wait_before_attempt()
                 if self._closing.is_set():
@@ -381,6 +386,8 @@ class TunnelKeeper:
 
     async def _connect(self) -> asyncssh.SSHClientConnection:
         # Jump hosts, ssh_config, the timeout and translated errors: ssh_connect.py.
+        from monitord.remote.tunnel import ssh_connect
+
         return await ssh_connect.open_connection(self._config)
 
     async def _open_helper_bootstrapping(
@@ -400,6 +407,8 @@ class TunnelKeeper:
 
     async def _prepare_vps(self, conn: asyncssh.SSHClientConnection) -> None:
         """The before_forwards step (provisioning), with foreign errors translated."""
+        from monitord.remote import ssh_errors
+
         if self._before_forwards is None:
             return
         try:
@@ -425,6 +434,8 @@ class TunnelKeeper:
     def _forward_set(
         self, conn: asyncssh.SSHClientConnection, *, helper: LeaseSession, answer: LeaseAnswer
     ) -> ForwardSet:
+        from monitord.remote.tunnel.forwards import ForwardSet
+
         c = self._config
         return ForwardSet(
             conn,

@@ -23,12 +23,9 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import asyncssh
+from typing import TYPE_CHECKING, Any
 
 from monitord.base import bounded_json
-from monitord.remote import remote_exec, ssh_errors
 from orchestrator.errors import (
     ErrorCode,
     MonitordError,
@@ -39,6 +36,9 @@ from orchestrator.errors import (
     lookup,
 )
 from orchestrator.tunnel_lease import LeaseRecord, SessionIdentity
+
+if TYPE_CHECKING:  # the SSH side loads after readiness (monitord/remote/ssh_side.py)
+    import asyncssh
 
 EXIT_NOT_FOUND = 127
 EXIT_NOT_EXECUTABLE = 126
@@ -116,6 +116,8 @@ class LeaseClient:
 
     async def open_session(self, conn: asyncssh.SSHClientConnection) -> LeaseSession:
         """Start the per-connection helper (`tunnel-lease serve`) and wait until it is ready."""
+        from monitord.remote import remote_exec, ssh_errors
+
         argv = self._argv("serve", *self._owner_args())
         with ssh_errors.translated(code=ErrorCode.SSH_UNREACHABLE,
                                    during="starting tunnel-lease serve"):
@@ -131,6 +133,8 @@ class LeaseClient:
         return session
 
     async def _run(self, conn: asyncssh.SSHClientConnection, argv: list[str]) -> dict[str, Any]:
+        from monitord.remote import remote_exec
+
         result = await remote_exec.run(conn, argv, timeout_s=self._timeout_s,
                                        max_stdout=MAX_REPLY_BYTES)
         if result.stdout_truncated:
@@ -322,6 +326,8 @@ class LeaseSession:
 
     async def read_reply(self, op: str, *, timeout_s: float | None = None) -> dict[str, Any]:
         """The next reply line; EOF means the helper is gone (maybe not installed)."""
+        from monitord.remote import ssh_errors
+
         with ssh_errors.translated(code=ErrorCode.SSH_UNREACHABLE, during=f"tunnel-lease {op}"):
             async with asyncio.timeout(timeout_s or self._timeout_s):
                 line = await self._read_line(op)
@@ -347,6 +353,8 @@ class LeaseSession:
         return line + b"\n"
 
     async def _gone(self, op: str) -> MonitordError:
+        from monitord.remote import ssh_errors
+
         stderr = b""
         status: int | None = None
         with contextlib.suppress(*ssh_errors.SSH_ERRORS):  # best effort: we are failing anyway
@@ -364,6 +372,8 @@ class LeaseSession:
 
     async def request(self, op: str, *, timeout_s: float | None = None,
                       **fields: Any) -> dict[str, Any]:
+        from monitord.remote import ssh_errors
+
         async with self._lock:
             with ssh_errors.translated(code=ErrorCode.SSH_UNREACHABLE,
                                        during=f"tunnel-lease {op}"):

@@ -25,14 +25,15 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
-
-import asyncssh
+from typing import TYPE_CHECKING, Any
 
 from monitord.base.periodic import LoopBook
 from monitord.base.task_owner import TaskOwner
 from monitord.remote.tunnel.lease_client import LeaseSession
 from orchestrator.errors import MonitordError
+
+if TYPE_CHECKING:  # the SSH side loads after readiness (monitord/remote/ssh_side.py)
+    import asyncssh
 
 # How long a promoted standby's first answer may take before it counts as dead: a live
 # helper answers within a few round trips; a dead path would otherwise cost a full

@@ -94,7 +94,7 @@ class TestFirstRun:
     async def test_the_configured_artifacts_follow_the_agent_pyz(
         self, remote: RemoteSection, agent_pyz: artifact.ArtifactInfo, service_binary: Path,
     ) -> None:
-        names = [a.name for a in provisioning.local_artifacts(remote, agent=agent_pyz)]
+        names = [a.name for a in artifact.local_artifacts(remote, agent=agent_pyz)]
         assert names == ["monitord.pyz", service_binary.name]
 
 
