@@ -14,10 +14,14 @@ again until the first copies have been timed (docs/design.md, "Pre-copy").
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from monitord.base.config import RemoteSection
-from monitord.remote.copy import CopyReport, Staged
 from orchestrator import pre_copy
 from orchestrator.models import Side
+
+if TYPE_CHECKING:  # the SSH side loads after readiness (monitord/remote/ssh_side.py)
+    from monitord.remote.copy import CopyReport, Staged
 
 
 class CopyTimings:
