@@ -138,6 +138,11 @@ exit 0
 POSTRM = """\
 #!/bin/sh
 set -e
+if [ "$1" = purge ]; then
+    # `remove` keeps an administrator's `systemctl enable` (a reinstall finds it as it was);
+    # `purge` forgets it: no link is left pointing at a unit that is gone.
+    rm -f /etc/systemd/system/*.wants/monitord.service
+fi
 if [ -d /run/systemd/system ]; then
     systemctl daemon-reload || true
 fi

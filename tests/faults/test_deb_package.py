@@ -21,6 +21,7 @@ from tests.faults import debian_root
 
 REPO = Path(__file__).resolve().parents[2]
 INSTALL_DOC = REPO / "docs" / "install.md"
+WANTS_LINK = "/etc/systemd/system/multi-user.target.wants/monitord.service"
 DEB_IN_ROOT = "/tmp/monitord.deb"
 RUN_TIMEOUT_S = 300.0
 # Both cases share the built package (conftest's session-scoped `deb`): one worker builds
@@ -87,9 +88,14 @@ def test_installs_offline_and_passes_its_own_checks(fresh_root: tuple[Path, Path
         "grep -q 'local edit' /etc/monitord/monitord.toml",
         "sed -i '/local edit/d' /etc/monitord/monitord.toml",
         "monitord --version",
+        "systemctl enable monitord.service",  # (offline: the link, as on a PBX)
         "dpkg -r monitord",
         "! test -e /usr/lib/monitord",
         "test -e /etc/monitord/monitord.toml",  # a conffile stays until purge
+        f"test -L {WANTS_LINK}",  # ... and so does the enablement (a reinstall keeps it)
+        "dpkg --purge monitord",
+        "! test -e /etc/monitord/monitord.toml",
+        f"! test -L {WANTS_LINK}",  # purge leaves no dangling link
     ])
     done = in_fresh_root(lower, layers, deb, script)
     assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
