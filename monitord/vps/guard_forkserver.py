@@ -1,25 +1,28 @@
 """The guards' fork server: lease guards forked from one warm process, sharing its memory.
 
 A lease guard (monitord/vps/lease_guard.py) is a Python process per remote daemon. Started as
-a fresh interpreter, each costs the VPS about 8 MiB of its own (the interpreter and the
+a fresh interpreter, each costs the VPS about 9 MiB of its own (the interpreter and the
 modules it imports), so 100 areas would need most of a 1 GB VPS just to be watched. Forked
 from a process that has already imported everything (and run a guard's code once, so that
 what that leaves behind is shared too), a guard shares those pages copy-on-write and pays only
-for what it touches itself: about a third (docs/benchmarks.md, "Log path and guards per area").
+for what it touches itself: about a third (docs/agent.md, "The guards' fork server").
 It also skips an interpreter's start-up (a remote start waits for it: it is part of every
 move's downtime).
 
 `monitord.pyz guard-forkserver --socket PATH` listens on a SOCK_SEQPACKET unix socket in the
 agent's `run/` directory (0700: only the agent's user reaches it). One request per connection:
 a JSON object `{"argv": [lease-guard options, "--", daemon command…], "env": {…}, "cwd": DIR}`
-with the area's log FIFO passed as a descriptor (SCM_RIGHTS); the answer is `{"pid": N}`,
-once the guard runs in a session of its own, or `{"error": "…"}`. A guard is forked twice
+with the area's log FIFO passed as a descriptor (SCM_RIGHTS); the answer is `{"pid": N}`, once
+the guard runs in a session of its own, or `{"error": "…"}`. The guard then waits for the
+agent's `go` on the same connection before it does anything: an agent that gave up on the spawn
+(a time-out, the server dying) starts the guard as a command instead, and the forked one, never
+told to go, exits without starting a daemon, so an area never gets two. A guard is forked twice
 (the fork server does not keep it as a child: it is reaped by init like any guard whose agent
-died) and is then exactly what `lease-guard` started as a command would be: its own session
-and process group, stdin /dev/null, stdout and stderr the FIFO, the given environment and
-working directory, the fork server's user and capabilities (the agent's), no other
-descriptor. Only its /proc/PID/cmdline differs (the fork server's): the agent's record of
-the guard carries the daemon's command instead (monitord/vps/area_runner.py).
+died) and is then exactly what `lease-guard` started as a command would be: its own session and
+process group, stdin /dev/null, stdout and stderr the FIFO, the given environment and working
+directory, the fork server's user and capabilities (the agent's), no other descriptor. Only its
+/proc/PID/cmdline differs (the fork server's): the agent's record of the guard carries the
+daemon's command instead (monitord/vps/area_runner.py).
 
 The fork server holds no state worth keeping: the guards outlive it. It belongs to the agent
 that started it and exits within a second of that agent's end (or of its socket being removed
@@ -49,6 +52,7 @@ _MAX_REQUEST = 256 * 1024  # argv + environment of one daemon; a SOCK_SEQPACKET 
 _REQUEST_TIMEOUT_S = 5.0  # one client's request and our answer; a stuck client is dropped
 _LOOK_S = 1.0  # how often the socket and the agent are looked at while no request comes
 _WARM_UP_RUNS = 3
+GO = b"go"  # the agent's word that releases a forked guard
 _PR_SET_NAME = 15
 _GUARD_NAME = b"lease-guard"  # what ps and top show for a forked guard
 
@@ -122,43 +126,62 @@ def _answer(conn: socket.socket) -> None:
         cwd = str(request["cwd"])
         if len(fds) != 1:
             raise ValueError("one descriptor (the area's log) is expected")
-        answer: dict[str, object] = {"pid": _fork_guard(argv, env, cwd, fds[0])}
+        pid, go = _fork_guard(argv, env, cwd, fds[0])
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        answer = {"error": f"{type(e).__name__}: {e}"}
+        _send(conn, {"error": f"{type(e).__name__}: {e}"})
+        return
     finally:
         for fd in fds:
             os.close(fd)
+    with os.fdopen(go, "wb", buffering=0) as release:
+        try:
+            if _send(conn, {"pid": pid}) and conn.recv(16) == GO:
+                release.write(GO)
+        except OSError:
+            pass  # no go: closing `release` ends the guard before it starts anything
+
+
+def _send(conn: socket.socket, answer: dict[str, object]) -> bool:
     try:
         conn.sendall(json.dumps(answer).encode())
     except OSError:
-        pass  # the agent gave up; a guard it never recorded fences itself (no lease)
+        return False  # the agent gave up
+    return True
 
 
-def _fork_guard(argv: list[str], env: dict[str, str], cwd: str, log_fd: int) -> int:
-    """Fork the guard as the grandchild (its own session); returns its pid once it runs."""
+def _fork_guard(argv: list[str], env: dict[str, str], cwd: str,
+                log_fd: int) -> tuple[int, int]:
+    """Fork the guard as the grandchild (its own session): its pid once it runs, and the
+    descriptor that releases it (one byte `go`; closed unwritten, the guard exits at once)."""
     os.stat(cwd)  # a missing directory is the agent's error, not a guard that dies at once
     sys.stdout.flush()
     sys.stderr.flush()
     report_r, report_w = os.pipe()
+    go_r, go_w = os.pipe()
     child = os.fork()
     if child == 0:  # pragma: no cover - runs in the forked processes
         try:
             os.close(report_r)
+            os.close(go_w)
             if os.fork() != 0:
                 os._exit(0)
             os.setsid()  # the guard leads its session and group, as `start_new_session` does
             os.write(report_w, str(os.getpid()).encode())
             os.close(report_w)
-            _become_guard(argv, env, cwd, log_fd)
+            if os.read(go_r, len(GO)) == GO:
+                os.close(go_r)
+                _become_guard(argv, env, cwd, log_fd)
         finally:
             os._exit(127)
     os.close(report_w)
+    os.close(go_r)
     os.waitpid(child, 0)
     with os.fdopen(report_r, "rb") as report:
         pid = report.read()
     if not pid:
+        os.close(go_w)
         raise OSError("the guard did not start")
-    return int(pid)
+    return int(pid), go_w
 
 
 def _become_guard(argv: list[str], env: dict[str, str], cwd: str, log_fd: int) -> None:
@@ -208,11 +231,13 @@ def spawn(socket_path: str, *, argv: Sequence[str], env: dict[str, str], cwd: st
             conn.connect(f"/proc/self/fd/{dir_fd}/{name}")  # short, however deep the dir
             socket.send_fds(conn, [request], [log_fd])
             answer = json.loads(conn.recv(4096) or b"{}")
+            if "pid" not in answer:
+                raise OSError(f"guard fork server: {answer.get('error', 'no answer')}")
+            pid = int(answer["pid"])
+            conn.sendall(GO)  # from here on the guard is ours: it starts its daemon
     finally:
         os.close(dir_fd)
-    if "pid" not in answer:
-        raise OSError(f"guard fork server: {answer.get('error', 'no answer')}")
-    return int(answer["pid"])
+    return pid
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -174,3 +175,37 @@ async def test_the_fork_server_ends_with_its_agent(tmp_path: Path) -> None:
     await agent.wait()
     await _until(lambda: not proc_identity.is_same_process(identity),
                  what="the fork server outlived its agent")
+
+
+async def test_a_guard_whose_spawn_was_not_confirmed_starts_nothing(tmp_path: Path) -> None:
+    """The agent may give up on a spawn (a time-out, the server dying) after the guard was
+    forked: it then starts the guard as a command. The forked one must not start a second
+    daemon: a guard starts its daemon only once the agent, knowing its pid, said go."""
+    async with _runner(tmp_path) as runner:
+        spec = _spec(tmp_path)
+        runner.grant(spec, ttl_s=60.0)
+        log_r, log_w = os.pipe()
+        daemon_file = tmp_path / "daemon"
+        identity = None
+        argv = ["--lease-file", str(runner.lease_path(AREA)), "--daemon-file", str(daemon_file),
+                "--", "sleep", "60"]
+        request = json.dumps({"argv": argv, "env": dict(os.environ),
+                              "cwd": str(tmp_path)}).encode()
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as conn:
+                conn.settimeout(10)
+                conn.connect(str(runner.forkserver_socket))
+                socket.send_fds(conn, [request], [log_w])
+                pid = int(json.loads(conn.recv(4096))["pid"])
+                identity = proc_identity.read(pid)
+            # (the connection is closed: no go)
+            if identity is not None:
+                await _until(lambda: not proc_identity.is_same_process(identity),
+                             what="the unconfirmed guard kept running")
+            await asyncio.sleep(0.3)
+            assert not daemon_file.exists(), "an unconfirmed guard started its daemon"
+        finally:
+            if identity is not None and proc_identity.is_same_process(identity):
+                proc_identity.signal_group(pid, signal.SIGKILL)  # (its daemon dies with it)
+            os.close(log_r)
+            os.close(log_w)
