@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_DUPLICATE = 3
+_DUPLICATE_RETRIES = 3  # agent-launch: starts again after an agent that found the lock held
 ADDRESS_NAME = "agent.address"
 VERSION_NAME = "agent.version"
 LOCK_NAME = "agent"
@@ -300,20 +301,32 @@ def main_agent_launch(args: argparse.Namespace) -> int:
     argv = vps_command("agent", "--dir", str(base_dir), "--stop-grace", str(args.stop_grace),
                        "--fence-grace", str(args.fence_grace), "--log-format", "json",
                        "--code-version", wanted)
-    # agent.log through a log sink, capped and rotated like an area's log (docs/agent.md)
-    child, _ = log_sink.spawn_logged(
-        argv, env=env, sink_env=vps_environment(dict(os.environ)),
-        sink_argv=vps_command("log-sink", *log_sink.arguments(
-            path=base_dir / "logs" / AGENT_LOG_NAME, max_bytes=log_sink.DEFAULT_MAX_BYTES,
-            keep=log_sink.DEFAULT_KEEP)),
-    )
+
+    def spawn() -> subprocess.Popen[bytes]:
+        # agent.log through a log sink, capped and rotated like an area's log (docs/agent.md)
+        child, _ = log_sink.spawn_logged(
+            argv, env=env, sink_env=vps_environment(dict(os.environ)),
+            sink_argv=vps_command("log-sink", *log_sink.arguments(
+                path=base_dir / "logs" / AGENT_LOG_NAME, max_bytes=log_sink.DEFAULT_MAX_BYTES,
+                keep=log_sink.DEFAULT_KEEP)),
+        )
+        return child
+
+    child = spawn()
+    retries = _DUPLICATE_RETRIES
     deadline = time.monotonic() + args.wait
     while time.monotonic() < deadline:
         if _ready(base_dir):
             log.info("agent_launched", pid=child.pid, dir=str(base_dir))
             return EXIT_OK
         if child.poll() is not None and not singleton.is_held(base_dir, name=LOCK_NAME):
-            break  # it died and nobody else holds the lock
+            # It died and nobody holds the lock now. If it found the lock held, that was
+            # another launcher's probe (is_held takes the lock for an instant) or an agent
+            # that has gone since: start it again, a few times at most.
+            if child.returncode != EXIT_DUPLICATE or retries == 0:
+                break
+            retries -= 1
+            child = spawn()
         time.sleep(0.05)
     log.error("agent_launch_failed", error_code="DAEMON_START_FAILED", dir=str(base_dir),
               exit_status=child.poll())

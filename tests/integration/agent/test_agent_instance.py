@@ -4,10 +4,14 @@ the agent (with its lease guards) runs from the single-file zipapp as it is push
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import os
 import signal
+import subprocess
 from pathlib import Path
+
+import pytest
 
 from monitord.base import proc_identity, singleton
 from monitord.testing.split_brain import Detector
@@ -79,6 +83,54 @@ class TestSingleAgentPerDir:
                 await wait_until(lambda: not proc_identity.is_alive(holder), timeout_s=10,
                                  what="the launched agent to stop")
             kill_left_processes(base_dir)
+
+    async def test_agent_launch_starts_again_after_a_lock_held_only_for_a_moment(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Another launcher's probe (`is_held` takes the lock for an instant) can make the
+        launched agent find the lock held and exit 3 while nobody holds it a moment later:
+        the launcher starts the agent again instead of failing. The launcher runs here, in
+        this process, so that the lock can be held exactly across its first agent's start."""
+        from monitord.base import log_sink
+        from monitord.vps import cli, entry
+
+        base_dir = tmp_path / "vps"
+        write_secret(base_dir, "launch-secret")
+        real_spawn = log_sink.spawn_logged
+        spawned: list[int] = []
+        popens: list[subprocess.Popen[bytes]] = []  # reaped at the end, as the CLI's exit would
+
+        def spawn_while_probed(*args: object, **kwargs: object):  # type: ignore[no-untyped-def]
+            if spawned:
+                child, sink = real_spawn(*args, **kwargs)  # type: ignore[arg-type]
+                spawned.append(child.pid)
+                popens.extend(p for p in (child, sink) if p is not None)
+                return child, sink
+            with open(base_dir / "agent.lock", "a", encoding="ascii") as probe:
+                fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                child, sink = real_spawn(*args, **kwargs)  # type: ignore[arg-type]
+                spawned.append(child.pid)
+                popens.extend(p for p in (child, sink) if p is not None)
+                assert child.wait(timeout=30) == cli.EXIT_DUPLICATE
+            return child, sink
+
+        monkeypatch.setattr(log_sink, "spawn_logged", spawn_while_probed)
+        try:
+            status = await asyncio.to_thread(
+                entry.main, ["agent-launch", "--dir", str(base_dir), "--log-format", "json"])
+            assert status == cli.EXIT_OK
+            assert len(spawned) == 2
+            holder = singleton.read_holder_pid(base_dir / "agent.pid")
+            assert holder == spawned[1] and proc_identity.is_alive(holder)
+        finally:
+            holder = singleton.read_holder_pid(base_dir / "agent.pid")
+            if holder is not None and proc_identity.is_alive(holder):
+                os.kill(holder, signal.SIGTERM)
+                await wait_until(lambda: not proc_identity.is_alive(holder), timeout_s=10,
+                                 what="the launched agent to stop")
+            kill_left_processes(base_dir)
+            for process in popens:
+                await asyncio.to_thread(process.wait, 10)
 
 
 class TestZipapp:
