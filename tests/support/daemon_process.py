@@ -27,6 +27,8 @@ from typing import Any
 
 import aiohttp
 
+from monitord.base import area_paths, proc_identity
+from monitord.base.proc_identity import ProcessIdentity
 from monitord.testing.ports import free_port
 
 SERVICE_BLOCK = """
@@ -258,3 +260,17 @@ async def running_daemon(
             await daemon.stop()
     finally:
         await daemon.close()
+        kill_supervised(_work_dir_of(path))
+
+
+def kill_supervised(work_dir: Path) -> None:
+    """SIGKILL the process group of every daemon a supervisor record under `work_dir` names
+    (monitord leaves its areas running when it stops, for the next one to adopt; a test
+    that is done with them must not leave them, nor the log hub that waits on their output)."""
+    for record_path in (work_dir / area_paths.SUPERVISOR_DIR / "records").glob("*.json"):
+        try:
+            identity = ProcessIdentity.from_json(json.loads(record_path.read_text())["identity"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if proc_identity.is_same_process(identity):
+            proc_identity.signal_group(identity.pid, signal.SIGKILL)
