@@ -212,7 +212,7 @@ class AreaRunner:
     def ensure_forkserver(self) -> None:
         """Start this runner's fork server unless it runs (at most every few seconds: one
         that cannot start must not cost a process per tick)."""
-        if self._forkserver is not None and self._forkserver.poll() is None:
+        if self.forkserver_pid() is not None:
             return
         now = time.monotonic()
         if now - self._forkserver_started_at < _FORKSERVER_RETRY_S:
@@ -238,6 +238,7 @@ class AreaRunner:
         return self.forkserver_pid() is not None
 
     def forkserver_pid(self) -> int | None:
+        """The pid of the fork server we started, while it runs."""
         server = self._forkserver
         return server.pid if server is not None and server.poll() is None else None
 
@@ -245,7 +246,7 @@ class AreaRunner:
                     log_fd: int) -> int | None:
         """A guard forked by our fork server; None when it does not run or failed (the
         caller then starts the guard as a command: slower and bigger, as safe)."""
-        if self._forkserver is None or self._forkserver.poll() is not None:
+        if self.forkserver_pid() is None:
             return None
         try:
             return guard_forkserver.spawn(str(self.forkserver_socket), argv=guard_argv,
