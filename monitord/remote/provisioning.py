@@ -48,7 +48,6 @@ SECRET_NAME = "agent.secret"
 BIN_DIR_MODE = 0o700
 SECRET_MODE = 0o600
 _CHUNK = 256 * 1024
-_NAME_RE = artifact.NAME_RE
 # What the VPS reports back is read within bounds (it may be compromised): ASCII digits only
 # (str.isdigit and int() also take "²" or "١"), a report of a few lines, a secret of ours.
 _COUNT_RE = re.compile(r"[0-9]{1,9}")
@@ -221,7 +220,7 @@ async def _prepare(
 ) -> tuple[dict[str, str], int, dict[str, int]]:
     names = [item.name for item in artifacts]
     for name in names:
-        if not _NAME_RE.fullmatch(name):
+        if not artifact.NAME_RE.fullmatch(name):
             raise ValueError(f"artifact name {name!r} must be a plain file name")
     result = await remote_exec.run_script(
         conn, _PREPARE_SCRIPT, args=[bin_dir, *names], timeout_s=timeout_s,
