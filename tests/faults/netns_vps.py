@@ -460,20 +460,8 @@ async def running_netns_vps(
     than root, it is added to the root's accounts and owns `remote_bin_dir`."""
     vps = _build(tmp, debian_root=debian_root, shared=shared,
                  match_user=login if match_user is None else match_user, login=login)
-    try:
-        _create_network(vps)
-        await vps.start_sshd()
-        yield vps
-    finally:
-        try:
-            await vps.kill_all()
-            for process in [vps.sshd, *vps.spawned]:
-                if process is not None and process.returncode is None:
-                    with contextlib.suppress(ProcessLookupError):
-                        process.kill()
-                    await asyncio.wait_for(process.wait(), COMMAND_TIMEOUT_S)
-        finally:
-            _delete_network(vps)
+    async with _serving(vps) as served:
+        yield served
 
 
 @contextlib.asynccontextmanager
@@ -512,6 +500,14 @@ async def running_distribution_vps(
         config_path=Path("/etc/ssh/sshd_config"),  # the VPS's own, as it sees its files
         log_path=tmp / "sshd.log", debian_root=debian_root, overlay=overlay, user=login,
     )
+    async with _serving(vps) as served:
+        yield served
+
+
+@contextlib.asynccontextmanager
+async def _serving(vps: NetnsVps) -> AsyncIterator[NetnsVps]:
+    """The VPS's network and sshd up; on exit every process in it stopped and the network
+    gone, whatever happened."""
     try:
         _create_network(vps)
         await vps.start_sshd()
