@@ -166,6 +166,7 @@ def _fork_guard(argv: list[str], env: dict[str, str], cwd: str,
             if os.fork() != 0:
                 os._exit(0)
             os.setsid()  # the guard leads its session and group, as `start_new_session` does
+            _name_process(_GUARD_NAME)  # before its pid is known: nobody sees it unnamed
             os.write(report_w, str(os.getpid()).encode())
             os.close(report_w)
             if os.read(go_r, len(GO)) == GO:
@@ -201,7 +202,6 @@ def _become_guard(argv: list[str], env: dict[str, str], cwd: str, log_fd: int) -
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
-    _name_process(_GUARD_NAME)
     status = lease_guard.main(argv)
     sys.stdout.flush()
     sys.stderr.flush()
