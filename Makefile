@@ -22,9 +22,9 @@ lint: $(STAMP)
 # The suite runs in TEST_WORKERS parallel processes (pytest-xdist; its tests mostly wait on
 # sockets and timeouts, so more workers than cores pay: docs/benchmarks.md, "The test suite").
 # Tests that share an expensive module-scoped fixture (a stack, a built package) carry an
-# xdist_group mark, so one worker builds it once (--dist loadgroup). pytest 9.2 with
-# pytest-xdist 3.8 ignores the mark (pytest-xdist issue 1386): each worker that draws such a
-# test builds the fixture itself, which is safe (its own directories and ports), only slower.
+# xdist_group mark, so one worker builds it once (--dist loadgroup). pytest 9.2 drops that
+# mark (pytest-xdist issue 1386), hence pytest<9.2 in pyproject.toml; tests/conftest.py fails
+# a grouped test whose group did not reach the scheduler.
 # The default stays 0 (serial, as CI runs it) until the suite passes repeatedly in parallel:
 # with 4 workers on 2 cores it takes 18-21 min instead of 40-48, but timing-dependent tests
 # still fail now and then under that load (docs/benchmarks.md). `make test TEST_WORKERS=4`.

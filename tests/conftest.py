@@ -1,6 +1,7 @@
 """Suite-wide rules: under CI=true a skipped test is a failure (CI runs as root with every
 tool installed, so nothing may silently fall out of the run); an async test that leaves an
-asyncio task running fails; garbage is collected after every test."""
+asyncio task running fails; garbage is collected after every test; in parallel runs
+(`--dist loadgroup`) a test's xdist_group must reach the scheduler."""
 
 from __future__ import annotations
 
@@ -23,6 +24,28 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
         report.outcome = "failed"
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
         report.longrepr = f"skipped under CI=true, which forbids skips: {reason}"
+
+
+GROUP_LOST = pytest.StashKey[str]()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """xdist groups a test by the `@group` its worker appends to the node id. A pytest that
+    ignores that rewrite (9.2: pytest-xdist issue 1386, hence the pin in pyproject.toml)
+    would silently spread a group, every worker building its expensive fixture: such a test
+    fails instead (an error raised here, in a worker, would not be shown)."""
+    if not getattr(config.option, "loadgroup", False):
+        return
+    for item in items:
+        if item.get_closest_marker("xdist_group") and "@" not in item.nodeid:
+            item.stash[GROUP_LOST] = (f"its xdist_group mark did not reach the scheduler "
+                                      f"(pytest {pytest.__version__}, pytest-xdist issue 1386)")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if GROUP_LOST in item.stash:
+        pytest.fail(item.stash[GROUP_LOST], pytrace=False)
 
 
 @pytest.fixture(autouse=True)
