@@ -490,6 +490,15 @@ class Stack:
         await self.wait_until(lambda: self.settled(expect=expect), timeout_s=timeout_s,
                               what=f"settled at {dict(expect or {})}")
 
+    async def wait_seen_up(self, *, timeout_s: float = 60) -> None:
+        """Until the status document shows every area's daemon up where it is placed. Settled
+        (the heartbeats) can come first: a remote area's process view is the agent's next
+        inventory, so a snapshot of the status taken at settled may still say `missing`."""
+        async def every_area_up() -> bool:
+            services = (await self.status())["services"].values()
+            return all(a["process"]["health"] == "up" for s in services for a in s["areas"])
+        await self.wait_until(every_area_up, timeout_s=timeout_s, what="every area seen up")
+
     async def wait_until(
         self, predicate: Callable[[], Any], *, timeout_s: float, what: str = "condition"
     ) -> None:

@@ -52,6 +52,7 @@ async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack
                                   area_lease_ttl_s=QUIET_LEASE_TTL_S)) as stack:
         await stack.place("chats", "remote")
         await stack.wait_settled(expect={"tg": "local", "chats": "remote"}, timeout_s=60)
+        await stack.wait_seen_up()  # what the snapshots compare, settled too
         yield stack
         assert stack.detector.overlaps() == []
 

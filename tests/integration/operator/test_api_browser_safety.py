@@ -50,6 +50,7 @@ async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack
     async with Stack(tmp_path_factory.mktemp("browser-safety"),
                      StackOptions(services={"tg": 1})) as stack:
         await stack.wait_settled(expect={"tg": "local"}, timeout_s=60)
+        await stack.wait_seen_up()  # what the snapshots compare, settled too
         yield stack
         assert stack.detector.overlaps() == []
 
