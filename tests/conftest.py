@@ -1,7 +1,8 @@
 """Suite-wide rules: under CI=true a skipped test is a failure (CI runs as root with every
 tool installed, so nothing may silently fall out of the run); an async test that leaves an
-asyncio task running fails; garbage is collected after every test; in parallel runs
-(`--dist loadgroup`) a test's xdist_group must reach the scheduler."""
+asyncio task running fails; garbage is collected after every test (what collection built is
+frozen first); in parallel runs (`--dist loadgroup`) a test's xdist_group must reach the
+scheduler."""
 
 from __future__ import annotations
 
@@ -46,6 +47,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if GROUP_LOST in item.stash:
         pytest.fail(item.stash[GROUP_LOST], pytrace=False)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Freeze what collection built (every imported module, hundreds of thousands of objects),
+    so the collection after each test walks only what tests made: it halves the unit tests'
+    time. A test's leaked socket is made later, and still reported against it."""
+    gc.collect()
+    gc.freeze()
 
 
 @pytest.fixture(autouse=True)

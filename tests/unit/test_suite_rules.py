@@ -15,11 +15,13 @@ INI = """
 [pytest]
 asyncio_mode = auto
 asyncio_default_fixture_loop_scope = function
+filterwarnings = error
 """
 
 
 TESTS = """
 import asyncio
+import socket
 
 import pytest
 
@@ -33,6 +35,10 @@ def test_marked():
 async def test_leaks():
     asyncio.get_running_loop().create_task(asyncio.sleep(60), name="left-behind")
 
+def test_leaks_a_socket():
+    held = {"socket": socket.socket()}
+    held["itself"] = held  # a cycle: only the collector finds it, after the test
+
 async def test_owns_its_task():
     task = asyncio.get_running_loop().create_task(asyncio.sleep(60))
     task.cancel()
@@ -43,7 +49,8 @@ def test_skips_and_leaked_tasks_fail_in_workers_under_ci(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One run (workers take seconds to start): a skip in the body fails that test, a skip
-    mark fails its setup, a task left running fails the test's teardown; the run fails."""
+    mark fails its setup, a task left running fails the test's teardown, and so does a socket
+    left in a cycle (the suite freezes what collection built, not what tests make)."""
     monkeypatch.setenv("CI", "true")
     pytester.makeini(INI)
     pytester.makeconftest(CONFTEST.read_text())
@@ -51,10 +58,11 @@ def test_skips_and_leaked_tasks_fail_in_workers_under_ci(
     result = pytester.runpytest_subprocess("-n", "2", "-p", "no:cacheprovider", "-q",
                                            timeout=120)
     # test_leaks passes its body and errors at teardown; test_marked errors at setup.
-    result.assert_outcomes(passed=2, failed=1, errors=2)
+    result.assert_outcomes(passed=3, failed=1, errors=3)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines_random([
         "FAILED test_rules.py::test_skips - skipped under CI=true, which forbids skips: *",
         "ERROR test_rules.py::test_marked - skipped under CI=true, which forbids skips: *",
         "ERROR test_rules.py::test_leaks - *the test left 1 asyncio task(s) running: left-behind*",
+        "ERROR test_rules.py::test_leaks_a_socket - *Exception ignored in: <socket.socket*",
     ])
