@@ -24,11 +24,9 @@ lint: $(STAMP)
 # Tests that share an expensive module-scoped fixture (a stack, a built package) carry an
 # xdist_group mark, so one worker builds it once (--dist loadgroup). pytest 9.2 drops that
 # mark (pytest-xdist issue 1386), hence pytest<9.2 in pyproject.toml; tests/conftest.py fails
-# a grouped test whose group did not reach the scheduler.
-# The default stays 0 (serial, as CI runs it) until the suite passes repeatedly in parallel:
-# with 4 workers on 2 cores it takes 18-21 min instead of 40-48, but timing-dependent tests
-# still fail now and then under that load (docs/benchmarks.md). `make test TEST_WORKERS=4`.
-TEST_WORKERS ?= 0
+# a grouped test whose group did not reach the scheduler. 4 workers on 2 cores: about 14 min
+# instead of 40 serially. `make test TEST_WORKERS=0` runs it serially.
+TEST_WORKERS ?= 4
 
 test: lint
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=10 $(PYTEST_ARGS)
