@@ -2,7 +2,7 @@
 tool installed, so nothing may silently fall out of the run); an async test that leaves an
 asyncio task running fails; garbage is collected after every test (what collection built is
 frozen first); in parallel runs (`--dist loadgroup`) a test's xdist_group must reach the
-scheduler."""
+scheduler; temporary directories live under a short root of fixed length."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import asyncio
 import gc
 import inspect
 import os
+import shutil
+import tempfile
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -25,6 +27,26 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
         report.outcome = "failed"
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
         report.longrepr = f"skipped under CI=true, which forbids skips: {reason}"
+
+
+OWN_BASETEMP = pytest.StashKey[str]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """Tests bind the VPS agent's Unix socket deep in their tmp_path, and a socket address
+    holds 107 bytes. pytest's own root, /tmp/pytest-of-USER/pytest-N, grows with N (a machine
+    past its 100th run made 8 tests fail): a fresh /tmp/mt.XXXXXXXX instead, the same length
+    on every run. Removed after a run that passed, kept for a look after one that did not.
+    Workers are given their own directory under it by xdist; --basetemp still wins."""
+    if config.option.basetemp is None and not hasattr(config, "workerinput"):
+        config.option.basetemp = config.stash[OWN_BASETEMP] = tempfile.mkdtemp(prefix="mt.")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    own = session.config.stash.get(OWN_BASETEMP, None)
+    if own is not None and exitstatus == pytest.ExitCode.OK:
+        shutil.rmtree(own, ignore_errors=True)
 
 
 GROUP_LOST = pytest.StashKey[str]()

@@ -124,6 +124,9 @@ class HttpSection(_Section):
 # Where the agent listens under remote_bin_dir, and the TCP address it had before it was
 # reached over SSH (a local forward to it is recognised and dropped by the loader).
 AGENT_SOCKET = "api/agent.sock"
+# The longest path a Unix socket can be bound at (sizeof(sun_path) - 1 on Linux); the VPS's
+# self-check holds the same figure (monitord.vps.self_check.MAX_SOCKET_PATH).
+MAX_SOCKET_PATH = 107
 LEGACY_AGENT_LISTEN = "127.0.0.1:8225"
 
 
@@ -282,6 +285,19 @@ class RemoteSection(_Section):
                 " reached over the SSH connection itself; remove them",
             )
         return data
+
+    @field_validator("remote_bin_dir")
+    @classmethod
+    def _agent_socket_fits(cls, value: str) -> str:
+        """Refused here, not by the agent failing to bind on the VPS at the first connect."""
+        socket_path = f"{value.rstrip('/')}/{AGENT_SOCKET}"
+        size = len(socket_path.encode())
+        if size > MAX_SOCKET_PATH:
+            raise ValueError(
+                f"the agent's socket {socket_path!r} would be {size} bytes, more than a Unix"
+                f" socket address holds ({MAX_SOCKET_PATH}): choose a shorter remote_bin_dir"
+                " (for example /opt/offload)")
+        return value
 
     @field_validator("proxy_jump")
     @classmethod

@@ -216,6 +216,33 @@ class TestSshConfig:
         assert error.detail == f"<config>: {expected}"
 
 
+class TestAgentSocketFits:
+    """remote_bin_dir is refused at load when the agent's socket under it could not be bound
+    (a Unix socket address holds 107 bytes), not at the agent's first start on the VPS."""
+
+    def test_the_longest_dir_that_fits_is_accepted_one_more_byte_is_not(
+        self, tmp_path: Path
+    ) -> None:
+        room = config.MAX_SOCKET_PATH - len("/" + config.AGENT_SOCKET)
+        longest = "/" + "d" * (room - 1)
+        remote = config.parse(remote_with(tmp_path, remote_bin_dir=longest + "/")).remote
+        assert remote is not None and len(remote.agent_socket()) == config.MAX_SOCKET_PATH
+        error = config_error(remote_with(tmp_path, remote_bin_dir=longest + "d"))
+        assert error.code == ErrorCode.CONFIG_INVALID
+        assert "key remote.remote_bin_dir:" in error.detail
+        assert f"would be {config.MAX_SOCKET_PATH + 1} bytes" in error.detail
+
+    def test_bytes_count_not_characters(self, tmp_path: Path) -> None:
+        room = config.MAX_SOCKET_PATH - len("/" + config.AGENT_SOCKET)
+        error = config_error(remote_with(tmp_path, remote_bin_dir="/" + "é" * (room // 2)))
+        assert "remote.remote_bin_dir" in error.detail
+
+    def test_the_vps_self_check_holds_the_same_limit(self) -> None:
+        from monitord.vps import self_check
+
+        assert self_check.MAX_SOCKET_PATH == config.MAX_SOCKET_PATH
+
+
 class TestPreCopyRule:
     """remote.pre_copy is adaptive unless an explicit pre_copy_min_bytes asks for a fixed one."""
 

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from monitord.base import config
+
 pytest_plugins = ["pytester"]
 
 CONFTEST = Path(__file__).parents[1] / "conftest.py"
@@ -24,6 +26,8 @@ import asyncio
 import socket
 
 import pytest
+
+from monitord.base import config
 
 def test_skips():
     pytest.skip("a missing tool")
@@ -66,3 +70,19 @@ def test_skips_and_leaked_tasks_fail_in_workers_under_ci(
         "ERROR test_rules.py::test_leaks - *the test left 1 asyncio task(s) running: left-behind*",
         "ERROR test_rules.py::test_leaks_a_socket - *Exception ignored in: <socket.socket*",
     ])
+
+
+# The deepest Unix socket tests bind: a VPS agent's, in a stack a benchmark builds under a
+# test directory whose name pytest cuts at 30 characters (+ "0").
+DEEPEST_SOCKET = "/" + "t" * 30 + "0/status/stack/vps/opt/api/agent.sock"
+
+
+def test_the_temporary_root_leaves_room_for_the_deepest_socket(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """A socket address holds 107 bytes: pytest's own /tmp/pytest-of-USER/pytest-N root, past
+    N = 100 and under a worker's popen-gwN, did not leave room (tests/conftest.py)."""
+    root = tmp_path_factory.getbasetemp()
+    worker = "" if root.name.startswith("popen-gw") else "/popen-gw99"
+    deepest = f"{root}{worker}{DEEPEST_SOCKET}"
+    assert len(deepest.encode()) <= config.MAX_SOCKET_PATH, deepest

@@ -15,7 +15,24 @@ from monitord.base import group_stop, proc_identity
 
 
 def _group(*argv: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(argv, start_new_session=True)
+    return subprocess.Popen(argv, start_new_session=True, stdout=subprocess.PIPE)
+
+
+async def _traps_set(child: subprocess.Popen[bytes], shells: int = 1) -> None:
+    """Until each shell of the group printed `ready` after its trap: a fixed sleep lost that
+    race on a loaded machine (the shell died of the SIGTERM it was to trap)."""
+    assert child.stdout is not None
+    for _ in range(shells):
+        line = await asyncio.wait_for(asyncio.to_thread(child.stdout.readline), timeout=30)
+        assert line == b"ready\n", line
+
+
+def _kill(child: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(child.pid, signal.SIGKILL)
+    child.wait()
+    assert child.stdout is not None
+    child.stdout.close()
 
 
 def _count_scans(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -38,18 +55,18 @@ async def test_a_scan_older_than_the_signal_never_says_gone() -> None:
     try:
         assert not await group_stop._wait_group_empty(child.pid, timeout_s=0.2, poll_s=0.02)
     finally:
-        os.killpg(child.pid, signal.SIGKILL)
-        child.wait()
+        _kill(child)
 
 
 async def test_many_groups_stopping_at_once_share_the_scans(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    children = [_group("sh", "-c", "trap 'sleep 0.3; exit 0' TERM; sleep 30 & wait")
+    children = [_group("sh", "-c", "trap 'sleep 0.3; exit 0' TERM; echo ready; sleep 30 & wait")
                 for _ in range(10)]
-    scans = _count_scans(monkeypatch)
     try:
-        await asyncio.sleep(0.1)  # the traps are set
+        for c in children:
+            await _traps_set(c)
+        scans = _count_scans(monkeypatch)
         gone = await asyncio.gather(*(
             group_stop.terminate_group(c.pid, grace_s=5.0, poll_s=0.02) for c in children
         ))
@@ -58,23 +75,20 @@ async def test_many_groups_stopping_at_once_share_the_scans(
         assert scans[0] < 60, scans
     finally:
         for c in children:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(c.pid, signal.SIGKILL)
-            c.wait()
+            _kill(c)
 
 
 async def test_a_member_outliving_its_leader_is_still_waited_for_and_killed() -> None:
     # the leader exits at SIGTERM; its child ignores SIGTERM and stays in the group
-    child = _group("sh", "-c", "sh -c 'trap \"\" TERM; exec sleep 30' & trap 'exit 0' TERM; wait")
+    child = _group("sh", "-c", "sh -c 'trap \"\" TERM; echo ready; exec sleep 30' &"
+                   " trap 'exit 0' TERM; echo ready; wait")
     try:
-        await asyncio.sleep(0.2)  # both are up, the traps set
+        await _traps_set(child, shells=2)
         assert len(proc_identity.group_members(child.pid)) == 2
         assert await group_stop.terminate_group(child.pid, grace_s=0.5, poll_s=0.02)
         assert proc_identity.group_members(child.pid) == []
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(child.pid, signal.SIGKILL)
-        child.wait()
+        _kill(child)
 
 
 async def test_a_leader_that_exits_at_sigterm_and_is_reaped_costs_no_scan(
@@ -82,18 +96,16 @@ async def test_a_leader_that_exits_at_sigterm_and_is_reaped_costs_no_scan(
 ) -> None:
     # A /proc scan reads every process's stat (tens of ms with hundreds of areas running);
     # a group whose reaped leader was its only member is known gone from one signal 0.
-    child = _group("sh", "-c", "trap 'exit 0' TERM; sleep 30 & wait")
+    child = _group("sh", "-c", "trap 'exit 0' TERM; echo ready; sleep 30 & wait")
     try:
-        await asyncio.sleep(0.1)  # the trap is set
+        await _traps_set(child)
         os.kill(child.pid, 0)
         scans = _count_scans(monkeypatch)
         # sh's own child `sleep` is in the group too: it must die before the group is gone
         assert await group_stop.terminate_group(child.pid, grace_s=5.0, reap=child.poll)
         assert child.returncode == 0  # reaped by terminate_group
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(child.pid, signal.SIGKILL)
-        child.wait()
+        _kill(child)
     # one scan at most: when init has not reaped the orphaned `sleep` yet, only a scan can
     # tell its zombie from a live member
     assert scans[0] <= 1, scans
