@@ -27,8 +27,6 @@ import socket
 
 import pytest
 
-from monitord.base import config
-
 def test_skips():
     pytest.skip("a missing tool")
 
