@@ -130,6 +130,12 @@ MAX_SOCKET_PATH = 107
 LEGACY_AGENT_LISTEN = "127.0.0.1:8225"
 
 
+def agent_socket_under(remote_bin_dir: str) -> str:
+    """The agent's Unix socket on the VPS (the agent derives the same path from its dir:
+    monitord.vps.server.socket_path)."""
+    return f"{remote_bin_dir.rstrip('/')}/{AGENT_SOCKET}"
+
+
 class ForwardSpec(_Section):
     name: str = Field(min_length=1)
     listen: HostPort
@@ -290,7 +296,7 @@ class RemoteSection(_Section):
     @classmethod
     def _agent_socket_fits(cls, value: str) -> str:
         """Refused here, not by the agent failing to bind on the VPS at the first connect."""
-        socket_path = f"{value.rstrip('/')}/{AGENT_SOCKET}"
+        socket_path = agent_socket_under(value)
         size = len(socket_path.encode())
         if size > MAX_SOCKET_PATH:
             raise ValueError(
@@ -331,9 +337,7 @@ class RemoteSection(_Section):
         return forwards
 
     def agent_socket(self) -> str:
-        """The agent's Unix socket on the VPS (the agent derives the same path from its
-        dir: monitord.vps.server.socket_path)."""
-        return f"{self.remote_bin_dir.rstrip('/')}/{AGENT_SOCKET}"
+        return agent_socket_under(self.remote_bin_dir)
 
 
 class ServiceSection(_Section):
