@@ -27,6 +27,16 @@ process itself sent (its own share of the latency). Run as `python -m
 benchmarks.bench_status_api --open URL RATE MAX_S` it is that load process: `ready`, then
 `go` starts the sending and `stop` (or MAX_S) ends it; it prints its samples as JSON.
 
+The open-loop figure has a FLOOR (`floor_*`): the same idle and busy load, during a second
+identical migration on a third fresh stack, sent not to monitord but to a server in its own
+process that answers every `GET /v1/status` with the bytes monitord's status had when the
+areas settled, and does nothing else (same HTTP framework). It is the best any design could
+do that serves the status apart from the moving areas (a thread, a process, a snapshot) on
+this machine, with the VPS, the load process and the areas' daemons on the same cores:
+`floor_ratio` is its busy p99 over its own idle p99, `ratio_to_floor` monitord's busy p99 over
+the floor's. Run as `python -m benchmarks.bench_status_api --serve PORT FILE` it is that
+server: it prints `ready` once listening and stops at a line on stdin (or its end).
+
 Called by `python -m benchmarks`; the unit smoke test calls `measure()` with small sizes. Not a
 test: nothing here is pass/fail.
 """
@@ -138,6 +148,25 @@ async def _open_loop(url: str, *, rate: float, stop: asyncio.Event, max_s: float
     return samples
 
 
+async def _constant_server(port: int, body: bytes) -> None:
+    """The floor's server: `GET /v1/status` answers `body`, and nothing else runs here."""
+    from aiohttp import web
+
+    async def status(request: web.Request) -> web.Response:
+        return web.Response(body=body, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_get("/v1/status", status)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    print("ready", flush=True)
+    try:
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    finally:
+        await runner.cleanup()
+
+
 async def _open_load_process(url: str, rate: float, max_s: float) -> None:
     loop = asyncio.get_running_loop()
     print("ready", flush=True)
@@ -155,7 +184,8 @@ async def _open_load_process(url: str, rate: float, max_s: float) -> None:
 class _LoadRun:
     """A started, ready load process (`--load URL CLIENTS REQUESTS` or `--open URL RATE
     MAX_S`): `go()`, for the open loop `stop()`, then `rows()` — its samples as it printed
-    them (each caller knows their shape)."""
+    them (each caller knows their shape). The floor's server (`--serve PORT FILE`) is started
+    the same way and ended with `close()`."""
 
     def __init__(self, proc: asyncio.subprocess.Process) -> None:
         self._proc = proc
@@ -184,6 +214,15 @@ class _LoadRun:
     def _say(self, line: bytes) -> None:
         assert self._proc.stdin is not None
         self._proc.stdin.write(line)
+
+    async def close(self) -> None:
+        """Tell it to stop (a line on stdin) and wait for it; killed if it does not."""
+        try:
+            await asyncio.wait_for(self._proc.communicate(b"stop\n"), 10)
+        finally:
+            if self._proc.returncode is None:
+                self._proc.kill()
+                await self._proc.wait()
 
     async def rows(self, *, timeout_s: float) -> list[list[Any]]:
         try:
@@ -214,20 +253,44 @@ def _open_summary(samples: list[OpenSample]) -> dict[str, float]:
             "late_p99": late_cuts[98], "late_max": late[-1]}
 
 
-async def measure_open_loop(
-    tmp: Path, *, areas: int = AREAS, rate: float = OPEN_RATE_PER_S,
-    idle_s: float = OPEN_IDLE_S,
-) -> dict[str, Any]:
-    """The open-loop figure on a fresh stack: idle for `idle_s`, then while `areas` migrate."""
-    from monitord.base.config import ServiceSection
+class _OpenRun:
+    """One open-loop run on a fresh stack: idle samples, the samples sent before every area
+    was committed remote, and what the move did besides."""
+
+    def __init__(self, idle: list[OpenSample], during: list[OpenSample], overlaps: int) -> None:
+        if len(during) < 2:
+            raise RuntimeError("the migrations finished before the open-loop load began")
+        self.idle = _open_summary(idle)
+        self.busy = _open_summary(during)
+        self.during = during
+        self.idle_count = len(idle)
+        self.overlaps = overlaps
+
+    @property
+    def ratio(self) -> float:
+        return self.busy["p99"] / self.idle["p99"]
+
+
+async def _open_run(tmp: Path, *, areas: int, rate: float, idle_s: float,
+                    floor: bool) -> tuple[_OpenRun, list[OpenSample], list[OpenSample]]:
+    """Idle for `idle_s`, then while `areas` migrate, the load sent to monitord's status or,
+    with `floor`, to the constant server holding the same bytes (module docstring)."""
+    from monitord.testing.ports import free_port
     from monitord.testing.stack import Stack, StackOptions
 
-    parallelism = ServiceSection.model_fields["parallelism"].default
     options = StackOptions(services={SERVICE: areas}, min_uptime_s=MIN_UPTIME_S,
-                           parallelism=parallelism)
-    async with Stack(tmp / "open", options) as stack:
+                           parallelism=_parallelism())
+    async with contextlib.AsyncExitStack() as exits:
+        stack = await exits.enter_async_context(Stack(tmp, options))
         url = f"http://127.0.0.1:{stack.http_port}/v1/status"
         await stack.wait_settled(expect={SERVICE: "local"}, timeout_s=60 + areas)
+        if floor:
+            body = tmp / "status.json"
+            body.write_bytes(await _body_of(url))
+            port = free_port()
+            server = await _LoadRun.start("--serve", str(port), str(body))
+            exits.push_async_callback(server.close)
+            url = f"http://127.0.0.1:{port}/v1/status"
 
         idle_run = await _LoadRun.start("--open", url, str(rate), str(OPEN_MAX_S))
         idle_run.go()
@@ -243,17 +306,42 @@ async def measure_open_loop(
         busy = await _open_samples(busy_run, timeout_s=60)
         await stack.wait_settled(expect={SERVICE: "remote"}, timeout_s=120)
         overlaps = len(stack.detector.overlaps())
-
     during = [s for s in busy if s[0] < committed_at]
-    if len(during) < 2:
-        raise RuntimeError("the migrations finished before the open-loop load began")
-    reference = _open_summary(idle)
-    loaded = _open_summary(during)
+    return _OpenRun(idle, during, overlaps), idle, busy
+
+
+async def _body_of(url: str) -> bytes:
+    """The bytes one GET answers (the floor serves monitord's own status document)."""
+    import aiohttp
+
+    timeout = aiohttp.ClientTimeout(total=OPEN_REQUEST_TIMEOUT_S)
+    async with aiohttp.ClientSession(timeout=timeout) as session, session.get(url) as resp:
+        resp.raise_for_status()
+        return await resp.read()
+
+
+def _parallelism() -> int:
+    from monitord.base.config import ServiceSection
+
+    parallelism: int = ServiceSection.model_fields["parallelism"].default
+    return parallelism
+
+
+async def measure_open_loop(
+    tmp: Path, *, areas: int = AREAS, rate: float = OPEN_RATE_PER_S,
+    idle_s: float = OPEN_IDLE_S,
+) -> dict[str, Any]:
+    """The open-loop figure on a fresh stack, then its floor on another (module docstring)."""
+    daemon, idle, busy = await _open_run(tmp / "open", areas=areas, rate=rate, idle_s=idle_s,
+                                         floor=False)
+    floor, _, _ = await _open_run(tmp / "floor", areas=areas, rate=rate, idle_s=idle_s,
+                                  floor=True)
+    during, loaded, reference = daemon.during, daemon.busy, daemon.idle
     idle_p99 = reference["p99"]
     return {
         "benchmark": "status_api_open_loop_during_migration",
         "areas_migrating": areas,
-        "parallelism": parallelism,
+        "parallelism": _parallelism(),
         "rate_per_s": rate,
         "cpus": os.cpu_count(),
         "requests": len(busy),
@@ -268,11 +356,18 @@ async def measure_open_loop(
            for name in ("p50", "p99", "max")},
         "ratio_p50_to_idle_p99": round(loaded["p50"] / idle_p99, 2),
         "ratio_max_to_idle_p99": round(loaded["max"] / idle_p99, 2),
-        "ratio": round(loaded["p99"] / idle_p99, 2),
+        "ratio": round(daemon.ratio, 2),
         "goal_p99_ms": GOAL_P99_MS,
         "send_late_p99_ms": round(loaded["late_p99"] * 1000, 2),
         "send_late_max_ms": round(loaded["late_max"] * 1000, 2),
-        "split_brain_overlaps": overlaps,
+        "floor": "the same load, during a second identical migration, against a server in its"
+                 " own process answering the same status bytes and doing nothing else",
+        "floor_p99_ms": round(floor.busy["p99"] * 1000, 2),
+        "floor_reference_p99_ms": round(floor.idle["p99"] * 1000, 2),
+        "floor_ratio": round(floor.ratio, 2),
+        "floor_send_late_p99_ms": round(floor.busy["late_p99"] * 1000, 2),
+        "ratio_to_floor": round(loaded["p99"] / floor.busy["p99"], 2),
+        "split_brain_overlaps": daemon.overlaps + floor.overlaps,
     }
 
 
@@ -373,6 +468,8 @@ if __name__ == "__main__":
         asyncio.run(_open_load_process(sys.argv[2], float(sys.argv[3]), float(sys.argv[4])))
     elif sys.argv[1:2] == ["--load"] and len(sys.argv) == 5:
         asyncio.run(_load_process(sys.argv[2], int(sys.argv[3]), int(sys.argv[4])))
+    elif sys.argv[1:2] == ["--serve"] and len(sys.argv) == 4:
+        asyncio.run(_constant_server(int(sys.argv[2]), Path(sys.argv[3]).read_bytes()))
     elif len(sys.argv) == 1:
         import logging
 
@@ -383,4 +480,4 @@ if __name__ == "__main__":
             print(json.dumps(figure, sort_keys=True), flush=True)
     else:
         sys.exit("usage: python -m benchmarks.bench_status_api [--load URL CLIENTS REQUESTS"
-                 " | --open URL RATE MAX_S]")
+                 " | --open URL RATE MAX_S | --serve PORT FILE]")
