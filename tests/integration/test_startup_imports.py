@@ -1,5 +1,5 @@
 """What `monitord run` loads before it is ready: not the SSH side (asyncssh and the modules
-built on it, monitord/remote/ssh_side.py) and not rich, with a `[remote]` section and
+built on it, monitord/remote/ssh_side.py), not rich and not tarfile, with a `[remote]` section and
 areas configured. The tunnel keeper loads the SSH side once running, and still attempts
 its connection. Checked in a fresh interpreter: the daemon of `monitord run`, with a
 notifier that looks at `sys.modules` at the moment it is told READY=1 (right after
@@ -16,7 +16,8 @@ from monitord.remote import ssh_side
 from monitord.testing.ports import free_port
 from tests.support.daemon_process import write_config
 
-WATCHED = ("rich", *ssh_side.MODULES)
+# tarfile: only a diagnostic bundle needs it (monitord.surface.bundle), at ~19 ms an import.
+WATCHED = ("rich", "tarfile", *ssh_side.MODULES)
 
 _SCRIPT = """
 import asyncio, json, sys, time
@@ -89,7 +90,7 @@ def _remote_toml(root: Path) -> str:
 class TestWhatReadinessLoads:
     """`monitord run` is ready before the SSH side is loaded; the keeper loads it after."""
 
-    def test_no_ssh_module_and_no_rich_at_readiness_then_the_keeper_loads_and_attempts(
+    def test_no_ssh_module_no_rich_no_tarfile_at_readiness_then_the_keeper_loads_and_attempts(
         self, tmp_path: Path
     ) -> None:
         root = tmp_path / "pbx"
