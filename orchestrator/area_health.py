@@ -11,7 +11,7 @@ facts come from the local supervisor and from the agent's last inventory
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from enum import StrEnum
 from typing import Any
 
@@ -52,7 +52,13 @@ class AreaProcess:
         return Health.UP if self.state == "running" else Health.DOWN
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "health": str(self.health())}
+        # Field by field: every value is a scalar, and dataclasses.asdict's deep copy cost
+        # a status document of 100 areas about 1 ms per area.
+        return {**{name: getattr(self, name) for name in _PROCESS_FIELDS},
+                "health": str(self.health())}
+
+
+_PROCESS_FIELDS = tuple(f.name for f in fields(AreaProcess))
 
 
 def recent_failures(*, failures: int, running: bool, uptime_s: float | None,
@@ -65,19 +71,48 @@ def recent_failures(*, failures: int, running: bool, uptime_s: float | None,
     return failures
 
 
+@dataclass(frozen=True, slots=True)
+class RemoteInventoryIndex:
+    """The agent's inventory document by (area, generation), built once per status document:
+    looking each area up in the lists cost every document O(areas²) (76 ms at 1000 areas)."""
+
+    entries: Mapping[tuple[Any, Any], Mapping[str, Any]]
+    live: Mapping[tuple[Any, Any], Mapping[str, Any]]  # processes alive, with a pid
+
+
+def index_inventory(inventory: Mapping[str, Any] | None) -> RemoteInventoryIndex | None:
+    """`inventory` (checked by monitord.remote.agent_client.check_inventory) indexed; the
+    first item of a key wins, as a scan of the list would find it. None stays None."""
+    if inventory is None:
+        return None
+    entries: dict[tuple[Any, Any], Mapping[str, Any]] = {}
+    live: dict[tuple[Any, Any], Mapping[str, Any]] = {}
+    for entry in inventory.get("entries", []):
+        _keep_first(entries, entry)
+    for proc in inventory.get("processes", []):
+        if proc.get("alive", True) and proc.get("pid"):
+            _keep_first(live, proc)
+    return RemoteInventoryIndex(entries=entries, live=live)
+
+
+def _keep_first(index: dict[tuple[Any, Any], Mapping[str, Any]],
+                item: Mapping[str, Any]) -> None:
+    try:
+        index.setdefault((item.get("area"), item.get("generation")), item)
+    except TypeError:  # an unhashable name or generation matches no area anyway
+        pass
+
+
 def remote_process(
-    inventory: Mapping[str, Any] | None, *, area: str, generation: int, as_of: float | None,
-    min_uptime_s: float,
+    inventory: RemoteInventoryIndex | None, *, area: str, generation: int,
+    as_of: float | None, min_uptime_s: float,
 ) -> AreaProcess:
-    """The area at `generation` in the agent's inventory document (checked by
-    monitord.remote.agent_client.check_inventory); `unknown` without one."""
+    """The area at `generation` in the agent's inventory (`index_inventory`); `unknown`
+    without one."""
     if inventory is None:
         return AreaProcess(side="remote", state="unknown")
-    entry = next((e for e in inventory.get("entries", [])
-                  if e.get("area") == area and e.get("generation") == generation), None)
-    proc = next((p for p in inventory.get("processes", [])
-                 if p.get("area") == area and p.get("generation") == generation
-                 and p.get("alive", True) and p.get("pid")), None)
+    entry = inventory.entries.get((area, generation))
+    proc = inventory.live.get((area, generation))
     restarts = int(entry.get("restarts", 0) or 0) if entry else 0
     if proc is not None:
         uptime_s = float(proc.get("uptime_s") or 0.0)

@@ -197,7 +197,9 @@ class OperatorFacade:
         Fields: docs/design.md, "HTTP API and service states".
         """
         local = {v.area: v for v in self.supervisor.inventory()}
-        services = {name: self._service_view(name, local)
+        remote = area_health.index_inventory(
+            self.reconciler.remote_inventory if self.link and self.link.connected() else None)
+        services = {name: self._service_view(name, local, remote)
                     for name in sorted(self.config.services)}
         counts = {"local": 0, "remote": 0, "migrating": 0, "orphan": 0}
         for view in services.values():
@@ -344,7 +346,8 @@ class OperatorFacade:
     # -- views -----------------------------------------------------------------------------
 
     def _area_process(
-        self, area: Area, *, moving: bool, local: Mapping[str, ProcessView]
+        self, area: Area, *, moving: bool, local: Mapping[str, ProcessView],
+        remote: area_health.RemoteInventoryIndex | None,
     ) -> dict[str, Any]:
         """How the area's daemon does on the side it is placed on (orchestrator/area_health.py);
         an area a transaction owns is `moving` (its phase tells more)."""
@@ -353,9 +356,7 @@ class OperatorFacade:
         min_uptime_s = self.config.services[area.service].min_uptime_s
         if area.location is Side.REMOTE:
             process = area_health.remote_process(
-                self.reconciler.remote_inventory if self.link and self.link.connected()
-                else None,
-                area=area.uuid, generation=area.generation,
+                remote, area=area.uuid, generation=area.generation,
                 as_of=self.reconciler.remote_inventory_at, min_uptime_s=min_uptime_s,
             )
             return process.to_dict()
@@ -379,7 +380,8 @@ class OperatorFacade:
         tunnel["last_error"] = f"{err['code']}: {err['detail']}" if err else ""
         return tunnel
 
-    def _service_view(self, service: str, local: Mapping[str, ProcessView]) -> dict[str, Any]:
+    def _service_view(self, service: str, local: Mapping[str, ProcessView],
+                      remote: area_health.RemoteInventoryIndex | None) -> dict[str, Any]:
         state = self.state
         areas = state.areas_of(service)
         txns = [t for t in state.active() if t.service == service]
@@ -408,7 +410,8 @@ class OperatorFacade:
                     "generation": a.generation,
                     "desired": state.desired_location(a).value,
                     "phase": by_area[a.uuid].phase.value if a.uuid in by_area else None,
-                    "process": self._area_process(a, moving=a.uuid in by_area, local=local),
+                    "process": self._area_process(a, moving=a.uuid in by_area, local=local,
+                                                  remote=remote),
                     # in the service's last move, if it was part of it (see last_move)
                     "last_downtime_s": downtimes.get(a.uuid),
                 }

@@ -21,6 +21,7 @@ from benchmarks import (
     bench_rollback,
     bench_startup,
     bench_status_api,
+    bench_status_views,
 )
 from tests.support.sshd import can_run_sshd
 
@@ -50,6 +51,11 @@ class TestInProcessBenchmarks:
         figures = bench_reconcile.measure(sizes=(100, 300), repeats=1)
         assert_figures(figures, count=2, names={"reconcile_pass"})
         assert [f["areas"] for f in figures] == [100, 300]
+
+    def test_status_views_report_per_area_time_for_every_size(self) -> None:
+        figures = bench_status_views.measure(sizes=(10, 30), repeats=1)
+        assert_figures(figures, count=2, names={"status_remote_area_views"})
+        assert [f["areas"] for f in figures] == [10, 30]
 
 
 class TestWholeInstallationBenchmarks:

@@ -2,18 +2,28 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from orchestrator import health_check
-from orchestrator.area_health import AreaProcess, Health, remote_process, service_findings
+from orchestrator.area_health import (
+    AreaProcess,
+    Health,
+    RemoteInventoryIndex,
+    index_inventory,
+    remote_process,
+    service_findings,
+)
 
 A, B = "aaaaaaaa-0000-4000-8000-000000000001", "bbbbbbbb-0000-4000-8000-000000000002"
 
 
-def _inventory(*, alive: bool, restarts: int, uptime_s: float = 50.0) -> dict[str, Any]:
-    return {"entries": [{"area": A, "generation": 3, "restarts": restarts}],
-            "processes": [{"area": A, "generation": 3, "pid": 41, "alive": alive,
-                           "uptime_s": uptime_s}]}
+def _inventory(*, alive: bool, restarts: int, uptime_s: float = 50.0
+               ) -> RemoteInventoryIndex | None:
+    return index_inventory(
+        {"entries": [{"area": A, "generation": 3, "restarts": restarts}],
+         "processes": [{"area": A, "generation": 3, "pid": 41, "alive": alive,
+                        "uptime_s": uptime_s}]})
 
 
 class TestTheVpsSide:
@@ -40,6 +50,38 @@ class TestTheVpsSide:
         assert (other.state, other.health()) == ("missing", Health.DOWN)
         assert remote_process(None, area=A, generation=3, as_of=None,
                               min_uptime_s=3.0).health() is Health.UNKNOWN
+
+    def test_the_first_item_of_an_area_and_generation_counts_as_a_scan_would_find_it(
+        self
+    ) -> None:
+        index = index_inventory({
+            "entries": [{"area": A, "generation": 3, "restarts": 1},
+                        {"area": A, "generation": 3, "restarts": 7}],
+            "processes": [{"area": A, "generation": 3, "pid": 40, "alive": False},
+                          {"area": A, "generation": 3, "pid": 0},
+                          {"area": A, "generation": 3, "pid": 41, "uptime_s": 9.0},
+                          {"area": A, "generation": 3, "pid": 42, "uptime_s": 9.0}],
+        })
+        seen = remote_process(index, area=A, generation=3, as_of=10.0, min_uptime_s=3.0)
+        # the first entry's count, the first process alive with a pid
+        assert (seen.state, seen.pid, seen.restarts) == ("running", 41, 1)
+
+    def test_an_item_whose_name_cannot_be_looked_up_is_passed_over(self) -> None:
+        index = index_inventory({
+            "entries": [{"area": [A], "generation": 3}, {"area": B, "generation": {}},
+                        {"area": A, "generation": 3, "restarts": 2}],
+            "processes": [{"area": {"x": 1}, "generation": 3, "pid": 5}],
+        })
+        seen = remote_process(index, area=A, generation=3, as_of=1.0, min_uptime_s=3.0)
+        assert (seen.state, seen.restarts) == ("backoff", 2)
+        assert index_inventory(None) is None
+
+    def test_the_view_as_a_document_has_every_field_and_the_health(self) -> None:
+        seen = remote_process(_inventory(alive=True, restarts=0), area=A, generation=3,
+                              as_of=1000.0, min_uptime_s=3.0)
+        assert seen.to_dict() == {**dataclasses.asdict(seen), "health": "up"}
+        local = AreaProcess(side="local", state="stopped", last_exit_status=1, restarts_1h=2)
+        assert local.to_dict() == {**dataclasses.asdict(local), "health": "down"}
 
 
 def _area(uuid: str, health: Health) -> dict[str, Any]:
