@@ -247,14 +247,27 @@ class LocalSupervisor:
         self.internal_errors = 0  # unexpected errors converging an area (logged once each)
         self._reported: set[tuple[str, str]] = set()
         self._survivors_handled = False
+        # A pass converges every area once per tick (exits, restarts due, the log hub); a
+        # wake-up in between, only the areas whose wanted run changed since (`_changed`):
+        # every phase of every move changes the wanted set, and a pass over all areas per
+        # change made a service's move O(areas²) in this loop.
+        self._tick_s = tick_s
+        self._changed: set[str] = set()
+        self._full_pass_at = 0.0
         self.loop = Periodic(TASK_NAME, iteration=self._pass, interval_s=tick_s, book=loops)
 
     # -- the engine's API ------------------------------------------------------------
 
     def set_desired(self, areas: Mapping[str, AreaRun]) -> None:
-        """Run exactly these areas (by area id); others are stopped by the loop."""
-        self._desired = dict(areas)
-        self.loop.wake()
+        """Run exactly these areas (by area id); others are stopped by the loop. The areas
+        whose run changed (added, removed, another generation or command) converge at once."""
+        old, self._desired = self._desired, dict(areas)
+        new = self._desired
+        changed = {area for area in old.keys() | new.keys()
+                   if old.get(area) is not new.get(area) and old.get(area) != new.get(area)}
+        if changed:
+            self._changed |= changed
+            self.loop.wake()
 
     def desired(self) -> dict[str, AreaRun]:
         return dict(self._desired)
@@ -450,14 +463,22 @@ class LocalSupervisor:
     async def _supervise(self) -> None:
         await self.loop.run()
 
-    async def _pass(self) -> None:
+    async def _pass(self) -> float:
         """One supervising pass: the log hub runs, ended areas' FIFOs are let go, and every
-        area converges once."""
+        area converges once — or, woken before the tick is up, the areas that changed
+        (`set_desired`). Returns the time left until the next pass over every area."""
         self._pipes.tick()
-        for area in sorted(set(self._desired) | set(self._slots)):
+        now = self._clock()
+        if now >= self._full_pass_at:
+            self._full_pass_at = now + self._tick_s
+            self._changed.clear()
+            areas = set(self._desired) | set(self._slots)
+        else:
+            areas, self._changed = self._changed, set()
+        for area in sorted(areas):
             lock = self._lock(area)
             if lock.locked():
-                continue
+                continue  # start_area / stop_area converges it; the next tick looks again
             version = self.version
             async with lock:
                 try:
@@ -469,6 +490,7 @@ class LocalSupervisor:
             # them all (an area left as it was costs no loop turn: a pass stays O(areas)).
             if self.version != version:
                 await asyncio.sleep(0)
+        return max(0.0, self._full_pass_at - self._clock())
 
     def _report_internal(self, area: str, error: Exception) -> None:
         """An unexpected error converging one area: logged with its traceback once per

@@ -185,6 +185,53 @@ class TestLoopStaysResponsive:
         assert set(range(1, len(areas))) <= set(seen), f"the loop waited for a batch: {seen}"
 
 
+class TestPassesScale:
+    """Every change of the wanted set (each phase of each move) wakes the supervisor; the
+    pass it wakes converges the areas that changed, not every area: a service's move stays
+    linear in its areas. The tick's pass still looks at every area."""
+
+    async def test_a_change_converges_the_areas_it_changed_and_no_others(
+        self, detector: Detector, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        # No tick during the test: only wake-ups drive the passes after the first.
+        supervisor = LocalSupervisor(state_dir=tmp_path / "state", stop_grace_s=1.0,
+                                     tick_s=600.0)
+        converged: list[str] = []
+        converge = supervisor._converge
+
+        async def recording(area: str) -> None:
+            converged.append(area)
+            await converge(area)
+
+        monkeypatch.setattr(supervisor, "_converge", recording)
+        areas = [f"0a0a0a0a-0000-4000-8000-{n:012d}" for n in range(20, 24)]
+        runs = {a: fake_run(detector, tmp_path, area=a) for a in areas}
+        try:
+            supervisor.set_desired(dict(list(runs.items())[:3]))
+            await supervisor.start()
+            await wait_until(lambda: len(detector.alive()) == 3, timeout_s=20,
+                             what="three areas up")
+            assert sorted(converged) == sorted(areas[:3])  # the first pass: every area
+
+            converged.clear()
+            supervisor.set_desired(runs)  # one more area
+            await wait_until(lambda: bool(detector.alive(areas[3])), timeout_s=20,
+                             what="the added area up")
+            assert converged == [areas[3]]
+
+            converged.clear()
+            supervisor.set_desired({a: runs[a] for a in areas[1:]})  # one less
+            await wait_until(lambda: not detector.alive(areas[0]), timeout_s=20,
+                             what="the removed area stopped")
+            supervisor.set_desired({a: runs[a] for a in areas[1:]})  # the same again
+            await asyncio.sleep(0.3)  # (a pass it woke would run in a loop turn)
+            assert converged == [areas[0]]
+            assert detector.overlaps() == []
+        finally:
+            await supervisor.close()
+            assert await supervisor.stop_all(grace_s=0.5)
+
+
 class TestShutdownDuringTheRecordWrite:
     """A shutdown that lands while a new daemon's record is being written (in a thread)
     leaves that daemon recorded: the next instance adopts it, never a second one."""
