@@ -22,6 +22,7 @@ from benchmarks import (
     bench_startup,
     bench_status_api,
     bench_status_views,
+    bench_supervisor_passes,
 )
 from tests.support.sshd import can_run_sshd
 
@@ -51,6 +52,13 @@ class TestInProcessBenchmarks:
         figures = bench_reconcile.measure(sizes=(100, 300), repeats=1)
         assert_figures(figures, count=2, names={"reconcile_pass"})
         assert [f["areas"] for f in figures] == [100, 300]
+
+    async def test_supervisor_passes_report_per_area_cpu_for_every_size(
+        self, tmp_path: Path
+    ) -> None:
+        figures = await bench_supervisor_passes.measure(tmp_path, sizes=(2, 4))
+        assert_figures(figures, count=2, names={"supervisor_move_away_cpu"})
+        assert [f["areas"] for f in figures] == [2, 4]
 
     def test_status_views_report_per_area_time_for_every_size(self) -> None:
         figures = bench_status_views.measure(sizes=(10, 30), repeats=1)
