@@ -108,18 +108,21 @@ async def _wait_group_empty(
 
 # One scan of /proc answers every group being waited for: with many areas stopping at once
 # (a whole service moving) each waiter polling /proc itself was most of the event loop's
-# time. A waiter only uses a scan taken after its own signal was sent, so a group that was
-# alive then is never reported gone from an older picture.
-_scan: tuple[float, frozenset[int]] = (float("-inf"), frozenset())  # (when, groups): one object
+# time. A waiter only uses a scan begun after its own signal was sent, so a group that was
+# alive then is never reported gone from an older picture. Its age counts from when it
+# ended: on a machine with many processes a scan takes longer than a poll interval, and aged
+# from its start it would be too old for the very next waiter (every waiter its own scan).
+# (begun, ended, groups): one object, replaced whole
+_scan: tuple[float, float, frozenset[int]] = (float("-inf"), float("-inf"), frozenset())
 
 
 def _live_groups(*, taken_after: float, max_age_s: float) -> frozenset[int]:
-    """The process groups with a live member, from a scan taken after `taken_after` and at
-    most `max_age_s` ago (a new scan if there is none such)."""
+    """The process groups with a live member, from a scan begun after `taken_after` and
+    ended at most `max_age_s` ago (a new scan if there is none such)."""
     global _scan
-    taken, groups = _scan
+    begun, ended, groups = _scan
     now = time.monotonic()
-    if taken <= taken_after or now - taken > max_age_s:
+    if begun <= taken_after or now - ended > max_age_s:
         groups = proc_identity.live_groups()
-        _scan = (now, groups)
+        _scan = (now, time.monotonic(), groups)
     return groups

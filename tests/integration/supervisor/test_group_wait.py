@@ -8,6 +8,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import time
 
 import pytest
 
@@ -35,16 +36,20 @@ def _kill(child: subprocess.Popen[bytes]) -> None:
     child.stdout.close()
 
 
-def _count_scans(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """From now on, [how many /proc scans were taken] (each starts with a listdir)."""
+def _count_scans(monkeypatch: pytest.MonkeyPatch, *, slow_s: float = 0.0) -> list[int]:
+    """From now on, [how many /proc scans the waiters took] — theirs only: counting every
+    listdir of the process also counted whatever else ran in it — each taking at least
+    `slow_s` (a machine with many processes)."""
     scans = [0]
-    listdir = os.listdir
+    live_groups = proc_identity.live_groups
 
-    def counting(path: object) -> list[str]:
+    def counting() -> frozenset[int]:
         scans[0] += 1
-        return listdir(path)  # type: ignore[call-overload,no-any-return]
+        if slow_s:
+            time.sleep(slow_s)  # a scan blocks the loop as the real one does
+        return live_groups()
 
-    monkeypatch.setattr(proc_identity.os, "listdir", counting)
+    monkeypatch.setattr(proc_identity, "live_groups", counting)
     return scans
 
 
@@ -71,8 +76,29 @@ async def test_many_groups_stopping_at_once_share_the_scans(
             group_stop.terminate_group(c.pid, grace_s=5.0, poll_s=0.02) for c in children
         ))
         assert all(gone)
-        # each waiter polls ~15 times in 0.3 s; alone, 10 waiters would scan ~150 times
-        assert scans[0] < 60, scans
+        # every waiter needs a scan after its leader exits: sharing, far fewer than 10
+        assert scans[0] < len(children) // 2, scans
+    finally:
+        for c in children:
+            _kill(c)
+
+
+async def test_the_waiters_share_a_scan_that_takes_longer_than_their_poll(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A /proc with many processes: one scan takes longer than the waiters' poll interval.
+    # Aged from its start, it was too old for the next waiter at once: a scan each.
+    children = [_group("sh", "-c", "trap 'sleep 0.3; exit 0' TERM; echo ready; sleep 30 & wait")
+                for _ in range(10)]
+    try:
+        for c in children:
+            await _traps_set(c)
+        scans = _count_scans(monkeypatch, slow_s=0.03)
+        gone = await asyncio.gather(*(
+            group_stop.terminate_group(c.pid, grace_s=5.0, poll_s=0.02) for c in children
+        ))
+        assert all(gone)
+        assert scans[0] < len(children) // 2, scans
     finally:
         for c in children:
             _kill(c)
