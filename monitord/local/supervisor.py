@@ -468,9 +468,8 @@ class LocalSupervisor:
         area converges once — or, woken before the tick is up, the areas that changed
         (`set_desired`). Returns the time left until the next pass over every area."""
         self._pipes.tick()
-        now = self._clock()
-        if now >= self._full_pass_at:
-            self._full_pass_at = now + self._tick_s
+        full = self._clock() >= self._full_pass_at
+        if full:
             self._changed.clear()
             areas = set(self._desired) | set(self._slots)
         else:
@@ -478,7 +477,7 @@ class LocalSupervisor:
         for area in sorted(areas):
             lock = self._lock(area)
             if lock.locked():
-                continue  # start_area / stop_area converges it; the next tick looks again
+                continue  # held by a start or a stop under way: the next full pass looks again
             version = self.version
             async with lock:
                 try:
@@ -490,6 +489,8 @@ class LocalSupervisor:
             # them all (an area left as it was costs no loop turn: a pass stays O(areas)).
             if self.version != version:
                 await asyncio.sleep(0)
+        if full:  # the next one a tick after this one ended, as the loop's own interval
+            self._full_pass_at = self._clock() + self._tick_s
         return max(0.0, self._full_pass_at - self._clock())
 
     def _report_internal(self, area: str, error: Exception) -> None:
