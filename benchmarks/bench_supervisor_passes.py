@@ -2,10 +2,12 @@
 area, at 100 and 300 areas. Linear growth means flat per-area CPU: the 300-area figure's
 `ratio` is its per-area CPU against the 100-area one measured in the same run.
 
-`AREAS` local areas run (`/bin/sleep`, started and settled before the clock starts); then the
-wanted set loses one area at a time, as a move away takes each, and every loss is followed by
-`NOTIFICATIONS` calls of `set_desired` a few milliseconds apart (a move's other phases each
-notify the supervisor too) — until every daemon is stopped. The CPU time of this process
+The areas run (`/bin/sleep`, started and settled before the clock starts); then the wanted
+set loses one area at a time, as a move away takes each, and every area's move makes
+`NOTIFICATIONS` calls of `set_desired` a few milliseconds apart, the first without the area
+and the others with the same set again (the engine notifies the supervisor at every phase of
+every move; only the source's stop changes what runs here) — until every daemon is
+stopped. The CPU time of this process
 (the supervisor and its loop, nothing else runs here) over that stretch.
 
 Called by `python -m benchmarks`; the unit smoke test calls `measure()` with small sizes.
