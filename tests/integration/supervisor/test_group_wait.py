@@ -20,8 +20,12 @@ def _group(*argv: str) -> subprocess.Popen[bytes]:
 
 
 async def _traps_set(child: subprocess.Popen[bytes], shells: int = 1) -> None:
-    """Until each shell of the group printed `ready` after its trap: a fixed sleep lost that
-    race on a loaded machine (the shell died of the SIGTERM it was to trap)."""
+    """Until each shell of the group printed `ready` once its signals are as the test needs
+    them. A fixed sleep lost that race on a loaded machine (the shell died of the SIGTERM it
+    was to trap). And a background `sleep` the test's SIGTERM must kill prints the `ready`
+    itself, from its subshell, before its exec: a SIGTERM that reaches a just-forked child
+    before it has reset its parent's trap is taken by that trap and lost, and the `sleep`
+    then lived until the SIGKILL 5 s later, polled all along (up to 199 scans)."""
     assert child.stdout is not None
     for _ in range(shells):
         line = await asyncio.wait_for(asyncio.to_thread(child.stdout.readline), timeout=30)
@@ -36,21 +40,55 @@ def _kill(child: subprocess.Popen[bytes]) -> None:
     child.stdout.close()
 
 
-def _count_scans(monkeypatch: pytest.MonkeyPatch, *, slow_s: float = 0.0) -> list[int]:
-    """From now on, [how many /proc scans the waiters took] — theirs only: counting every
-    listdir of the process also counted whatever else ran in it — each taking at least
-    `slow_s` (a machine with many processes)."""
-    scans = [0]
-    live_groups = proc_identity.live_groups
+def _count_scans(monkeypatch: pytest.MonkeyPatch, *, slow_s: float = 0.0
+                 ) -> tuple[list[int], list[int]]:
+    """From now on, ([the /proc scans the waiters took], [the times they asked for one]) —
+    theirs only: counting every listdir of the process also counted whatever else ran in
+    it. Each scan takes at least `slow_s` (a machine with many processes)."""
+    scans, polls = [0], [0]
+    live_groups, ask = proc_identity.live_groups, group_stop._live_groups
 
-    def counting() -> frozenset[int]:
+    def scanning() -> frozenset[int]:
         scans[0] += 1
         if slow_s:
             time.sleep(slow_s)  # a scan blocks the loop as the real one does
         return live_groups()
 
-    monkeypatch.setattr(proc_identity, "live_groups", counting)
-    return scans
+    def asking(*, taken_after: float, max_age_s: float) -> frozenset[int]:
+        polls[0] += 1
+        return ask(taken_after=taken_after, max_age_s=max_age_s)
+
+    monkeypatch.setattr(proc_identity, "live_groups", scanning)
+    monkeypatch.setattr(group_stop, "_live_groups", asking)
+    return scans, polls
+
+
+# A group whose leader exits at SIGTERM and whose other member lives 0.3 s more: every
+# waiter's leader is gone at once, and then all of them poll the scans together until the
+# members are gone (two `ready` lines: the leader's, after its trap, and the member's
+# `sleep`'s, whose shell set its trap before starting it).
+_MEMBER_OUTLIVES_LEADER = (
+    "sh -c \"trap 'sleep 0.3; exit 0' TERM; (echo ready; exec sleep 30) & wait\" &"
+    " trap 'exit 0' TERM; echo ready; wait"
+)
+
+
+async def _stop_all_at_once(monkeypatch: pytest.MonkeyPatch, *, slow_s: float = 0.0
+                            ) -> tuple[int, int]:
+    """(scans, polls) of stopping ten such groups at once."""
+    children = [_group("sh", "-c", _MEMBER_OUTLIVES_LEADER) for _ in range(10)]
+    try:
+        for c in children:
+            await _traps_set(c, shells=2)
+        scans, polls = _count_scans(monkeypatch, slow_s=slow_s)
+        gone = await asyncio.gather(*(
+            group_stop.terminate_group(c.pid, grace_s=5.0, poll_s=0.02) for c in children
+        ))
+        assert all(gone)
+        return scans[0], polls[0]
+    finally:
+        for c in children:
+            _kill(c)
 
 
 async def test_a_scan_older_than_the_signal_never_says_gone() -> None:
@@ -66,42 +104,18 @@ async def test_a_scan_older_than_the_signal_never_says_gone() -> None:
 async def test_many_groups_stopping_at_once_share_the_scans(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    children = [_group("sh", "-c", "trap 'sleep 0.3; exit 0' TERM; echo ready; sleep 30 & wait")
-                for _ in range(10)]
-    try:
-        for c in children:
-            await _traps_set(c)
-        scans = _count_scans(monkeypatch)
-        gone = await asyncio.gather(*(
-            group_stop.terminate_group(c.pid, grace_s=5.0, poll_s=0.02) for c in children
-        ))
-        assert all(gone)
-        # every waiter needs a scan after its leader exits: sharing, far fewer than 10
-        assert scans[0] < len(children) // 2, scans
-    finally:
-        for c in children:
-            _kill(c)
+    scans, polls = await _stop_all_at_once(monkeypatch)
+    # ten waiters polling together: about one scan a round; each its own would be one a poll
+    assert polls >= 20 and scans * 3 <= polls, (scans, polls)
 
 
 async def test_the_waiters_share_a_scan_that_takes_longer_than_their_poll(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # A /proc with many processes: one scan takes longer than the waiters' poll interval.
-    # Aged from its start, it was too old for the next waiter at once: a scan each.
-    children = [_group("sh", "-c", "trap 'sleep 0.3; exit 0' TERM; echo ready; sleep 30 & wait")
-                for _ in range(10)]
-    try:
-        for c in children:
-            await _traps_set(c)
-        scans = _count_scans(monkeypatch, slow_s=0.03)
-        gone = await asyncio.gather(*(
-            group_stop.terminate_group(c.pid, grace_s=5.0, poll_s=0.02) for c in children
-        ))
-        assert all(gone)
-        assert scans[0] < len(children) // 2, scans
-    finally:
-        for c in children:
-            _kill(c)
+    # Aged from when it began, it was too old for the next waiter at once: a scan each.
+    scans, polls = await _stop_all_at_once(monkeypatch, slow_s=0.03)
+    assert polls >= 20 and scans * 3 <= polls, (scans, polls)
 
 
 async def test_a_member_outliving_its_leader_is_still_waited_for_and_killed() -> None:
@@ -122,16 +136,17 @@ async def test_a_leader_that_exits_at_sigterm_and_is_reaped_costs_no_scan(
 ) -> None:
     # A /proc scan reads every process's stat (tens of ms with hundreds of areas running);
     # a group whose reaped leader was its only member is known gone from one signal 0.
-    child = _group("sh", "-c", "trap 'exit 0' TERM; echo ready; sleep 30 & wait")
+    # sh's own child `sleep` is in the group too and dies of the same SIGTERM; sh reaps it
+    # before it exits (an orphan left to init could be a zombie there a moment, which only a
+    # scan tells from a live member, and a dying one a live member on a loaded machine).
+    child = _group("sh", "-c", "trap 'wait; exit 0' TERM; (echo ready; exec sleep 30) & wait")
     try:
         await _traps_set(child)
         os.kill(child.pid, 0)
-        scans = _count_scans(monkeypatch)
-        # sh's own child `sleep` is in the group too: it must die before the group is gone
+        scans, _ = _count_scans(monkeypatch)
         assert await group_stop.terminate_group(child.pid, grace_s=5.0, reap=child.poll)
         assert child.returncode == 0  # reaped by terminate_group
     finally:
         _kill(child)
-    # one scan at most: when init has not reaped the orphaned `sleep` yet, only a scan can
-    # tell its zombie from a live member
+    # one scan at most: the leader watch looks again after 0.25 s should sh still be waiting
     assert scans[0] <= 1, scans
