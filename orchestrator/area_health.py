@@ -90,9 +90,14 @@ def index_inventory(inventory: Mapping[str, Any] | None) -> RemoteInventoryIndex
     for entry in inventory.get("entries", []):
         _keep_first(entries, entry)
     for proc in inventory.get("processes", []):
-        if proc.get("alive", True) and proc.get("pid"):
+        if is_live(proc):
             _keep_first(live, proc)
     return RemoteInventoryIndex(entries=entries, live=live)
+
+
+def is_live(proc: Mapping[str, Any]) -> bool:
+    """A process of the agent's inventory that runs: not said dead, and with a pid."""
+    return bool(proc.get("alive", True) and proc.get("pid"))
 
 
 def _keep_first(index: dict[tuple[Any, Any], Mapping[str, Any]],

@@ -23,7 +23,7 @@ from monitord.engine.lease_renewer import LeaseRenewer
 from monitord.engine.placement_state import PlacementState
 from monitord.remote import artifact
 from monitord.remote.shared_facts import SharedFacts
-from orchestrator import disk_space
+from orchestrator import area_health, disk_space
 from orchestrator import lineage as lineages
 from orchestrator.cleanup_policy import SideObservation
 from orchestrator.errors import ErrorCode, MonitordError, error_for
@@ -293,9 +293,9 @@ class RemoteSide:
     async def uptime(self, *, area: str, generation: int) -> float | None:
         raw = await self._link().agent.inventory_raw()
         for proc in raw.get("processes", []):
-            if proc.get("area") == area and proc.get("generation") == generation:
-                if proc.get("alive", True) and proc.get("pid"):
-                    return float(proc.get("uptime_s") or 0.0)
+            if proc.get("area") == area and proc.get("generation") == generation \
+                    and area_health.is_live(proc):
+                return float(proc.get("uptime_s") or 0.0)
         return None
 
     async def healthy_by(

@@ -37,7 +37,7 @@ from typing import Any, Protocol
 from urllib.parse import quote, urlencode
 
 from monitord.base import bounded_json, log_tail, logs, tree_digest
-from orchestrator import names
+from orchestrator import area_health, names
 from orchestrator.errors import ErrorCode, MonitordError, TransientError, error_for
 from orchestrator.models import ProcessInfo, RemoteEntry, RemoteInventory
 
@@ -586,6 +586,6 @@ def to_remote_inventory(raw: Mapping[str, Any], *, now: float | None = None) -> 
             started_at=float(p.get("started_at") or wall),
         )
         for p in raw.get("processes", [])
-        if p.get("pid") and p.get("alive", True)
+        if area_health.is_live(p)
     )
     return RemoteInventory(entries=tuple(entries), processes=processes)
