@@ -261,8 +261,8 @@ class LocalSupervisor:
     def set_desired(self, areas: Mapping[str, AreaRun]) -> None:
         """Run exactly these areas (by area id); others are stopped by the loop. The areas
         whose run changed (added, removed, another generation or command) converge at once."""
-        old, self._desired = self._desired, dict(areas)
-        new = self._desired
+        old, new = self._desired, dict(areas)
+        self._desired = new
         changed = {area for area in old.keys() | new.keys()
                    if old.get(area) is not new.get(area) and old.get(area) != new.get(area)}
         if changed:
