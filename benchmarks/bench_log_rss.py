@@ -30,9 +30,10 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
+
+from benchmarks.waiting import until
 
 SIZES = (1, 10, 100)
 SETTLE_S = 1.5  # after every daemon runs: each has printed a line, the hub has read them
@@ -86,14 +87,6 @@ def _log_processes(logs_dir: Path) -> list[int]:
     return found
 
 
-async def _until(predicate: Any, *, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"no {what} within {timeout_s} s")
-        await asyncio.sleep(0.05)  # poll interval of a deadline loop
-
-
 def _kill_groups(pgids: set[int]) -> None:
     for pgid in pgids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -132,10 +125,10 @@ async def _pbx_path(root: Path, areas: int) -> dict[str, int]:
     await supervisor.start()
     pgids: set[int] = set()
     try:
-        await _until(lambda: all(v.state == "running" for v in supervisor.inventory())
+        await until(lambda: all(v.state == "running" for v in supervisor.inventory())
                      and len(supervisor.inventory()) == areas, timeout_s=120,
                      what=f"{areas} areas running")
-        await _until(lambda: len(_log_processes(supervisor.logs_dir)) == 1, timeout_s=30,
+        await until(lambda: len(_log_processes(supervisor.logs_dir)) == 1, timeout_s=30,
                      what="the log hub")
         await asyncio.sleep(SETTLE_S)  # every daemon has printed and been read
         pgids = {v.pid for v in supervisor.inventory() if v.pid is not None}
@@ -156,7 +149,7 @@ async def _vps_path(root: Path, areas: int) -> dict[str, int]:
     try:
         # as in the agent, which starts it long before its first area
         runner.ensure_forkserver()
-        await _until(runner.forkserver_socket.exists, timeout_s=30, what="the fork server")
+        await until(runner.forkserver_socket.exists, timeout_s=30, what="the fork server")
         for i in range(areas):
             spec = AreaSpec(area=_area(i), service="bench", generation=1, owner_id="bench",
                             command=DAEMON, data_dir=str(root / "vps" / "data" / str(i)))
@@ -167,8 +160,8 @@ async def _vps_path(root: Path, areas: int) -> dict[str, int]:
             runner.learn_daemons(handles)
             return all(h.daemon is not None for h in handles)
 
-        await _until(all_started, timeout_s=120, what=f"{areas} guarded daemons running")
-        await _until(lambda: len(_log_processes(runner.logs_dir)) == 1, timeout_s=30,
+        await until(all_started, timeout_s=120, what=f"{areas} guarded daemons running")
+        await until(lambda: len(_log_processes(runner.logs_dir)) == 1, timeout_s=30,
                      what="the log hub")
         await asyncio.sleep(SETTLE_S)
         server = runner.forkserver_pid()
@@ -208,7 +201,7 @@ async def _one_sink_kib(root: Path) -> int:
     sink, write_end = _start_sink(root)
     try:
         os.write(write_end, b"tick\n")
-        await _until(lambda: (root / "one.log").exists(), timeout_s=30, what="the sink's file")
+        await until(lambda: (root / "one.log").exists(), timeout_s=30, what="the sink's file")
         await asyncio.sleep(SETTLE_S)
         return _rss_kib(sink.pid)
     finally:

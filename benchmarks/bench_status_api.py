@@ -254,16 +254,17 @@ def _open_summary(samples: list[OpenSample]) -> dict[str, float]:
 
 
 class _OpenRun:
-    """One open-loop run on a fresh stack: idle samples, the samples sent before every area
-    was committed remote, and what the move did besides."""
+    """One open-loop run on a fresh stack: its idle and busy samples, the busy ones sent
+    before every area was committed remote (`during`), their summaries, and the overlaps."""
 
-    def __init__(self, idle: list[OpenSample], during: list[OpenSample], overlaps: int) -> None:
-        if len(during) < 2:
+    def __init__(self, idle: list[OpenSample], busy: list[OpenSample], *, committed_at: float,
+                 overlaps: int) -> None:
+        self.idle_samples, self.busy_samples = idle, busy
+        self.during = [s for s in busy if s[0] < committed_at]
+        if len(self.during) < 2:
             raise RuntimeError("the migrations finished before the open-loop load began")
         self.idle = _open_summary(idle)
-        self.busy = _open_summary(during)
-        self.during = during
-        self.idle_count = len(idle)
+        self.busy = _open_summary(self.during)
         self.overlaps = overlaps
 
     @property
@@ -272,7 +273,7 @@ class _OpenRun:
 
 
 async def _open_run(tmp: Path, *, areas: int, rate: float, idle_s: float,
-                    floor: bool) -> tuple[_OpenRun, list[OpenSample], list[OpenSample]]:
+                    floor: bool) -> _OpenRun:
     """Idle for `idle_s`, then while `areas` migrate, the load sent to monitord's status or,
     with `floor`, to the constant server holding the same bytes (module docstring)."""
     from monitord.testing.ports import free_port
@@ -306,8 +307,7 @@ async def _open_run(tmp: Path, *, areas: int, rate: float, idle_s: float,
         busy = await _open_samples(busy_run, timeout_s=60)
         await stack.wait_settled(expect={SERVICE: "remote"}, timeout_s=120)
         overlaps = len(stack.detector.overlaps())
-    during = [s for s in busy if s[0] < committed_at]
-    return _OpenRun(idle, during, overlaps), idle, busy
+    return _OpenRun(idle, busy, committed_at=committed_at, overlaps=overlaps)
 
 
 async def _body_of(url: str) -> bytes:
@@ -332,11 +332,10 @@ async def measure_open_loop(
     idle_s: float = OPEN_IDLE_S,
 ) -> dict[str, Any]:
     """The open-loop figure on a fresh stack, then its floor on another (module docstring)."""
-    daemon, idle, busy = await _open_run(tmp / "open", areas=areas, rate=rate, idle_s=idle_s,
-                                         floor=False)
-    floor, _, _ = await _open_run(tmp / "floor", areas=areas, rate=rate, idle_s=idle_s,
-                                  floor=True)
-    during, loaded, reference = daemon.during, daemon.busy, daemon.idle
+    daemon = await _open_run(tmp / "open", areas=areas, rate=rate, idle_s=idle_s, floor=False)
+    floor = await _open_run(tmp / "floor", areas=areas, rate=rate, idle_s=idle_s, floor=True)
+    idle, busy, during = daemon.idle_samples, daemon.busy_samples, daemon.during
+    loaded, reference = daemon.busy, daemon.idle
     idle_p99 = reference["p99"]
     return {
         "benchmark": "status_api_open_loop_during_migration",
@@ -410,10 +409,9 @@ async def measure(
 async def _measure_closed_loop(
     tmp: Path, *, areas: int, clients: int, requests_per_client: int
 ) -> dict[str, Any]:
-    from monitord.base.config import ServiceSection
     from monitord.testing.stack import Stack, StackOptions
 
-    parallelism = ServiceSection.model_fields["parallelism"].default
+    parallelism = _parallelism()
     options = StackOptions(services={SERVICE: areas}, min_uptime_s=MIN_UPTIME_S,
                            parallelism=parallelism)
     async with Stack(tmp / "stack", options) as stack:

@@ -19,23 +19,15 @@ from __future__ import annotations
 import asyncio
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from benchmarks.waiting import until
 
 SIZES = (100, 300)
 NOTIFICATIONS = 5
 NOTIFICATION_GAP_S = 0.005
-POLL_S = 0.05
 WAIT_S = 120.0  # for every daemon to start, and for the last ones to stop
-
-
-async def _until(predicate: Callable[[], bool], *, what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"not within {WAIT_S} s: {what}")
-        await asyncio.sleep(POLL_S)  # poll interval of a deadline loop
 
 
 async def _move_away_cpu_s(root: Path, areas: int) -> float:
@@ -50,8 +42,8 @@ async def _move_away_cpu_s(root: Path, areas: int) -> float:
     try:
         supervisor.set_desired(runs)
         await supervisor.start()
-        await _until(lambda: sum(1 for view in supervisor.inventory() if view.pid) == areas,
-                     what=f"{areas} daemons running")
+        await until(lambda: sum(1 for view in supervisor.inventory() if view.pid) == areas,
+                    timeout_s=WAIT_S, what=f"{areas} daemons running")
         wanted = dict(runs)
         started = time.process_time()
         for area in runs:
@@ -59,8 +51,8 @@ async def _move_away_cpu_s(root: Path, areas: int) -> float:
             for _ in range(NOTIFICATIONS):
                 supervisor.set_desired(dict(wanted))
                 await asyncio.sleep(NOTIFICATION_GAP_S)
-        await _until(lambda: not any(view.pid for view in supervisor.inventory()),
-                     what="every daemon stopped")
+        await until(lambda: not any(view.pid for view in supervisor.inventory()),
+                    timeout_s=WAIT_S, what="stop of every daemon")
         return time.process_time() - started
     finally:
         await supervisor.close()
