@@ -43,6 +43,15 @@ async def terminate_group(
                                        leader=leader, reap=reap)
 
 
+async def wait_group_gone(pgid: int, *, timeout_s: float, poll_s: float = 0.02) -> bool:
+    """Wait (at most `timeout_s`) until a group already sent SIGKILL has no live member; sends
+    nothing. A SIGKILLed process can take a while to die (giving back a large memory takes
+    about 0.1 s a GiB): one look right after the signal can still find it running."""
+    if not proc_identity.group_exists(pgid):
+        return True
+    return await _wait_group_empty(pgid, timeout_s=timeout_s, poll_s=poll_s)
+
+
 # While the group's leader lives, the group is not empty: rather than scanning /proc every
 # poll, wait for the leader's pidfd to become readable (it exits) and scan then — scanning
 # anyway this often, so that a leader already gone and its pid reused costs time, never a

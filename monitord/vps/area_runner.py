@@ -47,6 +47,7 @@ _POLL_S = 0.02
 # A guard we started reports its daemon's pid; one that has not after this long (it could
 # not write the file) is looked for by a scan of /proc, as an adopted one always is.
 _REPORT_WAIT_S = 2.0
+_DYING_WAIT_S = 2.0  # a SIGKILLed member of a daemon's group gets this long to die
 _LOG_DRAIN_S = 2.0  # a stop waits this long for the hub to write the last words
 _FORKSERVER_RETRY_S = 5.0  # a fork server that died is started again at most this often
 
@@ -337,10 +338,11 @@ class AreaRunner:
                     proc_identity.signal_group(pgid, signal.SIGKILL)
             gone = await self._wait_exited(handle, timeout_s=2.0)
         if daemon_pid is not None and gone:
-            # (no process at all in the group: known from a signal 0; a scan of /proc, every
-            # process's stat, only when something is left to tell zombies from the living)
-            gone = (not proc_identity.group_exists(daemon_pid)
-                    or not proc_identity.group_members(daemon_pid))
+            # The guard SIGKILLed the daemon's group before it exited, but a member may still
+            # be dying: wait for it rather than signal again (the group may be empty and its
+            # number anyone's by now). A signal 0 says "no process at all" without a scan.
+            gone = await group_stop.wait_group_gone(daemon_pid, timeout_s=_DYING_WAIT_S,
+                                                    poll_s=_POLL_S)
         if gone:
             self._record_path(handle.spec.area).unlink(missing_ok=True)
             self._daemon_path(handle.spec.area).unlink(missing_ok=True)

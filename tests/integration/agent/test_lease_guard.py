@@ -5,6 +5,7 @@ lease file, a signal, the daemon's exit."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -155,5 +156,41 @@ async def test_the_agent_believes_a_reported_pid_only_from_the_guards_own_child(
         if not handle.exited():
             proc_identity.signal_group(handle.pid, signal.SIGKILL)
         if handle.popen is not None:  # reaped, as the agent's tick does
+            handle.popen.wait(timeout=10)
+        runner.close()
+
+
+async def test_a_stop_waits_for_a_member_still_dying_after_its_guard(tmp_path: Path) -> None:
+    """The guard SIGKILLs its daemon's group and exits once the daemon itself is reaped; a
+    member of that group may take a while longer to die (here: 1 GiB of memory to give
+    back, about 0.1 s). The stop waits for it rather than calling the area stuck."""
+    runner = area_runner.AreaRunner(base_dir=tmp_path / "agent", stop_grace_s=2.0,
+                                    fence_grace_s=0.5)
+    ready = tmp_path / "member-ready"
+    member = (f"x = b'\\x01' * (1 << 30); open({str(ready)!r}, 'w').close(); "
+              "import time; time.sleep(60)")
+    spec = AreaSpec(area=AREA, service="tg", generation=1, owner_id="o",
+                    command=("sh", "-c", '"$0" -c "$1" & wait', sys.executable, member),
+                    data_dir=str(tmp_path / "data"))
+    runner.grant(spec, ttl_s=60.0)
+    handle = runner.spawn(spec)
+    members: list[int] = []
+    try:
+        deadline = time.monotonic() + 20
+        while (daemon := runner.daemon_pids([handle])[handle.pid]) is None or not ready.exists():
+            assert not handle.exited(), "the guard exited before its daemon was up"
+            assert time.monotonic() < deadline, "the daemon's member never got ready"
+            await asyncio.sleep(0.02)
+        members = [pid for pid in proc_identity.group_members(daemon) if pid != daemon]
+        assert len(members) == 1, members
+        assert await runner.stop(handle, fence=False)
+        assert proc_identity.group_members(daemon) == []
+    finally:
+        for pid in members:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if not handle.exited():
+            proc_identity.signal_group(handle.pid, signal.SIGKILL)
+        if handle.popen is not None:
             handle.popen.wait(timeout=10)
         runner.close()
