@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -149,3 +150,16 @@ class ClickingBrowser:
     async def sent_changes(self) -> list[SentRequest]:
         """The requests since the last call that could change something (not GET)."""
         return [r for r in await self.sent() if r.method not in ("GET", "HEAD")]
+
+    async def changes_sent(self, count: int, *, timeout_s: float = WAIT_S) -> list[SentRequest]:
+        """The changes sent since the last call, once at least `count` are in the log: the
+        log can lag what the page already shows (a refusal rendered before its request's
+        entry reached the log). More than `count` are all returned: the caller compares."""
+        found = await self.sent_changes()
+        deadline = time.monotonic() + timeout_s
+        while len(found) < count:
+            if time.monotonic() >= deadline:
+                raise AssertionError(f"{len(found)} changes in the log, {count} expected: {found}")
+            await asyncio.sleep(0.1)
+            found += await self.sent_changes()
+        return found

@@ -131,7 +131,7 @@ class TestConfirmedMove:
         await wait_outcome(browser, "confirmed")
         await wait_row(browser, "tg", desired="remote", state="idle", local="0", remote="2",
                        migrating="0", timeout_s=MOVE_TIMEOUT_S)
-        [put] = await browser.sent_changes()
+        [put] = await browser.changes_sent(1)
         assert (put.method, put.url.rsplit("/v1/", 1)[1]) == ("PUT", "services/tg/placement")
         assert json.loads(put.body) == {"location": "remote"}
         await stack.wait_settled(expect={"tg": "remote", "chats": "local"})
@@ -208,7 +208,7 @@ class TestRefusedRequest:
         assert errors.lookup(code).code == "CONFIG_CORRUPT"
         assert "custom_config.json" in await browser.text("#request-error .req-detail")
         assert await browser.text("#request-error .req-what") == "move tg to remote"
-        [put] = await browser.sent_changes()
+        [put] = await browser.changes_sent(1)
         assert put.method == "PUT"
 
         custom_config.write_bytes(good)
@@ -267,7 +267,7 @@ class TestGiveUpTheVps:
                               what="the give-up dialog, again")
         await browser.click("#confirm-give-up .give-up-ok")
         await wait_row(browser, "tg", desired="local", local="1", timeout_s=MOVE_TIMEOUT_S)
-        [post] = await browser.sent_changes()
+        [post] = await browser.changes_sent(1)
         assert (post.method, post.url.rsplit("/v1/", 1)[1]) == ("POST", "services/tg/give-up")
         await stack.heal()
         await stack.wait_settled(expect={"tg": "local", "chats": "local"}, timeout_s=90)
@@ -294,7 +294,7 @@ class TestLocalAuthority:
         await browser.wait_js(token_dialog_open, what="the token dialog")
         assert not await browser.alert_open()
         assert token not in await browser.js("return document.documentElement.outerHTML")
-        [refused] = await browser.sent_changes()
+        [refused] = await browser.changes_sent(1)
         assert refused.method == "PUT" and "Authorization" not in refused.headers
         await browser.click("#token-dialog .token-cancel")
         await browser.wait_js(
@@ -310,16 +310,24 @@ class TestLocalAuthority:
         await open_dialog(browser, "tg", "remote")
         await browser.click("#confirm-move .confirm-ok")
         await browser.wait_js(token_dialog_open, what="the token dialog, again")
-        await browser.type("#token-input", token[:-1] + ("x" if token[-1] != "x" else "y"))
+        wrong_token = token[:-1] + ("x" if token[-1] != "x" else "y")
+        await browser.type("#token-input", wrong_token)
         await browser.click("#token-dialog .token-ok")
+        # The error region still shows the first refusal's code: what tells that the change
+        # went out again with the wrong token and was refused is the log and the tab's storage.
         await browser.wait_js(
-            "return document.getElementById('request-error').dataset.code === 'API_UNAUTHORIZED'"
-            " && !document.getElementById('token-dialog').open",
-            what="a wrong token refused",
+            "return document.getElementById('token-dialog').dataset.outcome === 'given'",
+            what="the wrong token given",
         )
-        assert await browser.js(f"return sessionStorage.getItem('{TOKEN_KEY}')") is None
+        refused, with_wrong_token = await browser.changes_sent(2)
+        assert "Authorization" not in refused.headers
+        assert with_wrong_token.headers.get("Authorization") == f"Bearer {wrong_token}"
+        await browser.wait_js(
+            f"return sessionStorage.getItem('{TOKEN_KEY}') === null"
+            " && document.getElementById('request-error').dataset.code === 'API_UNAUTHORIZED'",
+            what="a wrong token refused and not kept",
+        )
         assert (await stack.status())["services"]["tg"]["desired"] == "local"
-        await browser.sent()
 
         # The right one: the move the operator confirmed is sent again, with the token.
         await open_dialog(browser, "tg", "remote")
@@ -329,7 +337,7 @@ class TestLocalAuthority:
         await browser.click("#token-dialog .token-ok")
         await wait_row(browser, "tg", desired="remote", state="idle", local="0", remote="1",
                        timeout_s=MOVE_TIMEOUT_S)
-        first, second = await browser.sent_changes()
+        first, second = await browser.changes_sent(2)
         assert "Authorization" not in first.headers
         assert (second.method, second.url.rsplit("/v1/", 1)[1]) == ("PUT", "services/tg/placement")
         assert second.headers.get("Authorization") == f"Bearer {token}"
@@ -342,6 +350,6 @@ class TestLocalAuthority:
         await browser.click("#confirm-move .confirm-ok")
         await wait_row(browser, "tg", desired="local", state="idle", local="1", remote="0",
                        timeout_s=MOVE_TIMEOUT_S)
-        [put] = await browser.sent_changes()
+        [put] = await browser.changes_sent(1)
         assert put.headers.get("Authorization") == f"Bearer {token}"
         await stack.wait_settled(expect={"tg": "local"})
