@@ -41,7 +41,7 @@ ALL_FORWARDS_READY = {"nats": True, "license": True}
 
 @dataclass
 class StandInAgent:
-    """The agent's /livez and /v1/inventory on a Unix socket, reached over SSH."""
+    """The agent's /livez, /v1/inventory and /v1/routes on a Unix socket, reached over SSH."""
 
     secret: bytes
     conn: asyncssh.SSHClientConnection
@@ -96,9 +96,16 @@ async def agent(
             return web.json_response({"error": {"code": "AGENT_UNAUTHORIZED"}}, status=401)
         return web.json_response({"entries": [], "processes": []})
 
+    async def routes(request: web.Request) -> web.Response:
+        stand_in.requests.append(request.path)
+        if request.headers.get("Authorization") != f"Bearer {secret.decode()}":
+            return web.json_response({"error": {"code": "AGENT_UNAUTHORIZED"}}, status=401)
+        return web.json_response({"routes": ["GET /livez", "GET /v1/inventory", "GET /v1/routes"]})
+
     app = web.Application()
     app.router.add_get("/livez", livez)
     app.router.add_get("/v1/inventory", inventory)
+    app.router.add_get("/v1/routes", routes)
     stand_in.runner = web.AppRunner(app)
     await stand_in.runner.setup()
     await web.UnixSite(stand_in.runner, stand_in.socket_path).start()
@@ -215,8 +222,13 @@ class TestHealthyVps:
     async def test_the_agent_is_asked_over_the_ssh_connection(
         self, preflight: PreflightRunner, agent: StandInAgent
     ) -> None:
-        await preflight()
-        assert agent.requests == ["/livez", "/v1/inventory"]
+        """... and asked nothing whose answer grows with its areas: a move's preflight runs
+        once per area, and a whole inventory in each (every area's entry and process, built
+        by the agent) made a hundred areas' moves cost both sides a hundred times a hundred
+        areas. Our secret is proven by a route whose answer has a fixed size."""
+        report = await preflight()
+        assert report.result("remote_config").ok, report.result("remote_config").detail
+        assert agent.requests == ["/livez", "/v1/routes"]
 
 
 class TestEachCheckFailsAlone:
