@@ -59,6 +59,7 @@ class ErrorCode(TextEnum):
     PREFLIGHT_ARCH = "PREFLIGHT_ARCH"
     PREFLIGHT_BIN_DIR = "PREFLIGHT_BIN_DIR"
     PREFLIGHT_DISK_SPACE = "PREFLIGHT_DISK_SPACE"
+    PREFLIGHT_MEMORY = "PREFLIGHT_MEMORY"
     PREFLIGHT_WRITE_TEST = "PREFLIGHT_WRITE_TEST"
     PREFLIGHT_AGENT = "PREFLIGHT_AGENT"
     PREFLIGHT_ARTIFACTS = "PREFLIGHT_ARTIFACTS"
@@ -178,6 +179,13 @@ _ROWS: tuple[tuple[ErrorCode, Severity, bool, str, str], ...] = (
            " lacks the free space or inodes the move needs; nothing was stopped.",
            "Free the space the detail names (side, path, needed and free) or grow that file"
            " system, then `monitord retry SERVICE`."),
+    (_E.PREFLIGHT_MEMORY, _S.ERROR, False,
+           "Preflight: the VPS has less memory available than the area's daemon (as resident"
+           " on the PBX), its lease guard, the moves under way there and the reserve kept"
+           " free need; nothing was stopped.",
+           "Free memory on the VPS (or grow it), move fewer areas there, or lower"
+           " remote.memory_reserve_mib if the VPS needs less kept free; then"
+           " `monitord retry SERVICE`."),
     (_E.PREFLIGHT_WRITE_TEST, _S.ERROR, False,
            "Preflight: a test file could not be created and removed.",
            "Check the file system of remote_bin_dir (read-only, quota), then retry."),

@@ -52,14 +52,15 @@ UNREACHABLE_CODES = frozenset(
      ErrorCode.ROLLBACK_DATA_UNREACHABLE}
 )
 
-# Causes that retrying cannot fix, only an operator (a full disk, a refused path, a name too
-# long): a step failing with one parks the service at once, with the catalogue's action —
-# in PREFLIGHT before anything stopped, and after a copy once its rollback let the source
-# run again — instead of stopping the source again for each of park_after_failures tries.
+# Causes that retrying cannot fix, only an operator (a full disk, a VPS without the memory,
+# a refused path, a name too long): a step failing with one parks the service at once, with
+# the catalogue's action — in PREFLIGHT before anything stopped, and after a copy once its
+# rollback let the source run again — instead of stopping the source again for each of
+# park_after_failures tries.
 PARK_AT_ONCE_CODES = frozenset(
-    {ErrorCode.PREFLIGHT_DISK_SPACE, ErrorCode.REMOTE_DISK_FULL, ErrorCode.LOCAL_DISK_FULL,
-     ErrorCode.REMOTE_PERMISSION_DENIED, ErrorCode.LOCAL_PERMISSION_DENIED,
-     ErrorCode.NAME_TOO_LONG}
+    {ErrorCode.PREFLIGHT_DISK_SPACE, ErrorCode.PREFLIGHT_MEMORY, ErrorCode.REMOTE_DISK_FULL,
+     ErrorCode.LOCAL_DISK_FULL, ErrorCode.REMOTE_PERMISSION_DENIED,
+     ErrorCode.LOCAL_PERMISSION_DENIED, ErrorCode.NAME_TOO_LONG}
 )
 
 

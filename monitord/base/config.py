@@ -211,6 +211,10 @@ class RemoteSection(_Section):
     # A migration's preflight waits this long for a tunnel that is (re)connecting before
     # it counts as failed (SSH_UNREACHABLE); covers start-up and short link blips.
     preflight_tunnel_wait_s: float = Field(default=30.0, ge=0)
+    # Memory a move to the VPS leaves free there beyond the area's daemon, its lease guard
+    # and the moves under way (orchestrator/memory_room.py): for sshd, the agent and
+    # whatever else the VPS runs. 0: only what the areas themselves need is judged.
+    memory_reserve_mib: int = Field(default=64, ge=0)
     keepalive_interval_s: float = Field(default=5.0, gt=0)
     keepalive_count_max: int = Field(default=3, ge=1)
     reconnect_backoff_base_s: float = Field(default=1.0, gt=0)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import os
+import resource
 import signal
 import subprocess
 from collections.abc import Sequence
@@ -104,6 +105,17 @@ def is_same_process(identity: ProcessIdentity) -> bool:
     """True only if that exact process (pid and start time) is still alive, whatever its
     argv is now."""
     return read(identity.pid) == identity
+
+
+def resident_bytes(identity: ProcessIdentity) -> int | None:
+    """What that exact process holds in memory now (/proc/PID/statm's resident pages, shared
+    pages counted); None once it is gone or its pid is another process's."""
+    try:
+        resident = int((_PROC / str(identity.pid) / "statm").read_bytes().split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+    # (read after statm: a pid reused in between is seen, never measured as ours)
+    return resident * resource.getpagesize() if is_same_process(identity) else None
 
 
 def exec_forms(

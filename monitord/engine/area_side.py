@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from monitord.base.config import ServiceSection
 from monitord.remote import artifact
-from orchestrator import disk_space
+from orchestrator import disk_space, memory_room
 from orchestrator.cleanup_policy import SideObservation
 from orchestrator.errors import ErrorCode, MonitordError, error_for
 from orchestrator.lineage import Lineage
@@ -87,12 +87,19 @@ class AreaSide(Protocol):
         this side cannot tell now."""
         ...
 
+    def resident_bytes(self, *, area: str) -> int | None:
+        """What the area's daemon holds in memory here now; None when it does not run here
+        or this side cannot tell."""
+        ...
+
     async def check_ready(
         self, txn: Transaction, *, incoming_bytes: int | None,
         incoming: disk_space.Usage | None = None,
+        memory: memory_room.Need | None = None,
     ) -> None:
         """The preflight of a move to this side: raises the first failed check's error;
-        `incoming`, the area's usage on the source, is what must fit here."""
+        `incoming`, the area's usage on the source, is what must fit here; `memory`, what
+        its daemon will take of this side's memory (the VPS judges it)."""
         ...
 
     async def stop(self, *, area: str, generation: int) -> None:

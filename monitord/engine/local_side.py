@@ -24,7 +24,7 @@ from monitord.base.config import Config, ServiceSection
 from monitord.engine.area_side import STOP_GRACE_S, copy_over
 from monitord.engine.placement_state import PlacementState
 from monitord.local.supervisor import AreaRun, LocalSupervisor, area_run
-from orchestrator import disk_space
+from orchestrator import disk_space, memory_room
 from orchestrator.cleanup_policy import SideObservation
 from orchestrator.errors import ErrorCode, error_for
 from orchestrator.lineage import Lineage
@@ -74,13 +74,18 @@ class LocalSide:
         path = self._path(service=service, area=area, generation=generation)
         return await asyncio.to_thread(_tree_usage, path)
 
+    def resident_bytes(self, *, area: str) -> int | None:
+        return self.supervisor.resident_bytes(area)
+
     async def check_ready(
         self, txn: Transaction, *, incoming_bytes: int | None,
         incoming: disk_space.Usage | None = None,
+        memory: memory_room.Need | None = None,
     ) -> None:
         """A move home (or a copy back): the file system that will hold the area's data dir
         and its staging dir (their parent) has the area's footprint plus the margin free
-        (orchestrator/disk_space.py); an unknown size is judged on the margin alone."""
+        (orchestrator/disk_space.py); an unknown size is judged on the margin alone. (The
+        PBX's memory is not judged: the area ran there before.)"""
         target = self._path(service=txn.service, area=txn.area, generation=txn.generation)
         try:
             target.parent.mkdir(parents=True, exist_ok=True)

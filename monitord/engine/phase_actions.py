@@ -34,7 +34,7 @@ from monitord.engine.placement_state import PlacementState
 from monitord.engine.remote_side import RemoteSide
 from monitord.local.supervisor import AreaRun, LocalSupervisor
 from monitord.store.state_db import Store
-from orchestrator import disk_space, lineage, phases, rules
+from orchestrator import disk_space, lineage, memory_room, phases, rules
 from orchestrator.errors import ErrorCode, MonitordError, error_for
 from orchestrator.lineage import CopyPlan
 from orchestrator.models import Area, Side, Transaction
@@ -92,6 +92,8 @@ class PhaseActions:
         # What each area's pre-copy staged while its source still ran (by transaction id):
         # in memory only — lost on a restart, which just means a full copy.
         self._staged: dict[str, area_copy.Staged] = {}
+        # What each move to the VPS claims of its memory, from its preflight until it ends.
+        self._memory_claims = memory_room.Claims()
         # What the copies cost, per direction, for the pre-copy rule (in memory, bounded).
         self.copy_timings = CopyTimings()
         self._local_runs = LocalRuns(config)
@@ -104,8 +106,11 @@ class PhaseActions:
 
     def forget(self, txn: Transaction) -> None:
         """A transaction ended: what its pre-copy staged is of no use any more (a rollback
-        after the pre-copy, or a preflight that failed when checked again)."""
+        after the pre-copy, or a preflight that failed when checked again), and its claim
+        on the VPS's memory is over (the daemon runs there and shows in its figure, or
+        never started)."""
         self._staged.pop(txn.transaction_id, None)
+        self._memory_claims.release(txn.transaction_id)
 
     def _link(self) -> RemoteLink:
         if self.remote is None:
@@ -205,7 +210,17 @@ class PhaseActions:
             # The pre-copy's staging dir holds the area on the destination already: what
             # must still be free there is the margin (orchestrator/disk_space.py).
             usage = disk_space.Usage(bytes=0)
-        await self.sides[txn.destination].check_ready(txn, incoming_bytes=size, incoming=usage)
+        memory = None
+        if txn.destination is Side.REMOTE:
+            memory = self._memory_claims.claim(
+                txn.transaction_id,
+                daemon_bytes=self.sides[txn.source].resident_bytes(area=txn.area))
+        try:
+            await self.sides[txn.destination].check_ready(txn, incoming_bytes=size,
+                                                          incoming=usage, memory=memory)
+        except BaseException:
+            self._memory_claims.release(txn.transaction_id)
+            raise
         if not pre_copy:
             return Outcome.OK
         decision = self.copy_timings.decide(txn.source, size=size, remote=link.remote)

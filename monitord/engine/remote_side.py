@@ -23,7 +23,7 @@ from monitord.engine.lease_renewer import LeaseRenewer
 from monitord.engine.placement_state import PlacementState
 from monitord.remote import artifact
 from monitord.remote.shared_facts import SharedFacts
-from orchestrator import area_health, disk_space
+from orchestrator import area_health, disk_space, memory_room
 from orchestrator import lineage as lineages
 from orchestrator.cleanup_policy import SideObservation
 from orchestrator.errors import ErrorCode, MonitordError, error_for
@@ -120,13 +120,17 @@ class RemoteSide:
 
     # -- preflight -------------------------------------------------------------------------
 
+    def resident_bytes(self, *, area: str) -> int | None:
+        return None  # a move home is not judged by memory (module doc of memory_room)
+
     async def check_ready(
         self, txn: Transaction, *, incoming_bytes: int | None,
         incoming: disk_space.Usage | None = None,
+        memory: memory_room.Need | None = None,
     ) -> None:
         """Every preflight check of a move to the VPS (monitord.remote.preflight), the free
-        space measured where the area's data dir and staging dir will be (their parent); an
-        agent that is not running but can be is started."""
+        space measured where the area's data dir and staging dir will be (their parent), the
+        VPS's memory against `memory`; an agent that is not running but can be is started."""
         from monitord.remote import preflight as preflight_checks
 
         link = self._link()
@@ -144,6 +148,7 @@ class RemoteSide:
                 area_data_bytes=incoming_bytes or 0,
                 data_root=data_root,
                 area_usage=incoming,
+                area_memory=memory,
                 tunnel_owner=preflight_checks.TunnelOwnerView(
                     ours=ours, owner_id=owner_id, owner_label=owner_label
                 ),

@@ -309,6 +309,14 @@ class LocalSupervisor:
         )
         return all(results)
 
+    def resident_bytes(self, area: str) -> int | None:
+        """What the area's daemon holds in memory now (its own process, shared pages
+        counted); None when it does not run. A move to the VPS judges its room by it."""
+        slot = self._slots.get(area)
+        if slot is None or slot.identity is None:
+            return None
+        return proc_identity.resident_bytes(slot.identity)
+
     def inventory(self) -> list[ProcessView]:
         areas = sorted(set(self._desired) | set(self._slots))
         since_boot = proc_identity.seconds_since_boot()  # one /proc read for every area

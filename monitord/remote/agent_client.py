@@ -37,7 +37,7 @@ from typing import Any, Protocol
 from urllib.parse import quote, urlencode
 
 from monitord.base import bounded_json, log_tail, logs, tree_digest
-from orchestrator import area_health, names
+from orchestrator import area_health, memory_room, names
 from orchestrator.errors import ErrorCode, MonitordError, TransientError, error_for
 from orchestrator.models import ProcessInfo, RemoteEntry, RemoteInventory
 
@@ -303,6 +303,26 @@ class AgentClient:
         if not isinstance(listed, list) or not all(isinstance(r, str) for r in listed):
             raise _malformed(where, "routes is not a list of strings")
         return frozenset(listed)
+
+    async def host(self) -> memory_room.Host | None:
+        """The VPS's memory (`GET /v1/host`); None from an agent older than that route,
+        which answers it 404 (having accepted our secret: 401 comes before routing). A
+        field that is not a whole number of bytes in [0, 2^63) is AGENT_UNREACHABLE."""
+        where = "GET /v1/host"
+        try:
+            doc = _object(await self._call("GET", "/v1/host"), where=where)
+        except MonitordError as e:
+            if e.code in (ErrorCode.AGENT_ROUTE_MISSING, ErrorCode.UNKNOWN_AREA):
+                return None
+            raise
+        found: dict[str, int | None] = {}
+        for key in ("mem_total_bytes", "mem_available_bytes"):
+            value = doc.get(key)
+            if value is not None and not (_is_int(value) and 0 <= value < 1 << 63):
+                raise _malformed(where, f"{key} is not a byte count")
+            found[key] = value
+        return memory_room.Host(total_bytes=found["mem_total_bytes"],
+                                available_bytes=found["mem_available_bytes"])
 
     async def promote(self, *, area: str, data_dir: str, expect: str,
                       timeout_s: float = PROMOTE_TIMEOUT_S) -> bool:

@@ -24,7 +24,10 @@ fix hint from the error catalogue:
 - tunnel_owner (PREFLIGHT_TUNNEL_OWNER): input, the keeper's view of the tunnel lease;
 - forwards (PREFLIGHT_FORWARDS): input, the keeper's readiness of each configured forward;
 - remote_config (PREFLIGHT_REMOTE_CONFIG): the service is configured and the agent answers
-  GET /v1/routes with our secret (an answer of a fixed size: this runs once per area).
+  GET /v1/host with our secret (an answer of a fixed size: this runs once per area);
+- memory (PREFLIGHT_MEMORY): that answer's available memory holds the area's daemon (as
+  resident on the PBX), its lease guard, the moves under way and remote.memory_reserve_mib
+  (orchestrator/memory_room.py); not judged when the agent is older than GET /v1/host.
 
 The VPS-side facts come from ONE exec of a fixed shell script plus one of the self-check.
 Preflight has no side effect on anything local: it reads inputs, talks to the VPS and the
@@ -39,7 +42,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from types import MappingProxyType
 
@@ -51,7 +54,7 @@ from monitord.remote import artifact, remote_exec
 from monitord.remote.agent_client import AgentClient
 from monitord.remote.provisioning import LocalArtifact
 from monitord.remote.shared_facts import SharedFacts
-from orchestrator import disk_space
+from orchestrator import disk_space, memory_room
 from orchestrator.errors import ErrorCode, MonitordError, error_for, lookup
 
 log = logs.get_logger(__name__)
@@ -88,6 +91,7 @@ CHECK_CODES: Mapping[str, ErrorCode] = MappingProxyType({
     "tunnel_owner": ErrorCode.PREFLIGHT_TUNNEL_OWNER,
     "forwards": ErrorCode.PREFLIGHT_FORWARDS,
     "remote_config": ErrorCode.PREFLIGHT_REMOTE_CONFIG,
+    "memory": ErrorCode.PREFLIGHT_MEMORY,
 })
 
 
@@ -214,6 +218,7 @@ async def run_preflight(
     tunnel_owner: TunnelOwnerView,
     data_root: str = "",
     area_usage: disk_space.Usage | None = None,
+    area_memory: memory_room.Need | None = None,
     forwards_ready: Mapping[str, bool],
     agent: AgentClient | None,
     auth_error: str = "",
@@ -224,7 +229,9 @@ async def run_preflight(
     `shared`, the VPS-side facts (probe, self-check) come from one fetch for every preflight
     over the same connection within its max age (monitord/remote/shared_facts.py).
     `data_root`: where the area's data dir and staging dir will be (their parent on the
-    VPS), judged against `area_usage` (else `area_data_bytes`) plus the margin."""
+    VPS), judged against `area_usage` (else `area_data_bytes`) plus the margin.
+    `area_memory`: what the area will take of the VPS's memory (without it, only the lease
+    guard and `remote.memory_reserve_mib` are judged)."""
     shared = shared or SharedFacts(max_age_s=0.0)
     remote = config.remote
     if remote is None:
@@ -284,11 +291,18 @@ async def run_preflight(
     else:
         results["agent"] = _judge_agent(alive_detail, checked)
     if alive_detail is None and agent is not None:
-        results["remote_config"] = await _remote_config(config, service=service, agent=agent)
+        results["remote_config"], host = await _remote_config(config, service=service,
+                                                              agent=agent)
+        need = area_memory or memory_room.Need(daemon_bytes=None)
+        need = replace(need, reserve_bytes=remote.memory_reserve_mib * memory_room.MIB)
+        results["memory"] = (
+            _judge_memory(host, need) if results["remote_config"].ok
+            else _skipped("memory", "needs the agent's answer (remote_config)"))
     else:
         results["remote_config"] = _skipped(
             "remote_config", f"the agent does not answer ({alive_detail})"
         )
+        results["memory"] = _skipped("memory", f"the agent does not answer ({alive_detail})")
 
     if tunnel_owner.ours:
         results["tunnel_owner"] = _ok("tunnel_owner", "this node holds the tunnel lease")
@@ -584,19 +598,35 @@ def _judge_agent(
                         f"self-check passed ({python})")
 
 
-async def _remote_config(config: Config, *, service: str, agent: AgentClient) -> CheckResult:
+async def _remote_config(
+    config: Config, *, service: str, agent: AgentClient
+) -> tuple[CheckResult, memory_room.Host | None]:
+    """The check, and the VPS's memory from the same answer (None: an older agent)."""
     if service not in config.services:
-        return _failed("remote_config", f"service {service!r} is not configured")
+        return _failed("remote_config", f"service {service!r} is not configured"), None
     # Our secret is proven by an answer of a fixed size: a preflight runs once per area, and
     # a whole inventory in each (every area's entry and process) made a hundred areas' moves
     # cost both sides a hundred inventories of a hundred areas.
     try:
-        served = await agent.routes()
+        host = await agent.host()
     except MonitordError as e:
         if e.code == ErrorCode.AGENT_UNAUTHORIZED:
-            return _failed("remote_config", "the agent rejected our secret")
-        return _failed("remote_config", f"GET /v1/routes failed: {e.detail or e.code}")
-    return _ok("remote_config", f"the agent answers with our secret ({len(served)} routes)")
+            return _failed("remote_config", "the agent rejected our secret"), None
+        return _failed("remote_config", f"GET /v1/host failed: {e.detail or e.code}"), None
+    return _ok("remote_config", "the agent answers with our secret"), host
+
+
+def _judge_memory(host: memory_room.Host | None, need: memory_room.Need) -> CheckResult:
+    if host is None:
+        return _ok("memory", "not judged: the agent is older than GET /v1/host")
+    if host.available_bytes is None:
+        return _ok("memory", "not judged: the VPS's kernel does not say MemAvailable")
+    short = memory_room.shortage(host, need)
+    if short is not None:
+        return _failed("memory", short.detail(), facts=short.facts())
+    mib = memory_room.MIB
+    return _ok("memory", f"VPS: {host.available_bytes / mib:.1f} MiB available,"
+                         f" {need.total_bytes / mib:.1f} MiB needed with the reserve")
 
 
 def _ok(check: str, detail: str) -> CheckResult:

@@ -33,6 +33,9 @@ check sees less than the daemon's preflight does, it says so instead of failing:
   over) and an agent that is not running alike, so check opens one to a throwaway socket
   of its own on the VPS: a refusal fails `agent` even before the agent first runs;
 - remote_config: needs the agent secret the daemon keeps in work_dir; `–` before it exists;
+- memory: the VPS's available memory against its lease guard and remote.memory_reserve_mib
+  alone: each move needs its daemon's memory on top, which only the daemon's preflight
+  knows; `–` when remote_config is;
 - disk_space: the free bytes and inodes under each service's data root on the VPS (the
   fixed leading part of its remote_data_dir, monitord.base.area_paths.remote_data_root)
   against the margin alone: each move needs its area's size on top, which only the
@@ -647,10 +650,14 @@ def _adjust(
     if result.check == "disk_space" and result.status is status.OK:
         return replace(result, detail=f"{result.detail}; each move needs its area's size on"
                                       " top (the daemon's preflight checks it)")
-    if result.check == "remote_config" and not has_service:
+    if result.check == "memory" and result.status is status.OK:
+        return replace(result, detail=f"{result.detail}; each move needs its daemon's memory"
+                                      " on top (the daemon's preflight checks it)")
+    if result.check in ("remote_config", "memory") and not has_service:
         return replace(result, status=status.SKIPPED, detail="no [services] configured",
                        hint="")
-    if result.check == "remote_config" and secret_problem and result.status is not status.OK:
+    if result.check in ("remote_config", "memory") and secret_problem \
+            and result.status is not status.OK:
         return replace(result, status=status.SKIPPED, detail=f"not checked: {secret_problem}")
     return result
 

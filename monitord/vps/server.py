@@ -32,6 +32,7 @@ from typing import Any, Callable, Optional
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from monitord.base import bounded_json, log_tail
+from monitord.vps import host_memory
 from monitord.vps.lease_table import AreaSpec
 from monitord.vps.runtime import (
     MAX_HEALTH_WAIT_S,
@@ -214,6 +215,11 @@ async def inventory(runtime: AgentRuntime, request: Request, _: str | None) -> R
     return Response(200, runtime.inventory())
 
 
+async def host(runtime: AgentRuntime, request: Request, _: str | None) -> Response:
+    """The VPS's memory (monitord/vps/host_memory.py): a move's preflight asks it."""
+    return Response(200, host_memory.read())
+
+
 async def get_area(runtime: AgentRuntime, request: Request, name: str | None) -> Response:
     area = _area(name)
     view = runtime.entry(area)
@@ -369,6 +375,7 @@ ROUTES: tuple[tuple[str, str, Handler], ...] = (
     ("GET", "/readyz", readyz),
     ("GET", "/v1/routes", routes),
     ("GET", "/v1/inventory", inventory),
+    ("GET", "/v1/host", host),
     ("GET", "/v1/areas/{area}", get_area),
     ("GET", "/v1/areas/{area}/health", area_health),
     ("GET", "/v1/areas/{area}/log", area_log),

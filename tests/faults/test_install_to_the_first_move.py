@@ -74,7 +74,7 @@ ADDRESS_PLACEHOLDER = "203.0.113.10"
 AREA = "7c0e5a9b-3d41-4f2a-8e6b-1a9d2c4f5e70"
 # The lines of `check --remote` docs/install.md says need the daemon's first connect.
 NOT_CHECKED_BEFORE_THE_FIRST_CONNECT = {
-    "agent", "artifacts", "tunnel_owner", "forwards", "remote_config"}
+    "agent", "artifacts", "tunnel_owner", "forwards", "remote_config", "memory"}
 SETTLE_TIMEOUT_S = 45.0
 MOVE_TIMEOUT_S = 180.0
 

@@ -437,6 +437,23 @@ class TestRoutes:
         assert {"GET /v1/routes", "GET /v1/areas/{area}/health"} <= served
         assert await AreaCopy(client, AREA, str(agent.base_dir / "data" / AREA)).serves_copies()
 
+    async def test_the_agent_says_the_vps_memory_as_the_kernel_does(
+        self, agent: AgentProcess
+    ) -> None:
+        """GET /v1/host: MemTotal and MemAvailable of this machine's /proc/meminfo, read at
+        the request (a move's preflight judges its room by them)."""
+        client = AgentClient(channel=unix_channel(agent.address), secret=agent.secret.encode())
+        host = await client.host()
+        meminfo = {line.split(":")[0]: int(line.split()[1]) * 1024
+                   for line in Path("/proc/meminfo").read_text().splitlines()}
+        assert host is not None and host.total_bytes == meminfo["MemTotal"]
+        assert host.available_bytes is not None
+        assert 0 < host.available_bytes <= host.total_bytes
+        # (it moves between two reads; within a quarter of the machine's memory of each other)
+        assert abs(host.available_bytes - meminfo["MemAvailable"]) < meminfo["MemTotal"] // 4
+        status, _ = await agent.request("GET", "/v1/host", auth=False)
+        assert status == 401
+
     async def test_a_route_it_lists_is_never_missing(self, agent: AgentProcess) -> None:
         status, answer = await agent.request("GET", "/v1/routes")
         assert status == 200, answer

@@ -31,7 +31,7 @@ from tests.support.sshd import can_run_sshd, running_sshd
 TIMEOUT_S = 30.0
 VALID_AREA = "5b0c6f1e-8d2a-4c1b-9e77-0a1b2c3d4e5f"
 CHECKS = ("auth", "sftp", "arch", "bin_dir", "disk_space", "write_test", "agent", "artifacts",
-          "tunnel_owner", "forwards", "remote_config")
+          "tunnel_owner", "forwards", "remote_config", "memory")
 
 SERVICE = """
 [services.tg]
@@ -267,7 +267,11 @@ class TestRemote:
         assert (lines["sftp"].code, lines["sftp"].detail) == (
             "PROVISION_FAILED", "the SFTP subsystem answers")
         assert f": {SYSTEM_PYTHON} -I is 3." in result.stdout
-        assert "summary: 10 passed, 0 failed, 1 not checked (" in result.stdout
+        assert lines["memory"].code == "PREFLIGHT_MEMORY"
+        assert "MiB available" in lines["memory"].detail
+        assert lines["memory"].detail.endswith("each move needs its daemon's memory on top"
+                                               " (the daemon's preflight checks it)")
+        assert "summary: 11 passed, 0 failed, 1 not checked (" in result.stdout
         # the socket probe for the agent's kind of channel left nothing behind
         assert not list(installation.bin_dir.glob(".check-sock.*"))
 
@@ -286,7 +290,7 @@ class TestRemote:
         assert failed["bin_dir"].detail.endswith(
             " — fix: Create remote_bin_dir owned by remote.user with mode 0700, then retry.")
         assert lines["agent"].detail.startswith("not running")
-        assert "summary: 8 passed, 1 failed, 2 not checked (" in result.stdout
+        assert "summary: 8 passed, 1 failed, 3 not checked (" in result.stdout
 
     async def test_before_the_first_push_it_says_what_the_daemon_will_do(
         self, installation: Installation
@@ -295,11 +299,13 @@ class TestRemote:
         assert result.code == 0, result.stdout + result.stderr
         lines = check_lines(result.stdout)
         not_checked = {check for check, line in lines.items() if line.mark == "–"}
-        assert not_checked == {"agent", "artifacts", "tunnel_owner", "forwards", "remote_config"}
+        assert not_checked == {"agent", "artifacts", "tunnel_owner", "forwards", "remote_config",
+                               "memory"}
         assert "not on the VPS yet" in lines["artifacts"].detail
         assert lines["agent"].detail.startswith("self-check not run")
         assert f"{SYSTEM_PYTHON} -I is 3." in lines["agent"].detail
         assert "no agent secret yet" in lines["remote_config"].detail
+        assert "no agent secret yet" in lines["memory"].detail
         assert "note: the daemon pushes monitord.pyz" in result.stdout
         assert not (installation.bin_dir / "monitord.pyz").exists()  # nothing was pushed
 

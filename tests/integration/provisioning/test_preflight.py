@@ -32,22 +32,27 @@ from monitord.remote.provisioning import LocalArtifact
 from monitord.remote.shared_facts import SharedFacts
 from monitord.testing.vps_server import VpsServer
 from orchestrator.errors import ErrorCode
+from orchestrator.memory_room import Need
 from tests.support.agent_process import SYSTEM_PYTHON
 
 TIMEOUT = 30.0
 SERVICE = "tg"
 ALL_FORWARDS_READY = {"nats": True, "license": True}
+MIB = 1024 * 1024
 
 
 @dataclass
 class StandInAgent:
-    """The agent's /livez, /v1/inventory and /v1/routes on a Unix socket, reached over SSH."""
+    """The agent's /livez, /v1/inventory and /v1/host on a Unix socket, reached over SSH."""
 
     secret: bytes
     conn: asyncssh.SSHClientConnection
     socket_path: str = ""
     runner: web.AppRunner | None = None
     requests: list[str] = field(default_factory=list)
+    # GET /v1/host's answer (None: the route is missing): a VPS with 1 GiB, 600 MiB available
+    host: dict[str, object] | None = field(default_factory=lambda: {
+        "mem_total_bytes": 1024 * MIB, "mem_available_bytes": 600 * MIB})
 
     def client(self, secret: bytes | None = None) -> AgentClient:
         @contextlib.asynccontextmanager
@@ -96,16 +101,18 @@ async def agent(
             return web.json_response({"error": {"code": "AGENT_UNAUTHORIZED"}}, status=401)
         return web.json_response({"entries": [], "processes": []})
 
-    async def routes(request: web.Request) -> web.Response:
+    async def host(request: web.Request) -> web.Response:
         stand_in.requests.append(request.path)
         if request.headers.get("Authorization") != f"Bearer {secret.decode()}":
             return web.json_response({"error": {"code": "AGENT_UNAUTHORIZED"}}, status=401)
-        return web.json_response({"routes": ["GET /livez", "GET /v1/inventory", "GET /v1/routes"]})
+        if stand_in.host is None:  # an agent older than the route
+            return web.json_response({"error": {"code": "AGENT_ROUTE_MISSING"}}, status=404)
+        return web.json_response(stand_in.host)
 
     app = web.Application()
     app.router.add_get("/livez", livez)
     app.router.add_get("/v1/inventory", inventory)
-    app.router.add_get("/v1/routes", routes)
+    app.router.add_get("/v1/host", host)
     stand_in.runner = web.AppRunner(app)
     await stand_in.runner.setup()
     await web.UnixSite(stand_in.runner, stand_in.socket_path).start()
@@ -189,7 +196,7 @@ class TestHealthyVps:
         assert report.ok, [r for r in report.results if not r.ok]
         assert [r.check for r in report.results] == [
             "auth", "arch", "bin_dir", "disk_space", "write_test", "agent", "artifacts",
-            "tunnel_owner", "forwards", "remote_config",
+            "tunnel_owner", "forwards", "remote_config", "memory",
         ]
         # the facts script and the pyz's self-check
         assert len(vps.command_log) - commands_before == 2
@@ -228,7 +235,7 @@ class TestHealthyVps:
         areas. Our secret is proven by a route whose answer has a fixed size."""
         report = await preflight()
         assert report.result("remote_config").ok, report.result("remote_config").detail
-        assert agent.requests == ["/livez", "/v1/routes"]
+        assert agent.requests == ["/livez", "/v1/host"]
 
 
 class TestEachCheckFailsAlone:
@@ -361,6 +368,45 @@ class TestEachCheckFailsAlone:
         report = await preflight(agent=agent.client(b"not-the-agents-secret"))
         assert failed_codes(report) == [ErrorCode.PREFLIGHT_REMOTE_CONFIG]
         assert_still_running(local_daemon)
+
+    async def test_memory(
+        self, preflight: PreflightRunner, agent: StandInAgent,
+        local_daemon: asyncio.subprocess.Process,
+    ) -> None:
+        """600 MiB available: a daemon of 540 MiB, its guard and 64 MiB kept free do not fit;
+        the detail names each part."""
+        report = await preflight(area_memory=Need(daemon_bytes=540 * MIB))
+        assert failed_codes(report) == [ErrorCode.PREFLIGHT_MEMORY]
+        detail = report.result("memory").detail
+        assert detail.startswith("VPS: 600.0 MiB of memory available, 608.0 MiB needed"), detail
+        assert report.result("memory").facts["available_bytes"] == 600 * MIB
+        assert_still_running(local_daemon)
+        assert (await preflight(area_memory=Need(daemon_bytes=530 * MIB))).ok
+
+    async def test_memory_claimed_by_the_moves_under_way(
+        self, preflight: PreflightRunner, agent: StandInAgent,
+    ) -> None:
+        report = await preflight(area_memory=Need(daemon_bytes=100 * MIB,
+                                                  claimed_bytes=440 * MIB))
+        assert failed_codes(report) == [ErrorCode.PREFLIGHT_MEMORY]
+        assert "moves under way 440.0 MiB" in report.result("memory").detail
+
+    async def test_an_agent_older_than_the_memory_route_proves_the_secret_all_the_same(
+        self, preflight: PreflightRunner, agent: StandInAgent,
+    ) -> None:
+        agent.host = None
+        report = await preflight(area_memory=Need(daemon_bytes=1 << 40))
+        assert report.ok, report.failures
+        assert "older than GET /v1/host" in report.result("memory").detail
+
+    async def test_a_memory_answer_out_of_bounds_is_refused(
+        self, preflight: PreflightRunner, agent: StandInAgent,
+    ) -> None:
+        agent.host = {"mem_total_bytes": 1 << 70, "mem_available_bytes": "lots"}
+        report = await preflight()
+        assert failed_codes(report) == [ErrorCode.PREFLIGHT_REMOTE_CONFIG]
+        assert "malformed answer" in report.result("remote_config").detail
+        assert report.result("memory").status is CheckStatus.SKIPPED
 
     async def test_every_failure_carries_a_fix_hint(
         self, preflight: PreflightRunner, remote: RemoteSection, agent: StandInAgent,

@@ -1,0 +1,93 @@
+"""A VPS with less memory than an area needs, as a container VPS shows it: an LXC container's
+/proc/meminfo is its own (lxcfs bind-mounts one over it), and so is the namespace VPS's here.
+A move that does not fit is refused before the source stops and parks with PREFLIGHT_MEMORY,
+each part of the need named; once the VPS has the memory, a retry moves it."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from monitord.base import proc_identity
+from monitord.testing.stack import Stack
+from orchestrator import memory_room
+from tests.faults.conftest import FaultStackFactory
+from tests.faults.netns_vps import NetnsVps
+
+MIB = memory_room.MIB
+RESERVE_MIB = 64  # remote.memory_reserve_mib's default
+
+
+def container_meminfo(stack: Stack, netns_vps: NetnsVps) -> Path:
+    """A meminfo file of the VPS's own over its /proc/meminfo (what lxcfs does); written in
+    place afterwards (the bind mount holds the inode), the VPS sees each new figure."""
+    path = stack.vps_dir / "meminfo"
+    path.write_text(Path("/proc/meminfo").read_text())
+    netns_vps.in_mounts(["mount", "--bind", str(path), "/proc/meminfo"])
+    return path
+
+
+def set_available(meminfo: Path, available_bytes: int) -> None:
+    text = re.sub(r"^MemAvailable:\s+\d+ kB$", f"MemAvailable: {available_bytes // 1024} kB",
+                  meminfo.read_text(), flags=re.MULTILINE)
+    with meminfo.open("r+") as f:  # the same inode: the bind mount shows it
+        f.truncate(0)
+        f.write(text)
+
+
+async def service(stack: Stack) -> dict[str, Any]:
+    result = (await stack.status())["services"]["tg"]
+    assert isinstance(result, dict)
+    return result
+
+
+class TestAMoveThatDoesNotFitInMemory:
+    """The VPS says 1 MiB more than a lease guard and the reserve: enough for an area whose
+    daemon's size were not counted, not for this one's (a Python daemon of some MiB)."""
+
+    async def test_is_refused_before_the_source_stops_and_parks_with_each_part(
+        self, fault_stack: FaultStackFactory, netns_vps: NetnsVps
+    ) -> None:
+        stack = await fault_stack(services={"tg": 1})
+        (area,) = stack.areas["tg"]
+        await stack.wait_settled(expect={"tg": "local"}, timeout_s=60)
+        meminfo = container_meminfo(stack, netns_vps)
+        available = memory_room.GUARD_BYTES + RESERVE_MIB * MIB + MIB
+        set_available(meminfo, available)
+        (life,) = [x for x in stack.detector.lives(area) if x.key.side == "local"]
+        identity = proc_identity.read(life.key.pid)
+        assert identity is not None
+        resident = proc_identity.resident_bytes(identity)
+        assert resident is not None and resident > 2 * MIB
+
+        await stack.place("tg", "remote")
+
+        async def parked() -> bool:
+            return bool((await service(stack))["state"] == "parked")
+
+        await stack.wait_until(parked, timeout_s=60, what="tg parked")
+        error = (await service(stack))["last_error"]
+        assert error["code"] == "PREFLIGHT_MEMORY", error
+        assert error["phase"] == "PREFLIGHT", error
+        assert error["available_bytes"] == available, error
+        # the daemon as it runs on the PBX (a few pages more or less than a moment later)
+        assert abs(error["daemon_bytes"] - resident) < resident // 4, (error, resident)
+        assert error["needed_bytes"] == (error["daemon_bytes"] + memory_room.GUARD_BYTES
+                                         + RESERVE_MIB * MIB), error
+        assert re.fullmatch(  # (the catalogue's action follows the numbers)
+            r"VPS: 69\.0 MiB of memory available, [0-9.]+ MiB needed \(its daemon [0-9.]+ MiB"
+            r" as resident on the PBX, its lease guard 4\.0 MiB, 64\.0 MiB kept free\):"
+            r" [0-9.]+ MiB missing — Free memory on the VPS .*", error["detail"]), error["detail"]
+        assert "monitord retry" in error["action"], error
+        # The source never stopped: the one local life from before, still alive.
+        assert [x.key for x in stack.detector.lives(area)] == [life.key]
+        assert [k.side for k in stack.detector.alive(area)] == ["local"]
+        assert not [e for e in stack.events("transaction_phase")
+                    if e.get("phase") == "SUPPRESS_SOURCE"]
+
+        # The VPS gets the memory (the container's limit raised) and the operator retries.
+        set_available(meminfo, 2048 * MIB)
+        code, _ = await stack.request("POST", "/v1/services/tg/retry")
+        assert code in (200, 202), code
+        await stack.wait_settled(expect={"tg": "remote"}, timeout_s=120)
