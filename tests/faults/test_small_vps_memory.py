@@ -1,7 +1,8 @@
 """A VPS with less memory than an area needs, as a container VPS shows it: an LXC container's
 /proc/meminfo is its own (lxcfs bind-mounts one over it), and so is the namespace VPS's here.
 A move that does not fit is refused before the source stops and parks with PREFLIGHT_MEMORY,
-each part of the need named; once the VPS has the memory, a retry moves it."""
+each part of the need named; once the VPS has the memory, a retry moves it. A move still
+under way counts for the next one, whether or not the VPS's figure shows it yet."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from tests.faults.netns_vps import NetnsVps
 
 MIB = memory_room.MIB
 RESERVE_MIB = 64  # remote.memory_reserve_mib's default
+HOLD_AT_HEALTHCHECK = "local_to_remote:HEALTHCHECK_DESTINATION"
 
 
 def container_meminfo(stack: Stack, netns_vps: NetnsVps) -> Path:
@@ -36,10 +38,28 @@ def set_available(meminfo: Path, available_bytes: int) -> None:
         f.write(text)
 
 
-async def service(stack: Stack) -> dict[str, Any]:
-    result = (await stack.status())["services"]["tg"]
+async def service(stack: Stack, name: str = "tg") -> dict[str, Any]:
+    result = (await stack.status())["services"][name]
     assert isinstance(result, dict)
     return result
+
+
+async def wait_parked(stack: Stack, name: str) -> dict[str, Any]:
+    async def parked() -> bool:
+        return bool((await service(stack, name))["state"] == "parked")
+
+    await stack.wait_until(parked, timeout_s=60, what=f"{name} parked")
+    return await service(stack, name)
+
+
+def local_daemon_bytes(stack: Stack, area: str) -> int:
+    """The resident memory of the area's daemon on the PBX, as the preflight measures it."""
+    (life,) = [x for x in stack.detector.lives(area) if x.key.side == "local"]
+    identity = proc_identity.read(life.key.pid)
+    assert identity is not None
+    resident = proc_identity.resident_bytes(identity)
+    assert resident is not None and resident > 2 * MIB
+    return resident
 
 
 class TestAMoveThatDoesNotFitInMemory:
@@ -56,18 +76,11 @@ class TestAMoveThatDoesNotFitInMemory:
         available = memory_room.GUARD_BYTES + RESERVE_MIB * MIB + MIB
         set_available(meminfo, available)
         (life,) = [x for x in stack.detector.lives(area) if x.key.side == "local"]
-        identity = proc_identity.read(life.key.pid)
-        assert identity is not None
-        resident = proc_identity.resident_bytes(identity)
-        assert resident is not None and resident > 2 * MIB
+        resident = local_daemon_bytes(stack, area)
 
         await stack.place("tg", "remote")
 
-        async def parked() -> bool:
-            return bool((await service(stack))["state"] == "parked")
-
-        await stack.wait_until(parked, timeout_s=60, what="tg parked")
-        error = (await service(stack))["last_error"]
+        error = (await wait_parked(stack, "tg"))["last_error"]
         assert error["code"] == "PREFLIGHT_MEMORY", error
         assert error["phase"] == "PREFLIGHT", error
         assert error["available_bytes"] == available, error
@@ -91,3 +104,45 @@ class TestAMoveThatDoesNotFitInMemory:
         code, _ = await stack.request("POST", "/v1/services/tg/retry")
         assert code in (200, 202), code
         await stack.wait_settled(expect={"tg": "remote"}, timeout_s=120)
+
+
+class TestAMoveUnderWayCountsForTheNext:
+    """tg's move holds after its daemon started on the VPS; the VPS's figure does not show
+    that daemon (the container's meminfo stands still, as a kernel's lags). wa's move would
+    fit on that figure alone, by half of tg's need, and is refused: tg's claim counts. Once
+    tg's move ended, its claim is over and a retry of wa goes through."""
+
+    async def test_is_refused_while_the_other_holds_its_claim(
+        self, fault_stack: FaultStackFactory, netns_vps: NetnsVps
+    ) -> None:
+        stack = await fault_stack(services={"tg": 1, "wa": 1})
+        (tg_area,), (wa_area,) = stack.areas["tg"], stack.areas["wa"]
+        await stack.wait_settled(expect={"tg": "local", "wa": "local"}, timeout_s=60)
+        assert await stack.stop_monitord() == 0
+        await stack.start_monitord(env={"MONITORD_HOLD_AT": HOLD_AT_HEALTHCHECK})
+        guard, reserve = memory_room.GUARD_BYTES, RESERVE_MIB * MIB
+        tg_need = local_daemon_bytes(stack, tg_area) + guard
+        wa_need = local_daemon_bytes(stack, wa_area) + guard
+        meminfo = container_meminfo(stack, netns_vps)
+        set_available(meminfo, reserve + wa_need + tg_need // 2)
+
+        await stack.place("tg", "remote")
+        await stack.wait_event("hold_point", timeout_s=60)
+        await stack.place("wa", "remote")
+        error = (await wait_parked(stack, "wa"))["last_error"]
+        assert error["code"] == "PREFLIGHT_MEMORY", error
+        assert abs(error["claimed_bytes"] - tg_need) < tg_need // 4, (error, tg_need)
+        assert "moves under way" in error["detail"], error
+        assert [k.side for k in stack.detector.alive(wa_area)] == ["local"]
+
+        stack.release_hold()
+
+        async def tg_moved() -> bool:
+            status = await stack.status()
+            return (not [t for t in status["transactions"] if t["service"] == "tg"]
+                    and stack.committed()[tg_area].get("location") == "remote")
+
+        await stack.wait_until(tg_moved, timeout_s=120, what="tg's move ended")
+        code, _ = await stack.request("POST", "/v1/services/wa/retry")
+        assert code in (200, 202), code
+        await stack.wait_settled(expect={"tg": "remote", "wa": "remote"}, timeout_s=120)
