@@ -44,7 +44,11 @@ async def follow(*args: str) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
         sys.executable, "-m", "monitord", "logs", "-f", *args,
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE)
+        stderr=asyncio.subprocess.PIPE,
+        # A shell gives a foreground command the default SIGINT disposition; so do we (a
+        # suite started in the background, `nohup make test &`, hands its children SIGINT
+        # ignored, and Ctrl-C would never reach the follower).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 async def read_until(proc: asyncio.subprocess.Process, marker: bytes, *, seen: bytearray,
