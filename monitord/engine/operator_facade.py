@@ -40,11 +40,12 @@ from monitord.engine.migration_engine import MigrationEngine
 from monitord.engine.placement_state import PlacementState
 from monitord.engine.reconciler import Reconciler
 from monitord.local.supervisor import LocalSupervisor, ProcessView
+from monitord.remote import agent_client
 from monitord.store import spool_files
 from monitord.store.state_db import Store
 from orchestrator import area_health
 from orchestrator import status as status_rules
-from orchestrator.errors import ErrorCode, PermanentError, error_for
+from orchestrator.errors import ErrorCode, MonitordError, PermanentError, error_for
 from orchestrator.models import Area, Side
 
 if TYPE_CHECKING:  # the SSH side loads after readiness (monitord/remote/ssh_side.py)
@@ -220,6 +221,7 @@ class OperatorFacade:
                 for e in self.state.quarantined
             ],
             "tunnel": self._tunnel_view(),
+            "vps_memory": self._vps_memory_view(),
             # VPS copies given up: where each was set aside on the VPS (once it answered)
             "abandoned_data": self._abandoned_rows(),
             "counts": counts,
@@ -368,6 +370,20 @@ class OperatorFacade:
             restarts=view.restarts, restarts_1h=view.restarts_1h, failures=view.failures,
             last_exit_status=view.last_exit_status,
         ).to_dict()
+
+    def _vps_memory_view(self) -> dict[str, Any] | None:
+        """The VPS's memory from the agent's last inventory (None: not connected, or an agent
+        that does not say it). What a move there is judged by: docs/design.md, "Memory for
+        a move"."""
+        raw = self.reconciler.remote_inventory
+        if raw is None or not (self.link and self.link.connected()) or "host" not in raw:
+            return None
+        try:
+            host = agent_client.to_host(raw["host"], where="the inventory's host")
+        except MonitordError:
+            return None  # (the VPS said something else: shown as unknown, never an error)
+        return {"total_bytes": host.total_bytes, "available_bytes": host.available_bytes,
+                "as_of": self.reconciler.remote_inventory_at}
 
     def _tunnel_view(self) -> dict[str, Any]:
         if self.link is None:

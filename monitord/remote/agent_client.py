@@ -315,14 +315,7 @@ class AgentClient:
             if e.code in (ErrorCode.AGENT_ROUTE_MISSING, ErrorCode.UNKNOWN_AREA):
                 return None
             raise
-        found: dict[str, int | None] = {}
-        for key in ("mem_total_bytes", "mem_available_bytes"):
-            value = doc.get(key)
-            if value is not None and not (_is_int(value) and 0 <= value < 1 << 63):
-                raise _malformed(where, f"{key} is not a byte count")
-            found[key] = value
-        return memory_room.Host(total_bytes=found["mem_total_bytes"],
-                                available_bytes=found["mem_available_bytes"])
+        return to_host(doc, where=where)
 
     async def promote(self, *, area: str, data_dir: str, expect: str,
                       timeout_s: float = PROMOTE_TIMEOUT_S) -> bool:
@@ -541,6 +534,21 @@ def _http_error(status: int, payload: Any, *, where: str) -> MonitordError:
         return error_for(code if isinstance(code, str) else ErrorCode.BAD_REQUEST, detail)
     except KeyError:
         return error_for(ErrorCode.BAD_REQUEST, detail)
+
+
+def to_host(raw: Any, *, where: str) -> memory_room.Host:
+    """The VPS's memory as the agent says it (`GET /v1/host`, an inventory's `host`):
+    AGENT_UNREACHABLE unless an object whose two fields are byte counts in [0, 2^63) or
+    null (what the VPS's kernel does not say)."""
+    doc = _object(raw, where=where)
+    found: dict[str, int | None] = {}
+    for key in ("mem_total_bytes", "mem_available_bytes"):
+        value = doc.get(key)
+        if value is not None and not (_is_int(value) and 0 <= value < 1 << 63):
+            raise _malformed(where, f"{key} is not a byte count")
+        found[key] = value
+    return memory_room.Host(total_bytes=found["mem_total_bytes"],
+                            available_bytes=found["mem_available_bytes"])
 
 
 def check_inventory(raw: Any, *, where: str) -> None:

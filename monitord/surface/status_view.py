@@ -19,6 +19,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+MIB = 1024 * 1024
+
 
 def _when(at: Any) -> str:
     if isinstance(at, int | float):
@@ -219,6 +221,15 @@ def last_move_lines(status: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _vps_memory_lines(memory: Any) -> list[str]:
+    """`vps memory: 612 MiB available of 1024 MiB`, while the agent's last inventory said it."""
+    if not isinstance(memory, dict) or not isinstance(memory.get("available_bytes"), int):
+        return []
+    total = memory.get("total_bytes")
+    of = f" of {round(total / MIB)} MiB" if isinstance(total, int) else ""
+    return [f"vps memory: {round(memory['available_bytes'] / MIB)} MiB available{of}"]
+
+
 def summary_lines(status: dict[str, Any]) -> list[str]:
     tunnel = status.get("tunnel") or {}
     counts = status.get("counts", {})
@@ -233,6 +244,7 @@ def summary_lines(status: dict[str, Any]) -> list[str]:
             else ""
         )
         + f", attempts {tunnel.get('attempts', 0)}",
+        *_vps_memory_lines(status.get("vps_memory")),
         "areas: "
         + ", ".join(f"{k} {counts.get(k, 0)}" for k in ("local", "remote", "migrating", "orphan")),
         f"cleanup backlog: {cleanup.get('backlog', 0)} (stuck {cleanup.get('stuck', 0)})"

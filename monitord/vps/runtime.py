@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from monitord.base import log_sink, proc_identity, run_as, tree_digest
-from monitord.vps import area_runner, event_log, lease_file, lease_table, spool_cache
+from monitord.vps import area_runner, event_log, host_memory, lease_file, lease_table, spool_cache
 from monitord.vps.area_runner import AreaRunner, GuardHandle
 from monitord.vps.lease_table import AreaEntry, AreaSpec, CreateVerdict, GenerationCheck
 from orchestrator import names
@@ -625,6 +625,7 @@ class AgentRuntime:
             )
         return {
             "agent": {"dir": str(self.base_dir), "now": time.time(), "ready": self.ready},
+            "host": host_memory.read(),  # the VPS's memory, for the PBX's status
             "entries": [self._entry_view(area, now=now) for area in sorted(self._entries)],
             "processes": processes,
         }

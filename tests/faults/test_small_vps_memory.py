@@ -15,6 +15,7 @@ from monitord.testing.stack import Stack
 from orchestrator import memory_room
 from tests.faults.conftest import FaultStackFactory
 from tests.faults.netns_vps import NetnsVps
+from tests.faults.test_full_disk import run_cli
 
 MIB = memory_room.MIB
 RESERVE_MIB = 64  # remote.memory_reserve_mib's default
@@ -75,6 +76,14 @@ class TestAMoveThatDoesNotFitInMemory:
         meminfo = container_meminfo(stack, netns_vps)
         available = memory_room.GUARD_BYTES + RESERVE_MIB * MIB + MIB
         set_available(meminfo, available)
+
+        async def shown() -> bool:  # the status shows the VPS's own figure
+            memory = (await stack.status())["vps_memory"]
+            return bool(memory) and memory["available_bytes"] == available
+
+        await stack.wait_until(shown, timeout_s=30, what="the VPS's memory in the status")
+        code, text = await run_cli("status", "-c", str(stack.config_path))
+        assert "vps memory: 69 MiB available of " in text, text
         (life,) = [x for x in stack.detector.lives(area) if x.key.side == "local"]
         resident = local_daemon_bytes(stack, area)
 

@@ -189,6 +189,11 @@ class TestWhatTheStatusKnows:
         assert page.by_id("version").text.startswith("v")
         assert page.by_id("updated").text.endswith("UTC")
         assert "nats: " in page.by_id("forwards").text
+        # the VPS's memory from the agent's inventory (the in-process VPS: this machine's)
+        total_mib = round(int(Path("/proc/meminfo").read_text().split()[1]) * 1024 / 1048576)
+        assert page.by_id("vps-memory-row").attrs.get("hidden") is None
+        assert re.fullmatch(rf"\d+ MiB available of {total_mib} MiB",
+                            page.by_id("vps-memory").text), page.by_id("vps-memory").text
         # newest first; on a loaded machine the move may have rolled back once and been
         # tried again by itself: the newest is the one that got there
         move, *_ = page.by_id("moves").find_all("tr", cls=None)[1:] or [None]
