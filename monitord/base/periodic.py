@@ -2,9 +2,11 @@
 
 `Periodic(name, iteration=…, interval_s=…, book=…)` runs `await iteration()` again and again:
 after `interval_s` (or the seconds the iteration returned, if fewer), or at once when
-`wake()` was called meanwhile. Used by the cleanup worker, the reconciler, the lease
-renewer, the migration engine's intake and the local supervisor; the tunnel keeper reports
-its attempts to the same `LoopBook` (monitord/remote/tunnel/keeper.py).
+`wake()` was called meanwhile — but, with `min_gap_s`, never sooner than that after the
+last iteration ended (wake-ups meanwhile are served by the next one: the reconciler's). Used
+by the cleanup worker, the reconciler, the lease renewer, the migration engine's intake and
+the local supervisor; the tunnel keeper reports its attempts to the same `LoopBook`
+(monitord/remote/tunnel/keeper.py).
 
 The error policy (docs/design.md, "No loop dies"):
 
@@ -172,10 +174,12 @@ class Periodic:
         interval_s: float,
         book: LoopBook | None = None,
         backoff_base_s: float = BACKOFF_BASE_S,
+        min_gap_s: float = 0.0,
     ) -> None:
         self.name = name
         self._iteration = iteration
         self.interval_s = interval_s
+        self.min_gap_s = min_gap_s
         self.book = book if book is not None else LoopBook()
         self._backoff_base_s = backoff_base_s
         self._wake = asyncio.Event()
@@ -212,10 +216,16 @@ class Periodic:
                 await self._pause(self._backoff_s())
                 continue
             self.book.passed(self.name)
+            ended = time.monotonic()
             timeout = self.interval_s if wait_s is None else min(self.interval_s, wait_s)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(max(0.0, timeout)):
                     await self._wake.wait()
+            # Woken sooner than min_gap_s after the last iteration: the wake-ups of a burst
+            # (a hundred moves ending one after another) are served by one iteration.
+            gap_s = ended + self.min_gap_s - time.monotonic()
+            if gap_s > 0:
+                await self._pause(gap_s)
 
     def _backoff_s(self) -> float:
         failing = max(1, self.record.failing)

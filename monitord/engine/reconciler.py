@@ -39,6 +39,11 @@ if TYPE_CHECKING:  # the SSH side loads after readiness (monitord/remote/ssh_sid
 log = logs.get_logger(__name__)
 
 TASK_NAME = "reconciler"
+# Every move that ends wakes a pass, and a pass asks the agent for its whole inventory: a
+# hundred areas moving were a hundred inventories of up to a hundred areas. Wake-ups this
+# close after a pass are served by the next one (what a pass finds is never urgent: the
+# moves themselves fence and clean up; this catches what they could not).
+MIN_PASS_GAP_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -87,7 +92,8 @@ class Reconciler:
         self.interval_s = interval_s
         self.legacy_grace_s = legacy_grace_s
         self._wall = wall
-        self.loop = Periodic(TASK_NAME, iteration=self._pass, interval_s=interval_s, book=loops)
+        self.loop = Periodic(TASK_NAME, iteration=self._pass, interval_s=interval_s, book=loops,
+                             min_gap_s=MIN_PASS_GAP_S)
         self._first_seen: dict[tuple[str, int], float] = {}
         self.last: DriftReport | None = None
         self.remote_inventory: dict[str, Any] | None = None
