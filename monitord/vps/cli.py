@@ -45,6 +45,9 @@ LOCK_NAME = "agent"
 SUPERVISOR_NAME = "agent.supervisor"
 AGENT_LOG_NAME = "agent.log"  # in {dir}/logs/, through a log sink (capped and rotated)
 STOP_OLD_AGENT_S = 15.0
+# An agent holding its lock writes its version at once, then gets ready: one that has said
+# neither within this long is judged by what its version file says.
+STARTING_AGENT_S = 5.0
 AGENT_UNIT = "monitord-agent.service"
 # With the unit installed but no agent running, how long agent-launch waits for the unit to
 # start one (its Restart= delay, or its path unit noticing a first monitord.pyz) before it
@@ -238,6 +241,23 @@ def _running_version(base_dir: Path) -> str:
         return "unknown"
 
 
+def _holder_version(base_dir: Path, *, wanted: str) -> str:
+    """The version of the agent holding `base_dir`'s lock. One that says another version
+    and is not ready may be an agent still starting (another launcher's, this moment): it
+    takes the lock before it writes its version, so the file still says the previous
+    agent's. It gets STARTING_AGENT_S to say `wanted` or be ready before it is judged."""
+    from monitord.base import singleton
+
+    running = _running_version(base_dir)
+    deadline = time.monotonic() + STARTING_AGENT_S
+    while running != wanted and not _ready(base_dir) and time.monotonic() < deadline:
+        if not singleton.is_held(base_dir, name=LOCK_NAME):
+            break  # it has gone: the caller starts one
+        time.sleep(0.05)  # poll interval of a bounded wait for another process
+        running = _running_version(base_dir)
+    return running
+
+
 def _stop_old_agent(base_dir: Path) -> bool:
     """SIGTERM the agent holding `base_dir` (verified by its command line), wait for the lock."""
     import signal
@@ -276,7 +296,7 @@ def main_agent_launch(args: argparse.Namespace) -> int:
     base_dir.mkdir(parents=True, exist_ok=True)
     wanted = code_version()
     if singleton.is_held(base_dir, name=LOCK_NAME):
-        running = _running_version(base_dir)
+        running = _holder_version(base_dir, wanted=wanted)
         if running == wanted:
             return EXIT_OK
         by_unit = _supervisor(base_dir) == "systemd"

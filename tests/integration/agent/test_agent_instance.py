@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import hashlib
 import json
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -83,6 +85,47 @@ class TestSingleAgentPerDir:
                 await wait_until(lambda: not proc_identity.is_alive(holder), timeout_s=10,
                                  what="the launched agent to stop")
             kill_left_processes(base_dir)
+
+    async def test_agent_launch_waits_for_an_agent_still_starting_to_say_its_version(
+        self, tmp_path: Path
+    ) -> None:
+        """An agent another launcher just started holds the lock a moment before it writes
+        its version; meanwhile the file says the previous agent's (or nothing). A launcher
+        that looked then took it for an old agent and stopped it (its launcher failed,
+        DAEMON_START_FAILED): it waits for the holder to say its version (or be ready)."""
+        from monitord.vps import cli
+
+        base_dir = tmp_path / "vps"
+        write_secret(base_dir, "launch-secret")
+        wanted = "sha256:" + hashlib.sha256(built_pyz().read_bytes()).hexdigest()
+        (base_dir / cli.VERSION_NAME).write_text("sha256:the-previous-agent\n")
+        # An agent starting: it holds the lock, writes its version 1 s later (its argv names
+        # `agent` and the dir, as the launcher's check for an agent of this dir wants).
+        starting = (
+            "import sys, time\n"
+            "from pathlib import Path\n"
+            "from monitord.base import atomic_file, singleton\n"
+            "base = Path(sys.argv[2])\n"
+            "with singleton.acquire(base, name='agent'):\n"
+            "    print('held', flush=True)\n"
+            "    time.sleep(1.0)\n"
+            "    version = (sys.argv[3] + '\\n').encode()\n"
+            "    atomic_file.atomic_write_bytes(base / 'agent.version', version)\n"
+            "    time.sleep(60)\n"
+        )
+        holder = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", starting, "agent", str(base_dir), wanted,
+            stdout=asyncio.subprocess.PIPE)
+        try:
+            assert holder.stdout is not None
+            assert await asyncio.wait_for(holder.stdout.readline(), 30) == b"held\n"
+            status, output = await _run(
+                vps_command("agent-launch", "--dir", str(base_dir), "--log-format", "json"))
+            assert (status, output) == (0, ""), output
+            assert holder.returncode is None, "the starting agent was stopped"
+        finally:
+            holder.kill()
+            await holder.wait()
 
     async def test_agent_launch_starts_again_after_a_lock_held_only_for_a_moment(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -40,6 +40,9 @@ class TestMetrics:
         await stack.wait_settled(expect={"tg": "local", "chats": "local"}, timeout_s=60)
         await stack.place("tg", "remote")
         await stack.wait_settled(expect={"tg": "remote", "chats": "local"}, timeout_s=60)
+        # The gauges below read the status: a remote area's process is the agent's next
+        # inventory after the move (the reconciler's pass, at most a second after the last).
+        await stack.wait_seen_up()
 
         url = f"http://127.0.0.1:{stack.http_port}/metrics"
         scraped: list[str] = []
