@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 import signal
 from collections.abc import Awaitable, Callable
@@ -78,6 +79,7 @@ class VpsServer:
         self._stalled = False
         self._refusing = False
         self._denied_forward_ports: set[int] = set()
+        self._forwarded_ports: set[int] = set()  # every port a tcpip-forward listened on
         self.key_file = work_dir / "id_ed25519"
         self.known_hosts = work_dir / "known_hosts"
         self.accepted_connections = 0
@@ -225,6 +227,8 @@ class VpsServer:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self._close_leftover_sockets():
+            await asyncio.sleep(0)  # (their connection_lost runs: nothing is left half-closed)
 
     async def _relay_unix(self, path: str, chan_reader: Any, chan_writer: Any) -> None:
         """Copy bytes both ways between a channel and a connection to the Unix socket `path`."""
@@ -287,7 +291,27 @@ class VpsServer:
         self._connections.discard(conn)
 
     def _forward_allowed(self, port: int) -> bool:
-        return port not in self._denied_forward_ports
+        if port in self._denied_forward_ports:
+            return False
+        self._forwarded_ports.add(port)
+        return True
+
+    def _close_leftover_sockets(self) -> int:
+        """Abort every connection still open to one of our ports. asyncssh's listener for a
+        forwarded port closes with its SSH connection, and asyncio (3.11) can leave a
+        connection it accepted just then with nothing to close it (here: a fake daemon's
+        heartbeat reconnecting as monitord stops). A VPS that shuts down closes them all.
+        Found among the live objects: asyncio keeps no list of a server's connections."""
+        ports = {self.port, *self._forwarded_ports}
+        closed = 0
+        for obj in gc.get_objects():
+            if not isinstance(obj, asyncio.Transport) or obj.is_closing():
+                continue
+            sockname = obj.get_extra_info("sockname")
+            if isinstance(sockname, tuple) and len(sockname) >= 2 and sockname[1] in ports:
+                obj.abort()
+                closed += 1
+        return closed
 
     # -- exec --------------------------------------------------------------------------
 
