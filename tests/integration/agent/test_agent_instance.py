@@ -126,6 +126,7 @@ class TestSingleAgentPerDir:
         finally:
             holder.kill()
             await holder.wait()
+            kill_left_processes(base_dir)  # (an agent a failing launcher started instead)
 
     async def test_agent_launch_starts_again_after_a_lock_held_only_for_a_moment(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
