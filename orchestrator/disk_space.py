@@ -68,9 +68,9 @@ class Shortage:
     def detail(self) -> str:
         """The sentence the status and the CLI show: both numbers, and what is missing."""
         if self.unit == "bytes":
-            return (f"{self.side}: {self.path} has {self.free} bytes free ({_mib(self.free)})"
-                    f", {self._needs} {self.needed} bytes ({_mib(self.needed)}{self._margin})"
-                    f": {_mib(self.missing)} missing")
+            return (f"{self.side}: {self.path} has {self.free} bytes free ({mib_text(self.free)})"
+                    f", {self._needs} {self.needed} bytes ({mib_text(self.needed)}{self._margin})"
+                    f": {mib_text(self.missing)} missing")
         return (f"{self.side}: {self.path} has {self.free} inodes free, {self._needs}"
                 f" {self.needed}{self._margin}: {self.missing} missing")
 
@@ -88,7 +88,8 @@ class Shortage:
                 f"needed_{self.unit}": self.needed, f"free_{self.unit}": self.free}
 
 
-def _mib(value: int) -> str:
+def mib_text(value: int) -> str:
+    """`16.0 MiB`: how a preflight's detail shows an amount of bytes."""
     return f"{value / MIB:.1f} MiB"
 
 

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-MIB = 1024 * 1024
+from orchestrator.disk_space import MIB, mib_text
+
 GUARD_BYTES = 4 * MIB
 
 
@@ -42,7 +43,7 @@ class Need:
 
     daemon_bytes: int | None  # None: the daemon does not run where the area is now
     claimed_bytes: int = 0
-    reserve_bytes: int = 64 * MIB
+    reserve_bytes: int = 0  # remote.memory_reserve_mib: the preflight sets it
 
     @property
     def area_bytes(self) -> int:
@@ -70,12 +71,12 @@ class Shortage:
         need = self.need
         daemon = ("its daemon's size unknown (not running on the PBX)"
                   if need.daemon_bytes is None
-                  else f"its daemon {_mib(need.daemon_bytes)} as resident on the PBX")
-        claimed = (f", moves under way {_mib(need.claimed_bytes)}"
+                  else f"its daemon {mib_text(need.daemon_bytes)} as resident on the PBX")
+        claimed = (f", moves under way {mib_text(need.claimed_bytes)}"
                    if need.claimed_bytes else "")
-        return (f"VPS: {_mib(self.available)} of memory available, {_mib(need.total_bytes)}"
-                f" needed ({daemon}, its lease guard {_mib(GUARD_BYTES)}{claimed},"
-                f" {_mib(need.reserve_bytes)} kept free): {_mib(self.missing)} missing")
+        return (f"VPS: {mib_text(self.available)} of memory available, {mib_text(need.total_bytes)}"
+                f" needed ({daemon}, its lease guard {mib_text(GUARD_BYTES)}{claimed},"
+                f" {mib_text(need.reserve_bytes)} kept free): {mib_text(self.missing)} missing")
 
     def facts(self) -> dict[str, object]:
         """The numbers as fields of the service's last error (status API)."""
@@ -116,6 +117,3 @@ def shortage(host: Host, need: Need) -> Shortage | None:
         return None
     return Shortage(available=host.available_bytes, need=need)
 
-
-def _mib(value: int) -> str:
-    return f"{value / MIB:.1f} MiB"

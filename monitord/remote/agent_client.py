@@ -138,6 +138,11 @@ class AreaHealth:
     uptime_s: float | None  # None: no daemon of that generation runs
 
 
+# What an agent older than a route answers it: 404 with AGENT_ROUTE_MISSING, or UNKNOWN_AREA
+# from one before that code existed (a route without an area names none).
+_OLDER_AGENT_CODES = frozenset({ErrorCode.AGENT_ROUTE_MISSING, ErrorCode.UNKNOWN_AREA})
+
+
 class AgentClient:
     """The manager API, one channel per request."""
 
@@ -290,13 +295,13 @@ class AgentClient:
     async def routes(self) -> frozenset[str]:
         """What the agent serves, one `METHOD /path/{area}` a route (`GET /v1/routes`), so
         that a caller chooses its way once. An agent older than that route answers it 404
-        (UNKNOWN_AREA before AGENT_ROUTE_MISSING existed; this path names no area): it
-        serves none of the routes a caller would look for, the empty set."""
+        (`_OLDER_AGENT_CODES`): it serves none of the routes a caller would look for, the
+        empty set."""
         where = "GET /v1/routes"
         try:
             doc = _object(await self._call("GET", "/v1/routes"), where=where)
         except MonitordError as e:
-            if e.code in (ErrorCode.AGENT_ROUTE_MISSING, ErrorCode.UNKNOWN_AREA):
+            if e.code in _OLDER_AGENT_CODES:
                 return frozenset()
             raise
         listed = doc.get("routes")
@@ -312,7 +317,7 @@ class AgentClient:
         try:
             doc = _object(await self._call("GET", "/v1/host"), where=where)
         except MonitordError as e:
-            if e.code in (ErrorCode.AGENT_ROUTE_MISSING, ErrorCode.UNKNOWN_AREA):
+            if e.code in _OLDER_AGENT_CODES:
                 return None
             raise
         return to_host(doc, where=where)

@@ -294,7 +294,7 @@ async def run_preflight(
         results["remote_config"], host = await _remote_config(config, service=service,
                                                               agent=agent)
         need = area_memory or memory_room.Need(daemon_bytes=None)
-        need = replace(need, reserve_bytes=remote.memory_reserve_mib * memory_room.MIB)
+        need = replace(need, reserve_bytes=remote.memory_reserve_mib * disk_space.MIB)
         results["memory"] = (
             _judge_memory(host, need) if results["remote_config"].ok
             else _skipped("memory", "needs the agent's answer (remote_config)"))
@@ -624,9 +624,8 @@ def _judge_memory(host: memory_room.Host | None, need: memory_room.Need) -> Chec
     short = memory_room.shortage(host, need)
     if short is not None:
         return _failed("memory", short.detail(), facts=short.facts())
-    mib = memory_room.MIB
-    return _ok("memory", f"VPS: {host.available_bytes / mib:.1f} MiB available,"
-                         f" {need.total_bytes / mib:.1f} MiB needed with the reserve")
+    return _ok("memory", f"VPS: {disk_space.mib_text(host.available_bytes)} available,"
+                         f" {disk_space.mib_text(need.total_bytes)} needed with the reserve")
 
 
 def _ok(check: str, detail: str) -> CheckResult:

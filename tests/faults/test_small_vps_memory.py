@@ -12,12 +12,12 @@ from typing import Any
 
 from monitord.base import proc_identity
 from monitord.testing.stack import Stack
-from orchestrator import memory_room
+from orchestrator import disk_space, memory_room
 from tests.faults.conftest import FaultStackFactory
 from tests.faults.netns_vps import NetnsVps
 from tests.faults.test_full_disk import run_cli
 
-MIB = memory_room.MIB
+MIB = disk_space.MIB
 RESERVE_MIB = 64  # remote.memory_reserve_mib's default
 HOLD_AT_HEALTHCHECK = "local_to_remote:HEALTHCHECK_DESTINATION"
 

@@ -4,10 +4,10 @@ available, and the shortage preflight reports with each part named."""
 
 from __future__ import annotations
 
-from orchestrator import memory_room
+from orchestrator import disk_space, memory_room
 from orchestrator.memory_room import GUARD_BYTES, Host, Need
 
-MIB = memory_room.MIB
+MIB = disk_space.MIB
 
 
 class TestTheNeed:
