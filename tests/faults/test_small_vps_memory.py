@@ -10,10 +10,12 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from monitord.base import proc_identity
 from monitord.testing.stack import Stack
 from orchestrator import disk_space, memory_room
-from tests.faults.conftest import FaultStackFactory
+from tests.faults.conftest import RELEASE_MATRIX, FaultStackFactory
 from tests.faults.netns_vps import NetnsVps
 from tests.faults.test_full_disk import run_cli
 
@@ -63,9 +65,11 @@ def local_daemon_bytes(stack: Stack, area: str) -> int:
     return resident
 
 
+@pytest.mark.parametrize("netns_vps", RELEASE_MATRIX, indirect=True)
 class TestAMoveThatDoesNotFitInMemory:
     """The VPS says 1 MiB more than a lease guard and the reserve: enough for an area whose
-    daemon's size were not counted, not for this one's (a Python daemon of some MiB)."""
+    daemon's size were not counted, not for this one's (a Python daemon of some MiB). On
+    each Debian release, its agent reading the figure with that release's own python3."""
 
     async def test_is_refused_before_the_source_stops_and_parks_with_each_part(
         self, fault_stack: FaultStackFactory, netns_vps: NetnsVps
