@@ -98,6 +98,12 @@ class TestLaunchedDaemonLog:
             deadline = time.monotonic() + 15
             while singleton.is_held(work_dir) and time.monotonic() < deadline:
                 time.sleep(0.05)
+        # The daemon's last line goes through its sink, which may write it a moment after
+        # the daemon let go of its lock: wait for the line, not only for the lock.
+        deadline = time.monotonic() + 10
+        while b"daemon_stopped" not in (work_dir / "monitord.log").read_bytes() \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert b"daemon_stopped" in (work_dir / "monitord.log").read_bytes()
 
 
