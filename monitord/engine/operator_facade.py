@@ -37,6 +37,7 @@ from monitord.base.metrics import Metrics
 from monitord.base.periodic import LoopBook
 from monitord.engine.cleanup_worker import CleanupWorker
 from monitord.engine.migration_engine import MigrationEngine
+from monitord.engine.operator_verbs import OperatorVerbs
 from monitord.engine.placement_state import PlacementState
 from monitord.engine.reconciler import Reconciler
 from monitord.local.supervisor import LocalSupervisor, ProcessView
@@ -62,6 +63,7 @@ class OperatorFacade:
     owner_id: str
     state: PlacementState
     engine: MigrationEngine
+    verbs: OperatorVerbs
     reconciler: Reconciler
     cleanup_worker: CleanupWorker
     supervisor: LocalSupervisor
@@ -119,18 +121,18 @@ class OperatorFacade:
 
     async def retry(self, service: str) -> list[str]:
         """Let a parked service try again; the ids of the transactions resumed."""
-        return await self.engine.retry(service)
+        return await self.verbs.retry(service)
 
     async def discard_remote_data(self, service: str, *, area: str | None) -> list[str]:
         """Rollbacks waiting for the other side's newer data give it up (the operator's
         explicit choice, recorded as events); the ids of the transactions that did."""
-        return await self.engine.discard_remote_data(service, area=area)
+        return await self.verbs.discard_remote_data(service, area=area)
 
     async def give_up_remote(self, service: str, *, area: str | None) -> list[str]:
         """The VPS is given up for `service` (or one area): its areas start on the PBX's own
         copy once every remote copy is provably fenced (VPS_NOT_FENCED until then); the ids
         of the transactions that take them home."""
-        return await self.engine.give_up_remote(service, area=area)
+        return await self.verbs.give_up_remote(service, area=area)
 
     def fetch_abandoned(self, area: str, *, generation: int | None) -> dict[str, Any]:
         """Start fetching a given-up copy set aside on the VPS to the PBX (forensics); what
@@ -437,5 +439,5 @@ class OperatorFacade:
             "last_move": self.engine.last_move(service),
             # Offered only while the VPS does not answer: a reachable VPS moves home whole.
             "give_up": None if tunnel is None or tunnel.connected
-            else self.engine.give_up_view(service),
+            else self.verbs.give_up_view(service),
         }

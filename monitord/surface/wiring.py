@@ -39,6 +39,7 @@ from monitord.engine.lease_ledger import LeaseLedger
 from monitord.engine.lease_renewer import LeaseRenewer
 from monitord.engine.migration_engine import MigrationEngine
 from monitord.engine.operator_facade import OperatorFacade
+from monitord.engine.operator_verbs import OperatorVerbs
 from monitord.engine.phase_actions import PhaseActions
 from monitord.engine.placement_state import PlacementState
 from monitord.engine.reconciler import Reconciler
@@ -52,6 +53,7 @@ from monitord.store.remote_state import RemoteStateFile
 from monitord.surface.components import Assembly, RuntimeContext
 from orchestrator import status as status_rules
 from orchestrator.area_leases import LeasePolicy
+from orchestrator.migration_step import StepRules
 from orchestrator.models import Transaction
 from orchestrator.rules import LinkEpoch
 
@@ -156,23 +158,29 @@ class Orchestration:
             actions=self.actions,
             store=ctx.store,
             metrics=self.metrics,
-            policy=self.policy,
-            leases=self.ledger,
+            bounds=StepRules(
+                park_after_failures=config.monitord.park_after_failures,
+                retry_backoff_base_s=config.monitord.retry_backoff_base_s,
+                retry_backoff_cap_s=config.monitord.retry_backoff_cap_s,
+                rollback_data_wait_s=config.monitord.rollback_data_wait_s,
+                policy=self.policy,
+            ),
             parallelism={name: s.parallelism for name, s in config.services.items()},
-            park_after_failures=config.monitord.park_after_failures,
-            retry_backoff_base_s=config.monitord.retry_backoff_base_s,
-            retry_backoff_cap_s=config.monitord.retry_backoff_cap_s,
-            rollback_data_wait_s=config.monitord.rollback_data_wait_s,
+            leases=self.ledger,
+            link_epoch=self._link_epoch,
+            on_finished=self._transaction_finished,
+            loops=self.loops,
+        )
+        self.verbs = OperatorVerbs(
+            engine=self.engine,
+            actions=self.actions,
             vps_lost_after_s=config.monitord.vps_lost_after_s,
             vps_lost_services=frozenset(
                 name for name, section in config.services.items()
                 if section.on_vps_lost == "home"
             ),
-            vps_unreachable_since=lambda: self._down_since,
-            link_epoch=self._link_epoch,
-            on_finished=self._transaction_finished,
-            loops=self.loops,
         )
+        self.engine.add_tick_hook(self._vps_lost_tick)
         self.abandoned = AbandonedData(
             state=self.state, store=ctx.store, remote=self.actions.remote_side,
             keep_s=config.monitord.abandoned_data_keep_s,
@@ -203,6 +211,7 @@ class Orchestration:
             owner_id=self.owner_id,
             state=self.state,
             engine=self.engine,
+            verbs=self.verbs,
             reconciler=self.reconciler,
             cleanup_worker=self.cleanup,
             supervisor=self.supervisor,
@@ -284,6 +293,9 @@ class Orchestration:
         self.engine.wake()
         if self.renewer is not None:
             self.renewer.wake()
+
+    async def _vps_lost_tick(self) -> None:
+        await self.verbs.give_up_lost_vps(self._down_since)
 
     def _link_epoch(self) -> LinkEpoch | None:
         if self.link is None:

@@ -16,8 +16,8 @@ from monitord.engine.migration_engine import MigrationEngine
 from monitord.engine.placement_state import PlacementState
 from monitord.store.state_db import Store
 from orchestrator import phases
-from orchestrator.area_leases import LeasePolicy
 from orchestrator.errors import PermanentError
+from orchestrator.migration_step import StepRules
 from orchestrator.models import Side, Transaction
 from orchestrator.phases import Outcome
 
@@ -52,9 +52,10 @@ class TestTheLastGeneration:
             await state.load()
             engine = MigrationEngine(
                 state=state, actions=HeldActions(), store=store,  # type: ignore[arg-type]
-                metrics=Metrics(), policy=LeasePolicy(), leases=None,
-                parallelism={"tg": 2}, park_after_failures=2, loops=book,
-                retry_backoff_base_s=0.01, retry_backoff_cap_s=0.02,
+                metrics=Metrics(),
+                parallelism={"tg": 2},
+                bounds=StepRules(park_after_failures=2, retry_backoff_base_s=0.01,
+                                 retry_backoff_cap_s=0.02), loops=book,
             )
             running = asyncio.create_task(engine.run(), name="engine under test")
             try:

@@ -16,7 +16,7 @@ from monitord.engine.move_slots import MoveSlots
 from monitord.engine.placement_state import PlacementState
 from monitord.store.state_db import Store
 from orchestrator import phases
-from orchestrator.area_leases import LeasePolicy
+from orchestrator.migration_step import StepRules
 from orchestrator.models import Side, Transaction
 from orchestrator.phases import Outcome
 
@@ -70,9 +70,10 @@ async def test_the_next_area_prepares_while_one_is_out_of_service(tmp_path: Path
         actions = RecordingActions(state)
         engine = MigrationEngine(
             state=state, actions=actions, store=store,  # type: ignore[arg-type]
-            metrics=Metrics(), policy=LeasePolicy(), leases=None,
-            parallelism={"tg": 1}, park_after_failures=5,
-            retry_backoff_base_s=0.01, retry_backoff_cap_s=0.02,
+            metrics=Metrics(),
+            parallelism={"tg": 1},
+            bounds=StepRules(park_after_failures=5, retry_backoff_base_s=0.01,
+                             retry_backoff_cap_s=0.02),
         )
         running = asyncio.create_task(engine.run(), name="engine under test")
         try:
@@ -166,9 +167,10 @@ async def test_never_more_than_parallelism_out_of_service(tmp_path: Path) -> Non
         actions = CountingActions(state)
         engine = MigrationEngine(
             state=state, actions=actions, store=store,  # type: ignore[arg-type]
-            metrics=Metrics(), policy=LeasePolicy(), leases=None,
-            parallelism={"tg": 2}, park_after_failures=5,
-            retry_backoff_base_s=0.01, retry_backoff_cap_s=0.02,
+            metrics=Metrics(),
+            parallelism={"tg": 2},
+            bounds=StepRules(park_after_failures=5, retry_backoff_base_s=0.01,
+                             retry_backoff_cap_s=0.02),
         )
         running = asyncio.create_task(engine.run(), name="engine under test")
         try:

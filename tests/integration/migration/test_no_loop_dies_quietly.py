@@ -27,6 +27,7 @@ from monitord.local.supervisor import AreaRun, LocalSupervisor
 from monitord.store.state_db import Store, StoreError
 from orchestrator import phases
 from orchestrator.area_leases import LeasePolicy
+from orchestrator.migration_step import StepRules
 from orchestrator.models import Phase, Side, Transaction
 from orchestrator.phases import Outcome
 
@@ -61,9 +62,10 @@ class TestAnUnexpectedErrorInAPhaseAction:
             actions = ExplodingActions()
             engine = MigrationEngine(
                 state=state, actions=actions, store=store,  # type: ignore[arg-type]
-                metrics=Metrics(), policy=LeasePolicy(), leases=None,
-                parallelism={"tg": 1}, park_after_failures=2,
-                retry_backoff_base_s=0.01, retry_backoff_cap_s=0.02,
+                metrics=Metrics(),
+                parallelism={"tg": 1},
+                bounds=StepRules(park_after_failures=2, retry_backoff_base_s=0.01,
+                                 retry_backoff_cap_s=0.02),
             )
             running = asyncio.create_task(engine.run(), name="engine under test")
             try:
@@ -196,9 +198,10 @@ async def _loop_under_test(
     if which == "migration engine":
         engine = MigrationEngine(
             state=state, actions=ExplodingActions(), store=store,  # type: ignore[arg-type]
-            metrics=Metrics(), policy=LeasePolicy(), leases=None,
-            parallelism={"tg": 1}, park_after_failures=2,
-            retry_backoff_base_s=0.01, retry_backoff_cap_s=0.02,
+            metrics=Metrics(),
+            parallelism={"tg": 1},
+            bounds=StepRules(park_after_failures=2, retry_backoff_base_s=0.01,
+                             retry_backoff_cap_s=0.02),
         )
         fault = Fault(state.parked_services, error)
         state.parked_services = fault  # type: ignore[method-assign]

@@ -21,6 +21,7 @@ from monitord.base.metrics import Metrics
 from monitord.base.periodic import LoopBook
 from monitord.engine.migration_engine import MigrationEngine
 from monitord.engine.operator_facade import OperatorFacade
+from monitord.engine.operator_verbs import OperatorVerbs
 from monitord.engine.phase_actions import PhaseActions
 from monitord.engine.placement_state import PlacementState
 from monitord.local.supervisor import AreaRun, LocalSupervisor
@@ -29,7 +30,7 @@ from monitord.store.state_db import Store
 from monitord.surface import http_api
 from monitord.surface.admission import Admission
 from orchestrator import phases
-from orchestrator.area_leases import LeasePolicy
+from orchestrator.migration_step import StepRules
 from orchestrator.models import Phase, Side, Transaction
 from tests.support import api_auth
 
@@ -60,11 +61,13 @@ async def engine_api(root: Path) -> AsyncIterator[tuple[Client, Path]]:
         await state.load()
         engine = MigrationEngine(
             state=state, actions=None, store=store,  # type: ignore[arg-type]
-            metrics=Metrics(), policy=LeasePolicy(), leases=None, parallelism={"tg": 1},
-            park_after_failures=3, retry_backoff_base_s=0.01, retry_backoff_cap_s=0.02,
+            metrics=Metrics(),  parallelism={"tg": 1},
+            bounds=StepRules(park_after_failures=3, retry_backoff_base_s=0.01,
+                             retry_backoff_cap_s=0.02),
         )
         facade = OperatorFacade(
             config=CONFIG, owner_id="pbx-test", state=state, engine=engine,
+            verbs=OperatorVerbs(engine=engine, actions=None),  # type: ignore[arg-type]
             reconciler=None, cleanup_worker=None, supervisor=None,  # type: ignore[arg-type]
             link=None, metrics=Metrics(), store=store, accepting=lambda: True,
             custom_config_path=custom, remote_state_path=root / "remote_state.json",

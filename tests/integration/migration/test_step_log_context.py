@@ -23,8 +23,8 @@ from monitord.engine.placement_state import PlacementState
 from monitord.remote.agent_client import AgentClient, unix_channel
 from monitord.store.state_db import Store
 from orchestrator import phases
-from orchestrator.area_leases import LeasePolicy
 from orchestrator.errors import ErrorCode, error_for
+from orchestrator.migration_step import StepRules
 from orchestrator.models import Phase, Side, Transaction
 from orchestrator.phases import Outcome
 from tests.support.agent_process import running_agent
@@ -76,9 +76,10 @@ class TestTheStepBindsTheTransaction:
             await state.load()
             engine = MigrationEngine(
                 state=state, actions=AgentAskingActions(client),  # type: ignore[arg-type]
-                store=store, metrics=Metrics(), policy=LeasePolicy(), leases=None,
-                parallelism={"tg": 1}, park_after_failures=1,
-                retry_backoff_base_s=0.01, retry_backoff_cap_s=0.02,
+                store=store, metrics=Metrics(),
+                parallelism={"tg": 1},
+                bounds=StepRules(park_after_failures=1, retry_backoff_base_s=0.01,
+                                 retry_backoff_cap_s=0.02),
             )
             with captured_logs() as lines:
                 await client.inventory()  # before any move
