@@ -52,11 +52,6 @@ class Phase(StrEnum):
     PARKED = "PARKED"
 
     @property
-    def is_final(self) -> bool:
-        """No engine step follows (PARKED waits for an operator's retry)."""
-        return self in (Phase.DONE, Phase.ROLLED_BACK, Phase.PARKED)
-
-    @property
     def is_committed(self) -> bool:
         """The destination is authoritative (the commit write has happened)."""
         return self in (Phase.CLEANUP_SOURCE, Phase.DONE)
@@ -193,18 +188,6 @@ class CleanupItem(_Stored):
     next_attempt_at: float
     last_error: str | None = None
     created_at: float
-
-
-class TunnelLease(_Stored):
-    """The VPS record naming the one node that owns the SSH tunnel (see tunnel_lease.py)."""
-
-    owner_id: str = Field(min_length=1)
-    owner_label: str
-    acquired_at: float
-    renewed_at: float
-    ttl: float = Field(gt=0)
-    sshd_pid: int | None = None
-    ssh_connection: str | None = None
 
 
 class AreaLease(_Frozen):

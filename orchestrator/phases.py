@@ -1,17 +1,17 @@
-"""The migration state machine: one table of allowed phase moves, and `step()` that applies
-an outcome to a transaction and says what to do next.
+"""The migration state machine: one table of allowed phase moves, `advance()` that applies
+an outcome to a transaction, and `next_actions()` that says what to do for a record.
 
 Theory of operation
 -------------------
 A transaction (models.Transaction) moves one area from its source side to its destination
-side through the phases of the table below. The runtime (monitord's migration engine) never
-decides where to go: it performs the actions `step()` hands it, observes what happened,
-names the result as an `Outcome` and calls `step()` again. The whole protocol is
+side through the phases of the table below. The runtime never decides where to go: it
+performs the actions it is handed, observes what happened, and orchestrator/migration_step.py
+names the result as an `Outcome` and feeds it to `advance()`. The whole protocol is
 
     TRANSITIONS[direction][phase][outcome] -> next phase
 
 in the spirit of h11's EVENT_TRIGGERED_TRANSITIONS. A pair that the table lacks is not a
-move: `step()` raises `IllegalTransition` and the caller's record stays what it was (the
+move: `advance()` raises `IllegalTransition` and the caller's record stays what it was (the
 records are frozen values, so "unchanged" is literal). The two directions share the
 shape of the happy path but differ where the sides differ: only a remote destination can
 be unreachable while it is fenced, so only local->remote rollbacks wait for a lease to
@@ -26,8 +26,6 @@ says so at the `now` passed in; a retry out of PARKED needs a freshly issued gen
 What to do in a phase is derived from the record alone (`next_actions()`), so after a
 crash the runtime resumes by asking for the next actions of the stored record: every
 action is idempotent and generation-checked. docs/phases.md is generated from this table.
-
-Called by the migration engine in `monitord/`, by orchestrator/rules.py and by the tests.
 """
 
 from __future__ import annotations
@@ -325,7 +323,8 @@ class Finish(Action):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StepContext:
-    """What `step()` needs besides the record: times, the error, the lease and policy.
+    """What `advance()` and `next_actions()` need besides the record: times, the error,
+    the lease and policy.
 
     `at` is wall time (updated_at); `now` is the local monotonic clock; `lease` is the
     destination's area lease as last acknowledged (after a restart: area_leases.after_restart).
@@ -582,15 +581,3 @@ def _lease_wait(txn: Transaction, ctx: StepContext, *, generation: int) -> WaitL
     until = area_leases.expired_at(lease, policy=ctx.policy)
     return WaitLeaseExpiry(transaction_id=txn.transaction_id, service=txn.service,
                            area=txn.area, until=until, lease=lease)
-
-
-def step(
-    txn: Transaction, outcome: Outcome, ctx: StepContext
-) -> tuple[Transaction, tuple[Action, ...]]:
-    """Apply `outcome` and return (new record, the actions to perform next, in order).
-
-    Raises IllegalTransition when the table or a guard forbids the move; the caller's record
-    is a frozen value and stays exactly as it was.
-    """
-    new = advance(txn, outcome, ctx)
-    return new, next_actions(new, ctx)

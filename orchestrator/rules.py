@@ -4,7 +4,7 @@
    destination at ITS generation, then let the source run. If the destination cannot be
    reached, a cleanup item is recorded and the source runs again only after the
    destination's area lease has provably lapsed (area_leases.provably_expired; enforced
-   by the guard in phases.step).
+   by the guard in phases.advance).
 2. After the commit only roll forward (the table has no way back from CLEANUP_SOURCE).
 3. Generations are issued once (`GenerationLedger`): the highest issued per area only
    grows, and only when a migration starts; a rolled-back generation is never reused.
@@ -41,7 +41,7 @@ from typing import Any, Self
 from orchestrator import lineage, phases
 from orchestrator.errors import ErrorCode
 from orchestrator.lineage import Lineage
-from orchestrator.models import Area, AreaLease, Location, Phase, Side, Transaction, reached
+from orchestrator.models import Area, AreaLease, Location, Phase, Side, Transaction
 from orchestrator.phases import Outcome
 
 DEFAULT_PARK_AFTER_FAILURES = 5
@@ -309,7 +309,3 @@ def lease_to_judge(actions: Iterable[phases.Action], *, known: AreaLease | None)
     later = known is not None and known.acknowledged_at > waited.acknowledged_at
     return known if later and known is not None else waited
 
-
-def rollback_needs_lease_wait(txn: Transaction) -> bool:
-    """The destination could have run, so an unfenced one must have its lease lapse first."""
-    return txn.rollback_from is not None and reached(txn.rollback_from, Phase.CREATE_DESTINATION)

@@ -66,6 +66,3 @@ def role(facts: ProcessFacts) -> Role:
         return Role.SESSION
     return Role.SESSION if facts.parent_comm in SSHD_COMMANDS else Role.LISTENER
 
-
-def is_session(facts: ProcessFacts) -> bool:
-    return role(facts) is Role.SESSION

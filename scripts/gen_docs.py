@@ -64,7 +64,7 @@ def render_phases() -> str:
         "# Migration phases",
         "",
         "The migration state machine of one area. Every move below is the whole",
-        "protocol: `phases.step()` refuses anything else with `IllegalTransition` and leaves",
+        "protocol: `phases.advance()` refuses anything else with `IllegalTransition` and leaves",
         "the record unchanged. Theory of operation: [orchestrator.md](orchestrator.md).",
         "",
         "## Outcomes",

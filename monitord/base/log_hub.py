@@ -340,10 +340,6 @@ class LogPipes:
         self._held[area] = (fd, name)
         return True
 
-    def name_of(self, area: str) -> str | None:
-        held = self._held.get(area)
-        return None if held is None else held[1]
-
     def retire(self, area: str) -> str | None:
         """The area's daemon is gone and will not be restarted here: let its FIFO go once the
         hub holds it (now, or at a later `tick`). Returns the FIFO's path, which the hub

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from monitord.base.task_owner import TaskOwner
+from monitord.store import spool_files
 
 if TYPE_CHECKING:
     from monitord.base.config import Config
@@ -127,11 +128,11 @@ class RuntimeContext:
 
     @property
     def custom_config_path(self) -> Path:
-        return self.config.monitord.spool_dir / "custom_config.json"
+        return spool_files.spool_paths(self.config.monitord.spool_dir)[0]
 
     @property
     def remote_state_path(self) -> Path:
-        return self.config.monitord.spool_dir / "remote_state.json"
+        return spool_files.spool_paths(self.config.monitord.spool_dir)[1]
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,6 @@ from typing import BinaryIO
 from monitord.base import tree_digest
 from monitord.base.atomic_file import fsync_path
 from monitord.remote.copy.listing import incomplete, name_problem
-from orchestrator import disk_space
 from orchestrator.errors import ErrorCode, MonitordError, error_for, file_error_code
 
 
@@ -99,12 +98,6 @@ def _existing(path: Path) -> Path:
     while not path.exists() and path != path.parent:
         path = path.parent
     return path
-
-
-def free_space(path: Path) -> disk_space.Free:
-    st = os.statvfs(_existing(path))
-    return disk_space.Free(bytes=st.f_bavail * st.f_frsize, inodes=st.f_favail,
-                           total_inodes=st.f_files)
 
 
 def staging_of(final: Path) -> Path:

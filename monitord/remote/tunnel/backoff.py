@@ -74,10 +74,6 @@ class ReconnectBackoff:
             wait = max(wait, oldest + self.window_s - now)
         return max(0.0, wait)
 
-    def attempts_in_window(self, now: float) -> int:
-        self._forget_before(now - self.window_s)
-        return len(self._attempts)
-
     def _forget_before(self, horizon: float) -> None:
         while self._attempts and self._attempts[0] <= horizon:
             self._attempts.popleft()

@@ -78,6 +78,15 @@ ALL_MOVES = list(itertools.product(BOTH, Phase, Outcome))
 POLICY = LeasePolicy(ttl_s=2.0, clock_margin=0.1, safety_margin_s=0.5)
 
 
+def step(
+    txn: Transaction, outcome: Outcome, ctx: StepContext
+) -> tuple[Transaction, tuple[phases.Action, ...]]:
+    """The table's move and the actions of the record it gives: the two halves of a step
+    (orchestrator/migration_step.py decides the rest)."""
+    new = phases.advance(txn, outcome, ctx)
+    return new, phases.next_actions(new, ctx)
+
+
 def _source(direction: Direction) -> Side:
     return Side.LOCAL if direction is L2R else Side.REMOTE
 
@@ -147,7 +156,7 @@ class TestAllowedMoves:
     ) -> None:
         direction, phase, outcome = move
         record = _record_satisfying_guards(direction, phase, outcome)
-        new, actions = phases.step(record, outcome,
+        new, actions = step(record, outcome,
                                    _context_satisfying_guards(outcome, phase))
         assert new.phase is phases.TRANSITIONS[direction][phase][outcome]
         assert new.updated_at == 2_000.0
@@ -167,7 +176,7 @@ class TestForbiddenMoves:
         record = _record_satisfying_guards(direction, phase, outcome)
         before = record.model_dump()
         with pytest.raises(phases.IllegalTransition) as raised:
-            phases.step(record, outcome, _context_satisfying_guards(outcome, phase))
+            step(record, outcome, _context_satisfying_guards(outcome, phase))
         assert raised.value.code == "TRANSACTION_CONFLICT"
         assert record.model_dump() == before
 
@@ -183,20 +192,20 @@ class TestRollbackGuards:
     def test_source_restart_before_fencing_is_refused(self) -> None:
         record = transaction(phase=P.ROLLBACK, rollback_from=P.CREATE_DESTINATION)
         with pytest.raises(phases.IllegalTransition, match="fenced"):
-            phases.step(record, Out.OK, StepContext(at=1.0))
+            step(record, Out.OK, StepContext(at=1.0))
 
     def test_unreachable_destination_waits_for_the_lease_and_records_cleanup(self) -> None:
         record = transaction(phase=P.HEALTHCHECK_DESTINATION)
         lease = AreaLease(area="a1", generation=8, owner_id="me", acknowledged_at=50.0, ttl=2.0)
         ctx = StepContext(at=5.0, now=51.0, policy=POLICY, lease=lease)
-        rolling, actions = phases.step(record, Out.FAILED, ctx)
+        rolling, actions = step(record, Out.FAILED, ctx)
         assert actions == (
             phases.FenceDestination(
                 transaction_id="t-1", service="tg", area="a1", side=Side.REMOTE, generation=8,
                 keep_data=True,  # it ran: its data may be the newest
             ),
         )
-        waiting, actions = phases.step(rolling, Out.UNREACHABLE, ctx)
+        waiting, actions = step(rolling, Out.UNREACHABLE, ctx)
         assert waiting.cleanup_required and not waiting.destination_fenced
         enqueue, wait = actions
         assert isinstance(enqueue, phases.EnqueueCleanup)
@@ -212,9 +221,9 @@ class TestRollbackGuards:
         lease = AreaLease(area="a1", generation=8, owner_id="me", acknowledged_at=50.0, ttl=2.0)
         just_before = StepContext(at=5.0, now=50.0 + 2.2 + 0.5 - 0.001, policy=POLICY, lease=lease)
         with pytest.raises(phases.IllegalTransition, match="lapsed"):
-            phases.step(record, Out.LEASE_EXPIRED, just_before)
+            step(record, Out.LEASE_EXPIRED, just_before)
         at_deadline = StepContext(at=5.0, now=50.0 + 2.2 + 0.5, policy=POLICY, lease=lease)
-        fenced, actions = phases.step(record, Out.LEASE_EXPIRED, at_deadline)
+        fenced, actions = step(record, Out.LEASE_EXPIRED, at_deadline)
         assert fenced.destination_fenced
         assert isinstance(actions[-1], phases.RestartSource)
         assert actions[-1].generation == 7
@@ -242,25 +251,25 @@ class TestRollbackGuards:
         )
         old = AreaLease(area="a1", generation=7, owner_id="me", acknowledged_at=0.0, ttl=2.0)
         with pytest.raises(phases.IllegalTransition, match="generation"):
-            phases.step(record, Out.LEASE_EXPIRED, StepContext(at=1, now=99, lease=old))
+            step(record, Out.LEASE_EXPIRED, StepContext(at=1, now=99, lease=old))
 
     def test_destination_that_was_never_created_needs_no_lease_wait(self) -> None:
         record = transaction(phase=P.COPY)
-        rolling, _ = phases.step(record, Out.FAILED, StepContext(at=1.0))
-        cleaned, actions = phases.step(rolling, Out.UNREACHABLE, StepContext(at=1.0))
+        rolling, _ = step(record, Out.FAILED, StepContext(at=1.0))
+        cleaned, actions = step(rolling, Out.UNREACHABLE, StepContext(at=1.0))
         assert cleaned.destination_fenced and cleaned.cleanup_required
         assert isinstance(actions[0], phases.EnqueueCleanup)
         assert isinstance(actions[1], phases.RestartSource)
 
     def test_rollback_from_suppress_source_restarts_the_source_at_once(self) -> None:
         record = transaction(phase=P.SUPPRESS_SOURCE)
-        rolling, actions = phases.step(record, Out.FAILED, StepContext(at=1.0, error_code="X"))
+        rolling, actions = step(record, Out.FAILED, StepContext(at=1.0, error_code="X"))
         assert rolling.destination_fenced
         assert [type(a) for a in actions] == [phases.RestartSource]
 
     def test_local_destination_that_will_not_stop_is_retried_not_waited_out(self) -> None:
         record = transaction(source=Side.REMOTE, phase=P.ROLLBACK, rollback_from=P.COPY)
-        again, actions = phases.step(record, Out.FAILED, StepContext(at=1.0))
+        again, actions = step(record, Out.FAILED, StepContext(at=1.0))
         assert not again.destination_fenced and not again.cleanup_required
         assert [type(a) for a in actions] == [phases.FenceDestination]
 
@@ -274,7 +283,7 @@ class TestPreflight:
         self, direction: Direction, outcome: Outcome
     ) -> None:
         record = transaction(source=_source(direction))
-        _, actions = phases.step(record, outcome, StepContext(at=1.0, error_code="PREFLIGHT_ARCH"))
+        _, actions = step(record, outcome, StepContext(at=1.0, error_code="PREFLIGHT_ARCH"))
         stopping = (phases.SuppressSource, phases.FenceDestination, phases.CleanupSource)
         assert not any(isinstance(a, stopping) for a in actions)
 
@@ -285,23 +294,23 @@ class TestRetryAndErrors:
     def test_retry_without_a_new_generation_is_refused(self) -> None:
         parked = transaction(phase=P.PARKED)
         with pytest.raises(phases.IllegalTransition):
-            phases.step(parked, Out.RETRY_REQUESTED, StepContext(at=1.0, new_generation=8))
+            step(parked, Out.RETRY_REQUESTED, StepContext(at=1.0, new_generation=8))
 
     def test_retry_starts_over_with_the_new_generation(self) -> None:
         parked = transaction(phase=P.PARKED, last_error_code="PREFLIGHT_ARCH", attempt=5)
-        new, actions = phases.step(parked, Out.RETRY_REQUESTED, StepContext(at=1, new_generation=9))
+        new, actions = step(parked, Out.RETRY_REQUESTED, StepContext(at=1, new_generation=9))
         assert (new.phase, new.generation, new.attempt) == (P.PREFLIGHT, 9, 6)
         assert new.last_error_code is None
         assert isinstance(actions[0], phases.RunPreflight)
 
     def test_failure_records_code_and_detail(self) -> None:
         ctx = StepContext(at=3.0, error_code="COPY_INCOMPLETE", error_detail="3 of 4 files")
-        new, _ = phases.step(transaction(phase=P.COPY), Out.FAILED, ctx)
+        new, _ = step(transaction(phase=P.COPY), Out.FAILED, ctx)
         assert (new.last_error_code, new.last_error_detail) == ("COPY_INCOMPLETE", "3 of 4 files")
         assert new.rollback_from is P.COPY
 
     def test_failed_source_cleanup_rolls_forward_into_a_cleanup_item(self) -> None:
-        new, actions = phases.step(
+        new, actions = step(
             transaction(phase=P.CLEANUP_SOURCE), Out.FAILED, StepContext(at=3.0)
         )
         assert new.phase is P.DONE and new.cleanup_required
@@ -340,7 +349,7 @@ class TestRollbackReturnsTheNewestData:
 
     def test_data_returned_lets_the_source_restart(self) -> None:
         back = Lineage(area="a1", holders=frozenset({Side.REMOTE, Side.LOCAL}), epoch=2)
-        record, actions = phases.step(
+        record, actions = step(
             self._fenced(), Out.DATA_RETURNED, StepContext(at=2.0, lineage=back)
         )
         assert record.phase is P.ROLLBACK and record.data_wait_since is None
@@ -348,14 +357,14 @@ class TestRollbackReturnsTheNewestData:
 
     def test_finishing_the_rollback_before_the_data_is_back_is_refused(self) -> None:
         with pytest.raises(phases.IllegalTransition, match="newest data"):
-            phases.step(self._fenced(), Out.OK, StepContext(at=1.0, lineage=self.REMOTE_WROTE))
+            step(self._fenced(), Out.OK, StepContext(at=1.0, lineage=self.REMOTE_WROTE))
 
     def test_a_failed_copy_back_keeps_the_source_stopped_and_remembers_since_when(self) -> None:
         ctx = StepContext(at=10.0, lineage=self.REMOTE_WROTE)
-        waiting, actions = phases.step(self._fenced(), Out.UNREACHABLE, ctx)
+        waiting, actions = step(self._fenced(), Out.UNREACHABLE, ctx)
         assert waiting.data_wait_since == 10.0
         assert any(isinstance(a, phases.ReturnData) for a in actions)
-        later, _ = phases.step(
+        later, _ = step(
             waiting, Out.UNREACHABLE, StepContext(at=20.0, lineage=self.REMOTE_WROTE)
         )
         assert later.data_wait_since == 10.0, "the wait is measured from the first failure"
@@ -382,18 +391,18 @@ class TestARollbackParkedForItsData:
     def test_a_retry_that_would_start_over_is_refused(self) -> None:
         ctx = StepContext(at=9.0, new_generation=9, lineage=self.REMOTE_WROTE)
         with pytest.raises(phases.IllegalTransition, match="resumed"):
-            phases.step(self._parked(), Out.RETRY_REQUESTED, ctx)
+            step(self._parked(), Out.RETRY_REQUESTED, ctx)
 
     def test_resuming_goes_back_to_returning_the_data(self) -> None:
         ctx = StepContext(at=9.0, lineage=self.REMOTE_WROTE)
-        resumed, actions = phases.step(self._parked(), Out.ROLLBACK_RESUMED, ctx)
+        resumed, actions = step(self._parked(), Out.ROLLBACK_RESUMED, ctx)
         assert resumed.phase is P.ROLLBACK and resumed.data_wait_since is None
         assert any(isinstance(a, phases.ReturnData) for a in actions)
 
     def test_only_a_parked_rollback_can_be_resumed(self) -> None:
         parked_preflight = transaction(phase=P.PARKED, last_error_code="PREFLIGHT_ARCH")
         with pytest.raises(phases.IllegalTransition, match="only a rollback"):
-            phases.step(parked_preflight, Out.ROLLBACK_RESUMED, StepContext(at=1.0))
+            step(parked_preflight, Out.ROLLBACK_RESUMED, StepContext(at=1.0))
 
 
 class TestGivingTheVpsUp:

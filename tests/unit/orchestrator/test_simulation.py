@@ -13,6 +13,8 @@ steps, "ci" 1000 examples x 60 steps.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
@@ -24,8 +26,10 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from orchestrator.models import Location, Side
+from orchestrator import rules
+from orchestrator.models import Location, Side, Transaction
 from orchestrator.models import Phase as TxnPhase
+from orchestrator.phases import Outcome
 
 from .profiles import PROFILE
 from .world import World
@@ -217,6 +221,59 @@ class TestTheChecksCanFail:
             # examples of 40 steps no longer reach this early restart under every hash seed
             # (set order varies between interpreters); longer runs do.
             _search(BrokenPbxVpsLink, examples=3000, steps=80)
+
+
+class _UnreachableMeansFenced:
+    """A deliberately broken rule of the core (orchestrator/rules.py): a rollback that cannot
+    reach its destination takes it as fenced, the classic mistake of reading "no answer" as
+    "stopped"."""
+
+    def __init__(self) -> None:
+        self.correct = rules.outcome_for_error
+        self.used = 0
+
+    def __call__(self, txn: Transaction, *, error_code: str, **bounds: Any) -> Outcome:
+        if txn.phase is TxnPhase.ROLLBACK and not txn.destination_fenced \
+                and error_code in rules.UNREACHABLE_CODES:
+            self.used += 1
+            return Outcome.FENCED
+        return self.correct(txn, error_code=error_code, **bounds)
+
+
+class TestABrokenRuleOfTheCoreIsFound:
+    """The model runs the engine's own decision function (orchestrator/migration_step.py), so
+    breaking a rule in orchestrator/ — not in the model — is what the checks catch."""
+
+    def _drive_until_broken(self, world: World) -> None:
+        world.desired["a1"] = Location.REMOTE
+        for _ in range(5):  # start, preflight, suppress, copy, create -> HEALTHCHECK
+            world.engine_step("a1", crash_before_persist=False, cut_link_after=False)
+        world.link_up = False  # the destination runs on under its lease, out of reach
+        for _ in range(4):  # health check, fence, copy-back given up, restart
+            world.engine_step("a1", crash_before_persist=False, cut_link_after=False)
+            world.check()
+
+    def test_the_correct_rule_passes_the_same_run(self) -> None:
+        world = World(discard_unreachable_data=True)
+        self._drive_until_broken(world)
+        assert "a1" not in world.local_procs, "the source waits for the lease to lapse"
+        world.settle()
+
+    def test_an_unreachable_destination_taken_as_fenced_is_caught_in_a_scripted_run(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        broken = _UnreachableMeansFenced()
+        monkeypatch.setattr(rules, "outcome_for_error", broken)
+        with pytest.raises(AssertionError, match="runs locally"):
+            self._drive_until_broken(World(discard_unreachable_data=True))
+        assert broken.used
+
+    def test_an_unreachable_destination_taken_as_fenced_is_found_by_the_random_search(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr(rules, "outcome_for_error", _UnreachableMeansFenced())
+        with pytest.raises(AssertionError, match="runs locally|data version"):
+            _search(DiscardingPbxVpsLink)
 
 
 class TestDataNeverGoesBackInTime:

@@ -1,14 +1,18 @@
 """A model of the PBX, the VPS and the SSH link, driven only by the decision core.
 
-The model is the runtime in miniature: it performs the actions the core returns (phase
-steps, reconcile plans, cleanup decisions, lease renewals, the supervisor's wanted set)
-against simulated processes and entries, and feeds outcomes back. Faults: the link drops
-(also right after a request took effect, so its answer is lost), the VPS reboots (its
-processes die, its entry cache survives, nothing restarts until granted), monitord
-crashes between performing a step and persisting its outcome (volatile lease
-acknowledgements are lost, durable records survive), preflight and copy failures, time
-passing (remote daemons die when their lease lapses: the agent's self-fencing, on a VPS
-clock running 5 % slow), and the operator reversing or retrying placements.
+The model is the runtime in miniature: it performs the actions the core returns (the
+migration engine's steps, reconcile plans, cleanup decisions, lease renewals, the
+supervisor's wanted set) against simulated processes and entries, and feeds what happened
+back. Its migration steps are the engine's own: `engine_step` asks
+orchestrator/migration_step.py's `decide()`, performs, and stores what it returns, keeping
+the core's `Memory` as the engine does, so a rule broken in orchestrator/ is a rule broken
+here. Faults: the link drops (also right after a request took effect, so its answer is
+lost), the VPS reboots (its processes die, its entry cache survives, nothing restarts until
+granted), monitord crashes between performing a step and storing its outcome (volatile
+lease acknowledgements and the step's memory are lost, durable records survive), preflight
+and copy failures, time passing (remote daemons die when their lease lapses: the agent's
+self-fencing, on a VPS clock running 5 % slow), and the operator reversing or retrying
+placements.
 
 Data: every side keeps a version of each area's data; a process that starts writes a new
 version (the area's newest). A start on a side whose version is not the newest is a
@@ -17,10 +21,11 @@ version (the area's newest). A start on a side whose version is not the newest i
 against the versions it really has.
 
 `check()` raises `Violation` when a safety promise breaks. `broken_lease_wait=True` swaps in
-a deliberately wrong runtime that restarts the source without waiting for the lease, and
-`broken_copy_back=True` one that reports the rollback's copy-back done without copying, and
-`broken_give_up=True` an operator's give-up of the VPS (orchestrator/give_up.py) that does not
-wait for the remote copies' lease bound, so tests can prove the checks catch them.
+a deliberately wrong runtime whose lease ledger takes every grant as long gone (so it
+restarts a source without waiting for the lease), `broken_copy_back=True` one that reports
+the rollback's copy-back done without copying, and `broken_give_up=True` an operator's
+give-up of the VPS (orchestrator/give_up.py) that does not wait for the remote copies'
+lease bound, so tests can prove the checks catch them.
 
 Giving the VPS up (`give_up_vps`) is the one explicit way to start an area on older data: the
 operator accepts the loss, so from then on the newest data is what the PBX holds (its live
@@ -29,12 +34,23 @@ data dir or its archive of a migrated-away source).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from orchestrator import area_leases, cleanup_policy, give_up, lineage, phases, planner, rules
+from orchestrator import (
+    area_leases,
+    cleanup_policy,
+    give_up,
+    lineage,
+    migration_step,
+    phases,
+    planner,
+    rules,
+)
 from orchestrator.area_leases import LeasePolicy
 from orchestrator.cleanup_policy import CleanupPolicy, SideObservation
 from orchestrator.lineage import CopyPlan, Lineage
+from orchestrator.migration_step import Memory, Record, Result, Seen, StepRules
 from orchestrator.models import (
     Area,
     AreaLease,
@@ -48,7 +64,7 @@ from orchestrator.models import (
     Side,
     Transaction,
 )
-from orchestrator.phases import Outcome, StepContext
+from orchestrator.phases import Outcome
 
 SERVICE = "tg"
 TTL = 2.0
@@ -59,6 +75,8 @@ CLEANUP = CleanupPolicy(base_s=0.5, cap_s=4.0, stuck_after_attempts=6)
 LEGACY_GRACE = 5.0
 LEGACY_AREA = "legacy-1"
 DATA_WAIT = 3.0  # rollback_data_wait_s: a rollback waiting this long for its data parks
+BOUNDS = StepRules(park_after_failures=PARK_AFTER, retry_backoff_base_s=0.5,
+                   retry_backoff_cap_s=4.0, rollback_data_wait_s=DATA_WAIT, policy=POLICY)
 
 
 class Violation(AssertionError):
@@ -96,17 +114,19 @@ class World:
         self.transactions: dict[str, Transaction] = {}
         self.ledger = rules.GenerationLedger()
         self.cleanup: dict[str, CleanupItem] = {}
-        self.failures = 0
+        self.stored: dict[str, Transaction] = {}  # every transaction's last record, by id
         self.txn_counter = 0
-        # PBX, volatile (lost when monitord crashes)
+        # PBX, volatile (lost when monitord crashes): the step's memory, the grants known
+        self.memory = Memory()
         self.leases: dict[str, AreaLease] = {
             "a2": AreaLease(area="a2", generation=2, owner_id="me", acknowledged_at=self.t, ttl=TTL)
         }
         # PBX daemons (survive a monitord crash: the supervisor adopts them)
         self.local_procs: dict[str, int] = {"a1": 1}
-        # VPS
-        self.vps_up = True
-        self.link_up = True
+        # VPS, and the link to it (the tunnel's connections so far: rules.LinkEpoch)
+        self._vps_up = True
+        self._link_up = True
+        self.connections = 1
         self.entries: dict[str, EntryState] = {
             "a2": EntryState(2, self.t + TTL * REMOTE_SLOWNESS, self.t),
             LEGACY_AREA: EntryState(3, self.t + 1.0, 0.0),  # the VPS's stale config
@@ -138,6 +158,29 @@ class World:
     @property
     def reachable(self) -> bool:
         return self.vps_up and self.link_up
+
+    @property
+    def link_up(self) -> bool:
+        return self._link_up
+
+    @link_up.setter
+    def link_up(self, up: bool) -> None:
+        self._reconnects(lambda: setattr(self, "_link_up", up))
+
+    @property
+    def vps_up(self) -> bool:
+        return self._vps_up
+
+    @vps_up.setter
+    def vps_up(self, up: bool) -> None:
+        self._reconnects(lambda: setattr(self, "_vps_up", up))
+
+    def _reconnects(self, change: Callable[[], None]) -> None:
+        """The tunnel connects anew whenever the VPS becomes reachable again."""
+        was = self.reachable
+        change()
+        if self.reachable and not was:
+            self.connections += 1
 
     def active(self) -> list[Transaction]:
         return [t for t in self.transactions.values() if t.is_active]
@@ -253,39 +296,38 @@ class World:
             if area not in self.local_procs:
                 self._start(Side.LOCAL, area, generation)
 
-    def _ctx(
-        self,
-        txn: Transaction,
-        *,
-        error_code: str | None = None,
-        lease: AreaLease | None = None,
-        new_generation: int | None = None,
-    ) -> StepContext:
-        return StepContext(
-            at=self.t,
-            now=self.t,
-            policy=POLICY,
-            lease=lease or self.leases.get(txn.area),
-            error_code=error_code,
-            new_generation=new_generation,
-            lineage=self.lineage(txn.area),
+    def _seen(self, txn: Transaction, result: Result | None = None) -> Seen:
+        return Seen(
+            at=self.t, now=self.t, desired=self.desired.get(txn.area),
+            lineage=self.lineage(txn.area), leases=self._known_leases(txn),
+            link=rules.LinkEpoch(connections=self.connections, connected=self.reachable),
+            result=result,
         )
 
-    def _persist(
-        self,
-        txn: Transaction,
-        outcome: Outcome,
-        *,
-        error_code: str | None = None,
-        lease: AreaLease | None = None,
-        new_generation: int | None = None,
-    ) -> Transaction:
-        ctx = self._ctx(txn, error_code=error_code, lease=lease, new_generation=new_generation)
-        new, _ = phases.step(txn, outcome, ctx)
-        self.transactions[txn.area] = new
-        if new.phase is Phase.DONE:
-            self.failures = 0
+    def _known_leases(self, txn: Transaction) -> dict[int, AreaLease]:
+        """The grants the runtime knows for the record's generations, as its lease ledger has
+        them; a deliberately broken runtime takes every grant as long gone."""
+        if self.broken_lease_wait or (self.broken_give_up and txn.source_abandoned):
+            return {g: AreaLease(area=txn.area, generation=g, owner_id="me",
+                                 acknowledged_at=-1e9, ttl=TTL)
+                    for g in (txn.generation, txn.source_generation)}
+        lease = self.leases.get(txn.area)
+        return {} if lease is None else {lease.generation: lease}
+
+    def _store(self, decision: Record) -> Transaction:
+        """Keep what the core decided: the record (durable) and its memory (volatile)."""
+        new = decision.record
+        self.memory = decision.memory
+        self.transactions[new.area] = new
+        self.stored[new.transaction_id] = new
         return new
+
+    def _apply(self, txn: Transaction, outcome: Outcome, *, new_generation: int | None = None
+               ) -> Transaction:
+        """Recovery's or an operator's outcome, through the engine's own step."""
+        return self._store(migration_step.advance(
+            txn, outcome, self._seen(txn), self.memory, BOUNDS, new_generation=new_generation
+        ))
 
     def start_transaction(self, area: str) -> None:
         committed = self.committed[area]
@@ -303,68 +345,63 @@ class World:
             updated_at=self.t,
             source_abandoned=give_up.abandons_source(committed, self.lineage(area)),
         )
+        self.stored[f"t{self.txn_counter}"] = self.transactions[area]
 
     def engine_step(self, area: str, *, crash_before_persist: bool, cut_link_after: bool) -> None:
+        """One step of the migration engine, decided by orchestrator/migration_step.py:
+        ask, perform, store (the model has no move slots: one is always free at once)."""
         txn = self.transactions.get(area)
         if txn is None or not txn.is_active:
             destination = give_up.move_to_open(self.committed[area], self.lineage(area),
                                                desired=self.desired[area])
-            if destination is not None and not self.parked():
+            if destination is not None and not self.parked() \
+                    and self.memory.may_open(area, now=self.t):
                 self.start_transaction(area)
             return
         if txn.phase is Phase.PARKED:
             return
-        reversal = rules.reversal(txn, desired=self.desired[area])
-        if reversal.outcome is not None:
-            self._persist(txn, reversal.outcome)
-            self.supervise()
-            return
-        actions = phases.next_actions(txn, self._ctx(txn))
         source_was_running = txn.area in self._procs(txn.source)
-        self.talked = False
-        result = self._perform(txn, actions)
-        if result is None:
+        decision = self._decide(txn, None)
+        performed = False
+        while not isinstance(decision, Record | migration_step.Idle):
+            if isinstance(decision, migration_step.TakeSlot):
+                result = decision.free
+            else:
+                result = self._perform_step(txn, decision.actions, cut_link_after=cut_link_after)
+                performed = True
+            decision = self._decide(txn, result)
+        if isinstance(decision, migration_step.Idle):
             return
-        outcome, error = result
-        if cut_link_after and self.link_up:
-            self.link_up = False
-            if self.talked and Outcome.UNREACHABLE in phases.allowed(txn):
-                outcome, error = Outcome.UNREACHABLE, "SSH_UNREACHABLE"  # the answer was lost
-        if crash_before_persist:
+        if performed and crash_before_persist:
             self.crash_local()
             return
-        outcome = self._count_failures(txn, outcome)
-        lease = None
-        if outcome is Outcome.LEASE_EXPIRED and (
-            self.broken_lease_wait or (self.broken_give_up and txn.source_abandoned)
-        ):
-            waited = txn.source_generation if txn.phase is Phase.SUPPRESS_SOURCE else txn.generation
-            lease = AreaLease(
-                area=area, generation=waited, owner_id="me", acknowledged_at=-1e9, ttl=TTL
-            )
-        self._persist(txn, outcome, error_code=error, lease=lease)
+        self._store(decision)
         self.supervise()
-        if txn.phase is Phase.PREFLIGHT and outcome is not Outcome.OK:
+        if txn.phase is Phase.PREFLIGHT and decision.outcome is not Outcome.OK:
             self.preflight_failures_seen += 1
             if source_was_running and area not in self._procs(txn.source):
                 raise Violation(f"a failed preflight stopped the source of {area}")
 
-    def _count_failures(self, txn: Transaction, outcome: Outcome) -> Outcome:
-        failing = outcome in (Outcome.FAILED, Outcome.UNREACHABLE)
-        waited = txn.data_wait_since
-        if txn.phase is Phase.ROLLBACK and failing and waited is not None:
-            if self.t - waited >= DATA_WAIT:
-                return Outcome.PARK
-        if txn.phase is Phase.PREFLIGHT and failing:
-            self.failures += 1
-            verdict = rules.failure_outcome(
-                consecutive_failures=self.failures, park_after_failures=PARK_AFTER
-            )
-            return Outcome.PARK if verdict is Outcome.PARK else outcome
-        if failing and txn.phase is not Phase.ROLLBACK:
-            if phases.allowed(txn).get(outcome) is Phase.ROLLBACK:
-                self.failures += 1
-        return outcome
+    def _decide(self, txn: Transaction, result: Result | None) -> migration_step.Decision:
+        decision = migration_step.decide(txn, self._seen(txn, result), self.memory, BOUNDS)
+        if isinstance(decision, migration_step.Perform):
+            self.memory = decision.memory
+        return decision
+
+    def _perform_step(self, txn: Transaction, actions: tuple[phases.Action, ...], *,
+                      cut_link_after: bool) -> Result:
+        self.talked = False
+        reported = self._perform(txn, actions)
+        if reported is None:
+            return Result(actions=actions)  # nothing to report: no fault either
+        outcome, error = reported
+        if cut_link_after and self.link_up:
+            self.link_up = False
+            if self.talked and Outcome.UNREACHABLE in phases.allowed(txn):
+                error = "SSH_UNREACHABLE"  # the answer was lost
+        if error is not None:
+            return Result(actions=actions, error_code=error)
+        return Result(actions=actions, outcome=outcome)
 
     def _vps(self) -> bool:
         """Whether the VPS answers; remembers that this step talked to it."""
@@ -497,17 +534,12 @@ class World:
                     self.cleanup.setdefault(item.id, item)
                 case phases.WaitLeaseExpiry(until=until, lease=lease):
                     self.leases[txn.area] = lease  # the grant being waited out
-                    broken_wait = self.broken_give_up and txn.source_abandoned
-                    if broken_wait:
-                        return Outcome.LEASE_EXPIRED, None
-                    if self.broken_lease_wait or self.t >= until:
+                    if self.t >= until:
                         return Outcome.LEASE_EXPIRED, None
                     return None
                 case phases.RestartSource(side=side):
                     self._claim(side, txn.area)
-                    return rules.rollback_completion_outcome(
-                        consecutive_failures=self.failures, park_after_failures=PARK_AFTER
-                    ), None
+                    return Outcome.OK, None
                 case phases.Park() | phases.Finish():
                     return None
         return None
@@ -523,6 +555,7 @@ class World:
                                   leases=leases, now=self.t, policy=POLICY)
         if not isinstance(decision, give_up.Abandon):
             return False
+        self.memory = self.memory.forgiven(SERVICE, areas=[area])
         self.desired[area] = Location.LOCAL
         self.lineages[area] = lineage.discarded(self.lineage(area), keep=Side.LOCAL)
         kept = self.data.get((Side.LOCAL, area), self.archive.get(area))
@@ -534,7 +567,7 @@ class World:
                 self.ledger, generation = self.ledger.issue(
                     area, floor=max(committed.generation, txn.generation)
                 )
-            self._persist(txn, decision.outcome, new_generation=generation)
+            self._apply(txn, decision.outcome, new_generation=generation)
         self.supervise()
         return True
 
@@ -552,6 +585,8 @@ class World:
     def crash_local(self) -> None:
         """monitord dies and restarts: volatile state is lost, recovery runs on start."""
         self.started_at = self.t
+        history = sorted(self.stored.values(), key=lambda t: t.updated_at, reverse=True)
+        self.memory = Memory.from_history(t.to_storage() for t in history)
         self.leases = {
             t.area: area_leases.after_restart(
                 area=t.area, generation=t.generation, owner_id="me", now=self.t, policy=POLICY
@@ -561,21 +596,22 @@ class World:
         for txn in self.active():
             outcome = rules.recovery_outcome(txn, committed=self.committed[txn.area])
             if outcome is not None:
-                self._persist(txn, outcome)
+                self._apply(txn, outcome)
         self.supervise()
 
     def retry_parked(self) -> None:
+        """The operator's retry (monitord/engine/operator_verbs.py), as the engine does it."""
+        self.memory = self.memory.forgiven(SERVICE, areas=self.areas)
         for txn in list(self.transactions.values()):
             if txn.phase is Phase.PARKED and phases.parked_rollback(txn) and phases.awaits_data(
                 txn, self.lineage(txn.area)
             ):
-                self._persist(txn, Outcome.ROLLBACK_RESUMED)
+                self._apply(txn, Outcome.ROLLBACK_RESUMED)
             elif txn.phase is Phase.PARKED:
                 self.ledger, generation = self.ledger.issue(
-                    txn.area, floor=self.committed[txn.area].generation
+                    txn.area, floor=max(self.committed[txn.area].generation, txn.generation)
                 )
-                self._persist(txn, Outcome.RETRY_REQUESTED, new_generation=generation)
-        self.failures = 0
+                self._apply(txn, Outcome.RETRY_REQUESTED, new_generation=generation)
 
     # ------------------------------------------------------------------ background work
 
