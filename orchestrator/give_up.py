@@ -39,6 +39,7 @@ from orchestrator.models import (
     AreaLease,
     Location,
     Phase,
+    Route,
     Side,
     Transaction,
     reached,
@@ -84,7 +85,7 @@ def remote_generations(area: Area, txn: Transaction | None) -> frozenset[int]:
     if area.location is Side.REMOTE:
         generations.add(area.generation)
     if txn is not None and txn.is_active:
-        if txn.source is Side.REMOTE and not txn.source_abandoned:
+        if txn.route is Route.REMOTE_TO_LOCAL:  # a source given up already is not counted
             generations.add(txn.source_generation)
         if txn.destination is Side.REMOTE and not txn.destination_fenced:
             started = txn.rollback_from or txn.phase
@@ -105,7 +106,8 @@ def decide(
     """What giving the VPS up means for one area now. `leases`: the best-known lease of each
     of `remote_generations(area, txn)` (after a restart, one assumed at start-up)."""
     active = txn if txn is not None and txn.is_active else None
-    if (active is not None and active.source_abandoned) or abandons_source(area, lineage):
+    given_up = active is not None and active.route is Route.GIVEN_UP_TO_LOCAL
+    if given_up or abandons_source(area, lineage):
         return NothingThere()  # given up already: its move home is on its way
     generations = remote_generations(area, active)
     if not generations and Side.REMOTE not in lineage.holders:

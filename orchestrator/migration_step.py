@@ -38,9 +38,6 @@ from orchestrator.lineage import Lineage
 from orchestrator.models import AreaLease, Phase, Side, Transaction
 from orchestrator.phases import Action, Outcome, StepContext
 
-# Phases whose own failure sends the record back to itself: looked at again after a pause.
-SELF_LOOPING = frozenset({Phase.ROLLBACK})
-
 _V = TypeVar("_V")
 
 
@@ -257,12 +254,11 @@ def advance(
     if ended:
         memory = _count_end(memory, new, seen, bounds)
     passed = error_code is None
-    looping = txn.phase in SELF_LOOPING or txn.source_abandoned
     return Record(
         record=new, memory=memory, outcome=outcome, ended=ended,
         destination_healthy=passed and _any(performed, phases.CheckHealth),
         source_restarted=passed and _any(performed, phases.RestartSource),
-        pause=not passed and new.phase is txn.phase and looping,
+        pause=not passed and new.phase is txn.phase and phases.loops_on_failure(txn),
     )
 
 
@@ -271,13 +267,9 @@ def _any(actions: tuple[Action, ...], kind: type[Action]) -> bool:
 
 
 def _known_lease(txn: Transaction, leases: Mapping[int, AreaLease]) -> AreaLease | None:
-    """The grant the step is judged by: a remote destination's, or, for a move home from a
-    VPS given up, its source's (its SUPPRESS_SOURCE waits that lease out)."""
-    if txn.destination is Side.REMOTE:
-        return leases.get(txn.generation)
-    if txn.source_abandoned:
-        return leases.get(txn.source_generation)
-    return None
+    """The grant the step is judged by (phases.judged_lease_generation), as known."""
+    generation = phases.judged_lease_generation(txn)
+    return None if generation is None else leases.get(generation)
 
 
 def _context(

@@ -107,6 +107,16 @@ class Direction(StrEnum):
     REMOTE_TO_LOCAL = "remote_to_local"
 
 
+class Route(StrEnum):
+    """The phase table a transaction follows (orchestrator/phases.py): its direction, and
+    for a move home whether its VPS was given up (its source is then never asked for
+    anything: it is waited out by its lease, and the move cannot be rolled back onto it)."""
+
+    LOCAL_TO_REMOTE = "local_to_remote"
+    REMOTE_TO_LOCAL = "remote_to_local"
+    GIVEN_UP_TO_LOCAL = "given_up_to_local"
+
+
 class Area(_Frozen):
     """One account of a service as committed in custom_config.json."""
 
@@ -160,6 +170,13 @@ class Transaction(_Stored):
     @property
     def direction(self) -> Direction:
         return Direction.LOCAL_TO_REMOTE if self.source is Side.LOCAL else Direction.REMOTE_TO_LOCAL
+
+    @property
+    def route(self) -> Route:
+        """The table this record follows; `source_abandoned` is how it is stored."""
+        if self.source_abandoned:
+            return Route.GIVEN_UP_TO_LOCAL
+        return Route(self.direction.value)
 
     @property
     def is_active(self) -> bool:

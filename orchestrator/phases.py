@@ -8,9 +8,10 @@ side through the phases of the table below. The runtime never decides where to g
 performs the actions it is handed, observes what happened, and orchestrator/migration_step.py
 names the result as an `Outcome` and feeds it to `advance()`. The whole protocol is
 
-    TRANSITIONS[direction][phase][outcome] -> next phase
+    TRANSITIONS[route][phase][outcome] -> next phase
 
-in the spirit of h11's EVENT_TRIGGERED_TRANSITIONS. A pair that the table lacks is not a
+in the spirit of h11's EVENT_TRIGGERED_TRANSITIONS (a route is a direction, and a move
+home from a VPS given up is a route of its own: models.Route). A pair that the table lacks is not a
 move: `advance()` raises `IllegalTransition` and the caller's record stays what it was (the
 records are frozen values, so "unchanged" is literal). The two directions share the
 shape of the happy path but differ where the sides differ: only a remote destination can
@@ -43,9 +44,9 @@ from orchestrator.models import (
     AreaLease,
     CleanupAction,
     CleanupItem,
-    Direction,
     Location,
     Phase,
+    Route,
     Side,
     Transaction,
     reached,
@@ -111,8 +112,10 @@ def _forward(next_phase: Phase, *, unreachable: bool) -> dict[Outcome, Phase]:
     return moves
 
 
-def _table(direction: Direction) -> Mapping[Phase, Mapping[Outcome, Phase]]:
-    l2r = direction is Direction.LOCAL_TO_REMOTE
+def _table(route: Route) -> Mapping[Phase, Mapping[Outcome, Phase]]:
+    if route is Route.GIVEN_UP_TO_LOCAL:
+        return _given_up(_table(Route.REMOTE_TO_LOCAL))
+    l2r = route is Route.LOCAL_TO_REMOTE
     # Which phases talk to the VPS (and can therefore meet an unreachable VPS):
     # local->remote: all up to the destination's health check; remote->local: the
     # source's stop and the download, then the source's cleanup after the commit.
@@ -158,10 +161,25 @@ def _table(direction: Direction) -> Mapping[Phase, Mapping[Outcome, Phase]]:
     }
     if not l2r:
         # A VPS given up (orchestrator/give_up.py): a move home from it starts over without
-        # its source, from any phase before the commit; its source is waited out, not stopped.
+        # its source, from any phase before the commit, on the table of its own route.
         for phase in _ABANDONABLE:
             rows[phase][_O.SOURCE_ABANDONED] = _P.PREFLIGHT
-        rows[_P.SUPPRESS_SOURCE][_O.LEASE_EXPIRED] = _P.COPY
+    return MappingProxyType({phase: MappingProxyType(moves) for phase, moves in rows.items()})
+
+
+def _given_up(home: Mapping[Phase, Mapping[Outcome, Phase]]
+              ) -> Mapping[Phase, Mapping[Outcome, Phase]]:
+    """A move home from a VPS given up: the move home's table, except that there is nothing
+    to roll back to (the source's data is given up): a step that fails is tried again, the
+    move is not reversed, and its source is waited out by its lease instead of stopped."""
+    rows: dict[Phase, dict[Outcome, Phase]] = {}
+    for phase, moves in home.items():
+        rows[phase] = {
+            outcome: phase if target is _P.ROLLBACK else target
+            for outcome, target in moves.items()
+            if outcome not in _NOT_GIVEN_UP and phase is not _P.ROLLBACK
+        }
+    rows[_P.SUPPRESS_SOURCE][_O.LEASE_EXPIRED] = _P.COPY
     return MappingProxyType({phase: MappingProxyType(moves) for phase, moves in rows.items()})
 
 
@@ -170,10 +188,13 @@ _ABANDONABLE = (
     _P.PREFLIGHT, _P.SUPPRESS_SOURCE, _P.COPY, _P.CREATE_DESTINATION,
     _P.HEALTHCHECK_DESTINATION, _P.ROLLBACK, _P.PARKED,
 )
+# What a move home from a VPS given up never meets: it is not reversed, not given up again,
+# and never in a rollback to resume.
+_NOT_GIVEN_UP = frozenset({_O.REVERSE_REQUESTED, _O.SOURCE_ABANDONED, _O.ROLLBACK_RESUMED})
 
 
-TRANSITIONS: Mapping[Direction, Mapping[Phase, Mapping[Outcome, Phase]]] = MappingProxyType(
-    {direction: _table(direction) for direction in Direction}
+TRANSITIONS: Mapping[Route, Mapping[Phase, Mapping[Outcome, Phase]]] = MappingProxyType(
+    {route: _table(route) for route in Route}
 )
 
 
@@ -193,11 +214,13 @@ class Action:
 class RunPreflight(Action):
     """The preflight checks (monitord/remote/preflight.py); no side effects on either side.
     `again`: the checks once more, without the pre-copy, right before the source stops
-    (after the area waited for its turn to move)."""
+    (after the area waited for its turn to move). `source_given_up`: the source is a VPS
+    given up: nothing is asked of it, and nothing copied from it."""
 
     source: Side
     destination: Side
     again: bool = False
+    source_given_up: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -210,11 +233,13 @@ class SuppressSource(Action):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CopyData(Action):
-    """Copy the area's data to a staging dir, verify its manifest, rename into place."""
+    """Copy the area's data to a staging dir, verify its manifest, rename into place;
+    `own_copy`: the source is a VPS given up: restore the PBX's own copy instead."""
 
     source: Side
     destination: Side
     generation: int
+    own_copy: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -294,11 +319,13 @@ class WaitLeaseExpiry(Action):
     `lease` is the grant being waited out. When the runtime knew no grant of this
     generation (StepContext.lease was None or of another generation) it is a conservative
     one assumed at `now`: the runtime must keep it and pass it back as StepContext.lease,
-    or the deadline would move with every call.
+    or the deadline would move with every call. `ask`: the VPS may be asked whether the
+    entry is gone already (never a VPS given up).
     """
 
     until: float
     lease: AreaLease
+    ask: bool = True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -344,8 +371,31 @@ class StepContext:
 
 
 def allowed(txn: Transaction) -> Mapping[Outcome, Phase]:
-    """The outcomes the table accepts for this record's direction and phase."""
-    return TRANSITIONS[txn.direction][txn.phase]
+    """The outcomes the table accepts for this record's route and phase."""
+    return TRANSITIONS[txn.route][txn.phase]
+
+
+def reversible(txn: Transaction) -> bool:
+    """The record's route can be reversed at all (a move home from a VPS given up cannot:
+    the data its source had is given up)."""
+    return Outcome.REVERSE_REQUESTED in TRANSITIONS[txn.route][Phase.PREFLIGHT]
+
+
+def loops_on_failure(txn: Transaction) -> bool:
+    """A failure in this phase sends the record back to the same phase (a rollback's step,
+    any step of a move home from a VPS given up): it is looked at again after a pause."""
+    return allowed(txn).get(Outcome.FAILED) is txn.phase
+
+
+def judged_lease_generation(txn: Transaction) -> int | None:
+    """The generation whose area lease this record's steps are judged by: a move home from a
+    VPS given up waits its source's out; a move to the VPS may have to wait its
+    destination's; None: no lease of the VPS matters to it."""
+    if txn.route is Route.GIVEN_UP_TO_LOCAL:
+        return txn.source_generation
+    if txn.destination is Side.REMOTE:
+        return txn.generation
+    return None
 
 
 def _destination_could_run(txn: Transaction) -> bool:
@@ -361,8 +411,6 @@ def _guard(txn: Transaction, outcome: Outcome, ctx: StepContext) -> None:
         raise IllegalTransition(f"{where}: source may not run before the newest data is back")
     if outcome is Outcome.LEASE_EXPIRED:
         waited = _lease_waited(txn)
-        if txn.phase is Phase.SUPPRESS_SOURCE and not txn.source_abandoned:
-            raise IllegalTransition(f"{where}: a source is stopped, not waited out")
         if ctx.lease is None or not area_leases.provably_expired(
             ctx.lease, now=ctx.now, policy=ctx.policy
         ):
@@ -447,9 +495,6 @@ def advance(txn: Transaction, outcome: Outcome, ctx: StepContext) -> Transaction
         raise IllegalTransition(
             f"{txn.transaction_id} ({txn.direction}): no move from {txn.phase} on {outcome}"
         )
-    if txn.source_abandoned and target is Phase.ROLLBACK:
-        # There is nothing to roll back to: the source was given up. The step is tried again.
-        target = txn.phase
     _guard(txn, outcome, ctx)
     return txn.model_copy(update=_updates(txn, outcome, target, ctx))
 
@@ -475,14 +520,16 @@ def next_actions(txn: Transaction, ctx: StepContext) -> tuple[Action, ...]:
     ids = {"transaction_id": txn.transaction_id, "service": txn.service, "area": txn.area}
     dest_side, dest_gen = txn.destination, txn.generation
     src_side, src_gen = txn.source, txn.source_generation
+    given_up = txn.route is Route.GIVEN_UP_TO_LOCAL
     match txn.phase:
         case Phase.PREFLIGHT:
             return (RunPreflight(transaction_id=txn.transaction_id, service=txn.service,
-                                 area=txn.area, source=txn.source, destination=txn.destination),)
+                                 area=txn.area, source=txn.source, destination=txn.destination,
+                                 source_given_up=given_up),)
         case Phase.SUPPRESS_SOURCE:
-            if txn.source_abandoned:
+            if given_up:
                 # A source on a VPS given up is never asked: its lease is waited out.
-                return (_lease_wait(txn, ctx, generation=src_gen),)
+                return (_lease_wait(txn, ctx, generation=src_gen, ask=False),)
             return (SuppressSource(**ids, side=src_side, generation=src_gen),)
         case Phase.COPY:
             return (
@@ -491,6 +538,7 @@ def next_actions(txn: Transaction, ctx: StepContext) -> tuple[Action, ...]:
                     source=txn.source,
                     destination=txn.destination,
                     generation=txn.generation,
+                    own_copy=given_up,
                 ),
             )
         case Phase.CREATE_DESTINATION:
@@ -569,7 +617,9 @@ def _lease_waited(txn: Transaction) -> str:
     return "source's" if txn.phase is Phase.SUPPRESS_SOURCE else "destination's"
 
 
-def _lease_wait(txn: Transaction, ctx: StepContext, *, generation: int) -> WaitLeaseExpiry:
+def _lease_wait(
+    txn: Transaction, ctx: StepContext, *, generation: int, ask: bool = True
+) -> WaitLeaseExpiry:
     """Wait out the VPS's lease of `generation`: the grant the runtime knows, else one assumed
     at `now` (after a restart nothing earlier is known; assuming now is conservative)."""
     lease = ctx.lease
@@ -580,4 +630,4 @@ def _lease_wait(txn: Transaction, ctx: StepContext, *, generation: int) -> WaitL
         )
     until = area_leases.expired_at(lease, policy=ctx.policy)
     return WaitLeaseExpiry(transaction_id=txn.transaction_id, service=txn.service,
-                           area=txn.area, until=until, lease=lease)
+                           area=txn.area, until=until, lease=lease, ask=ask)

@@ -184,7 +184,7 @@ def reversal(txn: Transaction, *, desired: Location) -> Reversal:
     """Before the commit a reversal is a rollback; after it, a new transaction."""
     if not txn.is_active or desired is txn.destination:
         return Reversal(outcome=None, new_transaction_after=False)
-    if txn.source_abandoned:
+    if not phases.reversible(txn):
         # A give-up is not undone half-way: the source's data is gone; a new move follows.
         return Reversal(outcome=None, new_transaction_after=True)
     if txn.phase.is_committed:

@@ -124,13 +124,14 @@ class PhaseActions:
 
     async def perform(self, txn: Transaction, action: phases.Action) -> Outcome:
         match action:
-            case phases.RunPreflight(again=again):
-                return await self.preflight(txn, pre_copy=not again)
+            case phases.RunPreflight(again=again, source_given_up=given_up):
+                return await self.preflight(txn, pre_copy=not again, source_given_up=given_up)
             case phases.SuppressSource(side=side):
                 await self.sides[side].stop(area=txn.area, generation=action.generation)
                 return Outcome.OK
-            case phases.CopyData(source=source, destination=destination):
-                await self.copy_forward(txn, source=source, destination=destination)
+            case phases.CopyData(source=source, destination=destination, own_copy=own_copy):
+                await self.copy_forward(txn, source=source, destination=destination,
+                                        own_copy=own_copy)
                 return Outcome.OK
             case phases.CreateDestination(side=side, generation=generation):
                 await self.create(txn, side=side, generation=generation)
@@ -165,8 +166,8 @@ class PhaseActions:
                     now=item.created_at, item_id=item.id,
                 )
                 return Outcome.OK
-            case phases.WaitLeaseExpiry(until=until):
-                if txn.source_abandoned:  # a given-up VPS's source: its lease alone fences it
+            case phases.WaitLeaseExpiry(until=until, ask=ask):
+                if not ask:  # a given-up VPS's source: its lease alone fences it
                     await asyncio.sleep(max(0.0, until - self._clock()))
                     return Outcome.LEASE_EXPIRED
                 return await self.wait_lease_or_absence(txn, until=until)
@@ -179,7 +180,9 @@ class PhaseActions:
 
     # -- PREFLIGHT -----------------------------------------------------------------------
 
-    async def preflight(self, txn: Transaction, *, pre_copy: bool = True) -> Outcome:
+    async def preflight(
+        self, txn: Transaction, *, pre_copy: bool = True, source_given_up: bool = False
+    ) -> Outcome:
         """Every preflight check of the destination (monitord.engine.area_side.check_ready),
         with the source's size and footprint where the source can tell them (the VPS's
         through one `find` there); then (`pre_copy`) the pre-copy — skipped for an area
@@ -193,7 +196,7 @@ class PhaseActions:
             assert self.state.corrupt is not None
             raise error_for(ErrorCode.CONFIG_CORRUPT, self.state.corrupt.detail)
         link = self._link()
-        if txn.source_abandoned:
+        if source_given_up:
             # A given-up VPS is not waited for and nothing is asked of it; nothing is copied
             # either (the area starts on the PBX's own copy): no space is needed for it.
             return Outcome.OK
@@ -268,9 +271,11 @@ class PhaseActions:
 
     # -- COPY -----------------------------------------------------------------------------
 
-    async def copy_forward(self, txn: Transaction, *, source: Side, destination: Side) -> None:
+    async def copy_forward(
+        self, txn: Transaction, *, source: Side, destination: Side, own_copy: bool = False
+    ) -> None:
         """COPY: bring the newest data to the destination, as the lineage says it must."""
-        if txn.source_abandoned:
+        if own_copy:
             # The VPS was given up: the PBX's own copy is the newest (the lineage says so).
             restored = await self.local_side.restore_own_copy(
                 service=txn.service, area=txn.area, generation=txn.generation

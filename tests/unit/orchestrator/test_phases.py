@@ -9,13 +9,13 @@ import pytest
 from orchestrator import phases
 from orchestrator.area_leases import LeasePolicy
 from orchestrator.lineage import Lineage
-from orchestrator.models import AreaLease, Direction, Phase, Side, Transaction
+from orchestrator.models import AreaLease, Phase, Route, Side, Transaction
 from orchestrator.phases import Outcome, StepContext
 
 from .records import transaction
 
 P, Out = Phase, Outcome
-L2R, R2L = Direction.LOCAL_TO_REMOTE, Direction.REMOTE_TO_LOCAL
+L2R, R2L, GIVEN_UP = Route.LOCAL_TO_REMOTE, Route.REMOTE_TO_LOCAL, Route.GIVEN_UP_TO_LOCAL
 BOTH = (L2R, R2L)
 
 # The protocol written out independently of the implementation's table construction.
@@ -26,7 +26,7 @@ _FORWARD = [
     (P.HEALTHCHECK_DESTINATION, P.COMMIT_LOCATION),
     (P.COMMIT_LOCATION, P.CLEANUP_SOURCE),
 ]
-EXPECTED: set[tuple[Direction, Phase, Outcome, Phase]] = set()
+EXPECTED: set[tuple[Route, Phase, Outcome, Phase]] = set()
 for d in BOTH:
     EXPECTED |= {
         (d, P.PREFLIGHT, Out.OK, P.SUPPRESS_SOURCE),
@@ -73,8 +73,30 @@ EXPECTED |= {
     for phase in (P.PREFLIGHT, P.SUPPRESS_SOURCE, P.COPY, P.CREATE_DESTINATION,
                   P.HEALTHCHECK_DESTINATION, P.ROLLBACK, P.PARKED)
 }
-EXPECTED.add((R2L, P.SUPPRESS_SOURCE, Out.LEASE_EXPIRED, P.COPY))
-ALL_MOVES = list(itertools.product(BOTH, Phase, Outcome))
+# Its own route from then on: nothing to roll back to (a failed step is tried again), no
+# reversal, and its source waited out by its lease instead of stopped.
+EXPECTED |= {
+    (GIVEN_UP, P.PREFLIGHT, Out.OK, P.SUPPRESS_SOURCE),
+    (GIVEN_UP, P.PREFLIGHT, Out.FAILED, P.ROLLED_BACK),
+    (GIVEN_UP, P.PREFLIGHT, Out.UNREACHABLE, P.ROLLED_BACK),
+    (GIVEN_UP, P.PREFLIGHT, Out.RECOVERED_UNCOMMITTED, P.ROLLED_BACK),
+    (GIVEN_UP, P.PREFLIGHT, Out.PARK, P.PARKED),
+    (GIVEN_UP, P.SUPPRESS_SOURCE, Out.LEASE_EXPIRED, P.COPY),
+    (GIVEN_UP, P.SUPPRESS_SOURCE, Out.UNREACHABLE, P.SUPPRESS_SOURCE),
+    (GIVEN_UP, P.COPY, Out.UNREACHABLE, P.COPY),
+    (GIVEN_UP, P.COMMIT_LOCATION, Out.RECOVERED_COMMITTED, P.CLEANUP_SOURCE),
+    (GIVEN_UP, P.CLEANUP_SOURCE, Out.OK, P.DONE),
+    (GIVEN_UP, P.CLEANUP_SOURCE, Out.FAILED, P.DONE),
+    (GIVEN_UP, P.CLEANUP_SOURCE, Out.UNREACHABLE, P.DONE),
+    (GIVEN_UP, P.CLEANUP_SOURCE, Out.RECOVERED_COMMITTED, P.CLEANUP_SOURCE),
+    (GIVEN_UP, P.PARKED, Out.RETRY_REQUESTED, P.PREFLIGHT),
+}
+for phase, nxt in _FORWARD:
+    EXPECTED.add((GIVEN_UP, phase, Out.OK, nxt))
+    for failure in (Out.FAILED, Out.RECOVERED_UNCOMMITTED):
+        EXPECTED.add((GIVEN_UP, phase, failure, phase))
+ROUTES = (L2R, R2L, GIVEN_UP)
+ALL_MOVES = list(itertools.product(ROUTES, Phase, Outcome))
 POLICY = LeasePolicy(ttl_s=2.0, clock_margin=0.1, safety_margin_s=0.5)
 
 
@@ -87,20 +109,20 @@ def step(
     return new, phases.next_actions(new, ctx)
 
 
-def _source(direction: Direction) -> Side:
-    return Side.LOCAL if direction is L2R else Side.REMOTE
+def _source(route: Route) -> Side:
+    return Side.LOCAL if route is L2R else Side.REMOTE
 
 
-def _record_satisfying_guards(direction: Direction, phase: Phase, outcome: Outcome) -> Transaction:
+def _record_satisfying_guards(route: Route, phase: Phase, outcome: Outcome) -> Transaction:
     changes: dict[str, object] = {}
     if phase is P.ROLLBACK:
         changes["rollback_from"] = P.HEALTHCHECK_DESTINATION
         changes["destination_fenced"] = outcome in (Out.OK, Out.PARK)
     if phase is P.PARKED and outcome is Out.ROLLBACK_RESUMED:
         changes.update(rollback_from=P.HEALTHCHECK_DESTINATION, destination_fenced=True)
-    if phase is P.SUPPRESS_SOURCE and outcome is Out.LEASE_EXPIRED:
+    if route is GIVEN_UP:
         changes["source_abandoned"] = True
-    return transaction(source=_source(direction), phase=phase, **changes)
+    return transaction(source=_source(route), phase=phase, **changes)
 
 
 def _context_satisfying_guards(outcome: Outcome, phase: Phase = P.ROLLBACK) -> StepContext:
@@ -113,12 +135,12 @@ def _context_satisfying_guards(outcome: Outcome, phase: Phase = P.ROLLBACK) -> S
                        lineage=given_up if outcome is Out.SOURCE_ABANDONED else None)
 
 
-def _id(move: tuple[Direction, Phase, Outcome]) -> str:
+def _id(move: tuple[Route, Phase, Outcome]) -> str:
     return "-".join(str(part) for part in move)
 
 
 class TestTheTable:
-    """The table is exactly the protocol written above, for both directions."""
+    """The table is exactly the protocol written above, for every route."""
 
     def test_table_equals_the_written_protocol(self) -> None:
         actual = {
@@ -129,17 +151,17 @@ class TestTheTable:
         }
         assert actual == EXPECTED
 
-    def test_every_phase_has_a_row_in_both_directions(self) -> None:
-        for d in BOTH:
+    def test_every_phase_has_a_row_on_every_route(self) -> None:
+        for d in ROUTES:
             assert set(phases.TRANSITIONS[d]) == set(Phase)
 
     def test_final_phases_have_no_way_out(self) -> None:
-        for d in BOTH:
+        for d in ROUTES:
             assert not phases.TRANSITIONS[d][P.DONE]
             assert not phases.TRANSITIONS[d][P.ROLLED_BACK]
 
     def test_no_way_back_after_the_commit(self) -> None:
-        for d in BOTH:
+        for d in ROUTES:
             for phase in (P.CLEANUP_SOURCE, P.DONE):
                 targets = set(phases.TRANSITIONS[d][phase].values())
                 assert not targets & {P.ROLLBACK, P.ROLLED_BACK, P.PARKED}
@@ -152,13 +174,13 @@ class TestAllowedMoves:
         "move", [(d, p, o) for d, p, o, _ in sorted(EXPECTED)], ids=_id
     )
     def test_allowed_move_lands_on_its_target(
-        self, move: tuple[Direction, Phase, Outcome]
+        self, move: tuple[Route, Phase, Outcome]
     ) -> None:
-        direction, phase, outcome = move
-        record = _record_satisfying_guards(direction, phase, outcome)
+        route, phase, outcome = move
+        record = _record_satisfying_guards(route, phase, outcome)
         new, actions = step(record, outcome,
                                    _context_satisfying_guards(outcome, phase))
-        assert new.phase is phases.TRANSITIONS[direction][phase][outcome]
+        assert new.phase is phases.TRANSITIONS[route][phase][outcome]
         assert new.updated_at == 2_000.0
         assert actions, "every reachable record tells the runtime what to do next"
 
@@ -171,9 +193,9 @@ class TestForbiddenMoves:
         [m for m in ALL_MOVES if m not in {(d, p, o) for d, p, o, _ in EXPECTED}],
         ids=_id,
     )
-    def test_forbidden_move_is_refused(self, move: tuple[Direction, Phase, Outcome]) -> None:
-        direction, phase, outcome = move
-        record = _record_satisfying_guards(direction, phase, outcome)
+    def test_forbidden_move_is_refused(self, move: tuple[Route, Phase, Outcome]) -> None:
+        route, phase, outcome = move
+        record = _record_satisfying_guards(route, phase, outcome)
         before = record.model_dump()
         with pytest.raises(phases.IllegalTransition) as raised:
             step(record, outcome, _context_satisfying_guards(outcome, phase))
@@ -280,7 +302,7 @@ class TestPreflight:
     @pytest.mark.parametrize("direction", BOTH, ids=str)
     @pytest.mark.parametrize("outcome", [Out.FAILED, Out.UNREACHABLE, Out.PARK], ids=str)
     def test_preflight_failure_performs_no_stop(
-        self, direction: Direction, outcome: Outcome
+        self, direction: Route, outcome: Outcome
     ) -> None:
         record = transaction(source=_source(direction))
         _, actions = step(record, outcome, StepContext(at=1.0, error_code="PREFLIGHT_ARCH"))
@@ -459,7 +481,7 @@ class TestGivingTheVpsUp:
         record = self._abandoned(P.SUPPRESS_SOURCE)
         (action,) = phases.next_actions(record, self._ctx())
         assert isinstance(action, phases.SuppressSource)
-        with pytest.raises(phases.IllegalTransition, match="stopped, not waited out"):
+        with pytest.raises(phases.IllegalTransition, match="no move from SUPPRESS_SOURCE"):
             phases.advance(record, Out.LEASE_EXPIRED, self._ctx(now=10_000.0, lease=AreaLease(
                 area="a1", generation=7, owner_id="me", acknowledged_at=0.0, ttl=2.0)))
 

@@ -61,6 +61,7 @@ from orchestrator.models import (
     ProcessInfo,
     RemoteEntry,
     RemoteInventory,
+    Route,
     Side,
     Transaction,
 )
@@ -307,7 +308,8 @@ class World:
     def _known_leases(self, txn: Transaction) -> dict[int, AreaLease]:
         """The grants the runtime knows for the record's generations, as its lease ledger has
         them; a deliberately broken runtime takes every grant as long gone."""
-        if self.broken_lease_wait or (self.broken_give_up and txn.source_abandoned):
+        given_up = txn.route is Route.GIVEN_UP_TO_LOCAL
+        if self.broken_lease_wait or (self.broken_give_up and given_up):
             return {g: AreaLease(area=txn.area, generation=g, owner_id="me",
                                  acknowledged_at=-1e9, ttl=TTL)
                     for g in (txn.generation, txn.source_generation)}
@@ -418,8 +420,8 @@ class World:
         remote_dest = txn.destination is Side.REMOTE
         for action in actions:
             match action:
-                case phases.RunPreflight():
-                    if txn.source_abandoned:  # a given-up VPS is never asked
+                case phases.RunPreflight(source_given_up=given_up):
+                    if given_up:  # a given-up VPS is never asked
                         if self.preflight_fault:
                             return Outcome.FAILED, "PREFLIGHT_DISK_SPACE"
                         return Outcome.OK, None
@@ -439,8 +441,8 @@ class World:
                     if txn.area in self.remote_procs:
                         return Outcome.FAILED, "DAEMON_STOP_FAILED"
                     return Outcome.OK, None
-                case phases.CopyData(source=source, destination=destination):
-                    if txn.source_abandoned:  # the PBX's own copy, back from its archive
+                case phases.CopyData(source=source, destination=destination, own_copy=own_copy):
+                    if own_copy:  # the PBX's own copy, back from its archive
                         if (Side.LOCAL, txn.area) not in self.data:
                             kept = self.archive.pop(txn.area, None)
                             self.data[(Side.LOCAL, txn.area)] = kept or 0
