@@ -37,7 +37,6 @@ from orchestrator.models import (
     FORWARD_PHASES,
     Area,
     AreaLease,
-    Location,
     Phase,
     Route,
     Side,
@@ -134,7 +133,7 @@ def abandons_source(area: Area, lineage: Lineage) -> bool:
     return area.location is Side.REMOTE and lineage.holders == {Side.LOCAL}
 
 
-def move_to_open(area: Area, lineage: Lineage, *, desired: Location) -> Location | None:
+def move_to_open(area: Area, lineage: Lineage, *, desired: Side) -> Side | None:
     """Where a transaction opened for `area` now must go, or None for no move. An area whose
     VPS was given up goes home first, whatever is desired: its data is on the PBX alone, and
     a move back out (if desired) follows as a move like any other."""

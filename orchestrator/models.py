@@ -31,11 +31,6 @@ class Side(StrEnum):
         return Side.REMOTE if self is Side.LOCAL else Side.LOCAL
 
 
-# The side an area is committed to in custom_config.json. Same values as Side; a separate
-# name where a field means "committed placement" rather than "somewhere things run".
-Location = Side
-
-
 class Phase(StrEnum):
     """Phases of one area's migration (contract names; the table: docs/phases.md)."""
 
@@ -122,7 +117,7 @@ class Area(_Frozen):
 
     uuid: str = Field(min_length=1)
     service: str = Field(min_length=1)
-    location: Location = Location.LOCAL
+    location: Side = Side.LOCAL
     generation: int = Field(default=0, ge=0, le=MAX_GENERATION)
 
 
@@ -260,5 +255,5 @@ class DesiredPlacement(_Stored):
 
     service: str = Field(min_length=1)
     area: str | None = None
-    location: Location
+    location: Side
     updated_at: float

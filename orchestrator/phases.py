@@ -44,7 +44,6 @@ from orchestrator.models import (
     AreaLease,
     CleanupAction,
     CleanupItem,
-    Location,
     Phase,
     Route,
     Side,
@@ -269,7 +268,7 @@ class CheckHealth(Action):
 class CommitLocation(Action):
     """Write custom_config.json: the area's location and generation (the commit point)."""
 
-    location: Location
+    location: Side
     generation: int
 
 

@@ -32,7 +32,6 @@ from orchestrator.models import (
     Area,
     CleanupItem,
     LocalInventory,
-    Location,
     ProcessInfo,
     RemoteEntry,
     RemoteInventory,
@@ -220,7 +219,7 @@ def plan(
                     )
                 )
         for area in index.committed.values():
-            if area.location is not Location.REMOTE or area.uuid in index.busy:
+            if area.location is not Side.REMOTE or area.uuid in index.busy:
                 continue
             if (area.uuid, area.generation) in entries_at:
                 continue

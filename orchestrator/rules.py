@@ -41,7 +41,7 @@ from typing import Any, Self
 from orchestrator import lineage, phases
 from orchestrator.errors import ErrorCode
 from orchestrator.lineage import Lineage
-from orchestrator.models import Area, AreaLease, Location, Phase, Side, Transaction
+from orchestrator.models import Area, AreaLease, Phase, Side, Transaction
 from orchestrator.phases import Outcome
 
 DEFAULT_PARK_AFTER_FAILURES = 5
@@ -180,7 +180,7 @@ class Reversal:
     new_transaction_after: bool
 
 
-def reversal(txn: Transaction, *, desired: Location) -> Reversal:
+def reversal(txn: Transaction, *, desired: Side) -> Reversal:
     """Before the commit a reversal is a rollback; after it, a new transaction."""
     if not txn.is_active or desired is txn.destination:
         return Reversal(outcome=None, new_transaction_after=False)

@@ -24,7 +24,7 @@ from types import MappingProxyType
 from typing import Any
 
 from orchestrator import errors
-from orchestrator.models import Area, CleanupItem, Location, Phase, Transaction
+from orchestrator.models import Area, CleanupItem, Phase, Side, Transaction
 from orchestrator.planner import CreateRemoteEntry, PlanAction
 
 
@@ -97,7 +97,7 @@ def service_state(
     if any(t.phase is Phase.ROLLBACK and t.data_wait_since is not None for t in own):
         present.add(ServiceState.AWAITING_DATA)
     uses_tunnel = bool(own) or any(
-        a.service == service and a.location is Location.REMOTE for a in authoritative
+        a.service == service and a.location is Side.REMOTE for a in authoritative
     )
     if tunnel_conflict and uses_tunnel:
         present.add(ServiceState.TUNNEL_CONFLICT)
@@ -140,7 +140,7 @@ def area_counts(
     for area in authoritative:
         if area.service != service or area.uuid in moving:
             continue
-        if area.location is Location.REMOTE:
+        if area.location is Side.REMOTE:
             remote += 1
         else:
             local += 1
@@ -227,8 +227,8 @@ def service_view(
     service: str,
     areas: Iterable[Area],
     transactions: Iterable[Transaction],
-    desired: Location | None,
-    area_desired: Mapping[str, Location],
+    desired: Side | None,
+    area_desired: Mapping[str, Side],
     orphans: int,
     tunnel_conflict: bool,
     cleanup_pending: bool = False,
@@ -242,7 +242,7 @@ def service_view(
     elif wanted:
         desired_text = next(iter(wanted)).value
     else:
-        desired_text = (desired or Location.LOCAL).value
+        desired_text = (desired or Side.LOCAL).value
     state = service_state(
         service=service,
         authoritative=own_areas,

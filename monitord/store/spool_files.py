@@ -43,7 +43,7 @@ LOCATIONS = ("local", "remote")
 MAX_CUSTOM_CONFIG_BYTES = 16 * 1024 * 1024
 TITLE_MAX_CHARS = 200
 
-Location = Literal["local", "remote"]
+Side = Literal["local", "remote"]
 
 
 class ConfigCorrupt(PermanentError):
@@ -114,7 +114,7 @@ class AreaEntry:
 
     uuid: str
     service: str
-    location: Location = "local"
+    location: Side = "local"
     generation: int = 0
     # What an operator calls the account (the entry's `title`, else its `name`): shown, never
     # used for anything else; None when the entry has neither as a string.
@@ -190,7 +190,7 @@ def _entry_from_raw(raw: Any, *, where: str) -> AreaEntry:
     return AreaEntry(
         uuid=raw["uuid"],
         service=raw["service"],
-        location=cast(Location, location),
+        location=cast(Side, location),
         generation=generation,
         title=_title(raw),
     )
@@ -282,7 +282,7 @@ def write_custom_config(path: Path, config: CustomConfig) -> None:
 
 
 def with_area_placement(
-    config: CustomConfig, *, uuid: str, location: Location, generation: int
+    config: CustomConfig, *, uuid: str, location: Side, generation: int
 ) -> CustomConfig:
     """A copy with one area's location and generation changed; other fields and order kept."""
     if location not in LOCATIONS:
@@ -308,7 +308,7 @@ def with_area_placement(
 
 
 def update_area_placement(
-    path: Path, *, uuid: str, location: Location, generation: int
+    path: Path, *, uuid: str, location: Side, generation: int
 ) -> CustomConfig:
     """Re-read, change one area, write atomically: the commit point of a migration.
 

@@ -13,7 +13,6 @@ from orchestrator.models import (
     Area,
     CleanupItem,
     LocalInventory,
-    Location,
     Phase,
     ProcessInfo,
     RemoteEntry,
@@ -28,7 +27,7 @@ NOW = 10_000.0
 GRACE = 600.0
 
 
-def area(uuid: str, location: Location, generation: int) -> Area:
+def area(uuid: str, location: Side, generation: int) -> Area:
     return Area(uuid=uuid, service="tg", location=location, generation=generation)
 
 
@@ -111,7 +110,7 @@ class TestOrphans:
 
     def test_remote_entry_of_an_older_generation_is_removed_at_that_generation(self) -> None:
         world = Snapshot(
-            authoritative=[area("a", Location.REMOTE, 5), area("b", Location.REMOTE, 3)],
+            authoritative=[area("a", Side.REMOTE, 5), area("b", Side.REMOTE, 3)],
             entries=[entry("a", 5), entry("b", 2)],
             remote=[proc("a", 5), proc("b", 2)],
         )
@@ -122,7 +121,7 @@ class TestOrphans:
 
     def test_remote_entry_of_an_area_committed_local_is_removed(self) -> None:
         world = Snapshot(
-            authoritative=[area("a", Location.LOCAL, 4)],
+            authoritative=[area("a", Side.LOCAL, 4)],
             local=[proc("a", 4)],
             entries=[entry("a", 3)],
             remote=[proc("a", 3)],
@@ -131,7 +130,7 @@ class TestOrphans:
 
     def test_local_process_of_an_area_committed_remote_is_stopped(self) -> None:
         world = Snapshot(
-            authoritative=[area("a", Location.REMOTE, 4)],
+            authoritative=[area("a", Side.REMOTE, 4)],
             local=[proc("a", 3)],
             entries=[entry("a", 4)],
             remote=[proc("a", 4)],
@@ -139,13 +138,13 @@ class TestOrphans:
         assert _kinds(world.plan()) == [("StopProcess", "a", Side.LOCAL, 3)]
 
     def test_remote_process_without_an_entry_is_stopped(self) -> None:
-        world = Snapshot(authoritative=[area("a", Location.LOCAL, 4)], local=[proc("a", 4)],
+        world = Snapshot(authoritative=[area("a", Side.LOCAL, 4)], local=[proc("a", 4)],
                          remote=[proc("a", 2)])
         assert _kinds(world.plan()) == [("StopProcess", "a", Side.REMOTE, 2)]
 
     def test_drift_is_reported_before_and_expected_after(self) -> None:
         world = Snapshot(
-            authoritative=[area("a", Location.LOCAL, 4)],
+            authoritative=[area("a", Side.LOCAL, 4)],
             local=[proc("a", 4)],
             entries=[entry("a", 3)],
             remote=[proc("a", 3)],
@@ -160,17 +159,17 @@ class TestMissingEntries:
     """Remote entries are created only for areas committed remote, at the committed generation."""
 
     def test_missing_entry_of_an_area_committed_remote_is_created(self) -> None:
-        world = Snapshot(authoritative=[area("a", Location.REMOTE, 6)])
+        world = Snapshot(authoritative=[area("a", Side.REMOTE, 6)])
         result = world.plan()
         assert _kinds(result) == [("CreateRemoteEntry", "a", Side.REMOTE, 6)]
         assert result.drift_before.missing_entries == 1
 
     def test_area_committed_local_is_never_created_remotely(self) -> None:
-        world = Snapshot(authoritative=[area("a", Location.LOCAL, 6)])
+        world = Snapshot(authoritative=[area("a", Side.LOCAL, 6)])
         assert world.plan().actions == ()
 
     def test_nothing_is_planned_for_the_remote_side_when_it_was_not_observed(self) -> None:
-        world = Snapshot(authoritative=[area("a", Location.REMOTE, 6)], remote_observed=False)
+        world = Snapshot(authoritative=[area("a", Side.REMOTE, 6)], remote_observed=False)
         assert world.plan().actions == ()
 
 
@@ -179,7 +178,7 @@ class TestWhatIsNeverTouched:
 
     def test_newer_remote_generation_is_never_touched_and_reported(self) -> None:
         world = Snapshot(
-            authoritative=[area("a", Location.LOCAL, 4)],
+            authoritative=[area("a", Side.LOCAL, 4)],
             local=[proc("a", 4)],
             entries=[entry("a", 7)],
             remote=[proc("a", 7)],
@@ -189,13 +188,13 @@ class TestWhatIsNeverTouched:
         assert result.drift_after_expected.newer_generation == 2  # entry and process
 
     def test_newer_local_generation_is_never_touched(self) -> None:
-        world = Snapshot(authoritative=[area("a", Location.REMOTE, 4)], local=[proc("a", 5)],
+        world = Snapshot(authoritative=[area("a", Side.REMOTE, 4)], local=[proc("a", 5)],
                          entries=[entry("a", 4)], remote=[proc("a", 4)])
         assert world.plan().actions == ()
 
     def test_area_in_an_active_transaction_is_left_to_it(self) -> None:
         world = Snapshot(
-            authoritative=[area("a", Location.REMOTE, 4)],
+            authoritative=[area("a", Side.REMOTE, 4)],
             transactions=[busy("a")],
             local=[proc("a", 1)],
         )
@@ -203,7 +202,7 @@ class TestWhatIsNeverTouched:
 
     def test_what_a_cleanup_item_covers_is_left_to_the_cleanup_queue(self) -> None:
         world = Snapshot(
-            authoritative=[area("a", Location.LOCAL, 4)],
+            authoritative=[area("a", Side.LOCAL, 4)],
             cleanup_items=[cleanup("a", Side.REMOTE, 3)],
             local=[proc("a", 4)],
             entries=[entry("a", 3)],
@@ -247,7 +246,7 @@ def snapshots(draw: st.DrawFn) -> Snapshot:
     world = Snapshot(remote_observed=draw(st.booleans()))
     for uuid in UUIDS:
         if draw(st.booleans()):
-            location = draw(st.sampled_from(list(Location)))
+            location = draw(st.sampled_from(list(Side)))
             world.authoritative.append(area(uuid, location, draw(gens)))
         if draw(st.integers(0, 4)) == 0:
             world.transactions.append(busy(uuid))
@@ -296,7 +295,7 @@ def synthetic(n: int) -> Snapshot:
     for i in range(n):
         uuid = f"area-{i:06d}"
         kind = i % 10
-        location = Location.LOCAL if kind < 5 else Location.REMOTE
+        location = Side.LOCAL if kind < 5 else Side.REMOTE
         world.authoritative.append(area(uuid, location, 3))
         if kind == 0:
             world.transactions.append(busy(uuid))
@@ -304,7 +303,7 @@ def synthetic(n: int) -> Snapshot:
             world.entries.append(entry(uuid, 2))  # orphan remote entry
         if kind == 6:
             continue  # missing remote entry
-        if location is Location.REMOTE:
+        if location is Side.REMOTE:
             world.entries.append(entry(uuid, 3))
             world.remote.append(proc(uuid, 3))
         else:

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from orchestrator import area_leases, rules
 from orchestrator.area_leases import LeasePolicy
 from orchestrator.lineage import Lineage
-from orchestrator.models import Area, AreaLease, Location, Phase, Side, Transaction
+from orchestrator.models import Area, AreaLease, Phase, Side, Transaction
 from orchestrator.phases import Outcome
 
 from .profiles import PROFILE
@@ -73,7 +73,7 @@ class TestOneSideAtATime:
 
     @pytest.mark.parametrize("txn", _every_transaction_shape(), ids=repr)
     def test_local_and_remote_wanted_sets_never_share_an_area(self, txn: Transaction) -> None:
-        committed = [Area(uuid="a1", service="tg", location=Location.LOCAL, generation=7)]
+        committed = [Area(uuid="a1", service="tg", location=Side.LOCAL, generation=7)]
         for holders in ({Side.LOCAL}, {Side.REMOTE}, {Side.LOCAL, Side.REMOTE}):
             lineages = {"a1": Lineage(area="a1", holders=frozenset(holders), epoch=1)}
             runs = {
@@ -85,7 +85,7 @@ class TestOneSideAtATime:
             assert not set(runs[Side.LOCAL]) & set(runs[Side.REMOTE])
 
     def test_handover_window_runs_nowhere(self) -> None:
-        committed = [Area(uuid="a1", service="tg", location=Location.LOCAL, generation=7)]
+        committed = [Area(uuid="a1", service="tg", location=Side.LOCAL, generation=7)]
         for phase in (Phase.SUPPRESS_SOURCE, Phase.COPY):
             txn = transaction(phase=phase)
             for side in Side:
@@ -94,7 +94,7 @@ class TestOneSideAtATime:
                 )
 
     def test_rollback_keeps_the_source_down_until_the_destination_is_fenced(self) -> None:
-        committed = [Area(uuid="a1", service="tg", location=Location.LOCAL, generation=7)]
+        committed = [Area(uuid="a1", service="tg", location=Side.LOCAL, generation=7)]
         waiting = transaction(phase=Phase.ROLLBACK, rollback_from=Phase.CREATE_DESTINATION)
         fenced = waiting.model_copy(update={"destination_fenced": True})
         local = {
@@ -107,7 +107,7 @@ class TestOneSideAtATime:
         assert local["fenced"] == {"a1": 7}
 
     def test_remote_lease_is_granted_from_create_destination_on(self) -> None:
-        committed = [Area(uuid="a1", service="tg", location=Location.LOCAL, generation=7)]
+        committed = [Area(uuid="a1", service="tg", location=Side.LOCAL, generation=7)]
         txn = transaction(phase=Phase.CREATE_DESTINATION)
         claimed = {"a1": Lineage(area="a1", holders=frozenset({Side.REMOTE}), epoch=1)}
         grants = rules.desired_runs(
@@ -117,15 +117,15 @@ class TestOneSideAtATime:
 
     def test_areas_without_a_transaction_run_where_committed(self) -> None:
         committed = [
-            Area(uuid="a1", service="tg", location=Location.LOCAL, generation=3),
-            Area(uuid="a2", service="tg", location=Location.REMOTE, generation=4),
+            Area(uuid="a1", service="tg", location=Side.LOCAL, generation=3),
+            Area(uuid="a2", service="tg", location=Side.REMOTE, generation=4),
         ]
         assert rules.desired_runs(
             side=Side.REMOTE, authoritative=committed, transactions=[], lineages={}
         ) == {"a2": 4}
 
     def test_nothing_runs_on_a_side_that_does_not_alone_hold_the_newest_data(self) -> None:
-        committed = [Area(uuid="a1", service="tg", location=Location.LOCAL, generation=7)]
+        committed = [Area(uuid="a1", service="tg", location=Side.LOCAL, generation=7)]
         fenced = transaction(
             phase=Phase.ROLLBACK, rollback_from=Phase.HEALTHCHECK_DESTINATION,
             destination_fenced=True,
@@ -144,16 +144,16 @@ class TestCrashRecovery:
 
     def test_commit_written_rolls_forward(self) -> None:
         txn = transaction(phase=Phase.COMMIT_LOCATION)
-        committed = Area(uuid="a1", service="tg", location=Location.REMOTE, generation=8)
+        committed = Area(uuid="a1", service="tg", location=Side.REMOTE, generation=8)
         assert rules.recovery_outcome(txn, committed=committed) is Outcome.RECOVERED_COMMITTED
 
     def test_commit_not_written_rolls_back(self) -> None:
         txn = transaction(phase=Phase.COMMIT_LOCATION)
-        committed = Area(uuid="a1", service="tg", location=Location.LOCAL, generation=7)
+        committed = Area(uuid="a1", service="tg", location=Side.LOCAL, generation=7)
         assert rules.recovery_outcome(txn, committed=committed) is Outcome.RECOVERED_UNCOMMITTED
 
     def test_final_and_parked_records_need_no_recovery(self) -> None:
-        committed = Area(uuid="a1", service="tg", location=Location.LOCAL, generation=7)
+        committed = Area(uuid="a1", service="tg", location=Side.LOCAL, generation=7)
         for phase in (Phase.DONE, Phase.ROLLED_BACK, Phase.PARKED):
             assert rules.recovery_outcome(transaction(phase=phase), committed=committed) is None
 
@@ -162,17 +162,17 @@ class TestReversal:
     """Reversing the desired location rolls back before the commit, queues a move after it."""
 
     def test_before_commit_it_is_a_rollback(self) -> None:
-        decision = rules.reversal(transaction(phase=Phase.COPY), desired=Location.LOCAL)
+        decision = rules.reversal(transaction(phase=Phase.COPY), desired=Side.LOCAL)
         assert decision == rules.Reversal(
             outcome=Outcome.REVERSE_REQUESTED, new_transaction_after=False
         )
 
     def test_after_commit_it_is_a_new_transaction(self) -> None:
-        decision = rules.reversal(transaction(phase=Phase.CLEANUP_SOURCE), desired=Location.LOCAL)
+        decision = rules.reversal(transaction(phase=Phase.CLEANUP_SOURCE), desired=Side.LOCAL)
         assert decision == rules.Reversal(outcome=None, new_transaction_after=True)
 
     def test_asking_for_the_destination_again_changes_nothing(self) -> None:
-        decision = rules.reversal(transaction(phase=Phase.COPY), desired=Location.REMOTE)
+        decision = rules.reversal(transaction(phase=Phase.COPY), desired=Side.REMOTE)
         assert decision == rules.Reversal(outcome=None, new_transaction_after=False)
 
 

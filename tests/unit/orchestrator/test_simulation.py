@@ -27,8 +27,8 @@ from hypothesis.stateful import (
 )
 
 from orchestrator import rules
-from orchestrator.models import Location, Side, Transaction
 from orchestrator.models import Phase as TxnPhase
+from orchestrator.models import Side, Transaction
 from orchestrator.phases import Outcome
 
 from .profiles import PROFILE
@@ -54,8 +54,8 @@ class PbxVpsLink(RuleBasedStateMachine):
             broken_give_up=self.broken_give_up,
         )
 
-    @initialize(a1=st.sampled_from(list(Location)), a2=st.sampled_from(list(Location)))
-    def operator_asked_before_start(self, a1: Location, a2: Location) -> None:
+    @initialize(a1=st.sampled_from(list(Side)), a2=st.sampled_from(list(Side)))
+    def operator_asked_before_start(self, a1: Side, a2: Side) -> None:
         self.world.desired.update(a1=a1, a2=a2)
 
     @rule(area=AREAS, crash=RARELY, cut=RARELY)
@@ -68,8 +68,8 @@ class PbxVpsLink(RuleBasedStateMachine):
             self.world.engine_step(area, crash_before_persist=False, cut_link_after=False)
             self.world.check()
 
-    @rule(area=AREAS, location=st.sampled_from(list(Location)))
-    def operator_places(self, area: str, location: Location) -> None:
+    @rule(area=AREAS, location=st.sampled_from(list(Side)))
+    def operator_places(self, area: str, location: Side) -> None:
         self.world.desired[area] = location
 
     @rule()
@@ -172,7 +172,7 @@ class BrokenGiveUpPbxVpsLink(PbxVpsLink):
 
 
 def _drive_to_unreachable_rollback(world: World) -> None:
-    world.desired["a1"] = Location.REMOTE
+    world.desired["a1"] = Side.REMOTE
     for _ in range(5):  # start, preflight, suppress, copy, create -> HEALTHCHECK_DESTINATION
         world.engine_step("a1", crash_before_persist=False, cut_link_after=False)
     assert world.transactions["a1"].phase is TxnPhase.HEALTHCHECK_DESTINATION
@@ -245,7 +245,7 @@ class TestABrokenRuleOfTheCoreIsFound:
     breaking a rule in orchestrator/ — not in the model — is what the checks catch."""
 
     def _drive_until_broken(self, world: World) -> None:
-        world.desired["a1"] = Location.REMOTE
+        world.desired["a1"] = Side.REMOTE
         for _ in range(5):  # start, preflight, suppress, copy, create -> HEALTHCHECK
             world.engine_step("a1", crash_before_persist=False, cut_link_after=False)
         world.link_up = False  # the destination runs on under its lease, out of reach
@@ -284,7 +284,7 @@ class TestDataNeverGoesBackInTime:
         _drive_to_unreachable_rollback(world)
         written_remotely = world.newest["a1"]
         assert world.data[(Side.REMOTE, "a1")] == written_remotely > 1
-        world.desired["a1"] = Location.LOCAL  # no new attempt after the rollback
+        world.desired["a1"] = Side.LOCAL  # no new attempt after the rollback
         world.link_up = True
         world.advance(3.0)
         for _ in range(4):
@@ -334,7 +334,7 @@ class TestGivingTheVpsUp:
 
     def _vps_gone(self) -> World:
         world = World()
-        world.desired["a2"] = Location.LOCAL  # home, from a VPS that is about to vanish
+        world.desired["a2"] = Side.LOCAL  # home, from a VPS that is about to vanish
         world.link_up = False
         world.engine_step("a2", crash_before_persist=False, cut_link_after=False)
         assert world.remote_procs["a2"] == 2, "still running there under its lease"
@@ -377,7 +377,7 @@ class TestGivingTheVpsUp:
 
     def test_a_give_up_that_does_not_wait_is_caught_in_a_scripted_run(self) -> None:
         world = World(broken_give_up=True)
-        world.desired["a2"] = Location.LOCAL
+        world.desired["a2"] = Side.LOCAL
         world.link_up = False
         assert world.give_up_vps("a2")
         with pytest.raises(AssertionError, match="runs locally"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator import planner, status
-from orchestrator.models import Area, CleanupItem, Location, Phase, Side, Transaction
+from orchestrator.models import Area, CleanupItem, Phase, Side, Transaction
 from orchestrator.status import ServiceState
 
 from .records import transaction
@@ -17,8 +17,8 @@ CONTRACT_STATES = {
     # added with data lineage: a rollback keeps an area stopped until its data is back
     "awaiting_data",
 }
-LOCAL_AREA = Area(uuid="a1", service="tg", location=Location.LOCAL, generation=7)
-REMOTE_AREA = Area(uuid="a2", service="tg", location=Location.REMOTE, generation=3)
+LOCAL_AREA = Area(uuid="a1", service="tg", location=Side.LOCAL, generation=7)
+REMOTE_AREA = Area(uuid="a2", service="tg", location=Side.REMOTE, generation=3)
 
 
 def state_of(*txns: Transaction, tunnel_conflict: bool = False, orphans: int = 0) -> ServiceState:
@@ -186,7 +186,7 @@ class TestServiceView:
             last_error_detail="uptime 1.2 s < 3 s", updated_at=1_234.0,
         )
         view = status.service_view(
-            service="tg", areas=[LOCAL_AREA], transactions=[failing], desired=Location.REMOTE,
+            service="tg", areas=[LOCAL_AREA], transactions=[failing], desired=Side.REMOTE,
             area_desired={}, orphans=0, tunnel_conflict=False,
         )
         assert view.desired == "remote"
@@ -201,7 +201,7 @@ class TestServiceView:
     def test_mixed_desired_sides(self) -> None:
         view = status.service_view(
             service="tg", areas=[LOCAL_AREA, REMOTE_AREA], transactions=[], desired=None,
-            area_desired={"a1": Location.LOCAL, "a2": Location.REMOTE}, orphans=0,
+            area_desired={"a1": Side.LOCAL, "a2": Side.REMOTE}, orphans=0,
             tunnel_conflict=False,
         )
         assert view.desired == "mixed" and view.state == "idle" and view.last_error is None

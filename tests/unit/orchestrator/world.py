@@ -56,7 +56,6 @@ from orchestrator.models import (
     AreaLease,
     CleanupItem,
     LocalInventory,
-    Location,
     Phase,
     ProcessInfo,
     RemoteEntry,
@@ -108,10 +107,10 @@ class World:
         self.t = 100.0
         # PBX, durable
         self.committed: dict[str, Area] = {
-            "a1": Area(uuid="a1", service=SERVICE, location=Location.LOCAL, generation=1),
-            "a2": Area(uuid="a2", service=SERVICE, location=Location.REMOTE, generation=2),
+            "a1": Area(uuid="a1", service=SERVICE, location=Side.LOCAL, generation=1),
+            "a2": Area(uuid="a2", service=SERVICE, location=Side.REMOTE, generation=2),
         }
-        self.desired: dict[str, Location] = {a: x.location for a, x in self.committed.items()}
+        self.desired: dict[str, Side] = {a: x.location for a, x in self.committed.items()}
         self.transactions: dict[str, Transaction] = {}
         self.ledger = rules.GenerationLedger()
         self.cleanup: dict[str, CleanupItem] = {}
@@ -558,7 +557,7 @@ class World:
         if not isinstance(decision, give_up.Abandon):
             return False
         self.memory = self.memory.forgiven(SERVICE, areas=[area])
-        self.desired[area] = Location.LOCAL
+        self.desired[area] = Side.LOCAL
         self.lineages[area] = lineage.discarded(self.lineage(area), keep=Side.LOCAL)
         kept = self.data.get((Side.LOCAL, area), self.archive.get(area))
         self.newest[area] = kept or 0
