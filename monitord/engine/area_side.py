@@ -51,7 +51,7 @@ async def copy_over(
     async with link.session() as conn:
         return await transfer(
             conn, local_dir=local_dir, remote_dir=remote_dir,
-            vps_command=artifact.remote_command(link.remote),
+            vps_command=artifact.remote_command(link.section),
             agent=AreaCopy(link.agent, area, remote_dir), **options,
         )
 

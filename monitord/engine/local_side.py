@@ -44,12 +44,12 @@ class LocalSide:
         config: Config,
         supervisor: LocalSupervisor,
         runs: Callable[[], dict[str, AreaRun]],
-        remote: RemoteLink | None,
+        link: RemoteLink | None,
     ) -> None:
         self.config = config
         self.supervisor = supervisor
         self._runs = runs  # what may run locally now: the supervisor's wanted set
-        self._remote = remote
+        self._link_or_none = link
         self.archive_dir = config.monitord.work_dir / "archive"
 
     def _section(self, service: str) -> ServiceSection:
@@ -228,9 +228,9 @@ class LocalSide:
     # -- receiving a copy from the VPS -----------------------------------------------------
 
     def _link(self) -> RemoteLink:
-        if self._remote is None:
+        if self._link_or_none is None:
             raise error_for(ErrorCode.PREFLIGHT_REMOTE_CONFIG, "no [remote] section configured")
-        return self._remote
+        return self._link_or_none
 
     async def pre_receive(self, *, local_dir: Path, remote_dir: str, area: str) -> area_copy.Staged:
         from monitord.remote import copy as area_copy

@@ -78,7 +78,7 @@ class PhaseActions:
         config: Config,
         state: PlacementState,
         supervisor: LocalSupervisor,
-        remote: RemoteLink | None,
+        link: RemoteLink | None,
         renewer: LeaseRenewer | None,
         store: Store,
         owner_id: str,
@@ -86,7 +86,7 @@ class PhaseActions:
     ) -> None:
         self.config = config
         self.state = state
-        self.remote = remote
+        self.link = link
         self.store = store
         self._clock = clock
         # What each area's pre-copy staged while its source still ran (by transaction id):
@@ -98,8 +98,8 @@ class PhaseActions:
         self.copy_timings = CopyTimings()
         self._local_runs = LocalRuns(config)
         self.local_side = LocalSide(config=config, supervisor=supervisor, runs=self.local_runs,
-                                    remote=remote)
-        self.remote_side = RemoteSide(config=config, remote=remote, renewer=renewer,
+                                    link=link)
+        self.remote_side = RemoteSide(config=config, link=link, renewer=renewer,
                                       owner_id=owner_id, state=state, clock=clock)
         self.sides: dict[Side, AreaSide] = {Side.LOCAL: self.local_side,
                                             Side.REMOTE: self.remote_side}
@@ -113,9 +113,9 @@ class PhaseActions:
         self._memory_claims.release(txn.transaction_id)
 
     def _link(self) -> RemoteLink:
-        if self.remote is None:
+        if self.link is None:
             raise error_for(ErrorCode.PREFLIGHT_REMOTE_CONFIG, "no [remote] section configured")
-        return self.remote
+        return self.link
 
     def _section(self, txn: Transaction) -> ServiceSection:
         return self.config.services[txn.service]
@@ -226,7 +226,7 @@ class PhaseActions:
             raise
         if not pre_copy:
             return Outcome.OK
-        decision = self.copy_timings.decide(txn.source, size=size, remote=link.remote)
+        decision = self.copy_timings.decide(txn.source, size=size, remote=link.section)
         if decision.pre_copy:
             await self._pre_copy(txn, decision)
         else:
@@ -242,7 +242,7 @@ class PhaseActions:
         if link.connected():
             return
         try:
-            await link.keeper.wait_connected(timeout_s=link.remote.preflight_tunnel_wait_s)
+            await link.keeper.wait_connected(timeout_s=link.section.preflight_tunnel_wait_s)
         except TimeoutError as e:
             status = link.keeper.status()
             last = status.last_error
@@ -352,7 +352,7 @@ class PhaseActions:
         plan = lineage.copy_plan(
             self.state.lineage(txn.area), source=txn.source, destination=txn.destination
         )
-        if plan is not CopyPlan.COPY or self.remote is None or not self.remote.connected():
+        if plan is not CopyPlan.COPY or self.link is None or not self.link.connected():
             return
         local, remote_dir = self._copy_dirs(
             txn, source=txn.source, source_generation=txn.source_generation,

@@ -73,7 +73,7 @@ class Reconciler:
         state: PlacementState,
         store: Store,
         supervisor: LocalSupervisor,
-        remote: RemoteLink | None,
+        link: RemoteLink | None,
         sides: Mapping[Side, AreaSide],
         metrics: Metrics,
         intake_lock: asyncio.Lock,
@@ -85,7 +85,7 @@ class Reconciler:
         self.state = state
         self.store = store
         self.supervisor = supervisor
-        self.remote = remote
+        self.link = link
         self.sides = sides
         self.metrics = metrics
         self.intake_lock = intake_lock
@@ -162,15 +162,15 @@ class Reconciler:
         return report
 
     async def _observe_remote(self) -> RemoteInventory | None:
-        if self.remote is None or not self.remote.connected():
+        if self.link is None or not self.link.connected():
             return None
         try:
-            raw = await self.remote.agent.inventory_raw()
+            raw = await self.link.agent.inventory_raw()
         except MonitordError as e:
             log.warning("reconcile_inventory_failed", error_code=e.code, detail=e.detail)
-            if e.code == ErrorCode.AGENT_UNREACHABLE and self.remote.connected():
+            if e.code == ErrorCode.AGENT_UNREACHABLE and self.link.connected():
                 # The tunnel is up but the agent is not answering: it may have died.
-                await self.remote.ensure_agent()
+                await self.link.ensure_agent()
             return None
         self.remote_inventory = raw
         now = self._wall()

@@ -63,14 +63,14 @@ class RemoteSide:
         self,
         *,
         config: Config,
-        remote: RemoteLink | None,
+        link: RemoteLink | None,
         renewer: LeaseRenewer | None,
         owner_id: str,
         state: PlacementState | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
-        self._remote = remote
+        self._link_or_none = link
         self.renewer = renewer
         self.owner_id = owner_id
         self._state = state  # which VPS copies were given up (set aside, never deleted)
@@ -79,12 +79,12 @@ class RemoteSide:
         self._preflight_facts = SharedFacts()
 
     def _link(self) -> RemoteLink:
-        if self._remote is None:
+        if self._link_or_none is None:
             raise error_for(ErrorCode.PREFLIGHT_REMOTE_CONFIG, "no [remote] section configured")
-        return self._remote
+        return self._link_or_none
 
     def reachable(self) -> bool:
-        return self._remote is not None and self._remote.connected()
+        return self._link_or_none is not None and self._link_or_none.connected()
 
     def data_dir(self, *, service: str, area: str, generation: int) -> str:
         data_dir, _ = area_paths.remote_paths(self.config, service=service, area=area,
@@ -214,7 +214,7 @@ class RemoteSide:
         async with link.session() as conn:
             return await area_copy.download(
                 conn, remote_dir=path, local_dir=local_dir,
-                vps_command=artifact.remote_command(link.remote), progress=progress,
+                vps_command=artifact.remote_command(link.section), progress=progress,
             )
 
     async def verify_gone(self, *, area: str, generation: int, entry_gone: bool = True) -> None:
@@ -280,7 +280,7 @@ class RemoteSide:
         try:
             await link.agent.create(
                 area=area, service=service, generation=generation, owner_id=self.owner_id,
-                lease_ttl_s=link.remote.area_lease_ttl_s, command=command, data_dir=data_dir,
+                lease_ttl_s=link.section.area_lease_ttl_s, command=command, data_dir=data_dir,
                 env=section.env, user=section.user, group=section.group,
                 log_max_bytes=self.config.monitord.area_log_max_bytes,
                 log_keep=self.config.monitord.area_log_keep,

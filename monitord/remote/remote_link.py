@@ -32,7 +32,8 @@ class RemoteLink:
     secret: bytes
 
     @property
-    def remote(self) -> RemoteSection:
+    def section(self) -> RemoteSection:
+        """The configuration's [remote] section."""
         assert self.config.remote is not None
         return self.config.remote
 
@@ -50,7 +51,7 @@ class RemoteLink:
         from monitord.remote import provisioning
 
         async with self.session() as conn:
-            await provisioning.launch_agent(conn, remote=self.remote, timeout_s=30.0)
+            await provisioning.launch_agent(conn, remote=self.section, timeout_s=30.0)
 
     async def recycle(self) -> None:
         """Close the live SSH connection; the keeper reconnects. Ends every uncertainty
@@ -73,5 +74,5 @@ class RemoteLink:
     def forwards_ready(self) -> dict[str, bool]:
         status = self.keeper.status()
         proven = {f.name: f.state == "proven" for f in status.forwards}
-        names = [f.name for f in (*self.remote.reverse_forwards, *self.remote.local_forwards)]
+        names = [f.name for f in (*self.section.reverse_forwards, *self.section.local_forwards)]
         return {name: status.connected and proven.get(name, False) for name in names}

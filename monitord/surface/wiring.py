@@ -148,7 +148,7 @@ class Orchestration:
             config=config,
             state=self.state,
             supervisor=self.supervisor,
-            remote=self.link,
+            link=self.link,
             renewer=self.renewer,
             store=ctx.store,
             owner_id=self.owner_id,
@@ -198,7 +198,7 @@ class Orchestration:
             state=self.state,
             store=ctx.store,
             supervisor=self.supervisor,
-            remote=self.link,
+            link=self.link,
             sides=self.actions.sides,
             metrics=self.metrics,
             intake_lock=self.engine.intake_lock,
@@ -277,7 +277,7 @@ class Orchestration:
         assert self.link is not None
         await provisioning.provision(
             conn,
-            remote=self.link.remote,
+            remote=self.link.section,
             artifacts=self.link.artifacts,
             secret=self.link.secret,
         )

@@ -37,7 +37,7 @@ class TestDrainCycles:
 
             store.complete = counting_complete  # type: ignore[method-assign]
             config = Config(monitord=MonitordSection(work_dir=tmp_path / "work"), services={})
-            local = LocalSide(config=config, supervisor=supervisor, runs=dict, remote=None)
+            local = LocalSide(config=config, supervisor=supervisor, runs=dict, link=None)
             worker = CleanupWorker(
                 store=store, sides={Side.LOCAL: local}, metrics=Metrics(),
                 interval_s=60.0, policy=CleanupPolicy(),

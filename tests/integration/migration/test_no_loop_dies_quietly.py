@@ -169,7 +169,7 @@ async def _loop_under_test(
 
     if which == "cleanup worker":
         local = LocalSide(config=Config(monitord=MonitordSection(work_dir=tmp_path / "work")),
-                          supervisor=supervisor, runs=dict, remote=None)
+                          supervisor=supervisor, runs=dict, link=None)
         worker = CleanupWorker(
             store=store, sides={Side.LOCAL: local}, metrics=Metrics(),
             interval_s=0.05, lineage_of=state.lineage,
@@ -179,7 +179,7 @@ async def _loop_under_test(
         return worker, worker.run, fault, nothing
     if which == "reconciler":
         reconciler = Reconciler(
-            state=state, store=store, supervisor=supervisor, remote=None,
+            state=state, store=store, supervisor=supervisor, link=None,
             sides={},  # no action is planned here
             metrics=Metrics(), intake_lock=asyncio.Lock(), interval_s=0.05, legacy_grace_s=60,
         )

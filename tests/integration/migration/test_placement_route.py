@@ -234,7 +234,7 @@ class TestTheLocalStop:
             state = PlacementState(store=store, custom_config_path=custom)
             await state.load()
             actions = PhaseActions(config=CONFIG, state=state, supervisor=supervisor,
-                                   remote=None, renewer=None, store=store, owner_id="pbx")
+                                   link=None, renewer=None, store=store, owner_id="pbx")
             run = AreaRun(service="tg", area=AREA, generation=0, command=("sleep", "30"),
                           data_dir=str(tmp_path / "data"))
             started = await supervisor.start_area(run)
