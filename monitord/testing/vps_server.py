@@ -44,8 +44,11 @@ import asyncssh
 from monitord.base import logs
 from monitord.base.config import RemoteSection
 from monitord.base.task_owner import TaskOwner
+from monitord.testing import server_close_race
 
 log = logs.get_logger(__name__)
+# asyncssh's listeners of forwarded ports close while fake daemons reconnect to them.
+server_close_race.install()
 
 _CHUNK = 64 * 1024
 _KILL_GRACE_S = 2.0
