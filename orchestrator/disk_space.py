@@ -35,10 +35,19 @@ MARGIN_FRACTION = 0.05
 
 @dataclass(frozen=True, slots=True)
 class Usage:
-    """What a tree takes (or will take) on a file system."""
+    """What an area's tree takes (or will take) on a file system: `bytes` and `inodes` as
+    written (blocks rounded up); `content_bytes`, what its files hold (what a copy sends),
+    when it is known."""
 
     bytes: int
     inodes: int = 0
+    content_bytes: int | None = None
+
+    @property
+    def size(self) -> int:
+        """The area's size as a copy is judged by: its content where known, else its
+        footprint (an upper bound)."""
+        return self.bytes if self.content_bytes is None else self.content_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,12 +109,12 @@ def rounded(size: int) -> int:
 
 def footprint(sizes: Iterable[int], *, dirs: int = 0) -> Usage:
     """What files of `sizes` and `dirs` directories take once written."""
-    total = 0
-    files = 0
+    total = content = files = 0
     for size in sizes:
         total += rounded(size)
+        content += size
         files += 1
-    return Usage(bytes=total + dirs * BLOCK_BYTES, inodes=files + dirs)
+    return Usage(bytes=total + dirs * BLOCK_BYTES, inodes=files + dirs, content_bytes=content)
 
 
 def margin(amount: int, *, floor: int) -> int:

@@ -162,93 +162,101 @@ def plan(
         cleanup_keys=frozenset((c.area, c.side, c.generation) for c in items),
         cleanup_areas=frozenset(c.area for c in items),
     )
-    both_sides = remote_inventory is not None
-    actions: list[PlanAction] = []
-    tally = _Tally()
+    one = _Pass(index=index, now=now, legacy_grace_s=legacy_grace_s,
+                both_sides=remote_inventory is not None)
+    if remote_inventory is not None:
+        one.remote(remote_inventory)
+    one.local(local_inventory)
+    before, after = one.tally.drifts()
+    return Plan(actions=tuple(one.actions), drift_before=before, drift_after_expected=after)
 
-    def consider(kind: str, thing: RemoteEntry | ProcessInfo, first_seen: float) -> bool:
+
+@dataclass(slots=True)
+class _Pass:
+    """One pass's verdicts: the actions, and the tally of what was found and what stays."""
+
+    index: _Index
+    now: float
+    legacy_grace_s: float
+    both_sides: bool
+    actions: list[PlanAction] = field(default_factory=list)
+    tally: _Tally = field(default_factory=lambda: _Tally())
+
+    def _consider(self, kind: str, thing: RemoteEntry | ProcessInfo, first_seen: float) -> bool:
         """Tally one discrepancy; True when an action should remove it now."""
         if kind in ("ok", "busy"):
             return False
         if kind == "cleanup":
-            tally.kept("awaiting_cleanup")
+            self.tally.kept("awaiting_cleanup")
             return False
         if kind == "newer":
-            tally.kept("newer_generation")
+            self.tally.kept("newer_generation")
             return False
         if kind == "legacy":
-            if _legacy_due(first_seen, now=now, grace=legacy_grace_s, both_sides=both_sides):
-                tally.fixed("legacy")
+            if _legacy_due(first_seen, now=self.now, grace=self.legacy_grace_s,
+                           both_sides=self.both_sides):
+                self.tally.fixed("legacy")
                 return True
-            tally.kept("legacy")
+            self.tally.kept("legacy")
             return False
-        tally.fixed("orphan_entries" if isinstance(thing, RemoteEntry) else "orphan_processes")
+        self.tally.fixed(
+            "orphan_entries" if isinstance(thing, RemoteEntry) else "orphan_processes")
         return True
 
-    if remote_inventory is not None:
+    def remote(self, inventory: RemoteInventory) -> None:
+        """The VPS's entries and processes, then the committed areas it lacks an entry for."""
         entries_at: set[tuple[str, int]] = set()
         newest_entry: dict[str, int] = {}
         removed: set[tuple[str, int]] = set()
-        for entry in remote_inventory.entries:
+        for entry in inventory.entries:
             entries_at.add((entry.area, entry.generation))
             newest_entry[entry.area] = max(newest_entry.get(entry.area, -1), entry.generation)
-            kind = _classify(index, area=entry.area, side=Side.REMOTE, generation=entry.generation)
-            if consider(kind, entry, entry.created_at):
+            kind = _classify(self.index, area=entry.area, side=Side.REMOTE,
+                             generation=entry.generation)
+            if self._consider(kind, entry, entry.created_at):
                 removed.add((entry.area, entry.generation))
-                actions.append(
-                    RemoveRemoteEntry(
-                        service=entry.service,
-                        area=entry.area,
-                        side=Side.REMOTE,
-                        generation=entry.generation,
-                    )
-                )
-        for proc in remote_inventory.processes:
+                self.actions.append(RemoveRemoteEntry(
+                    service=entry.service, area=entry.area, side=Side.REMOTE,
+                    generation=entry.generation,
+                ))
+        for proc in inventory.processes:
             if (proc.area, proc.generation) in removed:
                 continue  # removing the entry stops its process
-            kind = _classify(index, area=proc.area, side=Side.REMOTE, generation=proc.generation)
+            kind = _classify(self.index, area=proc.area, side=Side.REMOTE,
+                             generation=proc.generation)
             if kind == "ok" and (proc.area, proc.generation) not in entries_at:
                 kind = "orphan"  # a process the agent has no entry for
-            if consider(kind, proc, proc.started_at):
-                actions.append(
-                    StopProcess(
-                        service=proc.service,
-                        area=proc.area,
-                        side=Side.REMOTE,
-                        generation=proc.generation,
-                    )
-                )
-        for area in index.committed.values():
-            if area.location is not Side.REMOTE or area.uuid in index.busy:
+            if self._consider(kind, proc, proc.started_at):
+                self.actions.append(StopProcess(
+                    service=proc.service, area=proc.area, side=Side.REMOTE,
+                    generation=proc.generation,
+                ))
+        self._missing_entries(entries_at, newest_entry)
+
+    def _missing_entries(self, entries_at: set[tuple[str, int]],
+                         newest_entry: dict[str, int]) -> None:
+        for area in self.index.committed.values():
+            if area.location is not Side.REMOTE or area.uuid in self.index.busy:
                 continue
             if (area.uuid, area.generation) in entries_at:
                 continue
             if newest_entry.get(area.uuid, -1) > area.generation:
                 continue  # already tallied as newer_generation; never replaced by planner
-            if (area.uuid, Side.REMOTE, area.generation) in index.cleanup_keys:
-                tally.kept("awaiting_cleanup")  # never recreate what a cleanup item removes
+            if (area.uuid, Side.REMOTE, area.generation) in self.index.cleanup_keys:
+                self.tally.kept("awaiting_cleanup")  # never recreate what a cleanup removes
                 continue
-            tally.fixed("missing_entries")
-            actions.append(
-                CreateRemoteEntry(
-                    service=area.service,
-                    area=area.uuid,
-                    side=Side.REMOTE,
-                    generation=area.generation,
-                )
-            )
+            self.tally.fixed("missing_entries")
+            self.actions.append(CreateRemoteEntry(
+                service=area.service, area=area.uuid, side=Side.REMOTE,
+                generation=area.generation,
+            ))
 
-    for proc in local_inventory.processes:
-        kind = _classify(index, area=proc.area, side=Side.LOCAL, generation=proc.generation)
-        if consider(kind, proc, proc.started_at):
-            actions.append(
-                StopProcess(
-                    service=proc.service,
-                    area=proc.area,
-                    side=Side.LOCAL,
+    def local(self, inventory: LocalInventory) -> None:
+        for proc in inventory.processes:
+            kind = _classify(self.index, area=proc.area, side=Side.LOCAL,
+                             generation=proc.generation)
+            if self._consider(kind, proc, proc.started_at):
+                self.actions.append(StopProcess(
+                    service=proc.service, area=proc.area, side=Side.LOCAL,
                     generation=proc.generation,
-                )
-            )
-
-    before, after = tally.drifts()
-    return Plan(actions=tuple(actions), drift_before=before, drift_after_expected=after)
+                ))

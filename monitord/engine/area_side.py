@@ -76,15 +76,11 @@ class AreaSide(Protocol):
         """The area's data dir on this side, templates expanded."""
         ...
 
-    async def data_size(self, *, service: str, area: str, generation: int) -> int | None:
-        """Bytes of the area's data here, or None when only a listing could tell."""
-        ...
-
-    async def data_usage(
+    async def usage(
         self, *, service: str, area: str, generation: int
     ) -> disk_space.Usage | None:
-        """What the area's data here takes once copied (bytes and inodes), or None when
-        this side cannot tell now."""
+        """What the area's data here takes once copied (bytes and inodes, and the files'
+        content where this side can tell), or None when this side cannot tell now."""
         ...
 
     def resident_bytes(self, *, area: str) -> int | None:
@@ -93,8 +89,7 @@ class AreaSide(Protocol):
         ...
 
     async def check_ready(
-        self, txn: Transaction, *, incoming_bytes: int | None,
-        incoming: disk_space.Usage | None = None,
+        self, txn: Transaction, *, incoming: disk_space.Usage | None = None,
         memory: memory_room.Need | None = None,
     ) -> None:
         """The preflight of a move to this side: raises the first failed check's error;

@@ -64,11 +64,7 @@ class LocalSide:
     def _path(self, *, service: str, area: str, generation: int) -> Path:
         return area_paths.local_data_dir(self._section(service), area=area, generation=generation)
 
-    async def data_size(self, *, service: str, area: str, generation: int) -> int | None:
-        path = self._path(service=service, area=area, generation=generation)
-        return await asyncio.to_thread(_tree_size, path)
-
-    async def data_usage(
+    async def usage(
         self, *, service: str, area: str, generation: int
     ) -> disk_space.Usage | None:
         path = self._path(service=service, area=area, generation=generation)
@@ -78,8 +74,7 @@ class LocalSide:
         return self.supervisor.resident_bytes(area)
 
     async def check_ready(
-        self, txn: Transaction, *, incoming_bytes: int | None,
-        incoming: disk_space.Usage | None = None,
+        self, txn: Transaction, *, incoming: disk_space.Usage | None = None,
         memory: memory_room.Need | None = None,
     ) -> None:
         """A move home (or a copy back): the file system that will hold the area's data dir
@@ -94,7 +89,7 @@ class LocalSide:
             from monitord.remote.copy.local_tree import local_file_error
 
             raise local_file_error(e, during=f"preflight of {target.parent}") from e
-        usage = incoming or disk_space.Usage(bytes=incoming_bytes or 0)
+        usage = incoming or disk_space.Usage(bytes=0)
         short = disk_space.shortage(side="PBX", path=str(target.parent), usage=usage, free=free)
         if short is not None:
             raise error_for(ErrorCode.PREFLIGHT_DISK_SPACE, short.detail(), facts=short.facts())
@@ -285,7 +280,7 @@ def _free_space(path: Path) -> disk_space.Free:
 def _tree_usage(root: Path) -> disk_space.Usage:
     """What the area's tree will take once copied (orchestrator/disk_space.footprint)."""
     if not root.is_dir():
-        return disk_space.Usage(bytes=0)
+        return disk_space.Usage(bytes=0, content_bytes=0)
     sizes: list[int] = []
     dirs = 1
     for dirpath, dirnames, files in os.walk(root):
@@ -297,12 +292,6 @@ def _tree_usage(root: Path) -> disk_space.Usage:
                 if stat.S_ISREG(st.st_mode):
                     sizes.append(st.st_size)
     return disk_space.footprint(sizes, dirs=dirs)
-
-
-def _tree_size(root: Path) -> int:
-    if not root.is_dir():
-        return 0
-    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and not p.is_symlink())
 
 
 def _newest_mtime(root: Path) -> float:

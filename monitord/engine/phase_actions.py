@@ -201,14 +201,10 @@ class PhaseActions:
             # either (the area starts on the PBX's own copy): no space is needed for it.
             return Outcome.OK
         await self._wait_for_tunnel(link)
-        size = await self.sides[txn.source].data_size(
+        usage = await self.sides[txn.source].usage(
             service=txn.service, area=txn.area, generation=txn.source_generation
         )
-        usage = await self.sides[txn.source].data_usage(
-            service=txn.service, area=txn.area, generation=txn.source_generation
-        )
-        if size is None and usage is not None:  # the VPS's area: its footprint tells
-            size = usage.bytes
+        size = None if usage is None else usage.size
         if not pre_copy and txn.transaction_id in self._staged:
             # The pre-copy's staging dir holds the area on the destination already: what
             # must still be free there is the margin (orchestrator/disk_space.py).
@@ -219,8 +215,7 @@ class PhaseActions:
                 txn.transaction_id,
                 daemon_bytes=self.sides[txn.source].resident_bytes(area=txn.area))
         try:
-            await self.sides[txn.destination].check_ready(txn, incoming_bytes=size,
-                                                          incoming=usage, memory=memory)
+            await self.sides[txn.destination].check_ready(txn, incoming=usage, memory=memory)
         except BaseException:
             self._memory_claims.release(txn.transaction_id)
             raise

@@ -40,17 +40,6 @@ log = logs.get_logger(__name__)
 
 POLL_S = 0.1
 USAGE_TIMEOUT_S = 30.0
-# "$1" = an area's data dir on the VPS: its footprint as orchestrator/disk_space.footprint
-# counts it (files rounded up to 4 KiB blocks, a block per directory), and its inode count.
-_USAGE_SCRIPT = r"""
-if [ -d "$1" ]; then
-  find "$1" -xdev \( -type f -printf 'f %s\n' \) -o \( -type d -printf 'd 0\n' \) |
-    awk '{ n++; if ($1 == "f") b += int(($2 + 4095) / 4096) * 4096; else b += 4096 }
-         END { printf "%.0f %.0f\n", b, n }'
-else
-  echo "0 0"
-fi
-"""
 # The longest one health question to the agent is held open (it answers when the window
 # closes); several are asked in turn up to the health check's deadline.
 HEALTH_WAIT_S = 5.0
@@ -91,10 +80,7 @@ class RemoteSide:
                                               generation=generation)
         return data_dir
 
-    async def data_size(self, *, service: str, area: str, generation: int) -> int | None:
-        return None  # known only from the VPS's listing, which the copy itself reads
-
-    async def data_usage(
+    async def usage(
         self, *, service: str, area: str, generation: int
     ) -> disk_space.Usage | None:
         """What the area's data dir on the VPS takes (a move home's preflight judges the
@@ -102,21 +88,15 @@ class RemoteSide:
         if not self.reachable():
             return None
         data_dir = self.data_dir(service=service, area=area, generation=generation)
-        from monitord.remote import remote_exec
+        from monitord.remote import remote_usage
 
         try:
             async with self._link().session() as conn:
-                result = await remote_exec.run_script(conn, _USAGE_SCRIPT, args=[data_dir],
-                                                      timeout_s=USAGE_TIMEOUT_S)
+                return await remote_usage.area_usage(conn, data_dir, timeout_s=USAGE_TIMEOUT_S)
         except MonitordError as e:
             log.warning("remote_data_usage_failed", area=area, error_code=e.code,
                         detail=e.detail)
             return None
-        fields = result.text.split()
-        if result.exit_status != 0 or len(fields) != 2 or not all(
-                f.isascii() and f.isdigit() and len(f) <= 20 for f in fields):
-            return None
-        return disk_space.Usage(bytes=int(fields[0]), inodes=int(fields[1]))
 
     # -- preflight -------------------------------------------------------------------------
 
@@ -124,8 +104,7 @@ class RemoteSide:
         return None  # a move home is not judged by memory (module doc of memory_room)
 
     async def check_ready(
-        self, txn: Transaction, *, incoming_bytes: int | None,
-        incoming: disk_space.Usage | None = None,
+        self, txn: Transaction, *, incoming: disk_space.Usage | None = None,
         memory: memory_room.Need | None = None,
     ) -> None:
         """Every preflight check of a move to the VPS (monitord.remote.preflight), the free
@@ -145,15 +124,17 @@ class RemoteSide:
                 config=self.config,
                 service=txn.service,
                 artifacts=link.artifacts,
-                area_data_bytes=incoming_bytes or 0,
-                data_root=data_root,
-                area_usage=incoming,
-                area_memory=memory,
-                tunnel_owner=preflight_checks.TunnelOwnerView(
-                    ours=ours, owner_id=owner_id, owner_label=owner_label
+                need=preflight_checks.AreaNeed(
+                    usage=incoming or disk_space.Usage(bytes=0), data_root=data_root,
+                    memory=memory,
                 ),
-                forwards_ready=link.forwards_ready(),
-                auth_error=f"{last.code}: {last.detail}" if last else "",
+                tunnel=preflight_checks.TunnelView(
+                    owner=preflight_checks.TunnelOwnerView(
+                        ours=ours, owner_id=owner_id, owner_label=owner_label
+                    ),
+                    forwards_ready=link.forwards_ready(),
+                    auth_error=f"{last.code}: {last.detail}" if last else "",
+                ),
                 agent=link.agent,
                 shared=self._preflight_facts,
             )

@@ -121,6 +121,15 @@ class ProcessView:
         return dict(self.__dict__)
 
 
+@dataclass(slots=True)
+class _Ended:
+    """The survivors stopped, replaced (stopped for a changed command) and stuck so far."""
+
+    stopped: list[str] = field(default_factory=list)
+    replaced: list[str] = field(default_factory=list)
+    stuck: list[str] = field(default_factory=list)
+
+
 @dataclass(frozen=True)
 class SurvivorReport:
     """What `adopt_or_stop_survivors` found: areas adopted, processes stopped."""
@@ -332,22 +341,9 @@ class LocalSupervisor:
         if wanted is not None:
             self.set_desired(wanted)
         adopted: list[str] = []
-        stopped: list[str] = []
-        replaced: list[str] = []
-        stuck: list[str] = []
+        ended = _Ended()
         recorded = self._read_records()
-        survivors: list[tuple[ProcessIdentity, dict[str, str] | None]] = list(
-            proc_identity.find_by_environ(SUPERVISOR_ENV, str(self.state_dir))
-        )
-        marked = {identity.pid for identity, _env in survivors}
-        for pid, known in recorded.items():
-            # a recorded process whose marker cannot be read (a daemon that rewrote its
-            # environment's memory, e.g. setproctitle): its record alone says it is ours
-            if pid not in marked:
-                live = proc_identity.read(pid)
-                if live is not None and live == known.identity:
-                    survivors.append((live, None))
-        for identity, env in survivors:
+        for identity, env in self._survivors(recorded):
             try:
                 leads_group = os.getpgid(identity.pid) == identity.pid
             except ProcessLookupError:
@@ -375,32 +371,57 @@ class LocalSupervisor:
                 log.info("survivor_adopted", area=area, generation=generation,
                          pid=identity.pid, marker=env is not None)
                 continue
-            gone = await group_stop.terminate_group(identity.pid, grace_s=self.stop_grace_s)
-            if not gone:
-                stuck.append(area)
-            if verdict == "command_changed" and want is not None and record is not None:
-                if gone:
-                    replaced.append(area)
-                log.warning("survivor_replaced", area=area, generation=generation,
-                            pid=identity.pid, reason=verdict, verified_gone=gone,
-                            was=None if record.command is None else list(record.command),
-                            now=list(want.command), cmdline=list(identity.cmdline))
-            else:
-                if gone:
-                    stopped.append(area)
-                log.warning("survivor_stopped", area=area, generation=generation,
-                            pid=identity.pid, reason=verdict, verified_gone=gone,
-                            recorded=record is not None)
-            if gone and area not in self._slots:
-                (self.records_dir / f"{area}.json").unlink(missing_ok=True)
-                self._pipes.retire(area)
+            await self._end_survivor(identity, area=area, generation=generation,
+                                     verdict=verdict, record=record, want=want, ended=ended)
         for left in recorded.values():
             # a record whose process is gone (or was never ours): drop it
             if not proc_identity.is_same_process(left.identity):
                 self._record_path(left.area).unlink(missing_ok=True)
         self._survivors_handled = True
-        return SurvivorReport(adopted=tuple(adopted), stopped=tuple(stopped), stuck=tuple(stuck),
-                              replaced=tuple(replaced))
+        return SurvivorReport(adopted=tuple(adopted), stopped=tuple(ended.stopped),
+                              stuck=tuple(ended.stuck), replaced=tuple(ended.replaced))
+
+    def _survivors(
+        self, recorded: Mapping[int, _Record]
+    ) -> list[tuple[ProcessIdentity, dict[str, str] | None]]:
+        """What a previous instance left running: the processes its marker names, and those
+        its records name whose marker cannot be read (a daemon that rewrote its
+        environment's memory, e.g. setproctitle: its record alone says it is ours)."""
+        survivors: list[tuple[ProcessIdentity, dict[str, str] | None]] = list(
+            proc_identity.find_by_environ(SUPERVISOR_ENV, str(self.state_dir))
+        )
+        marked = {identity.pid for identity, _env in survivors}
+        for pid, known in recorded.items():
+            if pid not in marked:
+                live = proc_identity.read(pid)
+                if live is not None and live == known.identity:
+                    survivors.append((live, None))
+        return survivors
+
+    async def _end_survivor(
+        self, identity: ProcessIdentity, *, area: str, generation: int, verdict: str,
+        record: _Record | None, want: AreaRun | None, ended: _Ended,
+    ) -> None:
+        """Stop a survivor not adopted (replaced when only its command changed), verified."""
+        gone = await group_stop.terminate_group(identity.pid, grace_s=self.stop_grace_s)
+        if not gone:
+            ended.stuck.append(area)
+        if verdict == "command_changed" and want is not None and record is not None:
+            if gone:
+                ended.replaced.append(area)
+            log.warning("survivor_replaced", area=area, generation=generation,
+                        pid=identity.pid, reason=verdict, verified_gone=gone,
+                        was=None if record.command is None else list(record.command),
+                        now=list(want.command), cmdline=list(identity.cmdline))
+        else:
+            if gone:
+                ended.stopped.append(area)
+            log.warning("survivor_stopped", area=area, generation=generation,
+                        pid=identity.pid, reason=verdict, verified_gone=gone,
+                        recorded=record is not None)
+        if gone and area not in self._slots:
+            (self.records_dir / f"{area}.json").unlink(missing_ok=True)
+            self._pipes.retire(area)
 
     def _read_records(self) -> dict[int, _Record]:
         """The records a previous instance left, by pid; an unreadable one is dropped."""

@@ -208,39 +208,49 @@ done
 """
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AreaNeed:
+    """What the area being moved asks of the VPS: room for `usage` (its data as it will
+    take the disk) plus the margin under `data_root` (where its data dir and staging dir
+    will be, their parent; "" for the service's data root unknown), and `memory` (without
+    it, only the lease guard and `remote.memory_reserve_mib` are judged)."""
+
+    usage: disk_space.Usage = field(default_factory=lambda: disk_space.Usage(bytes=0))
+    data_root: str = ""
+    memory: memory_room.Need | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TunnelView:
+    """The tunnel as its keeper sees it: who holds its lease, which forwards are ready, and
+    why it is not connected (when it is not)."""
+
+    owner: TunnelOwnerView
+    forwards_ready: Mapping[str, bool]
+    auth_error: str = ""
+
+
 async def run_preflight(
     conn: asyncssh.SSHClientConnection | None,
     *,
     config: Config,
     service: str,
     artifacts: Sequence[LocalArtifact],
-    area_data_bytes: int,
-    tunnel_owner: TunnelOwnerView,
-    data_root: str = "",
-    area_usage: disk_space.Usage | None = None,
-    area_memory: memory_room.Need | None = None,
-    forwards_ready: Mapping[str, bool],
+    tunnel: TunnelView,
     agent: AgentClient | None,
-    auth_error: str = "",
+    need: AreaNeed | None = None,
     timeout_s: float = 10.0,
     shared: SharedFacts | None = None,
 ) -> PreflightReport:
     """Run every check once (see the module doc); never raises for a failed check. With
     `shared`, the VPS-side facts (probe, self-check) come from one fetch for every preflight
-    over the same connection within its max age (monitord/remote/shared_facts.py).
-    `data_root`: where the area's data dir and staging dir will be (their parent on the
-    VPS), judged against `area_usage` (else `area_data_bytes`) plus the margin.
-    `area_memory`: what the area will take of the VPS's memory (without it, only the lease
-    guard and `remote.memory_reserve_mib` are judged)."""
+    over the same connection within its max age (monitord/remote/shared_facts.py)."""
     shared = shared or SharedFacts(max_age_s=0.0)
+    need = need or AreaNeed()
     remote = config.remote
     if remote is None:
         raise ValueError("preflight needs a [remote] section")
-    results: dict[str, CheckResult] = {}
-
-    pyz = _pyz_of(artifacts)
-
-    probe_key = ("probe", None if conn is None else _conn_key(conn), data_root,
+    probe_key = ("probe", None if conn is None else _conn_key(conn), need.data_root,
                  tuple((a.name, a.sha256) for a in artifacts))
 
     async def probe() -> _RemoteFacts | MonitordError | None:
@@ -249,8 +259,8 @@ async def run_preflight(
         try:
             return await shared.get(
                 probe_key,
-                lambda: _probe(conn, remote=remote, artifacts=artifacts, data_root=data_root,
-                               timeout_s=timeout_s),
+                lambda: _probe(conn, remote=remote, artifacts=artifacts,
+                               data_root=need.data_root, timeout_s=timeout_s),
             )
         except MonitordError as e:
             return e
@@ -266,58 +276,17 @@ async def run_preflight(
     probed, alive_detail, checked = await asyncio.gather(
         probe(), _agent_alive(agent), self_check()
     )
-    facts = probed if isinstance(probed, _RemoteFacts) else None
-    if conn is None:
-        results["auth"] = _failed("auth", auth_error or "no SSH connection to the VPS")
-    elif facts is None:
-        results["auth"] = _failed("auth", f"the SSH session cannot run commands: {probed}")
-    else:
-        results["auth"] = _ok("auth", f"{facts.user}@{remote.host}:{remote.port}")
-
-    if facts is None:
-        for check in ("arch", "bin_dir", "disk_space", "write_test", "artifacts"):
-            results[check] = _skipped(check, "needs a working SSH session")
-    else:
-        usage = area_usage or disk_space.Usage(bytes=area_data_bytes)
-        results.update(_judge_facts(facts, remote=remote, artifacts=artifacts,
-                                    area_usage=usage, data_root=data_root))
-
-    if facts is None:
-        results["agent"] = _skipped("agent", "the self-check needs a working SSH session")
-    elif pyz is not None and facts.hashes.get(pyz.name) != pyz.sha256:
-        results["agent"] = _skipped(
-            "agent", f"the self-check needs this monitord's {pyz.name} on the VPS (artifacts)"
-        )
-    else:
-        results["agent"] = _judge_agent(alive_detail, checked)
+    results = _vps_results(probed, remote=remote, artifacts=artifacts, need=need,
+                           auth_error=tunnel.auth_error if conn is None else None,
+                           self_check=(alive_detail, checked))
     if alive_detail is None and agent is not None:
-        results["remote_config"], host = await _remote_config(config, service=service,
-                                                              agent=agent)
-        need = area_memory or memory_room.Need(daemon_bytes=None)
-        need = replace(need, reserve_bytes=remote.memory_reserve_mib * disk_space.MIB)
-        results["memory"] = (
-            _judge_memory(host, need) if results["remote_config"].ok
-            else _skipped("memory", "needs the agent's answer (remote_config)"))
+        results.update(await _agent_results(config, service=service, agent=agent, need=need))
     else:
         results["remote_config"] = _skipped(
             "remote_config", f"the agent does not answer ({alive_detail})"
         )
         results["memory"] = _skipped("memory", f"the agent does not answer ({alive_detail})")
-
-    if tunnel_owner.ours:
-        results["tunnel_owner"] = _ok("tunnel_owner", "this node holds the tunnel lease")
-    else:
-        other = tunnel_owner.owner_label or tunnel_owner.owner_id or "unknown owner"
-        results["tunnel_owner"] = _failed(
-            "tunnel_owner", f"the tunnel lease is held by {other} ({tunnel_owner.owner_id})"
-        )
-
-    wanted = [f.name for f in (*remote.reverse_forwards, *remote.local_forwards)]
-    not_ready = [name for name in wanted if not forwards_ready.get(name, False)]
-    if not_ready:
-        results["forwards"] = _failed("forwards", f"not ready: {', '.join(not_ready)}")
-    else:
-        results["forwards"] = _ok("forwards", f"ready: {', '.join(wanted)}")
+    results.update(_tunnel_results(tunnel, remote=remote))
 
     report = PreflightReport(
         service=service, results=tuple(results[check] for check in CHECK_CODES)
@@ -332,6 +301,70 @@ async def run_preflight(
         skipped=[r.check for r in report.results if r.status is CheckStatus.SKIPPED],
     )
     return report
+
+
+def _vps_results(
+    probed: _RemoteFacts | MonitordError | None, *, remote: RemoteSection,
+    artifacts: Sequence[LocalArtifact], need: AreaNeed, auth_error: str | None,
+    self_check: tuple[str | None, tuple[SelfCheckLine, ...] | str],
+) -> dict[str, CheckResult]:
+    """What the SSH session told: auth, the probe's checks and the self-check's. A missing
+    connection is `auth_error` (None: there is one)."""
+    results: dict[str, CheckResult] = {}
+    facts = probed if isinstance(probed, _RemoteFacts) else None
+    if auth_error is not None:
+        results["auth"] = _failed("auth", auth_error or "no SSH connection to the VPS")
+    elif facts is None:
+        results["auth"] = _failed("auth", f"the SSH session cannot run commands: {probed}")
+    else:
+        results["auth"] = _ok("auth", f"{facts.user}@{remote.host}:{remote.port}")
+    pyz = _pyz_of(artifacts)
+    if facts is None:
+        for check in ("arch", "bin_dir", "disk_space", "write_test", "artifacts"):
+            results[check] = _skipped(check, "needs a working SSH session")
+        results["agent"] = _skipped("agent", "the self-check needs a working SSH session")
+        return results
+    results.update(_judge_facts(facts, remote=remote, artifacts=artifacts,
+                                usage=need.usage, data_root=need.data_root))
+    if pyz is not None and facts.hashes.get(pyz.name) != pyz.sha256:
+        results["agent"] = _skipped(
+            "agent", f"the self-check needs this monitord's {pyz.name} on the VPS (artifacts)"
+        )
+    else:
+        results["agent"] = _judge_agent(*self_check)
+    return results
+
+
+async def _agent_results(
+    config: Config, *, service: str, agent: AgentClient, need: AreaNeed
+) -> dict[str, CheckResult]:
+    """What the agent answers with our secret: the service's configuration, the memory."""
+    assert config.remote is not None
+    remote_config, host = await _remote_config(config, service=service, agent=agent)
+    memory = need.memory or memory_room.Need(daemon_bytes=None)
+    memory = replace(memory, reserve_bytes=config.remote.memory_reserve_mib * disk_space.MIB)
+    judged = (_judge_memory(host, memory) if remote_config.ok
+              else _skipped("memory", "needs the agent's answer (remote_config)"))
+    return {"remote_config": remote_config, "memory": judged}
+
+
+def _tunnel_results(tunnel: TunnelView, *, remote: RemoteSection) -> dict[str, CheckResult]:
+    """What the keeper says: the tunnel lease's holder and the forwards' readiness."""
+    results: dict[str, CheckResult] = {}
+    if tunnel.owner.ours:
+        results["tunnel_owner"] = _ok("tunnel_owner", "this node holds the tunnel lease")
+    else:
+        other = tunnel.owner.owner_label or tunnel.owner.owner_id or "unknown owner"
+        results["tunnel_owner"] = _failed(
+            "tunnel_owner", f"the tunnel lease is held by {other} ({tunnel.owner.owner_id})"
+        )
+    wanted = [f.name for f in (*remote.reverse_forwards, *remote.local_forwards)]
+    not_ready = [name for name in wanted if not tunnel.forwards_ready.get(name, False)]
+    if not_ready:
+        results["forwards"] = _failed("forwards", f"not ready: {', '.join(not_ready)}")
+    else:
+        results["forwards"] = _ok("forwards", f"ready: {', '.join(wanted)}")
+    return results
 
 
 async def warm(
@@ -436,7 +469,7 @@ def _judge_facts(
     *,
     remote: RemoteSection,
     artifacts: Sequence[LocalArtifact],
-    area_usage: disk_space.Usage,
+    usage: disk_space.Usage,
     data_root: str,
 ) -> dict[str, CheckResult]:
     out: dict[str, CheckResult] = {}
@@ -462,7 +495,7 @@ def _judge_facts(
         out["bin_dir"] = _ok("bin_dir", f"{d} mode {facts.bin_dir_mode:04o} owner {facts.user}")
 
     out["disk_space"] = _judge_space(facts, bin_dir=d, artifacts=artifacts,
-                                     area_usage=area_usage, data_root=data_root)
+                                     usage=usage, data_root=data_root)
 
     if facts.write == "ok":
         out["write_test"] = _ok("write_test", f"created and removed {d}/{WRITE_TEST_NAME}")
@@ -487,13 +520,13 @@ def _judge_facts(
 
 def _judge_space(
     facts: _RemoteFacts, *, bin_dir: str, artifacts: Sequence[LocalArtifact],
-    area_usage: disk_space.Usage, data_root: str,
+    usage: disk_space.Usage, data_root: str,
 ) -> CheckResult:
     """The bin dir's file system holds the artifacts not there yet; the data root's holds
     the area once more plus the margin (both on one file system: the sum)."""
     to_push = sum(a.size for a in artifacts if facts.hashes.get(a.name) != a.sha256)
     if not data_root:  # no area in view: the bin dir's file system, as before
-        needed = area_usage.bytes + to_push
+        needed = usage.bytes + to_push
         if facts.avail_bytes is None:
             return _failed("disk_space", f"could not read free space under {bin_dir}")
         if facts.avail_bytes < needed:
@@ -503,8 +536,8 @@ def _judge_space(
     if facts.data_free is None:
         return _failed("disk_space", f"could not read free space under {data_root}")
     same_fs = facts.data_device != "" and facts.data_device == facts.bin_device
-    usage = disk_space.Usage(bytes=area_usage.bytes + (to_push if same_fs else 0),
-                             inodes=area_usage.inodes)
+    usage = disk_space.Usage(bytes=usage.bytes + (to_push if same_fs else 0),
+                             inodes=usage.inodes)
     short = disk_space.shortage(side="VPS", path=data_root, usage=usage, free=facts.data_free)
     if short is not None:
         return _failed("disk_space", short.detail(), facts=short.facts())

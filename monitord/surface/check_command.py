@@ -365,20 +365,24 @@ async def _service_results(
 ) -> list[CheckResult]:
     """One service's preflight, each result as check can state it, the sftp line second."""
     from monitord.base import area_paths
-    from monitord.remote.preflight import TunnelOwnerView, run_preflight
+    from monitord.remote.preflight import AreaNeed, TunnelOwnerView, TunnelView, run_preflight
 
     remote = config.remote
     assert remote is not None
     report = await run_preflight(
-        conn, config=config, service=service, artifacts=artifacts, area_data_bytes=0,
+        conn, config=config, service=service, artifacts=artifacts,
         # The free space under the service's data root on the VPS, against the margin alone
         # (a move adds its area's size: its own preflight judges that).
-        data_root=area_paths.remote_data_root(config, service=service) if service else "",
+        need=AreaNeed(
+            data_root=area_paths.remote_data_root(config, service=service) if service else ""),
         # Judged here instead (facts.owner, and forwards "checked by the daemon"): these
         # inputs only keep preflight from failing what it cannot know.
-        tunnel_owner=TunnelOwnerView(ours=True),
-        forwards_ready={f.name: True for f in (*remote.reverse_forwards, *remote.local_forwards)},
-        agent=agent, auth_error=auth_error, timeout_s=timeout_s,
+        tunnel=TunnelView(
+            owner=TunnelOwnerView(ours=True), auth_error=auth_error,
+            forwards_ready={f.name: True
+                            for f in (*remote.reverse_forwards, *remote.local_forwards)},
+        ),
+        agent=agent, timeout_s=timeout_s,
     )
     results = [_adjust(result, remote=remote, facts=facts, has_service=bool(service))
                for result in report.results]

@@ -373,26 +373,9 @@ class _Upload:
                     for rel in gone:
                         with contextlib.suppress(*ssh_errors.SFTP_NO_SUCH_FILE):
                             await sftp.remove(str(PurePosixPath(staging) / rel))
-                    made: set[str] = {staging}
                     started = time.monotonic()
-                    for i, entry in enumerate(to_send):
-                        target = str(PurePosixPath(staging) / entry.path)
-                        parent = str(PurePosixPath(target).parent)
-                        try:
-                            if parent not in made:
-                                await sftp.makedirs(parent, exist_ok=True)
-                                made.add(parent)
-                            await _send_entry(sftp, self.local_dir, entry, target)
-                        except ssh_errors.SFTP_NO_SUCH_FILE:
-                            raise
-                        except ssh_errors.SFTP_ERRORS as e:
-                            raise await _refused_write(
-                                sftp, e, during=during, staging=staging,
-                                remaining=disk_space.footprint(x.size for x in to_send[i:]),
-                            ) from e
-                        done += entry.size
-                        if progress:
-                            progress(done, total)
+                    await self._send_all(sftp, to_send, staging=staging, during=during,
+                                         progress=progress, done=done, total=total)
                     send_s = time.monotonic() - started
             except ssh_errors.SFTP_NO_SUCH_FILE:
                 if staged is None:
@@ -410,6 +393,32 @@ class _Upload:
                                  f" {listing.differences(found, expected)}")
         # the staging dir changed under us since the pre-copy: start it over, whole
         return await self.copy(None, progress)
+
+
+    async def _send_all(
+        self, sftp: asyncssh.SFTPClient, to_send: list[local_tree.FileEntry], *, staging: str,
+        during: str, progress: Progress | None, done: int, total: int,
+    ) -> None:
+        """Send every file of `to_send` into `staging`, telling `progress` as it goes."""
+        made: set[str] = {staging}
+        for i, entry in enumerate(to_send):
+            target = str(PurePosixPath(staging) / entry.path)
+            parent = str(PurePosixPath(target).parent)
+            try:
+                if parent not in made:
+                    await sftp.makedirs(parent, exist_ok=True)
+                    made.add(parent)
+                await _send_entry(sftp, self.local_dir, entry, target)
+            except ssh_errors.SFTP_NO_SUCH_FILE:
+                raise
+            except ssh_errors.SFTP_ERRORS as e:
+                raise await _refused_write(
+                    sftp, e, during=during, staging=staging,
+                    remaining=disk_space.footprint(x.size for x in to_send[i:]),
+                ) from e
+            done += entry.size
+            if progress:
+                progress(done, total)
 
 
 async def _send_entry(sftp: asyncssh.SFTPClient, local_dir: Path,

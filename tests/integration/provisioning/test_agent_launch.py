@@ -18,7 +18,7 @@ import pytest
 from monitord.base.config import Config, RemoteSection, ServiceSection
 from monitord.remote import agent_channel, provisioning
 from monitord.remote.agent_client import AgentClient
-from monitord.remote.preflight import TunnelOwnerView, run_preflight
+from monitord.remote.preflight import TunnelOwnerView, TunnelView, run_preflight
 from monitord.remote.provisioning import LocalArtifact
 from monitord.testing.stack import SYSTEM_PYTHON
 
@@ -89,9 +89,10 @@ class TestRealAgent:
         report = await asyncio.wait_for(
             run_preflight(
                 conn, config=Config(remote=real_remote, services={"tg": service}),
-                service="tg", artifacts=artifacts, area_data_bytes=0,
-                tunnel_owner=TunnelOwnerView(ours=True),
-                forwards_ready={"nats": True, "license": True}, agent=agent,
+                service="tg", artifacts=artifacts,
+                tunnel=TunnelView(owner=TunnelOwnerView(ours=True),
+                                  forwards_ready={"nats": True, "license": True}),
+                agent=agent,
             ),
             TIMEOUT,
         )

@@ -11,7 +11,7 @@ import secrets
 import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import asyncssh
@@ -22,15 +22,18 @@ from monitord.base.config import Config, RemoteSection, ServiceSection
 from monitord.remote import agent_channel, provisioning
 from monitord.remote.agent_client import AgentClient
 from monitord.remote.preflight import (
+    AreaNeed,
     CheckStatus,
     PreflightReport,
     TunnelOwnerView,
+    TunnelView,
     run_preflight,
     warm,
 )
 from monitord.remote.provisioning import LocalArtifact
 from monitord.remote.shared_facts import SharedFacts
 from monitord.testing.vps_server import VpsServer
+from orchestrator.disk_space import Usage
 from orchestrator.errors import ErrorCode
 from orchestrator.memory_room import Need
 from tests.support.agent_process import SYSTEM_PYTHON
@@ -38,6 +41,7 @@ from tests.support.agent_process import SYSTEM_PYTHON
 TIMEOUT = 30.0
 SERVICE = "tg"
 ALL_FORWARDS_READY = {"nats": True, "license": True}
+READY_TUNNEL = TunnelView(owner=TunnelOwnerView(ours=True), forwards_ready=ALL_FORWARDS_READY)
 MIB = 1024 * 1024
 
 
@@ -162,8 +166,8 @@ def preflight(
     async def run(**changes: object) -> PreflightReport:
         inputs: dict[str, object] = {
             "conn": conn, "config": config, "service": SERVICE, "artifacts": provisioned,
-            "area_data_bytes": 1024, "tunnel_owner": TunnelOwnerView(ours=True),
-            "forwards_ready": ALL_FORWARDS_READY, "agent": agent.client(),
+            "need": AreaNeed(usage=Usage(bytes=1024)), "tunnel": READY_TUNNEL,
+            "agent": agent.client(),
             "timeout_s": 5.0,
         }
         inputs.update(changes)
@@ -247,7 +251,8 @@ class TestEachCheckFailsAlone:
         stranger = asyncssh.generate_private_key("ssh-ed25519")
         with pytest.raises(asyncssh.PermissionDenied) as denied:
             await asyncio.wait_for(vps.connect(client_keys=[stranger]), TIMEOUT)
-        report = await preflight(conn=None, auth_error=f"{denied.value.reason}")
+        report = await preflight(
+            conn=None, tunnel=replace(READY_TUNNEL, auth_error=denied.value.reason))
         assert failed_codes(report) == [ErrorCode.PREFLIGHT_AUTH]
         assert report.result("arch").status is CheckStatus.SKIPPED
         assert_still_running(local_daemon)
@@ -265,8 +270,7 @@ class TestEachCheckFailsAlone:
             async with arm_vps.connect() as arm_conn:
                 report = await run_preflight(
                     arm_conn, config=config, service=SERVICE, artifacts=provisioned,
-                    area_data_bytes=0, tunnel_owner=TunnelOwnerView(ours=True),
-                    forwards_ready=ALL_FORWARDS_READY, agent=agent.client(),
+                    tunnel=READY_TUNNEL, agent=agent.client(),
                     timeout_s=5.0,
                 )
         assert failed_codes(report) == [ErrorCode.PREFLIGHT_ARCH]
@@ -286,7 +290,7 @@ class TestEachCheckFailsAlone:
     async def test_disk_space(
         self, preflight: PreflightRunner, local_daemon: asyncio.subprocess.Process
     ) -> None:
-        report = await preflight(area_data_bytes=1 << 60)
+        report = await preflight(need=AreaNeed(usage=Usage(bytes=1 << 60)))
         assert failed_codes(report) == [ErrorCode.PREFLIGHT_DISK_SPACE]
         assert_still_running(local_daemon)
 
@@ -326,8 +330,7 @@ class TestEachCheckFailsAlone:
             async with bare_vps.connect() as bare_conn:
                 report = await run_preflight(
                     bare_conn, config=config, service=SERVICE, artifacts=provisioned,
-                    area_data_bytes=0, tunnel_owner=TunnelOwnerView(ours=True),
-                    forwards_ready=ALL_FORWARDS_READY, agent=agent.client(), timeout_s=5.0,
+                    tunnel=READY_TUNNEL, agent=agent.client(), timeout_s=5.0,
                 )
         assert failed_codes(report) == [ErrorCode.PREFLIGHT_AGENT]
         detail = report.result("agent").detail
@@ -348,7 +351,7 @@ class TestEachCheckFailsAlone:
         self, preflight: PreflightRunner, local_daemon: asyncio.subprocess.Process
     ) -> None:
         other = TunnelOwnerView(ours=False, owner_id="b7e1", owner_label="pbx-02")
-        report = await preflight(tunnel_owner=other)
+        report = await preflight(tunnel=replace(READY_TUNNEL, owner=other))
         assert failed_codes(report) == [ErrorCode.PREFLIGHT_TUNNEL_OWNER]
         assert "pbx-02" in report.result("tunnel_owner").detail
         assert_still_running(local_daemon)
@@ -356,7 +359,7 @@ class TestEachCheckFailsAlone:
     async def test_forwards(
         self, preflight: PreflightRunner, local_daemon: asyncio.subprocess.Process
     ) -> None:
-        report = await preflight(forwards_ready={"nats": True})
+        report = await preflight(tunnel=replace(READY_TUNNEL, forwards_ready={"nats": True}))
         assert failed_codes(report) == [ErrorCode.PREFLIGHT_FORWARDS]
         assert "license" in report.result("forwards").detail
         assert_still_running(local_daemon)
@@ -375,19 +378,19 @@ class TestEachCheckFailsAlone:
     ) -> None:
         """600 MiB available: a daemon of 540 MiB, its guard and 64 MiB kept free do not fit;
         the detail names each part."""
-        report = await preflight(area_memory=Need(daemon_bytes=540 * MIB))
+        report = await preflight(need=AreaNeed(memory=Need(daemon_bytes=540 * MIB)))
         assert failed_codes(report) == [ErrorCode.PREFLIGHT_MEMORY]
         detail = report.result("memory").detail
         assert detail.startswith("VPS: 600.0 MiB of memory available, 608.0 MiB needed"), detail
         assert report.result("memory").facts["available_bytes"] == 600 * MIB
         assert_still_running(local_daemon)
-        assert (await preflight(area_memory=Need(daemon_bytes=530 * MIB))).ok
+        assert (await preflight(need=AreaNeed(memory=Need(daemon_bytes=530 * MIB)))).ok
 
     async def test_memory_claimed_by_the_moves_under_way(
         self, preflight: PreflightRunner, agent: StandInAgent,
     ) -> None:
-        report = await preflight(area_memory=Need(daemon_bytes=100 * MIB,
-                                                  claimed_bytes=440 * MIB))
+        report = await preflight(need=AreaNeed(memory=Need(daemon_bytes=100 * MIB,
+                                                  claimed_bytes=440 * MIB)))
         assert failed_codes(report) == [ErrorCode.PREFLIGHT_MEMORY]
         assert "moves under way 440.0 MiB" in report.result("memory").detail
 
@@ -395,7 +398,7 @@ class TestEachCheckFailsAlone:
         self, preflight: PreflightRunner, agent: StandInAgent,
     ) -> None:
         agent.host = None
-        report = await preflight(area_memory=Need(daemon_bytes=1 << 40))
+        report = await preflight(need=AreaNeed(memory=Need(daemon_bytes=1 << 40)))
         assert report.ok, report.failures
         assert "older than GET /v1/host" in report.result("memory").detail
 
@@ -413,8 +416,9 @@ class TestEachCheckFailsAlone:
     ) -> None:
         Path(remote.remote_bin_dir).chmod(0o777)
         report = await preflight(
-            area_data_bytes=1 << 60, tunnel_owner=TunnelOwnerView(ours=False),
-            forwards_ready={}, agent=agent.client(b"wrong"),
+            need=AreaNeed(usage=Usage(bytes=1 << 60)),
+            tunnel=TunnelView(owner=TunnelOwnerView(ours=False), forwards_ready={}),
+            agent=agent.client(b"wrong"),
         )
         assert len(report.failures) == 5
         assert all(result.hint for result in report.failures)

@@ -20,10 +20,11 @@ class TestFootprint:
 
     def test_files_round_up_to_blocks_and_directories_add_one(self) -> None:
         usage = disk_space.footprint([0, 1, 4096, 4097], dirs=2)
-        assert usage == Usage(bytes=0 + 4096 + 4096 + 8192 + 2 * 4096, inodes=6)
+        assert usage == Usage(bytes=0 + 4096 + 4096 + 8192 + 2 * 4096, inodes=6,
+                              content_bytes=0 + 1 + 4096 + 4097)
 
     def test_an_empty_tree(self) -> None:
-        assert disk_space.footprint([]) == Usage(bytes=0, inodes=0)
+        assert disk_space.footprint([]) == Usage(bytes=0, inodes=0, content_bytes=0)
 
 
 class TestTheMargin:
