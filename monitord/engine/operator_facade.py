@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -51,6 +51,7 @@ from orchestrator.models import Area, Side
 
 if TYPE_CHECKING:  # the SSH side loads after readiness (monitord/remote/ssh_side.py)
     from monitord.remote.remote_link import RemoteLink
+    from monitord.surface.admission import Admission
 
 _CONFLICT_STATES = frozenset({"lease_conflict", "port_occupied"})
 
@@ -61,19 +62,31 @@ class OperatorFacade:
 
     config: Config
     owner_id: str
-    state: PlacementState
     engine: MigrationEngine
     verbs: OperatorVerbs
     reconciler: Reconciler
     cleanup_worker: CleanupWorker
     supervisor: LocalSupervisor
     link: RemoteLink | None
-    metrics: Metrics
     loops: LoopBook
-    store: Store
-    accepting: Callable[[], bool]
+    admission: Admission
     custom_config_path: Path
     remote_state_path: Path
+
+    @property
+    def state(self) -> PlacementState:
+        return self.engine.state
+
+    @property
+    def store(self) -> Store:
+        return self.engine.store
+
+    @property
+    def metrics(self) -> Metrics:
+        return self.engine.metrics
+
+    def accepting(self) -> bool:
+        return self.admission.accepting
 
     # -- changes ---------------------------------------------------------------------------
 

@@ -40,6 +40,14 @@ class RemoteLink:
     def connected(self) -> bool:
         return self.keeper.status().connected
 
+    def connections(self) -> int:
+        """How many times the tunnel has connected so far (a lease ledger's epoch)."""
+        return self.keeper.status().reconnects
+
+    def connected_agent(self) -> AgentClient | None:
+        """The agent client while the tunnel is up; None while it is down."""
+        return self.agent if self.connected() else None
+
     @contextlib.asynccontextmanager
     async def session(self) -> AsyncIterator[asyncssh.SSHClientConnection]:
         """The live SSH connection; SSH_UNREACHABLE (transient) while the tunnel is down."""

@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -145,4 +145,4 @@ class Assembly:
     intake: PlacementIntake | None = None
 
 
-Assemble = Callable[[RuntimeContext], Assembly]
+Assemble = Callable[[RuntimeContext], Assembly | Awaitable[Assembly]]

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import signal
 import sys
 import time
@@ -232,7 +233,8 @@ class Daemon:
             tasks=self._tasks,
             request_stop=self.request_stop,
         )
-        assembly = (self._assemble or wiring.assemble)(ctx)
+        assembled = (self._assemble or wiring.assemble)(ctx)
+        assembly = await assembled if inspect.isawaitable(assembled) else assembled
         self._components.extend(assembly.components)
         operator = assembly.operator
         api_ctx = http_api.ApiContext(

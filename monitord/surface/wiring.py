@@ -1,8 +1,10 @@
 """The orchestration component of `monitord run`: builds and wires the working parts.
 
-`assemble(ctx)` is what `monitord.surface.daemon` runs by default: one `Orchestration`
-component and the operator facade (monitord.engine.operator_facade) that the HTTP API serves.
-The component owns:
+`assemble(ctx)` is what `monitord.surface.daemon` runs by default: it loads what the node keeps
+in its work_dir (`NodeFiles.load`, in a thread: the owner id, the agent's secret, the agent's
+pyz built and fsynced), then builds one `Orchestration` component from those values and the
+config with plain constructors (no I/O, no callbacks but bound methods), and the operator
+facade (monitord.engine.operator_facade) that the HTTP API serves. The component owns:
 
     placement state    committed areas (custom_config.json), transactions, wishes
     local supervisor   runs exactly `state.runs(LOCAL)` (fed on every state change)
@@ -26,11 +28,12 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from monitord.base import area_paths, atomic_file, logs
-from monitord.base.config import Config
+from monitord.base.config import Config, RemoteSection
 from monitord.base.metrics import Metrics
 from monitord.base.periodic import LoopBook
 from monitord.engine.abandoned_data import AbandonedData
@@ -46,6 +49,7 @@ from monitord.engine.reconciler import Reconciler
 from monitord.local.supervisor import LocalSupervisor
 from monitord.remote import agent_channel, artifact
 from monitord.remote.agent_client import AgentClient
+from monitord.remote.artifact import LocalArtifact
 from monitord.remote.remote_link import RemoteLink
 from monitord.remote.tunnel.keeper import TunnelKeeper, TunnelState, TunnelStatus
 from monitord.store import owner_id
@@ -65,8 +69,10 @@ log = logs.get_logger(__name__)
 SECRET_FILE = "agent.secret"
 
 
-def assemble(ctx: RuntimeContext) -> Assembly:
-    orchestration = Orchestration(ctx)
+async def assemble(ctx: RuntimeContext) -> Assembly:
+    """Load what the node keeps on disk (in a thread), then build the parts from values."""
+    files = await asyncio.to_thread(NodeFiles.load, ctx.config)
+    orchestration = Orchestration(ctx, files)
     operator = orchestration.operator
     return Assembly(components=[orchestration], operator=operator, intake=operator)
 
@@ -84,150 +90,130 @@ def load_or_create_secret(work_dir: Path) -> bytes:
     return secret
 
 
+@dataclass(frozen=True, slots=True)
+class NodeFiles:
+    """What this node keeps in its work_dir: its owner id and, with a [remote] section, the
+    agent's secret and the artifacts it pushes (the agent's pyz built, fsynced, hashed)."""
+
+    owner_id: str
+    secret: bytes = b""
+    artifacts: tuple[LocalArtifact, ...] = ()
+
+    @classmethod
+    def load(cls, config: Config) -> NodeFiles:
+        """Read (creating on first use) every file; blocking, run it in a thread."""
+        work_dir = config.monitord.work_dir
+        node = owner_id.load_or_create(work_dir)
+        if config.remote is None:
+            return cls(owner_id=node)
+        pyz = artifact.build(work_dir / "artifacts")
+        return cls(owner_id=node, secret=load_or_create_secret(work_dir),
+                   artifacts=tuple(artifact.local_artifacts(config.remote, agent=pyz)))
+
+
+def lease_policy(remote: RemoteSection | None) -> LeasePolicy:
+    """The area leases' policy from [remote] (its defaults without one)."""
+    if remote is None:
+        return LeasePolicy(ttl_s=30.0, clock_margin=0.1, safety_margin_s=2.0)
+    return LeasePolicy(ttl_s=remote.area_lease_ttl_s, clock_margin=remote.lease_clock_margin,
+                       safety_margin_s=remote.lease_safety_margin_s)
+
+
+def step_bounds(config: Config, policy: LeasePolicy) -> StepRules:
+    section = config.monitord
+    return StepRules(
+        park_after_failures=section.park_after_failures,
+        retry_backoff_base_s=section.retry_backoff_base_s,
+        retry_backoff_cap_s=section.retry_backoff_cap_s,
+        rollback_data_wait_s=section.rollback_data_wait_s,
+        policy=policy,
+    )
+
+
 class Orchestration:
     name = "orchestration"
 
-    def __init__(self, ctx: RuntimeContext) -> None:
+    def __init__(self, ctx: RuntimeContext, files: NodeFiles) -> None:
         config: Config = ctx.config
         self.ctx = ctx
         self.config = config
-        work_dir = config.monitord.work_dir
-        self.metrics = Metrics(work_dir=work_dir)
+        section = config.monitord
+        self.owner_id = files.owner_id
+        self.metrics = Metrics(work_dir=section.work_dir)
         # Every root loop's error record (monitord/base/periodic.py), shown as status `loops`.
         self.loops = LoopBook(metrics=self.metrics)
-        self.owner_id = owner_id.load_or_create(work_dir)
         self.state = PlacementState(store=ctx.store, custom_config_path=ctx.custom_config_path)
-        self.supervisor = LocalSupervisor(state_dir=work_dir / area_paths.SUPERVISOR_DIR,
-                                          log_max_bytes=config.monitord.area_log_max_bytes,
-                                          log_keep=config.monitord.area_log_keep,
-                                          loops=self.loops)
-        remote = config.remote
-        ttl = remote.area_lease_ttl_s if remote else 30.0
-        self.policy = LeasePolicy(
-            ttl_s=ttl,
-            clock_margin=remote.lease_clock_margin if remote else 0.1,
-            safety_margin_s=remote.lease_safety_margin_s if remote else 2.0,
-        )
+        self.supervisor = LocalSupervisor(state_dir=section.work_dir / area_paths.SUPERVISOR_DIR,
+                                          log_max_bytes=section.area_log_max_bytes,
+                                          log_keep=section.area_log_keep, loops=self.loops)
+        self.policy = lease_policy(config.remote)
         self.link: RemoteLink | None = None
         self.ledger: LeaseLedger | None = None
         self.renewer: LeaseRenewer | None = None
-        if remote is not None:
-            for message in remote.deprecations:
-                log.warning("config_deprecated", detail=message)
-            secret = load_or_create_secret(work_dir)
-            pyz = artifact.build(work_dir / "artifacts")
-            artifacts = artifact.local_artifacts(remote, agent=pyz)
-            keeper = TunnelKeeper(
-                remote,
-                owner_id=self.owner_id,
-                owner_label=config.monitord.owner_label,
-                before_forwards=self._provision,
-                loops=self.loops,
-            )
-            agent = AgentClient(
-                channel=agent_channel.over_ssh(keeper.session, remote.agent_socket()), secret=secret
-            )
-            self.link = RemoteLink(
-                config=config, keeper=keeper, agent=agent, artifacts=artifacts, secret=secret
-            )
-            self.ledger = LeaseLedger(
-                owner_id=self.owner_id,
-                policy=self.policy,
-                tunnel_connected=lambda: bool(self.link and self.link.connected()),
-                connection_epoch=lambda: keeper.status().reconnects,
-            )
-            self.renewer = LeaseRenewer(
-                state=self.state,
-                agent=lambda: self.link.agent if self.link and self.link.connected() else None,
-                ledger=self.ledger,
-                recycle=self._recycle_tunnel,
-                loops=self.loops,
-            )
-            keeper.add_listener(self._tunnel_changed)
+        if config.remote is not None:
+            self._build_remote(config.remote, files)
         self.actions = PhaseActions(
-            config=config,
-            state=self.state,
-            supervisor=self.supervisor,
-            link=self.link,
-            renewer=self.renewer,
-            store=ctx.store,
-            owner_id=self.owner_id,
+            config=config, state=self.state, supervisor=self.supervisor, link=self.link,
+            renewer=self.renewer, store=ctx.store, owner_id=self.owner_id,
         )
         self.engine = MigrationEngine(
-            state=self.state,
-            actions=self.actions,
-            store=ctx.store,
-            metrics=self.metrics,
-            bounds=StepRules(
-                park_after_failures=config.monitord.park_after_failures,
-                retry_backoff_base_s=config.monitord.retry_backoff_base_s,
-                retry_backoff_cap_s=config.monitord.retry_backoff_cap_s,
-                rollback_data_wait_s=config.monitord.rollback_data_wait_s,
-                policy=self.policy,
-            ),
+            state=self.state, actions=self.actions, store=ctx.store, metrics=self.metrics,
+            bounds=step_bounds(config, self.policy),
             parallelism={name: s.parallelism for name, s in config.services.items()},
-            leases=self.ledger,
-            link_epoch=self._link_epoch,
-            on_finished=self._transaction_finished,
-            loops=self.loops,
+            leases=self.ledger, link_epoch=self._link_epoch,
+            on_finished=self._transaction_finished, loops=self.loops,
         )
         self.verbs = OperatorVerbs(
-            engine=self.engine,
-            actions=self.actions,
-            vps_lost_after_s=config.monitord.vps_lost_after_s,
-            vps_lost_services=frozenset(
-                name for name, section in config.services.items()
-                if section.on_vps_lost == "home"
-            ),
+            engine=self.engine, actions=self.actions, vps_lost_after_s=section.vps_lost_after_s,
+            vps_lost_services=frozenset(name for name, s in config.services.items()
+                                        if s.on_vps_lost == "home"),
         )
         self.engine.add_tick_hook(self._vps_lost_tick)
-        self.abandoned = AbandonedData(
-            state=self.state, store=ctx.store, remote=self.actions.remote_side,
-            keep_s=config.monitord.abandoned_data_keep_s,
-        )
         self.cleanup = CleanupWorker(
-            store=ctx.store,
-            sides=self.actions.sides,
-            metrics=self.metrics,
-            interval_s=config.monitord.cleanup_interval_s,
-            lineage_of=self.state.lineage,
+            store=ctx.store, sides=self.actions.sides, metrics=self.metrics,
+            interval_s=section.cleanup_interval_s, lineage_of=self.state.lineage,
             loops=self.loops,
-            abandoned=self.abandoned,
+            abandoned=AbandonedData(state=self.state, store=ctx.store,
+                                    remote=self.actions.remote_side,
+                                    keep_s=section.abandoned_data_keep_s),
         )
         self.reconciler = Reconciler(
-            state=self.state,
-            store=ctx.store,
-            supervisor=self.supervisor,
-            link=self.link,
-            sides=self.actions.sides,
-            metrics=self.metrics,
-            intake_lock=self.engine.intake_lock,
-            interval_s=config.monitord.reconcile_interval_s,
-            legacy_grace_s=config.monitord.legacy_grace_s,
+            state=self.state, store=ctx.store, supervisor=self.supervisor, link=self.link,
+            sides=self.actions.sides, metrics=self.metrics, intake_lock=self.engine.intake_lock,
+            interval_s=section.reconcile_interval_s, legacy_grace_s=section.legacy_grace_s,
             loops=self.loops,
         )
         self.operator = OperatorFacade(
-            config=config,
-            owner_id=self.owner_id,
-            state=self.state,
-            engine=self.engine,
-            verbs=self.verbs,
-            reconciler=self.reconciler,
-            cleanup_worker=self.cleanup,
-            supervisor=self.supervisor,
-            link=self.link,
-            metrics=self.metrics,
-            loops=self.loops,
-            store=ctx.store,
-            accepting=lambda: ctx.admission.accepting,
-            custom_config_path=ctx.custom_config_path,
-            remote_state_path=ctx.remote_state_path,
+            config=config, owner_id=self.owner_id, engine=self.engine, verbs=self.verbs,
+            reconciler=self.reconciler, cleanup_worker=self.cleanup, supervisor=self.supervisor,
+            link=self.link, loops=self.loops, admission=ctx.admission,
+            custom_config_path=ctx.custom_config_path, remote_state_path=ctx.remote_state_path,
         )
         self.metrics.count_restarts_with(self.operator.restart_counts)
         self.remote_state = RemoteStateFile(ctx.remote_state_path)
         self._was_connected = False
         self._last_state: TunnelState | None = None
         self._down_since: float | None = None  # monotonic, since the tunnel was last up
+
+    def _build_remote(self, remote: RemoteSection, files: NodeFiles) -> None:
+        """The parts that reach the VPS: the tunnel keeper, the agent client, the link that
+        holds them, the lease ledger and its renewer."""
+        for message in remote.deprecations:
+            log.warning("config_deprecated", detail=message)
+        keeper = TunnelKeeper(remote, owner_id=self.owner_id,
+                              owner_label=self.config.monitord.owner_label,
+                              before_forwards=self._provision, loops=self.loops)
+        agent = AgentClient(channel=agent_channel.over_ssh(keeper.session, remote.agent_socket()),
+                            secret=files.secret)
+        link = RemoteLink(config=self.config, keeper=keeper, agent=agent,
+                          artifacts=list(files.artifacts), secret=files.secret)
+        self.link = link
+        self.ledger = LeaseLedger(owner_id=self.owner_id, policy=self.policy,
+                                  tunnel_connected=link.connected,
+                                  connection_epoch=link.connections)
+        self.renewer = LeaseRenewer(state=self.state, agent=link.connected_agent,
+                                    ledger=self.ledger, recycle=link.recycle, loops=self.loops)
+        keeper.add_listener(self._tunnel_changed)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -281,10 +267,6 @@ class Orchestration:
             artifacts=self.link.artifacts,
             secret=self.link.secret,
         )
-
-    async def _recycle_tunnel(self) -> None:
-        if self.link is not None:
-            await self.link.recycle()
 
     async def _after_connect(self, conn: asyncssh.SSHClientConnection) -> None:
         self.metrics.tunnel_reconnects.inc()

@@ -65,16 +65,16 @@ async def engine_api(root: Path) -> AsyncIterator[tuple[Client, Path]]:
             bounds=StepRules(park_after_failures=3, retry_backoff_base_s=0.01,
                              retry_backoff_cap_s=0.02),
         )
+        admission = Admission()
+        admission.open_intake()
         facade = OperatorFacade(
-            config=CONFIG, owner_id="pbx-test", state=state, engine=engine,
+            config=CONFIG, owner_id="pbx-test", engine=engine,
             verbs=OperatorVerbs(engine=engine, actions=None),  # type: ignore[arg-type]
             reconciler=None, cleanup_worker=None, supervisor=None,  # type: ignore[arg-type]
-            link=None, metrics=Metrics(), store=store, accepting=lambda: True,
+            link=None, admission=admission,
             custom_config_path=custom, remote_state_path=root / "remote_state.json",
             loops=LoopBook(),
         )
-        admission = Admission()
-        admission.open_intake()
         ctx = http_api.ApiContext(config=CONFIG, admission=admission, placement=facade,
                                   custom_config_path=custom, operator=facade,
                                   api_token=api_auth.TOKEN)
