@@ -18,7 +18,8 @@ a move home or a copy back) and asks `shortage()` before anything stops.
 
 A file system that reports no inode count (btrfs, some network file systems: `total_inodes`
 0) is judged on bytes alone. docs/design.md, "Free space for a move", explains the margin.
-Pure: called by monitord/remote/preflight.py, monitord/engine/local_side.py and the copy.
+Pure: called by monitord/remote/preflight.py, monitord/engine/local_side.py,
+monitord/engine/phase_actions.py and monitord/remote/copy/transfer.py.
 """
 
 from __future__ import annotations

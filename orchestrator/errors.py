@@ -16,7 +16,7 @@ translate a foreign exception once (`raise TransientError(...) from e`):
     └── PermanentError(code, detail)               nothing changes until someone acts
 
 `error_for(code, detail)` picks the subclass the catalogue says the code deserves.
-Called by every part of monitord that reports or raises an error.
+Every part of monitord that reports or raises an error uses it.
 """
 
 from __future__ import annotations

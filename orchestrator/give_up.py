@@ -19,8 +19,8 @@ nothing can run there any more:
    copy, and an area simply committed to the VPS gets a give-up move home opened by the
    engine (`abandons_source`).
 
-Called by the migration engine (monitord/engine/migration_engine.py) and by the model
-checker's world (tests/unit/orchestrator/world.py).
+Called by monitord/engine/operator_verbs.py (the give-up), monitord/engine/migration_engine.py
+(what to open) and the model checker's world (tests/unit/orchestrator/world.py).
 """
 
 from __future__ import annotations

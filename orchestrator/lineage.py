@@ -25,7 +25,7 @@ An area with no lineage record (state from before lineage existed) is assumed to
 newest data where custom_config.json commits it (`default_for`).
 
 Called by orchestrator/phases.py (rollback copy-back), orchestrator/rules.py (what may run),
-the migration engine's phase actions and the cleanup worker in `monitord/`.
+monitord/engine/phase_actions.py and monitord/engine/cleanup_worker.py.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ area will take there does not fit in what the VPS has available:
 (/proc/meminfo's MemAvailable), read by the agent at each preflight. A VPS that does not
 tell (an agent older than `GET /v1/host`, a kernel without the field) is not judged.
 
-Pure: called by monitord/remote/preflight.py.
+Pure: called by monitord/remote/preflight.py and monitord/engine/phase_actions.py (the claims).
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ Every record is a frozen pydantic model changed only with `model_copy(update=...
 Records that the durable store keeps (`Transaction`, `CleanupItem`, `DesiredPlacement`)
 convert to and from plain dicts keyed by the contract field names with `to_storage()` /
 `from_storage()`; enums become their string values, so the store never imports this
-module's types. Called by every other module of `orchestrator/` and by the runtime's
-adapters (store, agent client, status API).
+module's types. Every other module of `orchestrator/` and the
+runtime's adapters (store, agent client, status API) use them.
 
 Times: `*_at` wall-clock fields are seconds since the epoch (float) unless the field's
 comment says monotonic; the core never reads a clock, callers pass `now` in.

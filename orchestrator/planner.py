@@ -18,8 +18,8 @@ processes. Its rules:
   only once it has been seen for `legacy_grace_s` AND both sides were observed this pass.
 
 Nothing here ever moves an area: only transactions do. Running the plan's actions and
-planning again yields no actions (tested as a property). Called by the reconciler in
-`monitord/` on connect, periodically and after each transaction.
+planning again yields no actions (tested as a property). Called by
+monitord/engine/reconciler.py on connect, periodically and after each transaction.
 """
 
 from __future__ import annotations

@@ -27,7 +27,8 @@ generation": the local supervisor's wanted set and the remote grants (lease rene
 both computed from it, so no code path can start a source the rules have suppressed, nor
 an area on a side that does not hold its newest data (orchestrator/lineage.py).
 
-Called by the migration engine, the lease renewer and the reconciler in `monitord/`.
+Called by orchestrator/migration_step.py (the step), monitord/engine/placement_state.py (what
+may run, for the supervisor and the lease renewer) and monitord/engine/migration_engine.py.
 """
 
 from __future__ import annotations

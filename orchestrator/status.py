@@ -12,7 +12,8 @@ remote_state.json projection, and the normalisation of a legacy remote_state.jso
   and areas dropped, `migrating`/`resuming` without a transaction cleared, `parked` with
   no parked transaction cleared, malformed values reset; each change is noted.
 
-Called by the status API, the status page, the metrics and the remote_state writer.
+Called by monitord/engine/operator_facade.py (the status document, the metrics and the
+remote_state rows) and monitord/surface/wiring.py (the legacy remote_state.json).
 """
 
 from __future__ import annotations

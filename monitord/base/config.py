@@ -1,6 +1,6 @@
 """The validated configuration of `monitord run` (keys: config/monitord.toml), loaded from TOML.
 
-Called by the CLI before anything else starts. Every problem becomes one `ConfigError`
+Loaded by monitord.surface.cli before anything else starts. Every problem becomes one `ConfigError`
 line naming the file, the key and what is wrong; the CLI turns it into exit code 2.
 """
 

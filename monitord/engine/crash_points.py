@@ -6,7 +6,7 @@ Off unless the environment names a point (nothing in monitord.toml can turn them
     MONITORD_HOLD_AT=<point>       it waits at <point> until the file named by
     MONITORD_HOLD_RELEASE=<path>   exists (so a test can cut the link exactly there)
 
-Points (called by the migration engine):
+Points (called by monitord.engine.migration_engine and monitord.engine.phase_actions):
     <PHASE>          right after a record entering PHASE was persisted, before its action
                      (PREFLIGHT, SUPPRESS_SOURCE, COPY, CREATE_DESTINATION,
                      HEALTHCHECK_DESTINATION, COMMIT_LOCATION, CLEANUP_SOURCE, DONE,

@@ -1,8 +1,7 @@
 """Per-area downtime of every transaction: `AreaDowntime` (one record, `state.db` table
 `area_downtime`) and `DowntimeLog`, the book the migration engine keeps of them.
 
-Called by the migration engine only (monitord/engine/migration_engine.py); docs/design.md,
-"Observability".
+Called by monitord/engine/migration_engine.py only; docs/design.md, "Observability".
 """
 
 from __future__ import annotations
@@ -64,7 +63,7 @@ class DowntimeLog:
     once in `monitord_area_downtime_seconds` when final, logged as `area_downtime`; and, for
     the status, the ended records of each service's last move.
 
-    Called by the engine only: `opened` (transaction stored), `source_stopped` (SUPPRESS_SOURCE
+    The engine tells it: `opened` (transaction stored), `source_stopped` (SUPPRESS_SOURCE
     stored), `healthy` (a health check passed), `rollback_started`, `resumed`, `ended`."""
 
     def __init__(

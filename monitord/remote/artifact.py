@@ -11,8 +11,9 @@ The bytes are deterministic: files in sorted order, fixed timestamps and permiss
 artifact's version, compared by provisioning and preflight.
 
 `remote_command(remote)` expands `remote.remote_monitord` into the argv prefix that runs a
-monitord verb on the VPS. Called by provisioning, preflight, the tunnel's lease helper and
-the demo.
+monitord verb on the VPS. Called by monitord.remote.provisioning,
+monitord.remote.preflight, monitord.remote.tunnel.keeper, monitord.surface.wiring and the
+sides that start daemons on the VPS (monitord.engine.remote_side, monitord.engine.area_side).
 """
 
 from __future__ import annotations

@@ -34,7 +34,8 @@ Preflight has no side effect on anything local: it reads inputs, talks to the VP
 agent, and never touches a local daemon or monitord's state — a failed preflight never
 takes a local service down. On the VPS it only creates and removes its own test file.
 
-Called by the migration engine in the PREFLIGHT phase and by `monitord demo`.
+Called by monitord.engine.remote_side (the PREFLIGHT phase of a move to the VPS) and
+monitord.surface.check_command (`monitord check --remote`).
 """
 
 from __future__ import annotations

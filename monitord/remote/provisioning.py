@@ -1,8 +1,9 @@
 """Provisioning: put the agent artifact, the service binaries and agent.secret on the VPS,
 verified by SHA-256 there, then start the agent through its idempotent launcher.
 
-Called by the migration engine before the first remote placement and by the demo; takes a
-plain `asyncssh.SSHClientConnection`, so it works on any connection (the tunnel's or a
+Called by monitord.surface.wiring (the tunnel keeper's hook, before forwards),
+monitord.remote.remote_link (an agent to start again), monitord.remote.preflight and
+monitord.surface.check_command; takes a plain `asyncssh.SSHClientConnection`, so it works on any connection (the tunnel's or a
 fresh one). The steps, each idempotent:
 
 1. one exec: create `remote_bin_dir` (mode 0700), remove temp files a broken earlier push

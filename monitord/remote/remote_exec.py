@@ -21,7 +21,9 @@ command ends (or `timeout_s` runs out) and `CommandResult.stdout_truncated` is s
 of buffering whatever the VPS sends. A caller that parses a truncated stdout treats it as
 VPS_REPLY_INVALID.
 
-Called by provisioning, preflight and the tunnel's remote helpers.
+Called by monitord.remote.provisioning, monitord.remote.preflight, monitord.remote.remote_usage,
+monitord.remote.copy.vps_tree and the tunnel's helpers on the VPS
+(monitord.remote.tunnel.lease_client, monitord.remote.tunnel.port_holder).
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 Created once (a random UUID, written atomically and fsynced) and read on every start, so a
 restarted monitord recognises its own tunnel lease and its own stale sessions on the VPS,
 while two installations (or two work_dirs on one machine) never share an id.
-Called by `monitord run` before the tunnel keeper starts.
+Called by monitord.surface.wiring (NodeFiles.load, before any part is built) and
+monitord.surface.check_command.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The diagnostic bundle: one .tar.gz a support engineer can read without access.
 
-Called by the HTTP handler `GET /v1/diagnostics/bundle`. The caller
+Called by monitord.surface.status_api (`GET /v1/diagnostics/bundle`) and
+monitord.surface.client_commands. The caller
 (`OperatorFacade.bundle_sections`) collects the sections (status, transactions, cleanup
 queue, recent events, inventories, tunnel, configuration, and `custom_config.json` and
 `remote_state.json` as raw bytes); this module redacts and packs them.

@@ -1,6 +1,6 @@
 """Human rendering of the status document for `monitord status` and `place --wait`.
 
-Called by `monitord.surface.client_commands` and the demo. Pure formatting over the JSON document
+Called by `monitord.surface.client_commands` and monitord.surface.demo. Pure formatting over the JSON document
 the daemon serves, so what an operator reads in a terminal is what the API says.
 
 Every text in that document may come from outside (a quarantined entry's uuid is whatever

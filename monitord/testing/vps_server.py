@@ -278,7 +278,7 @@ class VpsServer:
         root = self._sftp_root
         return asyncssh.SFTPServer(chan, chroot=os.fsencode(root) if root else None)
 
-    # -- connection bookkeeping (called by _VpsConnectionHandler) ------------------------
+    # -- connection bookkeeping (_VpsConnectionHandler tells) ---------------------------
 
     def _connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
         if self._refusing:

@@ -1,6 +1,6 @@
 """The forwards of one tunnel connection: request them, diagnose a denial, prove them.
 
-Called by the keeper once per connection, after the tunnel lease is held:
+Called by monitord/remote/tunnel/keeper.py once per connection, after the tunnel lease is held:
 - `open()` requests every reverse forward (VPS listen -> PBX target) and every local forward
   (PBX listen -> VPS target). A denied reverse forward (`ssh_errors.is_forward_denied`) is
   never retried blindly: port_holder.py finds the holder on the VPS and

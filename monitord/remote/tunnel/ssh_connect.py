@@ -1,6 +1,6 @@
 """Open monitord's SSH connection to the VPS, through its jump hosts if it has any.
 
-Called by the tunnel keeper (keeper.py), the one place monitord connects. The jump hosts are
+Called by monitord/remote/tunnel/keeper.py, the one place monitord connects. The jump hosts are
 `remote.proxy_jump`, or, when that key is not set, the ProxyJump that `remote.ssh_config`
 gives for `remote.host`. monitord opens every hop itself, each through the one before it,
 with the options it uses for the VPS: the host key checked against `remote.known_hosts`,
