@@ -9,8 +9,8 @@ has passed on the LOCAL monotonic clock: the agent's own timer (and the per-daem
 stop the daemon at grant + ttl on the VPS clock, the clock margin covers a VPS clock that
 runs slower than ours, and the safety margin covers stopping latency.
 
-Called by orchestrator/phases.py (the rollback guard) and by
-monitord/engine/lease_ledger.py (the grants known); which leases to renew is rules.desired_runs(side=REMOTE).
+Called by orchestrator/phases.py (the rollback guard) and by monitord/engine/lease_ledger.py
+(the grants known); which leases to renew is rules.desired_runs(side=REMOTE).
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@ lease that names the one owner of the SSH tunnel on the VPS?
 
 Called by monitord.vps.tunnel_lease (`monitord tunnel-lease` on the VPS), under the lease
 file's flock, with the record it read, the caller's identity, the VPS wall clock and whether
-the recorded sshd session still exists. It returns what to write (or whom to fence first); it performs no I/O.
-All times are seconds on the VPS clock, so two PBX clocks never have to agree.
+the recorded sshd session still exists. It returns what to write (or whom to fence first);
+it performs no I/O. All times are seconds on the VPS clock, so two PBX clocks never have to agree.
 
 Decision table for acquire (first matching row wins):
 

@@ -3,8 +3,8 @@ verified by SHA-256 there, then start the agent through its idempotent launcher.
 
 Called by monitord.surface.wiring (the tunnel keeper's hook, before forwards),
 monitord.remote.remote_link (an agent to start again), monitord.remote.preflight and
-monitord.surface.check_command; takes a plain `asyncssh.SSHClientConnection`, so it works on any connection (the tunnel's or a
-fresh one). The steps, each idempotent:
+monitord.surface.check_command; takes a plain `asyncssh.SSHClientConnection`, so it works
+on any connection (the tunnel's or a fresh one). The steps, each idempotent:
 
 1. one exec: create `remote_bin_dir` (mode 0700), remove temp files a broken earlier push
    left behind (`.NAME.XXXX.partial`), and report mode + SHA-256 of every artifact in place;

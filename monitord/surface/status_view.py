@@ -1,7 +1,8 @@
 """Human rendering of the status document for `monitord status` and `place --wait`.
 
-Called by `monitord.surface.client_commands` and monitord.surface.demo. Pure formatting over the JSON document
-the daemon serves, so what an operator reads in a terminal is what the API says.
+Called by `monitord.surface.client_commands` and monitord.surface.demo. Pure formatting over
+the JSON document the daemon serves, so what an operator reads in a terminal is what the API
+says.
 
 Every text in that document may come from outside (a quarantined entry's uuid is whatever
 custom_config.json holds, an error detail may quote the VPS), so nothing is ever read as

@@ -1,6 +1,7 @@
 """COPY phase I/O: move one area's data dir between the PBX and the VPS, verified.
 
-Called through the package (monitord/remote/copy/__init__.py). Both directions follow the same protocol:
+Called through the package (monitord/remote/copy/__init__.py). Both directions follow the
+same protocol:
   1. the sender lists its files with size and SHA-256 (the manifest);
   2. the files go over SFTP into a fresh staging dir in the destination dir's copy dir
      (`{parent}/.monitord-copy/{name}/staging`, tree_digest.copy_dir: no area id can name it);

@@ -3,8 +3,9 @@ and turns its JSON answer into frozen values or typed errors.
 
 Called by monitord/remote/tunnel/keeper.py (acquire after every connect, renew every TTL/3,
 release on close), monitord/remote/tunnel/forwards.py (fence a stale session, probe a reverse
-forward), monitord/remote/tunnel/standby.py and monitord/surface/check_command.py. The VPS command prefix
-comes from `config.remote.remote_monitord` with {remote_python} and {remote_bin_dir} expanded.
+forward), monitord/remote/tunnel/standby.py and monitord/surface/check_command.py. The VPS
+command prefix comes from `config.remote.remote_monitord` with {remote_python} and
+{remote_bin_dir} expanded.
 
 The VPS may be compromised, so every answer is typed and bounded before use: a reply line of
 at most MAX_REPLY_BYTES (the helper's stdout is read in chunks, never with an unbounded
