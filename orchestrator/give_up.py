@@ -20,7 +20,7 @@ nothing can run there any more:
    engine (`abandons_source`).
 
 Called by monitord/engine/operator_verbs.py (the give-up), monitord/engine/migration_engine.py
-(what to open) and the model checker's world (tests/unit/orchestrator/world.py).
+(what to open) and the model checker's world (tests/unit/core/world.py).
 """
 
 from __future__ import annotations

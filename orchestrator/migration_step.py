@@ -21,7 +21,7 @@ per service, a link outage counted once, the back-off before an area tries again
 frozen `Memory` the runtime keeps and gets back updated.
 
 monitord's migration engine (monitord/engine/migration_engine.py) and the model checker
-(tests/unit/orchestrator/world.py) are the two runtimes: both perform what this returns
+(tests/unit/core/world.py) are the two runtimes: both perform what this returns
 and store what it says, so the model checks the engine's own decisions.
 """
 

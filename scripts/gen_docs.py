@@ -2,7 +2,7 @@
 
 Run `python scripts/gen_docs.py` after changing orchestrator/phases.py or
 orchestrator/errors.py; `--check` exits 1 when a generated file is stale (the unit test
-tests/unit/orchestrator/test_generated_docs.py does the same check).
+tests/docs/test_generated_docs.py does the same check).
 """
 
 from __future__ import annotations

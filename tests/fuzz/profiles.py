@@ -1,4 +1,4 @@
-"""Hypothesis settings of the fuzz tier, chosen by environment like tests/unit/orchestrator.
+"""Hypothesis settings of the fuzz tier, chosen by environment like tests/unit/core.
 
 `MONITORD_FUZZ_PROFILE` selects one explicitly; otherwise CI=true selects "ci" (more
 examples, derandomised and without the example database, so a CI run is repeatable) and

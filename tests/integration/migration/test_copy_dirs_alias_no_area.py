@@ -11,7 +11,7 @@ import pytest
 
 from monitord.remote import copy as area_copy
 from monitord.testing.vps_server import VpsServer
-from tests.integration.migration.test_area_copy import _Agent
+from tests.integration.migration.test_copy_transfer import _Agent
 from tests.support.agent_process import vps_command
 
 AREAS = ("A", "A.staging", "A.old", "A.digests")

@@ -9,7 +9,7 @@ from types import ModuleType
 from orchestrator.errors import ErrorCode
 from orchestrator.models import Phase
 
-SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "gen_docs.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gen_docs.py"
 
 
 def _gen_docs() -> ModuleType:
