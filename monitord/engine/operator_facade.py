@@ -28,7 +28,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from monitord import __version__
 from monitord.base import log_tail
@@ -51,9 +51,15 @@ from orchestrator.models import Area, Side
 
 if TYPE_CHECKING:  # the SSH side loads after readiness (monitord/remote/ssh_side.py)
     from monitord.remote.remote_link import RemoteLink
-    from monitord.surface.admission import Admission
 
 _CONFLICT_STATES = frozenset({"lease_conflict", "port_occupied"})
+
+
+class Intake(Protocol):
+    """Whether placement requests are taken now (the surface's admission)."""
+
+    @property
+    def accepting(self) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,7 +75,7 @@ class OperatorFacade:
     supervisor: LocalSupervisor
     link: RemoteLink | None
     loops: LoopBook
-    admission: Admission
+    admission: Intake
     custom_config_path: Path
     remote_state_path: Path
 
