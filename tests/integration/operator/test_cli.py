@@ -47,6 +47,7 @@ class TestStatus:
         stack = await stack_factory(services={"tg": 2, "chats": 1})
         await stack.place("chats", "remote")
         await stack.wait_settled(expect={"tg": "local", "chats": "remote"}, timeout_s=60)
+        await stack.wait_seen_up()  # a remote area's daemon is the agent's next inventory
         result = await run_cli("status", "-c", str(stack.config_path))
         assert result.code == 0, result.stderr
         lines = result.stdout.splitlines()
@@ -208,6 +209,7 @@ class TestBundle:
         await stack.wait_settled(expect={"tg": "local"}, timeout_s=60)
         await stack.place("tg", "remote")
         await stack.wait_settled(expect={"tg": "remote"}, timeout_s=60)
+        await stack.wait_seen_up()  # the bundle's remote inventory is the agent's last answer
         output = tmp_path / "out.tar.gz"
         result = await run_cli("bundle", "-c", str(stack.config_path), "-o", str(output))
         assert result.code == 0, result.stderr
