@@ -40,11 +40,13 @@ bench: $(STAMP)
 # The migration on real OpenSSH: 1, 10 and 100 areas moved to the fault tier's namespace VPS
 # (a Debian root's sshd), against the floor and an operator's rsync by hand in the same run.
 # Root, iproute2, nftables, openssh-server, rsync and mmdebstrap (or built roots); about 2 min
-# (docs/benchmarks.md, "Real OpenSSH"). `make bench-openssh BENCH_AREAS="1 10"`: fewer sizes.
+# (docs/benchmarks.md, "Real OpenSSH"). `make bench-openssh BENCH_AREAS="1 10"`: fewer sizes;
+# BENCH_LINK=wan (or far, or a spec like delay=40ms,rate=20mbit): across that WAN link.
 BENCH_AREAS ?=
+BENCH_LINK ?= lan
 
 bench-openssh: $(STAMP)
-	$(BIN)/python -m benchmarks.openssh_vps $(BENCH_AREAS)
+	$(BIN)/python -m benchmarks.openssh_vps --link $(BENCH_LINK) $(BENCH_AREAS)
 
 # The PBX side as one Debian package, dist/monitord_VERSION_amd64.deb, from requirements.lock
 # (scripts/deb.py; docs/install.md). `make lock` re-resolves the lock from pyproject.toml.

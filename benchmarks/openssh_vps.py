@@ -35,8 +35,13 @@ monitord's stretches (as bench_migration's) say where the time went, with the CP
 `cpu_share_of_wall`: their sum over the wall time, of the machine's 2 or more cores);
 `load_avg_1m` is the machine's load average at the start and the end of the size.
 
-`python -m benchmarks.openssh_vps [AREAS ...]` prints each size's figures as soon as it is done
-(default 1 10 100); it is not part of `python -m benchmarks`. The fault tier runs the smallest
+`python -m benchmarks.openssh_vps [--link wan] [AREAS ...]` prints each size's figures as soon as
+it is done (default 1 10 100); it is not part of `python -m benchmarks`. `--link` puts a WAN
+between the PBX and the VPS (tests/support/wan_link.py: `lan` the bare veth, `wan` 40 ms each
+way at 20 Mbit/s, `far` 150 ms, 5 Mbit/s and 1 % loss, or a spec such as
+`delay=40ms,rate=20mbit`); every way of moving (the floor, by hand, monitord) crosses it, and
+each figure says which link (`link`) and, with a delay, how many round trips the median
+downtime spans (`p50_round_trips`, `by_hand_p50_round_trips`). The fault tier runs the smallest
 size end to end (tests/faults/test_openssh_benchmark.py). Not a test: nothing here is
 pass/fail.
 """
@@ -59,6 +64,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from benchmarks import bench_migration as bm
+from tests.support.wan_link import PROFILES, LinkError, LinkProfile
 
 if TYPE_CHECKING:
     from monitord.testing.stack import Stack
@@ -231,8 +237,8 @@ def _p(values: list[float], pct: int) -> float:
     return bm._percentile(values, pct)
 
 
-async def _one_case(case: Path, root: Path, *, areas: int, data_bytes: int
-                    ) -> list[dict[str, Any]]:
+async def _one_case(case: Path, root: Path, *, areas: int, data_bytes: int,
+                    link: LinkProfile) -> list[dict[str, Any]]:
     from monitord.base.config import ServiceSection
     from monitord.testing.stack import Stack, StackOptions
     from tests.faults.debian_root import release_of
@@ -248,7 +254,7 @@ async def _one_case(case: Path, root: Path, *, areas: int, data_bytes: int
     parallelism = ServiceSection.model_fields["parallelism"].default
     copy_allowance_s = areas * data_bytes / bm.MIB / bm.COPY_FLOOR_MIB_PER_S
     async with running_netns_vps(case / "vps", debian_root=root, shared=case,
-                                 login=DOCUMENTED_USER) as vps:
+                                 login=DOCUMENTED_USER, link=link) as vps:
         options = StackOptions(services={SERVICE: areas}, data_bytes=data_bytes,
                                min_uptime_s=MIN_UPTIME_S, parallelism=parallelism,
                                external_vps=external_vps(vps))
@@ -296,6 +302,7 @@ async def _one_case(case: Path, root: Path, *, areas: int, data_bytes: int
         "areas": areas, "data_bytes_per_area": data_bytes, "parallelism": parallelism,
         "min_uptime_s": MIN_UPTIME_S,
         "load_avg_1m": [round(load_start, 2), round(os.getloadavg()[0], 2)],
+        "link": _link_figure(link),
     }
     by_hand_text = ("by hand per area: stop, rsync -a --delete over ssh, ssh start, health "
                     "window; same parallelism, same data, same sshd")
@@ -340,11 +347,22 @@ async def _one_case(case: Path, root: Path, *, areas: int, data_bytes: int
         "by_hand_start_p50_s": round(statistics.median(hand["start_s"]), 3),
         "rollbacks": rollbacks, "split_brain_overlaps": overlaps,
     })
+    if link.rtt_s:
+        # What the window costs in the link's own unit: how many round trips it spans.
+        downtime["p50_round_trips"] = round(p50 / link.rtt_s, 1)
+        downtime["by_hand_p50_round_trips"] = round(hand_p50 / link.rtt_s, 1)
     return [wall, downtime]
 
 
+def _link_figure(link: LinkProfile) -> dict[str, Any]:
+    return {"name": link.name, "delay_ms_each_way": link.delay_ms,
+            "rate_mbit_s": link.rate_bit_s / 1e6 if link.rate_bit_s else None,
+            "loss_pct_each_way": link.loss_pct, "queue_ms": link.queue_ms if link.wired else None}
+
+
 async def measure_case(tmp: Path, *, areas: int, data_bytes: int = DATA_BYTES,
-                       suite: str = SUITE, keep_files: bool = False) -> list[dict[str, Any]]:
+                       suite: str = SUITE, link: LinkProfile | None = None,
+                       keep_files: bool = False) -> list[dict[str, Any]]:
     """The two figures of one size, on its own VPS and installation under `tmp/oN` (removed
     afterwards unless `keep_files`: the VPS's files stay at `tmp/oN/vps`, the stack's at
     `tmp/oN/stack`). A size that fails reports its error in both figures."""
@@ -353,7 +371,8 @@ async def measure_case(tmp: Path, *, areas: int, data_bytes: int = DATA_BYTES,
     case = tmp / f"o{areas}"
     try:
         root = await asyncio.to_thread(debian_root.debian_root, suite)
-        return await _one_case(case, root, areas=areas, data_bytes=data_bytes)
+        return await _one_case(case, root, areas=areas, data_bytes=data_bytes,
+                               link=link or PROFILES["lan"])
     except (TimeoutError, RuntimeError, AssertionError, OSError) as e:
         where = traceback.extract_tb(e.__traceback__)[-1]
         return [{"benchmark": name, "areas": areas, "data_bytes_per_area": data_bytes,
@@ -366,11 +385,31 @@ async def measure_case(tmp: Path, *, areas: int, data_bytes: int = DATA_BYTES,
             await asyncio.to_thread(shutil.rmtree, case, True)
 
 
-async def measure(tmp: Path, *, sizes: tuple[int, ...] = SIZES) -> list[dict[str, Any]]:
+async def measure(tmp: Path, *, sizes: tuple[int, ...] = SIZES,
+                  link: LinkProfile | None = None) -> list[dict[str, Any]]:
     figures: list[dict[str, Any]] = []
     for areas in sizes:
-        figures.extend(await measure_case(tmp, areas=areas))
+        figures.extend(await measure_case(tmp, areas=areas, link=link))
     return figures
+
+
+USAGE = ("usage: python -m benchmarks.openssh_vps [--link lan|wan|far|SPEC] [AREAS ...]  "
+         "(default: lan; 1 10 100)")
+
+
+def _arguments(argv: list[str]) -> tuple[LinkProfile, list[int]]:
+    link = PROFILES["lan"]
+    if argv[:1] == ["--link"]:
+        if len(argv) < 2:
+            sys.exit(USAGE)
+        try:
+            link = LinkProfile.parse(argv[1])
+        except LinkError as e:
+            sys.exit(f"{e}\n{USAGE}")
+        argv = argv[2:]
+    if not all(a.isdigit() and int(a) > 0 for a in argv):
+        sys.exit(USAGE)
+    return link, [int(a) for a in argv] or list(SIZES)
 
 
 def _main(argv: list[str]) -> int:
@@ -378,8 +417,7 @@ def _main(argv: list[str]) -> int:
 
     from monitord.base import logs
 
-    if not all(a.isdigit() and int(a) > 0 for a in argv):
-        sys.exit("usage: python -m benchmarks.openssh_vps [AREAS ...]  (default: 1 10 100)")
+    link, sizes = _arguments(argv)
     logs.configure("json", level=logging.WARNING)  # stdout is figures only
     reason = unavailable_reason()
     if reason is not None:
@@ -389,8 +427,8 @@ def _main(argv: list[str]) -> int:
     status = 0
     # Short names: the paths under it are short enough for every Unix socket on both sides.
     with tempfile.TemporaryDirectory(prefix="bo-") as tmp:
-        for areas in [int(a) for a in argv] or SIZES:
-            for figure in asyncio.run(measure_case(Path(tmp), areas=areas)):
+        for areas in sizes:
+            for figure in asyncio.run(measure_case(Path(tmp), areas=areas, link=link)):
                 status = 1 if "error" in figure else status
                 print(json.dumps(figure, sort_keys=True), flush=True)
     return status

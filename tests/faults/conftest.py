@@ -3,7 +3,9 @@ PBX side, and whole installations (`Stack`) pointed at them.
 
 `netns_vps` is a fresh network namespace with sshd (see netns_vps.py) — this machine's, or,
 parametrised indirectly with a Debian suite (`RELEASE_MATRIX`), that release's sshd and python3
-chrooted into its cached root (debian_root.py); `jump_host` a second
+chrooted into its cached root (debian_root.py); marked `@pytest.mark.link("wan")` (or "far"),
+it sits behind that WAN link (tests/support/wan_link.py: delay, line rate, loss, a bounded
+queue) instead of the bare veth; `jump_host` a second
 one in front of it, through which alone the PBX reaches that sshd; `nats` a PBX-side
 nats-server; `fault_stack(**options)` starts a `Stack` whose VPS is that namespace and whose
 `nats` reverse forward leads to that nats-server (remote fake daemons report heartbeats
@@ -46,6 +48,7 @@ from tests.faults.netns_vps import (
     running_netns_vps,
 )
 from tests.support import stacks
+from tests.support.wan_link import PROFILES, LinkProfile
 
 FaultStackFactory = Callable[..., Awaitable[Stack]]
 SpawnMonitord = Callable[..., Awaitable[MonitordRun]]
@@ -96,14 +99,16 @@ RELEASE_MATRIX_AS_LOGIN_USER = [f"{suite}:offload" for suite in RELEASE_MATRIX]
 @pytest.fixture
 async def netns_vps(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[NetnsVps]:
     param: str | None = getattr(request, "param", None)
+    marker = request.node.get_closest_marker("link")
+    link = LinkProfile.named(marker.args[0]) if marker else PROFILES["lan"]
     if param is None:
-        async with running_netns_vps(tmp_path / "vps") as vps:
+        async with running_netns_vps(tmp_path / "vps", link=link) as vps:
             yield vps
         return
     suite, _, login = param.partition(":")
     root = await asyncio.to_thread(debian_root.debian_root, suite)
     async with running_netns_vps(tmp_path / "vps", debian_root=root, shared=tmp_path,
-                                 login=login or "root") as vps:
+                                 login=login or "root", link=link) as vps:
         yield vps
 
 

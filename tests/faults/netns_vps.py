@@ -60,11 +60,13 @@ from pathlib import Path
 from monitord.testing import fake_daemon, ports
 from monitord.testing.stack import ExternalVps
 from tests.support import ssh_keys, sshd
+from tests.support.wan_link import PROFILES, LinkProfile, Wire, start_wire
 
 SSHD_BINARY = Path("/usr/sbin/sshd")
 IP_BINARY = "ip"
 NFT_BINARY = "nft"
 NSENTER_BINARY = "nsenter"
+ETHTOOL_BINARY = "ethtool"
 SSH_PORT = 22
 COMMAND_TIMEOUT_S = 10.0
 START_TIMEOUT_S = 10.0
@@ -187,6 +189,14 @@ class NetnsVps:
     # `running_distribution_vps`: sshd runs on a copy (an overlay in this directory) of
     # `debian_root` with that root's own /etc/ssh/sshd_config and host keys.
     overlay: Path | None = None
+    # The link between the PBX and the VPS (tests/support/wan_link.py); other than `lan`, a
+    # namespace of its own (`wire_ns`) between the two veths runs the wire.
+    link: LinkProfile = PROFILES["lan"]
+    wire: Wire | None = None
+
+    @property
+    def wire_ns(self) -> str:
+        return f"{self.name}-w"
 
     @property
     def remote_bin_dir(self) -> Path:
@@ -430,18 +440,59 @@ def _create_network(vps: NetnsVps) -> None:
     ns = vps.netns_argv
     run_command([IP_BINARY, "netns", "add", vps.name])
     run_command(ns([IP_BINARY, "link", "set", "lo", "up"]))
-    run_command([IP_BINARY, "link", "add", vps.pbx_dev, "type", "veth", "peer", "name",
-                 vps.vps_dev])
-    run_command([IP_BINARY, "link", "set", vps.vps_dev, "netns", vps.name])
+    if vps.link.wired:
+        _create_wired_pair(vps)
+    else:
+        run_command([IP_BINARY, "link", "add", vps.pbx_dev, "type", "veth", "peer", "name",
+                     vps.vps_dev])
+        run_command([IP_BINARY, "link", "set", vps.vps_dev, "netns", vps.name])
     run_command([IP_BINARY, "addr", "add", f"{vps.pbx_address}/30", "dev", vps.pbx_dev])
     run_command([IP_BINARY, "link", "set", vps.pbx_dev, "up"])
     run_command(ns([IP_BINARY, "addr", "add", f"{vps.vps_address}/30", "dev", vps.vps_dev]))
     run_command(ns([IP_BINARY, "link", "set", vps.vps_dev, "up"]))
 
 
+def _wire_devs(vps: NetnsVps) -> tuple[str, str]:
+    """The wire namespace's ends: (the PBX veth's peer, the VPS veth's peer)."""
+    return vps.pbx_dev[:-1] + "a", vps.pbx_dev[:-1] + "b"
+
+
+def _create_wired_pair(vps: NetnsVps) -> None:
+    """PBX veth <-> [wire namespace: a | wire | b] <-> VPS veth. The wire reads whole frames,
+    so the offloads that would hand it 64 KiB segments with unfinished checksums are off on
+    every end (wan_wire.py)."""
+    if shutil.which(ETHTOOL_BINARY) is None:
+        raise NetnsError("a WAN link needs ethtool (apt install ethtool) to turn offloads off")
+    a, b = _wire_devs(vps)
+    wire = [IP_BINARY, "netns", "exec", vps.wire_ns]
+    run_command([IP_BINARY, "netns", "add", vps.wire_ns])
+    run_command([*wire, "sysctl", "-q", "-w", "net.ipv6.conf.all.disable_ipv6=1"])
+    run_command([*wire, "sysctl", "-q", "-w", "net.ipv6.conf.default.disable_ipv6=1"])
+    run_command([IP_BINARY, "link", "add", vps.pbx_dev, "type", "veth", "peer", "name", a])
+    run_command([IP_BINARY, "link", "set", a, "netns", vps.wire_ns])
+    run_command([IP_BINARY, "link", "add", vps.vps_dev, "type", "veth", "peer", "name", b])
+    run_command([IP_BINARY, "link", "set", b, "netns", vps.wire_ns])
+    run_command([IP_BINARY, "link", "set", vps.vps_dev, "netns", vps.name])
+    offloads = ["tso", "off", "gso", "off", "gro", "off", "tx", "off", "rx", "off"]
+    run_command([ETHTOOL_BINARY, "-K", vps.pbx_dev, *offloads])
+    run_command(vps.netns_argv([ETHTOOL_BINARY, "-K", vps.vps_dev, *offloads]))
+    for dev in (a, b):
+        run_command([*wire, ETHTOOL_BINARY, "-K", dev, *offloads])
+        run_command([*wire, IP_BINARY, "link", "set", dev, "promisc", "on", "up"])
+
+
+async def _start_wire(vps: NetnsVps) -> None:
+    a, b = _wire_devs(vps)
+    vps.wire = await start_wire([IP_BINARY, "netns", "exec", vps.wire_ns], a=a, b=b,
+                                link=vps.link)
+
+
 def _delete_network(vps: NetnsVps) -> None:
     with contextlib.suppress(NetnsError):
         run_command([IP_BINARY, "netns", "delete", vps.name])
+    if vps.link.wired:
+        with contextlib.suppress(NetnsError):
+            run_command([IP_BINARY, "netns", "delete", vps.wire_ns])
     # Deleting the namespace destroys the pair, asynchronously; make sure it is gone.
     with contextlib.suppress(NetnsError):
         run_command([IP_BINARY, "link", "delete", vps.pbx_dev])
@@ -450,16 +501,18 @@ def _delete_network(vps: NetnsVps) -> None:
 @contextlib.asynccontextmanager
 async def running_netns_vps(
     tmp: Path, *, debian_root: Path | None = None, shared: Path | None = None,
-    match_user: str | None = None, login: str = "root",
+    match_user: str | None = None, login: str = "root", link: LinkProfile = PROFILES["lan"],
 ) -> AsyncIterator[NetnsVps]:
     """Build the namespace, veth and sshd; always tear all of it down on exit. With
     `debian_root`, the VPS runs that root's sshd and python3 (`shared`: the directory the
     tests and the VPS both see, at the same path; it must hold `tmp`). `match_user`: whom
     the documented `Match User` block names (default: the login; another user: the login
     gets no forwarding). `login` (with `debian_root`): the user monitord logs in as; other
-    than root, it is added to the root's accounts and owns `remote_bin_dir`."""
+    than root, it is added to the root's accounts and owns `remote_bin_dir`. `link`: what
+    lies between the PBX and the VPS (tests/support/wan_link.py; `lan`: the bare veth)."""
     vps = _build(tmp, debian_root=debian_root, shared=shared,
                  match_user=login if match_user is None else match_user, login=login)
+    vps.link = link
     async with _serving(vps) as served:
         yield served
 
@@ -510,13 +563,19 @@ async def _serving(vps: NetnsVps) -> AsyncIterator[NetnsVps]:
     gone, whatever happened."""
     try:
         _create_network(vps)
+        if vps.link.wired:
+            await _start_wire(vps)
         await vps.start_sshd()
         yield vps
     finally:
         try:
             await _stop_namespace_processes(vps)
         finally:
-            _delete_network(vps)
+            try:
+                if vps.wire is not None:
+                    await vps.wire.stop()
+            finally:
+                _delete_network(vps)
 
 
 def external_vps(vps: NetnsVps) -> ExternalVps:
