@@ -320,7 +320,7 @@ class PhaseActions:
         self.copy_timings.copied(source, report)
         txn_log.bound(txn).info(
             "area_copied", from_side=source.value, files=report.files, bytes=report.bytes,
-            reused=report.reused,
+            reused=report.reused, sent_bytes=report.sent_bytes,
         )
 
     def _copy_dirs(

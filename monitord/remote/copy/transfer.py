@@ -28,9 +28,11 @@ REMOTE_DISK_FULL with both numbers. A name too long for the VPS (a component ove
 NAME_MAX_BYTES, a path over PATH_MAX_BYTES) is refused before anything is sent.
 
 Pre-copy (`pre_upload`, `pre_download`): while the source still runs, its files go into
-the staging dir ahead of time, each hashed from the very bytes sent (`Staged`). The copy
-after the stop, given that `Staged`, sends only the files whose hash changed since, removes
-the ones that are gone, and then checks and promotes exactly as above — so the area is
+the staging dir ahead of time, each hashed from the very bytes sent (`Staged`; an upload
+also keeps each staged file's 4 KiB block digests). The copy after the stop, given that
+`Staged`, sends only the files whose hash changed since — of an upload's, only the blocks
+that changed (`_send_delta`, orchestrator/block_delta.py) — removes the ones that are gone,
+and then checks and promotes exactly as above — so the area is
 down for the bytes that changed, not for all of them, and what is promoted is still
 verified whole against the stopped source. Nothing is ever started from a staging dir; a
 pre-copy that fails or is lost (a restart) only means a full copy.
@@ -58,12 +60,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import os
 import stat
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
@@ -74,7 +77,8 @@ from monitord.remote import ssh_errors
 from monitord.remote.copy import listing, local_tree, vps_tree
 from monitord.remote.copy.listing import incomplete
 from monitord.remote.copy.vps_tree import CopyAgent, VpsTree
-from orchestrator import disk_space
+from orchestrator import block_delta, disk_space
+from orchestrator.block_delta import Blocks
 from orchestrator.errors import ErrorCode, MonitordError, error_for
 
 _CHUNK = 1 << 20
@@ -115,6 +119,10 @@ class Staged:
     through_agent: bool = False  # the way the pre-copy took on the VPS: the copy's too
     sent_bytes: int = 0  # as CopyReport's: what the pre-copy sent, and in how long
     send_s: float = 0.0
+    # Upload: the block digests of each file of `files` as staged (orchestrator/
+    # block_delta.py), so that the copy after the stop sends a changed file's changed
+    # blocks only.
+    blocks: dict[str, Blocks] = field(default_factory=dict)
 
     def matches(self, *, local_dir: Path, remote_dir: str, upload: bool) -> bool:
         return (self.local_dir, self.remote_dir, self.upload) == (local_dir, remote_dir, upload)
@@ -298,6 +306,7 @@ class _Upload:
     async def pre_copy(self) -> Staged:
         """`pre_upload`: the running source's files into a fresh VPS staging dir."""
         sent: dict[str, str] = {}
+        sent_blocks: dict[str, Blocks] = {}
         cache: tree_digest.Cache = {}
         staging = vps_tree.staging_of(self.remote_dir)
         await self.tree.reset_staging()
@@ -319,7 +328,7 @@ class _Upload:
                             if parent not in made:
                                 await sftp.makedirs(parent, exist_ok=True)
                                 made.add(parent)
-                            sha, before, after = await _send_file(
+                            sha, blocks, before, after = await _send_file(
                                 sftp, self.local_dir / rel, target,
                                 listed=(listed.st_dev, listed.st_ino), size=None)
                         except MonitordError as e:
@@ -332,7 +341,8 @@ class _Upload:
                                 remaining=disk_space.footprint(sizes[i:]),
                             ) from e
                         sent[rel] = sha
-                        sent_bytes += before.st_size
+                        sent_blocks[rel] = blocks
+                        sent_bytes += blocks.size
                         identity = tree_digest.cacheable(before, after, epoch)
                         if identity is not None:
                             cache[rel] = (identity, sha)
@@ -341,7 +351,8 @@ class _Upload:
         files = {rel: sha for rel, sha in sent.items() if found.get(rel) == sha}
         return Staged(local_dir=self.local_dir, remote_dir=self.remote_dir, upload=True,
                       files=files, cache=cache, through_agent=self.tree.through_agent,
-                      sent_bytes=sent_bytes, send_s=send_s)
+                      sent_bytes=sent_bytes, send_s=send_s,
+                      blocks={rel: sent_blocks[rel] for rel in files})
 
     async def copy(
         self, staged: Staged | None, progress: Progress | None, *,
@@ -359,6 +370,8 @@ class _Upload:
         total = sum(e.size for e in manifest)
         staging = vps_tree.staging_of(self.remote_dir)
         kept = {} if staged is None else staged.files
+        # A changed file the pre-copy staged whole gets its changed blocks only.
+        deltas = {} if staged is None else staged.blocks
         if staged is None:  # a pre-copy made the staging dir: no round trip to make it again
             await self.tree.reset_staging()
         to_send = [e for e in manifest if kept.get(e.path) != e.sha256]
@@ -366,7 +379,7 @@ class _Upload:
         done = total - sum(e.size for e in to_send)
         staged_lost = False
         during = f"upload to {self.remote_dir}"
-        send_s = 0.0
+        send_s, sent_bytes = 0.0, 0
         with _sftp_translated(during, timeout_s=self.timeout_s):
             try:
                 async with asyncio.timeout(self.timeout_s), \
@@ -375,8 +388,9 @@ class _Upload:
                         with contextlib.suppress(*ssh_errors.SFTP_NO_SUCH_FILE):
                             await sftp.remove(str(PurePosixPath(staging) / rel))
                     started = time.monotonic()
-                    await self._send_all(sftp, to_send, staging=staging, during=during,
-                                         progress=progress, done=done, total=total)
+                    sent_bytes = await self._send_all(
+                        sftp, to_send, deltas, staging=staging, during=during,
+                        progress=progress, done=done, total=total)
                     send_s = time.monotonic() - started
             except ssh_errors.SFTP_NO_SUCH_FILE:
                 if staged is None:
@@ -388,7 +402,7 @@ class _Upload:
             if found is None:
                 return CopyReport(files=len(manifest), bytes=total,
                                   reused=len(manifest) - len(to_send),
-                                  sent_bytes=sum(e.size for e in to_send), send_s=send_s)
+                                  sent_bytes=sent_bytes, send_s=send_s)
             if staged is None:
                 raise incomplete(f"the VPS found {self.remote_dir} incomplete: it differs in"
                                  f" {listing.differences(found, expected)}")
@@ -397,11 +411,14 @@ class _Upload:
 
 
     async def _send_all(
-        self, sftp: asyncssh.SFTPClient, to_send: list[local_tree.FileEntry], *, staging: str,
-        during: str, progress: Progress | None, done: int, total: int,
-    ) -> None:
-        """Send every file of `to_send` into `staging`, telling `progress` as it goes."""
+        self, sftp: asyncssh.SFTPClient, to_send: list[local_tree.FileEntry],
+        deltas: dict[str, Blocks], *, staging: str, during: str, progress: Progress | None,
+        done: int, total: int,
+    ) -> int:
+        """Send every file of `to_send` into `staging` (the changed blocks of those in
+        `deltas`, staged so), telling `progress` as it goes; the bytes that crossed."""
         made: set[str] = {staging}
+        sent = 0
         for i, entry in enumerate(to_send):
             target = str(PurePosixPath(staging) / entry.path)
             parent = str(PurePosixPath(target).parent)
@@ -409,7 +426,12 @@ class _Upload:
                 if parent not in made:
                     await sftp.makedirs(parent, exist_ok=True)
                     made.add(parent)
-                await _send_entry(sftp, self.local_dir, entry, target)
+                staged_as = deltas.get(entry.path)
+                if staged_as is None:
+                    await _send_entry(sftp, self.local_dir, entry, target)
+                    sent += entry.size
+                else:
+                    sent += await _send_delta(sftp, self.local_dir, entry, target, staged_as)
             except ssh_errors.SFTP_NO_SUCH_FILE:
                 raise
             except ssh_errors.SFTP_ERRORS as e:
@@ -420,6 +442,7 @@ class _Upload:
             done += entry.size
             if progress:
                 progress(done, total)
+        return sent
 
 
 async def _send_entry(sftp: asyncssh.SFTPClient, local_dir: Path,
@@ -429,17 +452,109 @@ async def _send_entry(sftp: asyncssh.SFTPClient, local_dir: Path,
     else COPY_SOURCE_CHANGED (the next try lists the source again)."""
     if entry.identity is None:
         raise _source_changed(entry.path, "it was not hashed from a file of its own")
-    sha, _, _ = await _send_file(sftp, local_dir / entry.path, target,
-                                 listed=entry.identity[:2], size=entry.size)
+    sha, _, _, _ = await _send_file(sftp, local_dir / entry.path, target,
+                                    listed=entry.identity[:2], size=entry.size)
     if sha != entry.sha256:
         raise _source_changed(entry.path, "its bytes changed since it was hashed")
+
+
+async def _send_delta(sftp: asyncssh.SFTPClient, local_dir: Path, entry: local_tree.FileEntry,
+                      target: str, staged: Blocks) -> int:
+    """Make the staged `target` (whose blocks are `staged`) the stopped source's file by
+    writing only the blocks that differ (orchestrator/block_delta.py); the bytes sent.
+
+    The file is read twice from the one fd opened as `_send_entry` opens it: once whole, to
+    digest its blocks and check its SHA-256 against the manifest, then each run again as it
+    is sent, every block checked against its first digest — else COPY_SOURCE_CHANGED. The
+    receiver's digest of the whole staging dir still decides the promote."""
+    if entry.identity is None:
+        raise _source_changed(entry.path, "it was not hashed from a file of its own")
+    fd = await _open_source(local_dir / entry.path, entry.identity[:2])
+    try:
+        sha, now = await asyncio.to_thread(_digest_blocks, fd, entry.size)
+        if sha != entry.sha256:
+            raise _source_changed(entry.path, "its bytes changed since it was hashed")
+        delta = block_delta.plan(staged, now)
+        if delta.nothing:
+            return 0
+        async with sftp.open(target, "r+b") as out:
+            writes = _Writes()
+            try:
+                for offset, length in delta.runs:
+                    data = await asyncio.to_thread(os.pread, fd, length, offset)
+                    if len(data) != length or block_delta.blocks_of(data) != now.run(
+                            offset, length):
+                        raise _source_changed(entry.path, "its bytes changed while it was sent")
+                    await writes.add(functools.partial(out.write, data, offset))
+                await writes.finish()
+            finally:
+                await writes.cancel()
+            if delta.resize:
+                await out.truncate(delta.size)
+    finally:
+        os.close(fd)
+    return delta.sent_bytes
+
+
+def _digest_blocks(fd: int, size: int) -> tuple[str, Blocks]:
+    """(SHA-256, block digests) of the first `size` bytes of `fd` (in a thread: a large
+    file takes a while); COPY_SOURCE_CHANGED if it holds fewer."""
+    sha = hashlib.sha256()
+    digests = bytearray()
+    offset = 0
+    while offset < size:
+        chunk = os.pread(fd, min(_CHUNK, size - offset), offset)
+        if not chunk:
+            raise _source_changed(f"fd {fd}", f"it ended after {offset} of {size} bytes")
+        sha.update(chunk)
+        digests += block_delta.blocks_of(chunk)  # (chunks start at a block)
+        offset += len(chunk)
+    return sha.hexdigest(), Blocks(size=size, digests=bytes(digests))
+
+
+class _Writes:
+    """The SFTP writes of one file on the wire at once, at most _WRITES_IN_FLIGHT, each at
+    its own offset, as `sftp.put` does: one at a time left the link idle for a round trip
+    per chunk."""
+
+    def __init__(self) -> None:
+        self._pending: set[asyncio.Future[int]] = set()
+
+    async def add(self, write: Callable[[], Awaitable[int]]) -> None:
+        """Start `write()` once fewer than _WRITES_IN_FLIGHT are on the wire."""
+        while len(self._pending) >= _WRITES_IN_FLIGHT:
+            done, self._pending = await asyncio.wait(
+                self._pending, return_when=asyncio.FIRST_COMPLETED)
+            for finished in done:
+                finished.result()  # (a failed write fails the send)
+        self._pending.add(asyncio.ensure_future(write()))
+
+    async def finish(self) -> None:
+        pending, self._pending = self._pending, set()
+        await asyncio.gather(*pending)
+
+    async def cancel(self) -> None:
+        pending, self._pending = self._pending, set()
+        for write in pending:
+            write.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+
+
+async def _open_source(source_path: Path, listed: tuple[int, int]) -> int:
+    """The listed regular file opened for reading (tree_digest.open_listed), else
+    COPY_SOURCE_CHANGED."""
+    try:
+        return await asyncio.to_thread(tree_digest.open_listed, source_path, listed)
+    except (FileNotFoundError, NotADirectoryError, tree_digest.NotTheListedFile) as e:
+        raise _source_changed(str(source_path), e.strerror or str(e)) from e
 
 
 async def _send_file(
     sftp: asyncssh.SFTPClient, source_path: Path, target: str, *,
     listed: tuple[int, int], size: int | None,
-) -> tuple[str, os.stat_result, os.stat_result]:
-    """Send one local file to `target`: (SHA-256 of the bytes sent, its fstat before and after).
+) -> tuple[str, Blocks, os.stat_result, os.stat_result]:
+    """Send one local file to `target`: (SHA-256 and block digests of the bytes sent, its
+    fstat before and after).
 
     The file is opened once (tree_digest.open_listed: no symlink followed, no FIFO or device
     waited on) and must be the regular file the listing named (`listed`: device and inode);
@@ -448,10 +563,7 @@ async def _send_file(
     are sent; None (a pre-copy of a running source): at most the size fstat shows at open.
     Anything else is COPY_SOURCE_CHANGED: a FIFO, a symlink to /dev/zero or a growing file
     put in its place neither blocks monitord nor streams more than was listed."""
-    try:
-        fd = await asyncio.to_thread(tree_digest.open_listed, source_path, listed)
-    except (FileNotFoundError, NotADirectoryError, tree_digest.NotTheListedFile) as e:
-        raise _source_changed(str(source_path), e.strerror or str(e)) from e
+    fd = await _open_source(source_path, listed)
     try:
         before = os.fstat(fd)
         if size is not None and before.st_size != size:
@@ -459,10 +571,9 @@ async def _send_file(
                                   f"{before.st_size} bytes now, {size} when it was listed")
         cap = before.st_size if size is None else size
         digest = hashlib.sha256()
+        digests = bytearray()
         async with sftp.open(target, "wb") as out:
-            # Several chunks on the wire at once (each at its own offset), as `sftp.put`
-            # does: one at a time left the link idle for a round trip per chunk.
-            writes: set[asyncio.Future[int]] = set()
+            writes = _Writes()
             offset = 0
             try:
                 while offset < cap:
@@ -471,25 +582,19 @@ async def _send_file(
                     if not chunk:
                         break
                     digest.update(chunk)
-                    if len(writes) >= _WRITES_IN_FLIGHT:
-                        done, writes = await asyncio.wait(
-                            writes, return_when=asyncio.FIRST_COMPLETED)
-                        for write in done:
-                            write.result()  # (a failed write fails the send)
-                    writes.add(asyncio.ensure_future(out.write(chunk, offset)))
+                    digests += block_delta.blocks_of(chunk)  # (chunks start at a block)
+                    await writes.add(functools.partial(out.write, chunk, offset))
                     offset += len(chunk)
-                await asyncio.gather(*writes)
+                await writes.finish()
             finally:
-                for write in writes:
-                    write.cancel()
-                await asyncio.gather(*writes, return_exceptions=True)
+                await writes.cancel()
         if size is not None and offset != size:
             raise _source_changed(str(source_path),
                                   f"it ended after {offset} of the {size} bytes listed")
         after = os.fstat(fd)
     finally:
         os.close(fd)
-    return digest.hexdigest(), before, after
+    return digest.hexdigest(), Blocks(size=offset, digests=bytes(digests)), before, after
 
 
 def _source_changed(what: str, why: str) -> MonitordError:

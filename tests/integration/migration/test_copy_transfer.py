@@ -19,6 +19,7 @@ from monitord.remote import copy as area_copy
 from monitord.remote import remote_exec
 from monitord.remote.copy import transfer
 from monitord.testing.vps_server import VpsServer
+from orchestrator.block_delta import BLOCK_BYTES as PAGE  # an SQLite page
 from orchestrator.errors import ErrorCode, MonitordError
 from tests.support.agent_process import vps_command, wait_until
 from tests.support.stat_tricks import aged, stealthy_rewrite
@@ -383,6 +384,86 @@ class TestPreCopy:
         assert _tree(remote) == _tree(src)
         assert (report.files, report.reused) == (3, 1)  # only db/keys.bin was unchanged
         assert not tree_digest.staging_dir(remote).exists()
+
+    async def test_a_store_changed_in_a_few_pages_sends_those_pages_only(
+        self, vps: VpsServer, tmp_path: Path
+    ) -> None:
+        # What a live SQLite store does between the pre-copy and the stop: a few pages
+        # rewritten, the file grown by an append; another store cut shorter.
+        src, remote = tmp_path / "src", tmp_path / "vps" / "data" / "d1"
+        src.mkdir()
+        store, shrunk = src / "session.db", src / "cut.db"
+        store.write_bytes(os.urandom(512 * PAGE))
+        shrunk.write_bytes(os.urandom(64 * PAGE))
+        async with vps.connect() as conn:
+            staged = await area_copy.pre_upload(
+                conn, vps_command=vps_command(), local_dir=src, remote_dir=str(remote))
+            with store.open("r+b") as f:
+                for index in (3, 200, 201):
+                    f.seek(index * PAGE)
+                    f.write(os.urandom(PAGE))
+                f.seek(0, os.SEEK_END)
+                f.write(b"appended")
+            os.truncate(shrunk, 40 * PAGE + 10)
+            report = await area_copy.upload(
+                conn, vps_command=vps_command(), local_dir=src, remote_dir=str(remote),
+                staged=staged)
+        assert _tree(remote) == _tree(src)
+        assert (report.files, report.reused) == (2, 0)
+        # three pages, the append (a block of its own), the shrunk file's new last block
+        assert report.sent_bytes == 3 * PAGE + len(b"appended") + 10
+
+    async def test_a_delta_into_a_staged_file_changed_on_the_vps_is_copied_over_whole(
+        self, vps: VpsServer, tmp_path: Path
+    ) -> None:
+        # The block digests are the PBX's memory of what it staged: a staged file changed on
+        # the VPS since makes the delta wrong, and the VPS's digest of the whole staging dir
+        # must refuse it.
+        src, remote = tmp_path / "src", tmp_path / "vps" / "data" / "d2"
+        src.mkdir()
+        (src / "session.db").write_bytes(os.urandom(64 * PAGE))
+
+        def tamper(staging: Path) -> None:
+            with (staging / "session.db").open("r+b") as f:
+                f.seek(10 * PAGE)
+                f.write(b"tampered")
+            with (src / "session.db").open("r+b") as f:  # and the source changed elsewhere
+                f.seek(50 * PAGE)
+                f.write(os.urandom(PAGE))
+
+        report = await _pre_copy_then_upload(vps, src, remote, meddle=tamper)
+        assert _tree(remote) == _tree(src)
+        assert report.reused == 0 and report.sent_bytes == 64 * PAGE  # redone whole
+
+    async def test_a_source_changed_while_its_delta_is_sent_is_refused(
+        self, vps: VpsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        src, remote = tmp_path / "src", tmp_path / "vps" / "data" / "d3"
+        src.mkdir()
+        store = src / "session.db"
+        store.write_bytes(os.urandom(64 * PAGE))
+        digest_blocks = transfer._digest_blocks
+
+        def then_written(fd: int, size: int) -> tuple[str, Any]:
+            digested = digest_blocks(fd, size)
+            with store.open("r+b") as f:  # after the digest, before the send
+                f.seek(20 * PAGE)
+                f.write(b"late")
+            return digested
+
+        async with vps.connect() as conn:
+            staged = await area_copy.pre_upload(
+                conn, vps_command=vps_command(), local_dir=src, remote_dir=str(remote))
+            with store.open("r+b") as f:
+                f.seek(20 * PAGE)
+                f.write(os.urandom(PAGE))
+            monkeypatch.setattr(transfer, "_digest_blocks", then_written)
+            with pytest.raises(MonitordError) as caught:
+                await area_copy.upload(
+                    conn, vps_command=vps_command(), local_dir=src, remote_dir=str(remote),
+                    staged=staged)
+        assert caught.value.code == ErrorCode.COPY_SOURCE_CHANGED
+        assert not remote.exists()
 
     async def test_a_staging_dir_changed_on_the_vps_is_copied_over_whole(
         self, vps: VpsServer, tmp_path: Path

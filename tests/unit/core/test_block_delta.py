@@ -1,0 +1,107 @@
+"""orchestrator/block_delta.py: the runs the copy after the stop sends are exactly the
+blocks that changed, and writing them into the staged file gives the new file."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from orchestrator.block_delta import (
+    BLOCK_BYTES,
+    MAX_RUN_BYTES,
+    Blocks,
+    Delta,
+    blocks_of,
+    plan,
+)
+
+
+def blocks(data: bytes) -> Blocks:
+    return Blocks(size=len(data), digests=blocks_of(data))
+
+
+def applied(staged: bytes, new: bytes, delta: Delta) -> bytes:
+    """What the receiver ends with: the runs of `new` written into `staged`, then the cut."""
+    out = bytearray(staged)
+    for offset, length in delta.runs:
+        if len(out) < offset + length:
+            out.extend(b"\0" * (offset + length - len(out)))
+        out[offset:offset + length] = new[offset:offset + length]
+    if delta.resize:
+        del out[delta.size:]
+        out.extend(b"\0" * (delta.size - len(out)))
+    return bytes(out)
+
+
+def page(index: int) -> slice:
+    return slice(index * BLOCK_BYTES, (index + 1) * BLOCK_BYTES)
+
+
+class TestPlan:
+    def test_an_unchanged_file_sends_nothing(self) -> None:
+        data = random.Random(1).randbytes(10 * BLOCK_BYTES + 7)
+        assert plan(blocks(data), blocks(data)).nothing
+
+    def test_changed_pages_are_sent_alone_and_adjacent_ones_as_one_run(self) -> None:
+        old = random.Random(2).randbytes(16 * BLOCK_BYTES)
+        new = bytearray(old)
+        for index in (3, 7, 8):
+            new[page(index)] = bytes(BLOCK_BYTES)
+        delta = plan(blocks(old), blocks(bytes(new)))
+        assert delta.runs == ((3 * BLOCK_BYTES, BLOCK_BYTES), (7 * BLOCK_BYTES, 2 * BLOCK_BYTES))
+        assert (delta.sent_bytes, delta.resize) == (3 * BLOCK_BYTES, False)
+
+    def test_an_append_sends_the_old_last_block_and_the_new_bytes(self) -> None:
+        old = random.Random(3).randbytes(4 * BLOCK_BYTES + 100)
+        new = old + b"appended"
+        delta = plan(blocks(old), blocks(new))
+        assert delta.runs == ((4 * BLOCK_BYTES, 100 + len(b"appended")),)
+        assert delta.resize and delta.size == len(new)
+
+    def test_a_shrunk_file_is_cut_and_its_new_last_block_sent(self) -> None:
+        old = random.Random(4).randbytes(8 * BLOCK_BYTES)
+        new = old[:5 * BLOCK_BYTES + 10]
+        delta = plan(blocks(old), blocks(new))
+        assert delta.runs == ((5 * BLOCK_BYTES, 10),)
+        assert delta.resize and delta.size == len(new)
+        exact = old[:5 * BLOCK_BYTES]
+        assert plan(blocks(old), blocks(exact)) == Delta(runs=(), size=len(exact), resize=True)
+
+    def test_no_run_is_longer_than_one_write(self) -> None:
+        old = bytes(3 * MAX_RUN_BYTES)
+        new = b"\1" * len(old)
+        delta = plan(blocks(old), blocks(new))
+        assert all(length <= MAX_RUN_BYTES for _, length in delta.runs)
+        assert delta.sent_bytes == len(new) and len(delta.runs) == 3
+
+    def test_digests_that_do_not_fit_the_size_are_refused(self) -> None:
+        with pytest.raises(ValueError, match="digest bytes"):
+            Blocks(size=BLOCK_BYTES + 1, digests=blocks_of(bytes(BLOCK_BYTES)))
+
+    def test_the_runs_written_into_the_staged_file_give_the_new_one(self) -> None:
+        for seed in range(300):
+            old, new = mutated(random.Random(seed))
+            delta = plan(blocks(old), blocks(new))
+            assert applied(old, new, delta) == new, seed
+            changed = sum(1 for i in range(0, len(new), BLOCK_BYTES)
+                          if new[i:i + BLOCK_BYTES] != old[i:i + BLOCK_BYTES])
+            assert delta.sent_bytes <= changed * BLOCK_BYTES, seed  # the changed blocks only
+
+
+def mutated(rng: random.Random) -> tuple[bytes, bytes]:
+    """A file and what a live store made of it: pages rewritten, bytes poked, appends, cuts."""
+    old = rng.randbytes(rng.randrange(0, 40 * BLOCK_BYTES))
+    new = bytearray(old)
+    for _ in range(rng.randrange(0, 6)):
+        kind = rng.choice(("page", "byte", "append", "cut"))
+        if kind == "page" and new:
+            at = rng.randrange(0, len(new))
+            new[at:at + BLOCK_BYTES] = rng.randbytes(len(new[at:at + BLOCK_BYTES]))
+        elif kind == "byte" and new:
+            new[rng.randrange(0, len(new))] ^= 0xFF
+        elif kind == "append":
+            new += rng.randbytes(rng.randrange(1, 3 * BLOCK_BYTES))
+        elif kind == "cut":
+            del new[rng.randrange(0, len(new) + 1):]
+    return old, bytes(new)
