@@ -413,6 +413,62 @@ class TestPreCopy:
         # three pages, the append (a block of its own), the shrunk file's new last block
         assert report.sent_bytes == 3 * PAGE + len(b"appended") + 10
 
+    async def test_a_delta_cut_by_the_link_leaves_the_destination_and_a_new_try_completes(
+        self, vps: VpsServer, tmp_path: Path
+    ) -> None:
+        src, remote = tmp_path / "src", tmp_path / "vps" / "data" / "d4"
+        src.mkdir()
+        remote.mkdir(parents=True)
+        (remote / "previous").write_bytes(b"old")
+        for name in ("a.db", "b.db"):
+            (src / name).write_bytes(os.urandom(32 * PAGE))
+
+        def cut(done: int, total: int) -> None:
+            vps.drop_all_sessions()  # after the first file's delta, before the second's
+
+        async with vps.connect() as conn:
+            staged = await area_copy.pre_upload(
+                conn, vps_command=vps_command(), local_dir=src, remote_dir=str(remote))
+            for name in ("a.db", "b.db"):
+                with (src / name).open("r+b") as f:
+                    f.seek(5 * PAGE)
+                    f.write(os.urandom(PAGE))
+            with pytest.raises(MonitordError):
+                await area_copy.upload(
+                    conn, vps_command=vps_command(), local_dir=src, remote_dir=str(remote),
+                    staged=staged, progress=cut)
+        assert _tree(remote) == {"previous": hashlib.sha256(b"old").hexdigest()}
+        async with vps.connect() as conn:  # the engine's next try: a pre-copy again
+            staged = await area_copy.pre_upload(
+                conn, vps_command=vps_command(), local_dir=src, remote_dir=str(remote))
+            report = await area_copy.upload(
+                conn, vps_command=vps_command(), local_dir=src, remote_dir=str(remote),
+                staged=staged)
+        assert _tree(remote) == _tree(src)
+        assert report.reused == 2
+
+    async def test_a_store_replaced_by_a_new_file_is_sent_as_a_delta_of_the_staged_one(
+        self, vps: VpsServer, tmp_path: Path
+    ) -> None:
+        # A daemon that writes its store anew and renames it over the old one (a new inode,
+        # mostly the same pages): the delta is against what was staged, not the old inode.
+        src, remote = tmp_path / "src", tmp_path / "vps" / "data" / "d5"
+        src.mkdir()
+        store = src / "session.db"
+        store.write_bytes(os.urandom(64 * PAGE))
+        async with vps.connect() as conn:
+            staged = await area_copy.pre_upload(
+                conn, vps_command=vps_command(), local_dir=src, remote_dir=str(remote))
+            content = bytearray(store.read_bytes())
+            content[9 * PAGE:10 * PAGE] = os.urandom(PAGE)
+            (src / "session.db.new").write_bytes(bytes(content))
+            os.replace(src / "session.db.new", store)
+            report = await area_copy.upload(
+                conn, vps_command=vps_command(), local_dir=src, remote_dir=str(remote),
+                staged=staged)
+        assert _tree(remote) == _tree(src)
+        assert report.sent_bytes == PAGE
+
     async def test_a_delta_into_a_staged_file_changed_on_the_vps_is_copied_over_whole(
         self, vps: VpsServer, tmp_path: Path
     ) -> None:
