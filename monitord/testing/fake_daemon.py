@@ -14,7 +14,10 @@ It behaves like a messenger daemon where it matters to monitord:
   data older than the newest any process of the area wrote;
 - on SIGTERM it appends a last record, sends `{"event": "goodbye", …}` and exits 0, unless
   started with `--ignore-sigterm` (for stop-escalation tests); `--crash-after S` makes it
-  exit with status 70 after S seconds (for crash-loop tests).
+  exit with status 70 after S seconds (for crash-loop tests);
+- `--churn-pages-per-s N` makes its data live as an account's SQLite store is: N random
+  4 KiB pages of `media.bin` rewritten every second (fsynced), for the benchmarks of
+  copies that must send changed pages only.
 Service command templates expand {area}, {data_dir}, {generation} and {side}.
 """
 
@@ -24,6 +27,7 @@ import argparse
 import hashlib
 import json
 import os
+import random
 import signal
 import socket
 import sys
@@ -34,6 +38,8 @@ from types import FrameType
 from typing import Any
 
 SESSION_DB = "session.db"
+CHURNED = "media.bin"
+PAGE_BYTES = 4096
 GENESIS = "0" * 64
 EXIT_CRASH = 70
 EXIT_DB_BROKEN = 4
@@ -118,6 +124,32 @@ class HeartbeatSender:
             self._sock = None
 
 
+class Churn:
+    """Rewrites random whole pages of one file, `per_tick` of them per tick on average."""
+
+    def __init__(self, path: Path, per_tick: float) -> None:
+        self.path = path
+        self.per_tick = per_tick
+        self.owed = 0.0
+
+    def tick(self) -> None:
+        self.owed += self.per_tick
+        pages = int(self.owed)
+        self.owed -= pages
+        try:
+            size = self.path.stat().st_size
+        except FileNotFoundError:
+            return
+        if not pages or size < PAGE_BYTES:
+            return
+        with self.path.open("r+b") as f:
+            for _ in range(pages):
+                f.seek(random.randrange(size // PAGE_BYTES) * PAGE_BYTES)
+                f.write(os.urandom(PAGE_BYTES))
+            f.flush()
+            os.fsync(f.fileno())
+
+
 def run(args: argparse.Namespace) -> int:
     data = Path(args.data)
     data.mkdir(parents=True, exist_ok=True)
@@ -141,6 +173,8 @@ def run(args: argparse.Namespace) -> int:
         host, _, port = endpoint.rpartition(":")
         senders.append(HeartbeatSender(host.strip("[]"), int(port)))
     started = time.monotonic()
+    churn = Churn(data / CHURNED, args.churn_pages_per_s * args.interval) \
+        if args.churn_pages_per_s else None
     seq = 0
     while not terminate:
         if args.crash_after is not None and time.monotonic() - started >= args.crash_after:
@@ -151,6 +185,8 @@ def run(args: argparse.Namespace) -> int:
             db.append({**identity, "event": "tick", "ts": time.time(), "seq": seq})
         for sender in senders:
             sender.send({**identity, "ts": time.time(), "seq": seq, "records": db.count})
+        if churn is not None:
+            churn.tick()
         seq += 1
         time.sleep(args.interval)
     db.append({**identity, "event": "stop", "ts": time.time(), "seq": seq})
@@ -176,6 +212,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--interval", type=float, default=0.1, help="heartbeat period, s")
     parser.add_argument("--ignore-sigterm", action="store_true")
     parser.add_argument("--crash-after", type=float, default=None, help="exit 70 after S s")
+    parser.add_argument("--churn-pages-per-s", type=float, default=0.0,
+                        help=f"rewrite this many random 4 KiB pages of {CHURNED} a second")
     return run(parser.parse_args(argv))
 
 

@@ -97,3 +97,21 @@ class TestSessionDb:
         status = await self._run_once(detector, tmp_path, starts=False)
         assert status == fake_daemon.EXIT_DB_BROKEN
         assert len(detector.lives(AREA)) == 1
+
+
+class TestChurn:
+    """`--churn-pages-per-s`: the data changes as a live store's does, whole pages in place."""
+
+    def test_pages_are_rewritten_in_place_and_the_size_is_kept(self, tmp_path: Path) -> None:
+        store = tmp_path / fake_daemon.CHURNED
+        before = bytes(64 * fake_daemon.PAGE_BYTES)
+        store.write_bytes(before)
+        churn = fake_daemon.Churn(store, per_tick=2.5)
+        for _ in range(4):  # ten pages owed in all
+            churn.tick()
+        after = store.read_bytes()
+        assert len(after) == len(before)
+        pages = [after[i:i + fake_daemon.PAGE_BYTES]
+                 for i in range(0, len(after), fake_daemon.PAGE_BYTES)]
+        changed = sum(1 for p in pages if p != bytes(fake_daemon.PAGE_BYTES))
+        assert 5 <= changed <= 10  # (two of the ten random picks may land on one page)
