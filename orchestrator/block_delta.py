@@ -13,7 +13,9 @@ Nothing is trusted to these digests alone: the receiver still digests the whole 
 dir with SHA-256 and promotes it only if every file matches the stopped source's manifest
 (monitord/remote/copy/transfer.py), so a wrong plan costs a full copy, never a wrong file.
 
-Pure: the digests are computed from bytes handed in; reading files is the caller's.
+Pure: the digests are computed from bytes handed in; reading files is the caller's. It is
+one of the modules the VPS runs too (monitord/remote/artifact.py: the agent digests a VPS
+file's blocks for a copy home), so it is held to Python 3.9: no dataclass slots.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ DIGEST_BYTES = 16  # BLAKE2b-128 per block: a collision only costs a failed prom
 MAX_RUN_BYTES = 1 << 20  # one write at most: runs longer than this are split
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Blocks:
     """A file's content as block digests: `size` bytes, `digests` DIGEST_BYTES per block
     of BLOCK_BYTES in order (the last block may be shorter)."""
@@ -57,7 +59,7 @@ def blocks_of(data: bytes) -> bytes:
                     for i in range(0, len(data), BLOCK_BYTES))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Delta:
     """What turns the staged file into the new one: write each run (offset, length) of the
     new file's bytes at its offset, then cut or extend the file to `size` if `resize`."""

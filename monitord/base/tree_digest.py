@@ -47,6 +47,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from monitord.base.atomic_file import atomic_write_bytes, fsync_path
+from orchestrator import block_delta
 
 _CHUNK = 1 << 20
 _FORMAT = 1
@@ -60,6 +61,11 @@ LEGACY_DIGESTS_SUFFIX = ".digests"
 # The most of a listing the PBX reads from the VPS, however it arrives (the verb's output or
 # the agent's answer): see monitord.remote.copy.listing for why 64 MiB.
 MAX_LISTING_BYTES = 64 << 20
+# One question for block digests (the agent's `copy/blocks`): at most this many names, and at
+# most this many bytes of digests in its answer (a 2 GiB file's worth; base64 makes it 4/3 of
+# that on the wire). The PBX asks in batches and fetches whole whatever is answered null.
+MAX_BLOCK_PATHS = 1024
+BLOCK_DIGEST_BYTES = 8 << 20
 # (st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns)
 Identity = tuple[int, int, int, int, int]
 # relative POSIX path -> (identity when hashed, SHA-256)
@@ -172,6 +178,61 @@ def open_listed(path: Path, listed: tuple[int, int]) -> int:
         os.close(fd)
         raise NotTheListedFile(errno.ESTALE, f"{path}: not the regular file listed")
     return fd
+
+
+def open_inside(root: Path, rel: str) -> int:
+    """An fd for reading the regular file root/rel, every directory on the way opened below
+    its parent's fd with O_NOFOLLOW and the file with OPEN_FLAGS: a symlink anywhere under
+    root (one swapped in for a directory while we walk, too) is refused, never followed —
+    NotTheListedFile, as is a name that leaves root (`..`, absolute, empty parts) or that
+    is not a regular file. FileNotFoundError when it is not there."""
+    parts = rel.split("/")
+    if not rel or any(part in ("", ".", "..") for part in parts):
+        raise NotTheListedFile(errno.EINVAL, f"{rel!r}: not a name inside {root}")
+    dir_flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(root, dir_flags)
+    try:
+        for part in parts[:-1]:
+            try:
+                child = os.open(part, dir_flags, dir_fd=fd)
+            except OSError as e:
+                if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise NotTheListedFile(e.errno, f"{rel!r}: {part!r} is not a directory"
+                                           ) from e
+                raise
+            os.close(fd)
+            fd = child
+        try:
+            out = os.open(parts[-1], OPEN_FLAGS, dir_fd=fd)
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.ENXIO):
+                raise NotTheListedFile(e.errno, f"{rel!r}: not a regular file") from e
+            raise
+    finally:
+        os.close(fd)
+    if not stat.S_ISREG(os.fstat(out).st_mode):
+        os.close(out)
+        raise NotTheListedFile(errno.EINVAL, f"{rel!r}: not a regular file")
+    return out
+
+
+def file_blocks(root: Path, rel: str) -> tuple[int, bytes] | None:
+    """(size, digests of its blocks as orchestrator/block_delta.py makes them) of the regular
+    file root/rel (`open_inside`), read once; None when there is no such regular file."""
+    try:
+        fd = open_inside(root, rel)
+    except (FileNotFoundError, NotADirectoryError, NotTheListedFile):
+        return None
+    digests = bytearray()
+    size = 0
+    with os.fdopen(fd, "rb") as f:
+        while True:
+            chunk = f.read(_CHUNK)
+            if not chunk:
+                break
+            digests += block_delta.blocks_of(chunk)  # (chunks start at a block)
+            size += len(chunk)
+    return size, bytes(digests)
 
 
 def hash_file(path: Path, *, epoch: int, sync: bool = False,

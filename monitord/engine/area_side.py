@@ -153,13 +153,14 @@ class AreaSide(Protocol):
         ...
 
     async def pre_receive(
-        self, *, local_dir: Path, remote_dir: str, area: str
+        self, *, local_dir: Path, remote_dir: str, service: str, area: str
     ) -> Staged:
         """Stage the other side's data here while its area still runs (best effort)."""
         ...
 
     async def receive(
-        self, *, local_dir: Path, remote_dir: str, area: str, staged: Staged | None
+        self, *, local_dir: Path, remote_dir: str, service: str, area: str,
+        staged: Staged | None,
     ) -> CopyReport:
         """Copy the other side's (stopped) data here: staging, check, atomic swap."""
         ...

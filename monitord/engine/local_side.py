@@ -227,19 +227,30 @@ class LocalSide:
             raise error_for(ErrorCode.PREFLIGHT_REMOTE_CONFIG, "no [remote] section configured")
         return self._link_or_none
 
-    async def pre_receive(self, *, local_dir: Path, remote_dir: str, area: str) -> area_copy.Staged:
+    async def pre_receive(
+        self, *, local_dir: Path, remote_dir: str, service: str, area: str
+    ) -> area_copy.Staged:
         from monitord.remote import copy as area_copy
 
         return await copy_over(self._link(), area_copy.pre_download, local_dir=local_dir,
-                               remote_dir=remote_dir, area=area)
+                               remote_dir=remote_dir, area=area,
+                               basis=self._basis(local_dir, service=service, area=area))
 
     async def receive(
-        self, *, local_dir: Path, remote_dir: str, area: str, staged: area_copy.Staged | None
+        self, *, local_dir: Path, remote_dir: str, service: str, area: str,
+        staged: area_copy.Staged | None,
     ) -> area_copy.CopyReport:
         from monitord.remote import copy as area_copy
 
         return await copy_over(self._link(), area_copy.download, local_dir=local_dir,
-                               remote_dir=remote_dir, area=area, staged=staged)
+                               remote_dir=remote_dir, area=area, staged=staged,
+                               basis=self._basis(local_dir, service=service, area=area))
+
+    def _basis(self, local_dir: Path, *, service: str, area: str) -> Path | None:
+        """The PBX's own copy a download starts from, so that only the blocks it lacks
+        cross the link: the data dir if it is there, else the newest archive (the source
+        of the move out). Only a seed: what starts is what the VPS listed, by SHA-256."""
+        return local_dir if local_dir.is_dir() else self._archive_of(service=service, area=area)
 
 
 class LocalRuns:

@@ -315,7 +315,8 @@ class PhaseActions:
         )
         staged = self._staged.pop(txn.transaction_id, None)
         report = await self.sides[source.other].receive(
-            local_dir=local, remote_dir=remote_dir, area=txn.area, staged=staged
+            local_dir=local, remote_dir=remote_dir, service=txn.service, area=txn.area,
+            staged=staged,
         )
         self.copy_timings.copied(source, report)
         txn_log.bound(txn).info(
@@ -357,7 +358,7 @@ class PhaseActions:
         started = self._clock()
         try:
             staged = await self.sides[txn.destination].pre_receive(
-                local_dir=local, remote_dir=remote_dir, area=txn.area
+                local_dir=local, remote_dir=remote_dir, service=txn.service, area=txn.area
             )
         except MonitordError as e:
             log.warning("area_pre_copy_failed", error_code=e.code, detail=e.detail)

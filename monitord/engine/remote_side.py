@@ -318,14 +318,17 @@ class RemoteSide:
 
     # -- receiving a copy from the PBX -----------------------------------------------------
 
-    async def pre_receive(self, *, local_dir: Path, remote_dir: str, area: str) -> area_copy.Staged:
+    async def pre_receive(
+        self, *, local_dir: Path, remote_dir: str, service: str, area: str
+    ) -> area_copy.Staged:
         from monitord.remote import copy as area_copy
 
         return await copy_over(self._link(), area_copy.pre_upload, local_dir=local_dir,
                                remote_dir=remote_dir, area=area)
 
     async def receive(
-        self, *, local_dir: Path, remote_dir: str, area: str, staged: area_copy.Staged | None
+        self, *, local_dir: Path, remote_dir: str, service: str, area: str,
+        staged: area_copy.Staged | None,
     ) -> area_copy.CopyReport:
         from monitord.remote import copy as area_copy
 

@@ -38,6 +38,7 @@ from urllib.parse import quote, urlencode
 
 from monitord.base import bounded_json, log_tail, logs, tree_digest
 from orchestrator import area_health, memory_room, names
+from orchestrator.block_delta import Blocks
 from orchestrator.errors import ErrorCode, MonitordError, TransientError, error_for
 from orchestrator.models import ProcessInfo, RemoteEntry, RemoteInventory
 
@@ -379,6 +380,26 @@ class AgentClient:
         except ValueError as e:
             raise _malformed(where, f"listing is not base64: {e}") from e
 
+    async def blocks(self, *, area: str, data_dir: str, paths: list[str],
+                     timeout_s: float = PROMOTE_TIMEOUT_S) -> dict[str, Blocks | None]:
+        """The block digests (orchestrator/block_delta.py) of each of `paths` in `data_dir`
+        on the VPS (`POST /v1/areas/{area}/copy/blocks`; at most tree_digest.MAX_BLOCK_PATHS
+        names): None for a name that is not a regular file there or did not fit the answer.
+        An answer that is not exactly that (a name not asked for, digests that do not fit
+        the size) is AGENT_UNREACHABLE; 404 from an agent without the route."""
+        where = f"POST /v1/areas/{area}/copy/blocks"
+        # The answer: the digests (base64) and each name asked for, JSON-escaped.
+        limit = (tree_digest.BLOCK_DIGEST_BYTES * 4 // 3
+                 + sum(6 * len(p.encode(errors="surrogateescape")) + 64 for p in paths) + 4096)
+        doc = _object(await self._call(
+            "POST", f"/v1/areas/{area}/copy/blocks", body={"data_dir": data_dir, "paths": paths},
+            timeout_s=timeout_s, limit=limit,
+        ), where=where)
+        answered = doc.get("blocks")
+        if not isinstance(answered, dict) or set(answered) != set(paths):
+            raise _malformed(where, "blocks does not answer the names asked for")
+        return {rel: _blocks(value, where=f"{where}: {rel!r}") for rel, value in answered.items()}
+
     async def stop(self, *, area: str, generation: int) -> str:
         """Stop the process at `generation`, keep the entry: 'stopped' or 'absent'."""
         result = await self._call(
@@ -499,6 +520,20 @@ def _parse_json(raw: bytes) -> Any:
         return bounded_json.loads(raw)
     except bounded_json.JsonRefused:  # bad UTF-8 or JSON, too many digits, too deep, NaN
         return None
+
+
+def _blocks(value: Any, *, where: str) -> Blocks | None:
+    if value is None:
+        return None
+    size = value.get("size") if isinstance(value, dict) else None
+    encoded = value.get("digests") if isinstance(value, dict) else None
+    if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size < 1 << 63 \
+            or not isinstance(encoded, str):
+        raise _malformed(where, "not a size and its digests")
+    try:
+        return Blocks(size=size, digests=base64.b64decode(encoded, validate=True))
+    except ValueError as e:  # (not base64, or not one digest per block of `size`)
+        raise _malformed(where, str(e)) from e
 
 
 def _malformed(where: str, what: str) -> AgentUnreachable:

@@ -51,6 +51,7 @@ PORTABLE_MODULES = (
     "monitord/base/singleton.py",
     "monitord/base/tree_digest.py",
     "orchestrator/__init__.py",
+    "orchestrator/block_delta.py",
     "orchestrator/errors.py",
     "orchestrator/names.py",
     "orchestrator/sshd_session.py",

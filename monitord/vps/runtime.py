@@ -27,7 +27,7 @@ import os
 import shutil
 import stat
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -419,6 +419,29 @@ class AgentRuntime:
         listing = await self._copy_step(area, f"list {data_dir}", tree_digest.cached_listing,
                                         Path(data_dir))
         return {"area": area, "listing": _encoded(listing)}
+
+    async def blocks(self, area: str, *, data_dir: str, paths: Sequence[str],
+                     limit: int) -> dict[str, Any]:
+        """POST /v1/areas/{area}/copy/blocks: the block digests of each of `paths` in
+        `data_dir` (tree_digest.file_blocks), what a copy to the PBX needs to fetch only the
+        blocks its own copy lacks. A name that is no regular file there, or whose digests
+        would take the answer past `limit` bytes, is answered null: the PBX fetches it
+        whole."""
+        def work(root: Path) -> dict[str, Any]:
+            answered: dict[str, Any] = {}
+            left = limit
+            for rel in paths:
+                found = tree_digest.file_blocks(root, rel)
+                if found is None or len(found[1]) > left:
+                    answered[rel] = None
+                    continue
+                left -= len(found[1])
+                answered[rel] = {"size": found[0], "digests": _encoded(found[1])}
+            return answered
+
+        answered = await self._copy_step(area, f"digest blocks in {data_dir}", work,
+                                         Path(data_dir))
+        return {"area": area, "blocks": answered}
 
     async def _copy_step(self, area: str, doing: str, work: Callable[[Path], T],
                          path: Path) -> T:

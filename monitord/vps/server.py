@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from monitord.base import bounded_json, log_tail
+from monitord.base import bounded_json, log_tail, tree_digest
 from monitord.vps import host_memory
 from monitord.vps.lease_table import AreaSpec
 from monitord.vps.runtime import (
@@ -339,6 +339,18 @@ async def area_staging(runtime: AgentRuntime, request: Request, name: str | None
     return Response(200, await runtime.staging(area, data_dir=data_dir, action=action))
 
 
+async def area_blocks(runtime: AgentRuntime, request: Request, name: str | None) -> Response:
+    area = _area(name)
+    doc = _document(request.body)
+    data_dir = runtime.validate_data_dir(_text(doc, "data_dir"))
+    paths = _strings(doc.get("paths"), "paths")
+    most = tree_digest.MAX_BLOCK_PATHS
+    if len(paths) > most:
+        raise bad_request(f"paths: at most {most} names in one question")
+    return Response(200, await runtime.blocks(area, data_dir=data_dir, paths=paths,
+                                              limit=tree_digest.BLOCK_DIGEST_BYTES))
+
+
 async def area_listing(runtime: AgentRuntime, request: Request, name: str | None) -> Response:
     area = _area(name)
     data_dir = runtime.validate_data_dir(_text(_document(request.body), "data_dir"))
@@ -384,6 +396,7 @@ ROUTES: tuple[tuple[str, str, Handler], ...] = (
     ("POST", "/v1/areas/{area}/copy/promote", promote_area_data),
     ("POST", "/v1/areas/{area}/copy/staging", area_staging),
     ("POST", "/v1/areas/{area}/listing", area_listing),
+    ("POST", "/v1/areas/{area}/copy/blocks", area_blocks),
     ("DELETE", "/v1/areas/{area}", delete_area),
     ("DELETE", "/v1/abandoned/{area}", delete_set_aside),
     ("POST", "/v1/leases/renew", renew_leases),

@@ -5,7 +5,10 @@ from the VPS, so it is written only through directory fds with O_NOFOLLOW and O_
 (`create_inside`): a symlink found, or planted, in the staging dir is refused, never
 followed. A staging dir replaces the data dir only fsynced whole (`promote`); what a
 pre-copy wrote and fsynced before the stop (`settle`) is not fsynced again while the area
-is down. All of it is blocking file I/O, run in a thread by monitord.remote.copy.transfer.
+is down. A download that starts from a copy the PBX already has (`delta_target`: the
+pre-copy's staged file, or a file of the area's own data dir or archive) writes the fetched
+blocks in place and reads the result back whole for its SHA-256 (`finish_delta`). All of it
+is blocking file I/O, run in a thread by monitord.remote.copy.transfer.
 
 A file system error here is named by its cause (`local_file_error`): ENOSPC/EDQUOT is
 LOCAL_DISK_FULL with the free space found, EACCES/EPERM/EROFS LOCAL_PERMISSION_DENIED,
@@ -16,16 +19,22 @@ copy (COPY_INCOMPLETE).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
+import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 from monitord.base import tree_digest
 from monitord.base.atomic_file import fsync_path
 from monitord.remote.copy.listing import incomplete, name_problem
+from orchestrator import block_delta
+from orchestrator.block_delta import Blocks
 from orchestrator.errors import ErrorCode, MonitordError, error_for, file_error_code
+
+_CHUNK = 1 << 20  # (a multiple of block_delta.BLOCK_BYTES: each chunk starts at a block)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,20 +114,32 @@ def staging_of(final: Path) -> Path:
     return tree_digest.staging_dir(final)
 
 
-def create_inside(root: Path, rel: str) -> BinaryIO:
-    """A new file root/rel opened for writing, never through a symlink.
+def create_inside(root: Path, rel: str, *, readable: bool = False) -> BinaryIO:
+    """A new file root/rel opened for writing (and reading, if `readable`), never through a
+    symlink.
 
     rel is already validated (name_problem). The resolved path must lie strictly inside
     root; each directory on the way is created or opened relative to its parent's fd with
     O_NOFOLLOW and the file is created with O_EXCL|O_NOFOLLOW, so a symlink found (or
     planted) in the staging dir is refused, never followed."""
+    mode = os.O_RDWR if readable else os.O_WRONLY
+    return _open_inside(root, rel, mode | os.O_CREAT | os.O_EXCL, "w+b" if readable else "wb")
+
+
+def open_inside(root: Path, rel: str) -> BinaryIO:
+    """The file root/rel a pre-copy wrote, opened to be read and changed in place, as
+    `create_inside` would have created it (no symlink followed on the way or at the end)."""
+    return _open_inside(root, rel, os.O_RDWR, "r+b")
+
+
+def _open_inside(root: Path, rel: str, flags: int, mode: str) -> BinaryIO:
     resolved_root = root.resolve()
     resolved = (root / rel).resolve()
     if resolved == resolved_root or not resolved.is_relative_to(resolved_root):
         raise incomplete(f"refusing to write {rel!r}: it resolves outside {root}")
     *dirs, name = rel.split("/")
-    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(root, flags)
+    dir_flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(root, dir_flags)
     try:
         for part in dirs:
             try:
@@ -131,17 +152,14 @@ def create_inside(root: Path, rel: str) -> BinaryIO:
                     raise local_file_error(e, during=f"writing {rel!r}") from e
                 raise
             try:
-                child = os.open(part, flags, dir_fd=fd)
+                child = os.open(part, dir_flags, dir_fd=fd)
             except OSError as e:  # ELOOP / ENOTDIR: a symlink or a file is in the way
                 raise incomplete(f"refusing to write {rel!r}: {part!r} is not a directory"
                                  f" ({e.strerror})") from e
             os.close(fd)
             fd = child
         try:
-            out = os.open(
-                name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                0o666, dir_fd=fd,
-            )
+            out = os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=fd)
         except OSError as e:
             if file_error_code(e.errno, remote=False) is not None:
                 e.filename = str(root / rel)
@@ -149,7 +167,58 @@ def create_inside(root: Path, rel: str) -> BinaryIO:
             raise incomplete(f"refusing to write {rel!r}: {e.strerror}") from e
     finally:
         os.close(fd)
-    return os.fdopen(out, "wb")
+    if not stat.S_ISREG(os.fstat(out).st_mode):
+        os.close(out)
+        raise incomplete(f"refusing to write {rel!r}: not a regular file")
+    return cast(BinaryIO, os.fdopen(out, mode))  # (a binary mode, "wb", "w+b" or "r+b")
+
+
+def delta_target(staging: Path, rel: str, seed: Path | None) -> tuple[BinaryIO, Blocks]:
+    """Where a download of rel starts from a copy the PBX already has, and that copy's block
+    digests (orchestrator/block_delta.py): staging/rel made a copy of `seed` (a file of the
+    PBX's own copy of the area, opened as a listed file is: no symlink, no FIFO), or, with
+    no seed, staging/rel as a pre-copy left it. Opened to be changed in place."""
+    if seed is None:
+        out = open_inside(staging, rel)
+        source = out
+    else:
+        try:
+            fd = os.open(seed, tree_digest.OPEN_FLAGS)
+        except OSError as e:
+            raise incomplete(f"refusing {seed} as a basis: {e.strerror}") from e
+        source = os.fdopen(fd, "rb")
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            source.close()
+            raise incomplete(f"refusing {seed} as a basis: not a regular file")
+        out = create_inside(staging, rel, readable=True)
+    digests = bytearray()
+    size = 0
+    try:
+        while chunk := source.read(_CHUNK):
+            digests += block_delta.blocks_of(chunk)  # (chunks start at a block)
+            size += len(chunk)
+            if source is not out:
+                out.write(chunk)
+    except BaseException:
+        out.close()
+        raise
+    finally:
+        if source is not out:
+            source.close()
+    out.flush()
+    return out, Blocks(size=size, digests=bytes(digests))
+
+
+def finish_delta(out: BinaryIO, size: int) -> Fetched:
+    """The file a delta was written into cut or extended to `size`, then read back whole:
+    what it now holds (its SHA-256 decides, not the block digests)."""
+    out.flush()
+    os.ftruncate(out.fileno(), size)
+    out.seek(0)
+    digest = hashlib.sha256()
+    while chunk := out.read(_CHUNK):
+        digest.update(chunk)
+    return Fetched(size, digest.hexdigest(), os.fstat(out.fileno()))
 
 
 def reset_dir(path: Path) -> None:

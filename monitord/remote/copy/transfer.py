@@ -65,7 +65,7 @@ import hashlib
 import os
 import stat
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
@@ -614,10 +614,14 @@ async def download(
     timeout_s: float = 600.0,
     staged: Staged | None = None,
     agent: CopyAgent | None = None,
+    basis: Path | None = None,
 ) -> CopyReport:
     """Copy remote_dir from the VPS to local_dir, verified here, swapped in by rename. With
-    `staged` (a pre-copy of the same dirs), only files whose hash changed are fetched.
-    `agent` lists remote_dir (else the tree-digest verb does, a Python start on the VPS).
+    `staged` (a pre-copy of the same dirs), only files whose hash changed are fetched, and of
+    those only the blocks the staged file lacks; a file the pre-copy did not stage starts
+    from `basis/` (the PBX's own copy of the area) where it has one. `agent` lists
+    remote_dir and digests its blocks (else the tree-digest verb lists it, a Python start on
+    the VPS, and files are fetched whole).
 
     The VPS's listing is validated whole before anything is written (a bad one raises
     COPY_INCOMPLETE and leaves local_dir and its staging dir as they were); a file reached
@@ -629,7 +633,8 @@ async def download(
     tree = await vps_tree.chosen(conn, remote_dir=remote_dir, vps_command=vps_command,
                                  agent=agent,
                                  through_agent=None if staged is None else staged.through_agent)
-    return await _Download(conn, local_dir, remote_dir, tree, timeout_s).copy(staged, progress)
+    return await _Download(conn, local_dir, remote_dir, tree, timeout_s, basis).copy(
+        staged, progress)
 
 
 async def pre_download(
@@ -640,24 +645,29 @@ async def pre_download(
     vps_command: Sequence[str],
     timeout_s: float = 600.0,
     agent: CopyAgent | None = None,
+    basis: Path | None = None,
 ) -> Staged:
     """While the VPS's daemon runs: fetch remote_dir's files into the local staging dir,
-    each hashed from the bytes written, and fsync them. The listing is checked as
-    `download` checks it (and leaves the VPS a digest cache of the running tree)."""
+    each hashed from the bytes written, and fsync them; a file `basis/` (the PBX's own copy
+    of the area: what it moved out from) has is copied from there and only the blocks that
+    differ are fetched. The listing is checked as `download` checks it (and leaves the VPS
+    a digest cache of the running tree)."""
     tree = await vps_tree.chosen(conn, remote_dir=remote_dir, vps_command=vps_command,
                                  agent=agent)
-    return await _Download(conn, local_dir, remote_dir, tree, timeout_s).pre_copy()
+    return await _Download(conn, local_dir, remote_dir, tree, timeout_s, basis).pre_copy()
 
 
 @dataclass(frozen=True, slots=True)
 class _Download:
-    """VPS -> PBX, the pre-copy and the copy after the stop, through one way on the VPS."""
+    """VPS -> PBX, the pre-copy and the copy after the stop, through one way on the VPS;
+    `basis`: the PBX's own copy of the area, where a file not staged starts from."""
 
     conn: asyncssh.SSHClientConnection
     local_dir: Path
     remote_dir: str
     tree: VpsTree
     timeout_s: float
+    basis: Path | None = None
 
     @property
     def staging(self) -> Path:
@@ -697,32 +707,62 @@ class _Download:
             # (a file gone since the listing is left out: the daemon runs)
             sizes = await _declared_sizes(sftp, remote_root, sorted(listed),
                                           where=self.remote_dir, skip_gone=True)
+            seeds = await asyncio.to_thread(_seeds, self.basis, sizes)
+            remote_blocks = await self.tree.blocks(sorted(seeds)) if seeds else {}
             budget = _Budget(sum(sizes.values()))
+            sent = 0
             started = time.monotonic()
             for rel, size in sizes.items():
                 try:
-                    fetched[rel] = await _fetch(sftp, f"{remote_root}/{rel}", rel, staging,
-                                                size=size, budget=budget)
+                    fetched[rel], n = await self._fetch(
+                        sftp, f"{remote_root}/{rel}", rel, size=size, budget=budget,
+                        blocks=remote_blocks.get(rel), seed=seeds.get(rel))
                 except ssh_errors.SFTP_NO_SUCH_FILE:
                     continue  # gone since the listing (the daemon runs)
+                sent += n
             send_s = time.monotonic() - started
         cache = await asyncio.to_thread(local_tree.settle, staging, fetched)
         return Staged(local_dir=self.local_dir, remote_dir=self.remote_dir, upload=False,
                       files={rel: f.sha256 for rel, f in fetched.items()}, cache=cache,
-                      through_agent=self.tree.through_agent,
-                      sent_bytes=sum(f.size for f in fetched.values()), send_s=send_s)
+                      through_agent=self.tree.through_agent, sent_bytes=sent, send_s=send_s)
 
-    async def _copy(self, staged: Staged | None, progress: Progress | None) -> CopyReport:
+    async def _fetch(
+        self, sftp: asyncssh.SFTPClient, source: str, rel: str, *, size: int,
+        budget: _Budget, blocks: Blocks | None, seed: Path | None,
+    ) -> tuple[local_tree.Fetched, int]:
+        """One file into the staging dir: (what it holds, the bytes fetched). With the VPS
+        file's `blocks`, from the copy here (`seed`, or the staged file itself when None)
+        by its changed blocks; without them, or from a seed when they were digested at
+        another size than the one declared for the fetch (a running source), whole. (The
+        staged file is never fetched whole: the copy after the stop pruned it if the VPS did
+        not digest it.)"""
+        if blocks is None or (seed is not None and blocks.size != size):
+            fetched = await _fetch(sftp, source, rel, self.staging, size=size, budget=budget)
+            return fetched, fetched.size
+        return await _fetch_delta(sftp, source, rel, self.staging, seed=seed, now=blocks,
+                                  budget=budget)
+
+    async def _copy(self, staged: Staged | None, progress: Progress | None, *,
+                    whole: bool = False) -> CopyReport:
         expected = await self.tree.data_listing()
         staging = self.staging
         kept = {} if staged is None else staged.files
+        # A staged file that changed is where its delta starts; others start from the basis.
+        changed = {rel for rel, h in kept.items() if rel in expected and expected[rel] != h}
+        kept = {rel: h for rel, h in kept.items() if expected.get(rel) == h}
+        to_fetch = sorted(rel for rel in expected if kept.get(rel) != expected[rel])
+        seeds: dict[str, Path | None] = {} if whole else dict.fromkeys(changed)
+        if not whole:
+            from_basis = await asyncio.to_thread(
+                _seeds, self.basis, [rel for rel in to_fetch if rel not in changed])
+            seeds.update(from_basis)
+        remote_blocks = await self.tree.blocks(sorted(seeds)) if seeds else {}
         if staged is None:
             await asyncio.to_thread(local_tree.reset_dir, staging)
         else:
-            kept = {rel: h for rel, h in kept.items() if expected.get(rel) == h}
-            await asyncio.to_thread(local_tree.prune_to, staging, set(kept))
-        to_fetch = sorted(rel for rel in expected if kept.get(rel) != expected[rel])
-        done = 0
+            in_place = {rel for rel in changed if rel in remote_blocks}
+            await asyncio.to_thread(local_tree.prune_to, staging, set(kept) | in_place)
+        done = sent = 0
         async with self._refused_leaves_nothing(f"download of {self.remote_dir}") as sftp:
             remote_root = (await sftp.realpath(self.remote_dir)).rstrip("/") if expected else ""
             sizes = await _declared_sizes(sftp, remote_root, to_fetch, where=self.remote_dir,
@@ -730,9 +770,11 @@ class _Download:
             budget = _Budget(sum(sizes.values()))
             started = time.monotonic()
             for rel, size in sizes.items():
-                fetched = await _fetch(sftp, f"{remote_root}/{rel}", rel, staging, size=size,
-                                       budget=budget)
+                fetched, n = await self._fetch(sftp, f"{remote_root}/{rel}", rel, size=size,
+                                               budget=budget, blocks=remote_blocks.get(rel),
+                                               seed=seeds.get(rel))
                 done += fetched.size
+                sent += n
                 if progress:
                     progress(done, done)
             send_s = time.monotonic() - started
@@ -741,16 +783,18 @@ class _Download:
         )
         got = {e.path: e.sha256 for e in manifest}
         if got != expected:
-            if staged is not None:  # the staging dir changed under us: start it over, whole
-                return await self._copy(None, progress)
+            if staged is not None or remote_blocks:
+                # The staging dir changed under us, or a delta went wrong: over, whole.
+                return await self._copy(None, progress, whole=True)
             raise incomplete(f"downloaded copy of {self.remote_dir} differs in"
                              f" {listing.differences(got, expected)}")
         # What a pre-copy staged was fsynced before the stop: only what was written since
         # costs an fsync while the area is down.
         await asyncio.to_thread(local_tree.promote, staging, self.local_dir,
                                 settled=None if staged is None else staged.cache)
-        return CopyReport(files=len(got), bytes=done, reused=len(expected) - len(to_fetch),
-                          sent_bytes=done, send_s=send_s)
+        # (bytes: the area's size, as an upload reports it; sent_bytes what crossed)
+        return CopyReport(files=len(got), bytes=sum(e.size for e in manifest),
+                          reused=len(expected) - len(to_fetch), sent_bytes=sent, send_s=send_s)
 
     @contextlib.asynccontextmanager
     async def _refused_leaves_nothing(self, during: str) -> AsyncIterator[asyncssh.SFTPClient]:
@@ -841,6 +885,63 @@ async def _fetch(
                 offset += len(data)
         _write_local(out, b"", path=staging / rel)  # flush
         return local_tree.Fetched(out.tell(), digest.hexdigest(), os.fstat(out.fileno()))
+
+
+def _seeds(basis: Path | None, names: Iterable[str]) -> dict[str, Path | None]:
+    """{name: basis/name} for those of `names` the PBX's own copy holds as a regular file
+    (lstat: no symlink followed; blocking, in a thread)."""
+    if basis is None:
+        return {}
+    found: dict[str, Path | None] = {}
+    for rel in names:
+        path = basis / rel
+        with contextlib.suppress(OSError):
+            if stat.S_ISREG(os.lstat(path).st_mode):
+                found[rel] = path
+    return found
+
+
+async def _fetch_delta(
+    sftp: asyncssh.SFTPClient, source: str, rel: str, staging: Path, *, seed: Path | None,
+    now: Blocks, budget: _Budget,
+) -> tuple[local_tree.Fetched, int]:
+    """staging/rel made the VPS's `source`, whose block digests are `now`, from a copy the
+    PBX already has — `seed` copied in, or (None) the file a pre-copy staged there: only the
+    runs of blocks orchestrator/block_delta.plan finds different are read from the VPS (a
+    few at once), written in place, and the file cut or extended to the size. (What it
+    holds then, hashed whole here, and the bytes fetched.) The digests only choose what to
+    fetch: the SHA-256 against the VPS's listing still decides the promote."""
+    out, have = await asyncio.to_thread(local_tree.delta_target, staging, rel, seed)
+    try:
+        delta = block_delta.plan(have, now)
+        if delta.runs:
+            async with sftp.open(source, "rb") as f:
+                reads = _Writes()
+                try:
+                    for offset, length in delta.runs:
+                        await reads.add(functools.partial(
+                            _fetch_run, f, out, offset, length, budget=budget,
+                            path=staging / rel))
+                    await reads.finish()
+                finally:
+                    await reads.cancel()
+        fetched = await asyncio.to_thread(local_tree.finish_delta, out, now.size)
+    finally:
+        out.close()
+    return fetched, delta.sent_bytes
+
+
+async def _fetch_run(f: asyncssh.SFTPClientFile, out: BinaryIO, offset: int, length: int, *,
+                     budget: _Budget, path: Path) -> int:
+    """One run of a delta, read from the VPS and written at its offset here."""
+    data = _as_bytes(await f.read(length, offset))
+    budget.take(len(data), str(path))
+    try:
+        await asyncio.to_thread(os.pwrite, out.fileno(), data, offset)
+    except OSError as e:
+        e.filename = str(path)
+        raise local_tree.local_file_error(e, during="download") from e
+    return len(data)
 
 
 def _write_local(out: BinaryIO, data: bytes, *, path: Path) -> None:

@@ -1,8 +1,10 @@
 """The VPS's side of a copy: one area's data dir there and its staging dir.
 
-Four operations (`VpsTree`): list the data dir (a download's first step), make the staging
-dir empty (where an upload starts), list what a pre-copy put in the staging dir, and check
-the staging dir against the expected listing and promote it (an upload's last steps).
+Five operations (`VpsTree`): list the data dir (a download's first step), digest the blocks
+of some of its files (so that a download fetches only what the PBX's own copy lacks), make
+the staging dir empty (where an upload starts), list what a pre-copy put in the staging dir,
+and check the staging dir against the expected listing and promote it (an upload's last
+steps).
 Two ways to do them, chosen once per copy by `chosen` from what the agent says it serves
 (`CopyAgent.serves_copies`, the agent's `GET /v1/routes`), never by trying a route and
 falling back:
@@ -16,8 +18,9 @@ falling back:
 
 A pre-copy's choice travels with its `Staged` to the copy after the stop, so the agent is
 asked once per move. A route that goes missing after all (AGENT_ROUTE_MISSING) fails the
-copy like any other agent error; the next try asks again. Either way's listings are
-bounded and validated alike (monitord.remote.copy.listing), in a thread.
+copy like any other agent error; the next try asks again — but the blocks route, which only
+saves bytes: without it (an agent of a release before it) a download fetches files whole.
+Either way's listings are bounded and validated alike (monitord.remote.copy.listing), in a thread.
 
 Called by monitord.remote.copy.transfer.
 """
@@ -36,7 +39,8 @@ from monitord.base import tree_digest
 from monitord.remote import remote_exec
 from monitord.remote.agent_client import AgentClient
 from monitord.remote.copy import listing
-from orchestrator.errors import ErrorCode
+from orchestrator.block_delta import Blocks
+from orchestrator.errors import ErrorCode, MonitordError
 
 _SCRIPT_TIMEOUT_S = 60.0
 # The agent's routes a copy through the agent needs (as `GET /v1/routes` names them).
@@ -61,6 +65,10 @@ class CopyAgent(Protocol):
 
     async def data_listing(self) -> bytes:
         """The data dir's own listing (tree-digest's output format, its cache kept)."""
+
+    async def blocks(self, paths: list[str]) -> dict[str, Blocks | None]:
+        """The block digests of each of `paths` in the data dir (None: no such regular
+        file there, or too large to answer), at most tree_digest.MAX_BLOCK_PATHS."""
 
     async def reset(self) -> None:
         """The staging dir made empty, its digest cache gone."""
@@ -88,6 +96,9 @@ class AreaCopy:
     async def data_listing(self) -> bytes:
         return await self.client.data_listing(area=self.area, data_dir=self.data_dir)
 
+    async def blocks(self, paths: list[str]) -> dict[str, Blocks | None]:
+        return await self.client.blocks(area=self.area, data_dir=self.data_dir, paths=paths)
+
     async def reset(self) -> None:
         await self.client.reset_staging(area=self.area, data_dir=self.data_dir)
 
@@ -107,6 +118,10 @@ class VpsTree(Protocol):
 
     async def data_listing(self) -> dict[str, str]:
         """The data dir's listing, validated ({relative name: SHA-256})."""
+
+    async def blocks(self, names: Sequence[str]) -> dict[str, Blocks]:
+        """The block digests of those of `names` (files of the data dir) the VPS can answer
+        for; a name left out is fetched whole."""
 
     async def reset_staging(self) -> None:
         """The staging dir made empty, its digest cache gone."""
@@ -193,6 +208,9 @@ class ShellTree:
         return await self._digest(_LIST, final, cache,
                                   during=f"the VPS's file listing of {self.remote_dir}")
 
+    async def blocks(self, names: Sequence[str]) -> dict[str, Blocks]:
+        return {}  # (the verb digests whole files only: these are fetched whole)
+
     async def reset_staging(self) -> None:
         _, _, staging, cache, _ = _dirs(self.remote_dir)
         await _script(self.conn, _PREPARE, staging, cache)
@@ -248,6 +266,19 @@ class AgentTree:
     async def data_listing(self) -> dict[str, str]:
         return await _bounded(await self.agent.data_listing(),
                               during=f"the VPS's file listing of {self.shell.remote_dir}")
+
+    async def blocks(self, names: Sequence[str]) -> dict[str, Blocks]:
+        found: dict[str, Blocks] = {}
+        step = tree_digest.MAX_BLOCK_PATHS
+        for start in range(0, len(names), step):
+            try:
+                answered = await self.agent.blocks(list(names[start:start + step]))
+            except MonitordError as e:
+                if e.code == ErrorCode.AGENT_ROUTE_MISSING:
+                    return found  # an older agent: the rest is fetched whole
+                raise
+            found.update({rel: b for rel, b in answered.items() if b is not None})
+        return found
 
     async def reset_staging(self) -> None:
         await self.agent.reset()

@@ -12,6 +12,8 @@ from monitord.base import proc_identity, tree_digest
 from monitord.remote.agent_client import AgentClient, unix_channel
 from monitord.remote.copy import AreaCopy, vps_tree
 from monitord.testing.split_brain import Detector
+from orchestrator import block_delta
+from orchestrator.block_delta import Blocks
 from tests.integration.agent.conftest import area_body
 from tests.support.agent_process import AgentProcess
 
@@ -422,6 +424,41 @@ class TestListing:
         assert (status, answer["listing"]) == (200, ""), answer
         for body in ({"data_dir": str(tmp_path)}, {"data_dir": str(agent.base_dir)}, {}, []):
             status, answer = await agent.request("POST", f"/v1/areas/{AREA}/listing",
+                                                 json_body=body)
+            assert (status, answer["error"]["code"]) == (400, "BAD_REQUEST"), (body, answer)
+
+
+class TestBlocks:
+    """POST /v1/areas/{area}/copy/blocks digests the blocks of the named files of a data dir
+    as orchestrator/block_delta.py does; a name that is no regular file reached without a
+    symlink is answered null (the PBX fetches it whole), never read through the link."""
+
+    async def test_it_digests_the_files_named_and_nothing_through_a_symlink(
+        self, agent: AgentProcess, tmp_path: Path
+    ) -> None:
+        data_dir = agent.base_dir / "data" / "tg" / AREA
+        (data_dir / "db").mkdir(parents=True)
+        store = bytes(range(256)) * 40  # 10240 bytes: two whole blocks and a short one
+        (data_dir / "db" / "session.db").write_bytes(store)
+        outside = tmp_path / "outside"
+        (outside / "db").mkdir(parents=True)
+        (outside / "db" / "session.db").write_bytes(b"not the area's")
+        (data_dir / "shadow").symlink_to(outside / "db" / "session.db")
+        (data_dir / "via").symlink_to(outside / "db")
+        client = AgentClient(channel=unix_channel(agent.address), secret=agent.secret.encode())
+        names = ["db/session.db", "shadow", "via/session.db", "missing", "../escape", "db"]
+        answer = await AreaCopy(client, AREA, str(data_dir)).blocks(names)
+        assert answer["db/session.db"] == Blocks(size=len(store),
+                                                 digests=block_delta.blocks_of(store))
+        assert {rel: answer[rel] for rel in names[1:]} == dict.fromkeys(names[1:])
+
+    async def test_bad_questions_are_refused(self, agent: AgentProcess, tmp_path: Path) -> None:
+        data_dir = str(agent.base_dir / "data" / "tg" / AREA)
+        too_many = [f"f{i}" for i in range(tree_digest.MAX_BLOCK_PATHS + 1)]
+        for body in ({"data_dir": data_dir, "paths": too_many},
+                     {"data_dir": data_dir, "paths": []}, {"data_dir": data_dir},
+                     {"data_dir": str(tmp_path), "paths": ["x"]}):
+            status, answer = await agent.request("POST", f"/v1/areas/{AREA}/copy/blocks",
                                                  json_body=body)
             assert (status, answer["error"]["code"]) == (400, "BAD_REQUEST"), (body, answer)
 

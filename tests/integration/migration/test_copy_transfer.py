@@ -22,6 +22,7 @@ from monitord.testing.vps_server import VpsServer
 from orchestrator.block_delta import BLOCK_BYTES as PAGE  # an SQLite page
 from orchestrator.errors import ErrorCode, MonitordError
 from tests.support.agent_process import vps_command, wait_until
+from tests.support.copy_agent import InProcessAgent as _Agent
 from tests.support.stat_tricks import aged, stealthy_rewrite
 
 
@@ -44,40 +45,6 @@ def _tear_when_sent(remote: Path) -> Callable[[int, int], None]:
                 f.write(b"torn")
 
     return tear
-
-
-class _Agent:
-    """What the agent runs for a copy's steps on the VPS, on the same files (`calls`: the
-    name of each step asked, with a promote's expected SHA-256; `asked`: how often it was
-    asked whether it serves them)."""
-
-    def __init__(self, remote: Path) -> None:
-        self.remote = remote
-        self.calls: list[str] = []
-        self.asked = 0
-
-    async def serves_copies(self) -> bool:
-        self.asked += 1
-        return True
-
-    async def data_listing(self) -> bytes:
-        self.calls.append("data_listing")
-        return await asyncio.to_thread(tree_digest.cached_listing, self.remote)
-
-    async def reset(self) -> None:
-        self.calls.append("reset")
-        await asyncio.to_thread(tree_digest.reset_staging, self.remote)
-
-    async def listing(self) -> bytes:
-        self.calls.append("listing")
-        return await asyncio.to_thread(tree_digest.staging_listing, self.remote)
-
-    async def promote(self, expect: str) -> bool:
-        self.calls.append(f"promote {expect}")
-        return await asyncio.to_thread(tree_digest.verify_and_promote, self.remote, expect)
-
-    def promotes(self) -> int:
-        return sum(call.startswith("promote ") for call in self.calls)
 
 
 class _OlderAgent(_Agent):
@@ -882,7 +849,8 @@ class TestAgentListing:
         assert _tree(back) == _tree(remote)
         assert (report.files, report.reused) == (3, 1)
         assert execs == [], execs
-        assert helper.calls == ["data_listing", "data_listing"]
+        # (the blocks of the one staged file that changed: the other changed file is new)
+        assert helper.calls == ["data_listing", "data_listing", "blocks"]
         assert helper.asked == 1
 
     async def test_an_agent_without_the_route_leaves_it_to_the_verb(

@@ -65,6 +65,13 @@ class TestDowntimeOfAMove:
         ids = await stack.place("tg", "remote")
         await stack.wait_settled(expect={"tg": "remote", "chats": "local"})
 
+        # The transaction is stored DONE a moment before its downtime record ends (the
+        # record's own write): settled can see the one and not yet the other under load.
+        async def both_ended() -> bool:
+            move = await last_move(stack, "tg")
+            return move is not None and move["in_flight"] == 0 and move["areas"] == 2
+
+        await stack.wait_until(both_ended, timeout_s=10, what="both areas' downtime ended")
         move = await last_move(stack, "tg")
         assert move["direction"] == "local_to_remote"
         assert move["transaction_id"] in ids
