@@ -45,6 +45,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from monitord.base.atomic_file import atomic_write_bytes, fsync_path
 from orchestrator import block_delta
@@ -216,23 +217,31 @@ def open_inside(root: Path, rel: str) -> int:
     return out
 
 
-def file_blocks(root: Path, rel: str) -> tuple[int, bytes] | None:
-    """(size, digests of its blocks as orchestrator/block_delta.py makes them) of the regular
-    file root/rel (`open_inside`), read once; None when there is no such regular file."""
+def read_blocks(f: BinaryIO, copy_to: BinaryIO | None = None) -> block_delta.Blocks:
+    """The block digests (orchestrator/block_delta.py) of what `f` holds from where it is to
+    its end, read once — and written to `copy_to` as it is read, if given."""
+    digests = bytearray()
+    size = 0
+    while True:
+        chunk = f.read(_CHUNK)
+        if not chunk:
+            break
+        digests += block_delta.blocks_of(chunk)  # (chunks start at a block)
+        size += len(chunk)
+        if copy_to is not None:
+            copy_to.write(chunk)
+    return block_delta.Blocks(size=size, digests=bytes(digests))
+
+
+def file_blocks(root: Path, rel: str) -> block_delta.Blocks | None:
+    """The block digests of the regular file root/rel (`open_inside`), read once; None when
+    there is no such regular file."""
     try:
         fd = open_inside(root, rel)
     except (FileNotFoundError, NotADirectoryError, NotTheListedFile):
         return None
-    digests = bytearray()
-    size = 0
     with os.fdopen(fd, "rb") as f:
-        while True:
-            chunk = f.read(_CHUNK)
-            if not chunk:
-                break
-            digests += block_delta.blocks_of(chunk)  # (chunks start at a block)
-            size += len(chunk)
-    return size, bytes(digests)
+        return read_blocks(f)
 
 
 def hash_file(path: Path, *, epoch: int, sync: bool = False,

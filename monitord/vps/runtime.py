@@ -432,11 +432,11 @@ class AgentRuntime:
             left = limit
             for rel in paths:
                 found = tree_digest.file_blocks(root, rel)
-                if found is None or len(found[1]) > left:
+                if found is None or len(found.digests) > left:
                     answered[rel] = None
                     continue
-                left -= len(found[1])
-                answered[rel] = {"size": found[0], "digests": _encoded(found[1])}
+                left -= len(found.digests)
+                answered[rel] = {"size": found.size, "digests": _encoded(found.digests)}
             return answered
 
         answered = await self._copy_step(area, f"digest blocks in {data_dir}", work,

@@ -31,10 +31,8 @@ class InProcessAgent:
 
     async def blocks(self, paths: list[str]) -> dict[str, Blocks | None]:
         self.calls.append("blocks")
-        found = {rel: await asyncio.to_thread(tree_digest.file_blocks, self.remote, rel)
-                 for rel in paths}
-        return {rel: None if f is None else Blocks(size=f[0], digests=f[1])
-                for rel, f in found.items()}
+        return {rel: await asyncio.to_thread(tree_digest.file_blocks, self.remote, rel)
+                for rel in paths}
 
     async def reset(self) -> None:
         self.calls.append("reset")

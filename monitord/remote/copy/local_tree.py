@@ -30,11 +30,10 @@ from typing import BinaryIO, cast
 from monitord.base import tree_digest
 from monitord.base.atomic_file import fsync_path
 from monitord.remote.copy.listing import incomplete, name_problem
-from orchestrator import block_delta
 from orchestrator.block_delta import Blocks
 from orchestrator.errors import ErrorCode, MonitordError, error_for, file_error_code
 
-_CHUNK = 1 << 20  # (a multiple of block_delta.BLOCK_BYTES: each chunk starts at a block)
+_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,40 +172,32 @@ def _open_inside(root: Path, rel: str, flags: int, mode: str) -> BinaryIO:
     return cast(BinaryIO, os.fdopen(out, mode))  # (a binary mode, "wb", "w+b" or "r+b")
 
 
-def delta_target(staging: Path, rel: str, seed: Path | None) -> tuple[BinaryIO, Blocks]:
+def delta_target(staging: Path, rel: str, basis: Path | None) -> tuple[BinaryIO, Blocks]:
     """Where a download of rel starts from a copy the PBX already has, and that copy's block
-    digests (orchestrator/block_delta.py): staging/rel made a copy of `seed` (a file of the
-    PBX's own copy of the area, opened as a listed file is: no symlink, no FIFO), or, with
-    no seed, staging/rel as a pre-copy left it. Opened to be changed in place."""
-    if seed is None:
+    digests (orchestrator/block_delta.py): staging/rel made a copy of basis/rel (the PBX's
+    own copy of the area, read as the agent reads the VPS's: tree_digest.open_inside, no
+    symlink on the way, no FIFO), or, with no basis, staging/rel as a pre-copy left it.
+    Opened to be changed in place."""
+    if basis is None:
         out = open_inside(staging, rel)
-        source = out
-    else:
         try:
-            fd = os.open(seed, tree_digest.OPEN_FLAGS)
-        except OSError as e:
-            raise incomplete(f"refusing {seed} as a basis: {e.strerror}") from e
-        source = os.fdopen(fd, "rb")
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            source.close()
-            raise incomplete(f"refusing {seed} as a basis: not a regular file")
-        out = create_inside(staging, rel, readable=True)
-    digests = bytearray()
-    size = 0
+            return out, tree_digest.read_blocks(out)
+        except BaseException:
+            out.close()
+            raise
     try:
-        while chunk := source.read(_CHUNK):
-            digests += block_delta.blocks_of(chunk)  # (chunks start at a block)
-            size += len(chunk)
-            if source is not out:
-                out.write(chunk)
-    except BaseException:
-        out.close()
-        raise
-    finally:
-        if source is not out:
-            source.close()
-    out.flush()
-    return out, Blocks(size=size, digests=bytes(digests))
+        fd = tree_digest.open_inside(basis, rel)
+    except (FileNotFoundError, NotADirectoryError, tree_digest.NotTheListedFile) as e:
+        raise incomplete(f"refusing {basis / rel} as a basis: {e.strerror or e}") from e
+    with os.fdopen(fd, "rb") as source:
+        out = create_inside(staging, rel, readable=True)
+        try:
+            have = tree_digest.read_blocks(source, copy_to=out)
+            out.flush()  # before the fetched runs are written at their offsets, by fd
+            return out, have
+        except BaseException:
+            out.close()
+            raise
 
 
 def finish_delta(out: BinaryIO, size: int) -> Fetched:

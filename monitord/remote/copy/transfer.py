@@ -478,7 +478,7 @@ async def _send_delta(sftp: asyncssh.SFTPClient, local_dir: Path, entry: local_t
         if delta.nothing:
             return 0
         async with sftp.open(target, "r+b") as out:
-            writes = _Writes()
+            writes = _InFlight()
             try:
                 for offset, length in delta.runs:
                     data = await asyncio.to_thread(os.pread, fd, length, offset)
@@ -512,10 +512,10 @@ def _digest_blocks(fd: int, size: int) -> tuple[str, Blocks]:
     return sha.hexdigest(), Blocks(size=size, digests=bytes(digests))
 
 
-class _Writes:
-    """The SFTP writes of one file on the wire at once, at most _WRITES_IN_FLIGHT, each at
-    its own offset, as `sftp.put` does: one at a time left the link idle for a round trip
-    per chunk."""
+class _InFlight:
+    """The SFTP requests of one file on the wire at once (an upload's writes, a delta's
+    reads), at most _WRITES_IN_FLIGHT, each at its own offset, as `sftp.put` does: one at a
+    time left the link idle for a round trip per chunk."""
 
     def __init__(self) -> None:
         self._pending: set[asyncio.Future[int]] = set()
@@ -573,7 +573,7 @@ async def _send_file(
         digest = hashlib.sha256()
         digests = bytearray()
         async with sftp.open(target, "wb") as out:
-            writes = _Writes()
+            writes = _InFlight()
             offset = 0
             try:
                 while offset < cap:
@@ -731,7 +731,7 @@ class _Download:
         budget: _Budget, blocks: Blocks | None, seed: Path | None,
     ) -> tuple[local_tree.Fetched, int]:
         """One file into the staging dir: (what it holds, the bytes fetched). With the VPS
-        file's `blocks`, from the copy here (`seed`, or the staged file itself when None)
+        file's `blocks`, from the copy here (`seed`/rel, or the staged file itself when None)
         by its changed blocks; without them, or from a seed when they were digested at
         another size than the one declared for the fetch (a running source), whole. (The
         staged file is never fetched whole: the copy after the stop pruned it if the VPS did
@@ -751,11 +751,12 @@ class _Download:
         changed = {rel for rel, h in kept.items() if rel in expected and expected[rel] != h}
         kept = {rel: h for rel, h in kept.items() if expected.get(rel) == h}
         to_fetch = sorted(rel for rel in expected if kept.get(rel) != expected[rel])
-        seeds: dict[str, Path | None] = {} if whole else dict.fromkeys(changed)
+        # {name: the dir of the PBX's copy its delta starts from, None: the staged file}
+        seeds: dict[str, Path | None] = {}
         if not whole:
-            from_basis = await asyncio.to_thread(
+            seeds = await asyncio.to_thread(
                 _seeds, self.basis, [rel for rel in to_fetch if rel not in changed])
-            seeds.update(from_basis)
+            seeds.update(dict.fromkeys(changed))
         remote_blocks = await self.tree.blocks(sorted(seeds)) if seeds else {}
         if staged is None:
             await asyncio.to_thread(local_tree.reset_dir, staging)
@@ -888,16 +889,16 @@ async def _fetch(
 
 
 def _seeds(basis: Path | None, names: Iterable[str]) -> dict[str, Path | None]:
-    """{name: basis/name} for those of `names` the PBX's own copy holds as a regular file
-    (lstat: no symlink followed; blocking, in a thread)."""
+    """{name: basis} for those of `names` the PBX's own copy at `basis` holds as a regular
+    file (lstat, no symlink followed: a first look; the file is opened as
+    local_tree.delta_target opens it). Blocking, in a thread."""
     if basis is None:
         return {}
     found: dict[str, Path | None] = {}
     for rel in names:
-        path = basis / rel
         with contextlib.suppress(OSError):
-            if stat.S_ISREG(os.lstat(path).st_mode):
-                found[rel] = path
+            if stat.S_ISREG(os.lstat(basis / rel).st_mode):
+                found[rel] = basis
     return found
 
 
@@ -906,7 +907,7 @@ async def _fetch_delta(
     now: Blocks, budget: _Budget,
 ) -> tuple[local_tree.Fetched, int]:
     """staging/rel made the VPS's `source`, whose block digests are `now`, from a copy the
-    PBX already has — `seed` copied in, or (None) the file a pre-copy staged there: only the
+    PBX already has — `seed`/rel copied in, or (None) the file a pre-copy staged there: only the
     runs of blocks orchestrator/block_delta.plan finds different are read from the VPS (a
     few at once), written in place, and the file cut or extended to the size. (What it
     holds then, hashed whole here, and the bytes fetched.) The digests only choose what to
@@ -916,7 +917,7 @@ async def _fetch_delta(
         delta = block_delta.plan(have, now)
         if delta.runs:
             async with sftp.open(source, "rb") as f:
-                reads = _Writes()
+                reads = _InFlight()
                 try:
                     for offset, length in delta.runs:
                         await reads.add(functools.partial(
