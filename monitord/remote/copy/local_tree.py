@@ -23,6 +23,7 @@ import hashlib
 import os
 import shutil
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, cast
@@ -181,7 +182,8 @@ def delta_target(staging: Path, rel: str, basis: Path | None) -> tuple[BinaryIO,
     if basis is None:
         out = open_inside(staging, rel)
         try:
-            return out, tree_digest.read_blocks(out)
+            with _named(staging / rel, during=f"reading {rel!r}"):
+                return out, tree_digest.read_blocks(out)
         except BaseException:
             out.close()
             raise
@@ -192,24 +194,39 @@ def delta_target(staging: Path, rel: str, basis: Path | None) -> tuple[BinaryIO,
     with os.fdopen(fd, "rb") as source:
         out = create_inside(staging, rel, readable=True)
         try:
-            have = tree_digest.read_blocks(source, copy_to=out)
-            out.flush()  # before the fetched runs are written at their offsets, by fd
+            # (a full disk shows here first: the basis is copied in before any run is fetched)
+            with _named(staging / rel, during=f"copying {basis / rel} in"):
+                have = tree_digest.read_blocks(source, copy_to=out)
+                out.flush()  # before the fetched runs are written at their offsets, by fd
             return out, have
         except BaseException:
             out.close()
             raise
 
 
-def finish_delta(out: BinaryIO, size: int) -> Fetched:
-    """The file a delta was written into cut or extended to `size`, then read back whole:
-    what it now holds (its SHA-256 decides, not the block digests)."""
-    out.flush()
-    os.ftruncate(out.fileno(), size)
-    out.seek(0)
-    digest = hashlib.sha256()
-    while chunk := out.read(_CHUNK):
-        digest.update(chunk)
-    return Fetched(size, digest.hexdigest(), os.fstat(out.fileno()))
+def finish_delta(out: BinaryIO, size: int, *, path: Path) -> Fetched:
+    """The file a delta was written into (`path`) cut or extended to `size`, then read back
+    whole: what it now holds (its SHA-256 decides, not the block digests)."""
+    with _named(path, during="download"):
+        out.flush()
+        os.ftruncate(out.fileno(), size)
+        out.seek(0)
+        digest = hashlib.sha256()
+        while chunk := out.read(_CHUNK):
+            digest.update(chunk)
+        return Fetched(size, digest.hexdigest(), os.fstat(out.fileno()))
+
+
+@contextlib.contextmanager
+def _named(path: Path, *, during: str) -> Iterator[None]:
+    """A file system error of the PBX's own file work named by its cause (`local_file_error`),
+    before the SFTP session it runs inside could take it for a lost link."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is None:
+            e.filename = str(path)
+        raise local_file_error(e, during=during) from e
 
 
 def reset_dir(path: Path) -> None:

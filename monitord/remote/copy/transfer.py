@@ -926,7 +926,8 @@ async def _fetch_delta(
                     await reads.finish()
                 finally:
                     await reads.cancel()
-        fetched = await asyncio.to_thread(local_tree.finish_delta, out, now.size)
+        fetched = await asyncio.to_thread(local_tree.finish_delta, out, now.size,
+                                          path=staging / rel)
     finally:
         out.close()
     return fetched, delta.sent_bytes
