@@ -311,9 +311,12 @@ class Stack:
             await self.wait_until(self._ready, timeout_s=30, what="monitord ready")
 
     async def _read_log(self, proc: asyncio.subprocess.Process) -> None:
+        """monitord's log lines, kept here and in root/monitord.log (read after a run)."""
         assert proc.stderr is not None
-        while line := await proc.stderr.readline():
-            self.log_lines.append(line.decode("utf-8", "replace").rstrip("\n"))
+        with (self.root / "monitord.log").open("ab") as saved:
+            while line := await proc.stderr.readline():
+                saved.write(line)
+                self.log_lines.append(line.decode("utf-8", "replace").rstrip("\n"))
 
     async def _ready(self) -> bool:
         if self.daemon is not None and self.daemon.returncode is not None:

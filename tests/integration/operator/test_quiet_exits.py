@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import tomllib
 from pathlib import Path
 
@@ -103,8 +104,13 @@ class TestTunnelShutdown:
         """Daemons on the VPS whose forwarded connection closes connect again at once; each
         new connection is a new channel, opened after the ones being closed. The forward is
         cancelled first (the VPS confirms it), so every channel is closed and acknowledged
-        before the disconnect, none left for its burst."""
-        stack = await stack_factory(services={"tg": 2})
+        before the disconnect, none left for its burst. One client holds its connection
+        open throughout: its channel is certainly there when the stop comes, and must be
+        among those closed."""
+        # (a generous keepalive: four busy client threads in this process slow the
+        # in-process VPS's answers, and a tunnel that drops before the stop proves nothing)
+        stack = await stack_factory(services={"tg": 2},
+                                    remote_overrides={"keepalive_count_max": 20})
         await stack.wait_settled(expect={"tg": "local"}, timeout_s=60)
         await stack.place("tg", "remote")
         await stack.wait_settled(expect={"tg": "remote"}, timeout_s=120)
@@ -112,6 +118,7 @@ class TestTunnelShutdown:
         host, port = nats["listen"].rsplit(":", 1)
         stop = threading.Event()
         connected = [0]
+        held: dict[str, float] = {}
 
         def reconnecting() -> None:
             while not stop.is_set():
@@ -122,17 +129,31 @@ class TestTunnelShutdown:
                     with contextlib.suppress(OSError):
                         conn.recv(1)
 
+        def holding() -> None:
+            with socket.create_connection((host, int(port)), timeout=1) as conn:
+                held["at"] = time.monotonic()
+                conn.settimeout(60)
+                with contextlib.suppress(OSError):
+                    while conn.recv(4096):
+                        pass
+                held["ended"] = time.monotonic()
+
         threads = [threading.Thread(target=reconnecting, daemon=True) for _ in range(4)]
+        threads.append(threading.Thread(target=holding, daemon=True))
         for thread in threads:
             thread.start()
         try:
-            await stack.wait_until(lambda: connected[0] > 50, timeout_s=30,
+            await stack.wait_until(lambda: connected[0] > 50 and "at" in held, timeout_s=30,
                                    what="clients connecting through the reverse forward")
+            stopping_at = time.monotonic()
+            assert "ended" not in held, stack.events("tunnel_error")
             assert await stack.stop_monitord() == 0
         finally:
             stop.set()
             for thread in threads:
                 thread.join(timeout=5)
+        # the held connection lasted until the stop: its channel was open when it came
+        assert held.get("ended", 0) >= stopping_at, (held, stack.events("tunnel_error"))
         [closing] = stack.events("tunnel_channels_closed")
         assert closing["left"] == 0, closing
         assert closing["closed"] >= 1
