@@ -7,6 +7,7 @@
                    over SSH exec and parses its JSON
 - forwards.py      reverse/local forwards, denied-forward diagnosis, end-to-end proofs
 - port_holder.py   who holds a port on the VPS (`ss`), and fencing a stale sshd session
+- goodbye.py       closing a connection: every channel acknowledged before the disconnect
 - backoff.py       exponential backoff with full jitter and a per-minute attempt cap
 
 Decisions live in orchestrator/tunnel_lease.py and orchestrator/forward_diagnosis.py; SSH

@@ -44,6 +44,7 @@ from monitord.base.periodic import LoopBook
 from monitord.base.task_owner import TaskOwner
 from monitord.remote import artifact, ssh_side
 from monitord.remote.tunnel.backoff import ReconnectBackoff
+from monitord.remote.tunnel.goodbye import say_goodbye
 from monitord.remote.tunnel.lease_client import LeaseAnswer, LeaseClient, LeaseSession
 from monitord.remote.tunnel.standby import LOGIN_WAIT_S, PROMOTE_TIMEOUT_S, Standby
 from orchestrator.errors import ErrorCode, MonitordError, TransientError, error_for
@@ -266,35 +267,16 @@ class TunnelKeeper:
                 with contextlib.suppress(MonitordError, TimeoutError):
                     async with asyncio.timeout(RELEASE_TIMEOUT_S):
                         await helper.release()
-            await self._close_channels(conn)
-            conn.close()
+            forwards = self._forwards
+            goodbye = await say_goodbye(conn, timeout_s=RELEASE_TIMEOUT_S,
+                                        first=forwards.cancel if forwards else None)
+            # `left` above 0: the VPS did not acknowledge within the bound; they went with
+            # the disconnect, and the VPS may have answered into a closed connection.
+            self._log.info("tunnel_channels_closed", closed=goodbye.closed, left=goodbye.left)
         attempt = self._attempt_task
         if attempt is not None and not attempt.done():
             attempt.cancel()
             await asyncio.gather(attempt, return_exceptions=True)
-
-    async def _close_channels(self, conn: asyncssh.SSHClientConnection) -> None:
-        """Every channel closed and acknowledged by the VPS (bounded) before the disconnect.
-
-        A bare conn.close() sends every channel's close and the disconnect in one burst and
-        drops the socket, so the server answers into a dead socket and forwarded connections
-        on the VPS end with a reset. The reverse forwards are cancelled first, confirmed by
-        the VPS: a remote daemon whose forwarded connection is closed connects again at once,
-        and the VPS would open a new channel for it after the ones closed here. asyncssh
-        lists channels only privately."""
-        closed = 0
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(RELEASE_TIMEOUT_S):
-                if self._forwards is not None:
-                    await self._forwards.cancel()
-                while channels := list(conn._channels.values()):
-                    for channel in channels:
-                        channel.close()
-                    await asyncio.gather(*(c.wait_closed() for c in channels))
-                    closed += len(channels)
-        # `left` above 0: the VPS did not acknowledge within the bound; they go with the
-        # disconnect, and the VPS may answer into a closed connection.
-        self._log.info("tunnel_channels_closed", closed=closed, left=len(conn._channels))
 
     # -- one attempt -----------------------------------------------------------------------
     async def _wait_before_attempt(self) -> None:

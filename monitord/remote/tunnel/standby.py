@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from monitord.base.periodic import LoopBook
 from monitord.base.task_owner import TaskOwner
+from monitord.remote.tunnel.goodbye import say_goodbye
 from monitord.remote.tunnel.lease_client import LeaseSession
 from orchestrator.errors import MonitordError
 
@@ -43,6 +44,9 @@ PROMOTE_TIMEOUT_S = 1.0
 # within a few round trips; one whose path died under it hangs until the connect time-out,
 # and waiting for that held a reconnect 8.5 s longer than a fresh login needed.
 LOGIN_WAIT_S = 1.0
+# A live VPS acknowledges the helper's close within a round trip; a dead path costs the
+# bound once, at shutdown.
+GOODBYE_TIMEOUT_S = 2.0
 LOOP_NAME = "tunnel standby"
 
 
@@ -95,11 +99,13 @@ class Standby:
         return ready
 
     async def close(self) -> None:
-        await self._stop()
+        """Stop keeping one; a ready one says goodbye (its helper's channel closed and
+        acknowledged before the disconnect, goodbye.py), bounded by `GOODBYE_TIMEOUT_S`."""
         ready, self._ready = self._ready, None
+        await self._stop()
         if ready is not None:
-            ready.helper.close()
-            ready.conn.close()
+            goodbye = await say_goodbye(ready.conn, timeout_s=GOODBYE_TIMEOUT_S)
+            self._log.info("tunnel_standby_closed", closed=goodbye.closed, left=goodbye.left)
 
     async def _stop(self) -> None:
         task, self._task = self._task, None

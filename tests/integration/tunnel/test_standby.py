@@ -139,6 +139,19 @@ class TestStandby:
             await _standby_ready(vps, keeper)
         await poll(lambda: not _our_sessions(vps), timeout_s=10, what="no session of ours")
 
+    async def test_closing_the_keeper_closes_the_standby_helper_before_the_disconnect(
+        self, vps: Vps, echo: EchoServer, captured: Captured
+    ) -> None:
+        """A bare disconnect sends the helper's channel close with it and drops the socket:
+        the VPS answers that close into a reset connection. The helper's channel is closed
+        and acknowledged first."""
+        async with running_keeper(remote_section(vps, reverse=(reverse_to(echo),)),
+                                  captured=captured) as keeper:
+            await keeper.wait_connected(timeout_s=20)
+            await _standby_ready(vps, keeper)
+        [goodbye] = [e for e in captured.events if e["event"] == "tunnel_standby_closed"]
+        assert (goodbye["closed"], goodbye["left"]) == (1, 0), goodbye
+
     async def test_it_can_be_switched_off(
         self, vps: Vps, echo: EchoServer, captured: Captured
     ) -> None:
