@@ -368,9 +368,12 @@ class PhaseActions:
         wall_s = self._clock() - started
         self._staged[txn.transaction_id] = staged
         self.copy_timings.pre_copied(txn.source, staged, wall_s=wall_s)
+        rounds: dict[str, object] = {"rounds": list(staged.rounds)} if staged.rounds else {}
+        if staged.rounds_error is not None:
+            rounds["rounds_error"] = staged.rounds_error
         log.info("area_pre_copied", files=len(staged.files), bytes=staged.sent_bytes,
                  seconds=round(wall_s, 3), send_seconds=round(staged.send_s, 3),
-                 **decision.facts())
+                 **rounds, **decision.facts())
 
     # -- ROLLBACK: the destination's newer data back to the source --------------------------
 

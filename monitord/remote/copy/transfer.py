@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import os
@@ -77,7 +78,7 @@ from monitord.remote import ssh_errors
 from monitord.remote.copy import listing, local_tree, vps_tree
 from monitord.remote.copy.listing import incomplete
 from monitord.remote.copy.vps_tree import CopyAgent, VpsTree
-from orchestrator import block_delta, disk_space
+from orchestrator import block_delta, disk_space, pre_copy
 from orchestrator.block_delta import Blocks
 from orchestrator.errors import ErrorCode, MonitordError, error_for
 
@@ -123,6 +124,10 @@ class Staged:
     # block_delta.py), so that the copy after the stop sends a changed file's changed
     # blocks only.
     blocks: dict[str, Blocks] = field(default_factory=dict)
+    # The bytes each round of an upload's pre-copy sent (the first: the whole pass), and
+    # the code of a failure that ended the rounds early (what they staged still holds).
+    rounds: tuple[int, ...] = ()
+    rounds_error: str | None = None
 
     def matches(self, *, local_dir: Path, remote_dir: str, upload: bool) -> bool:
         return (self.local_dir, self.remote_dir, self.upload) == (local_dir, remote_dir, upload)
@@ -209,8 +214,10 @@ async def pre_upload(
     is simply sent again by `upload`. `agent`: as for `upload`."""
     tree = await vps_tree.chosen(conn, remote_dir=remote_dir, vps_command=vps_command,
                                  agent=agent)
+    strategy = _Upload(conn, local_dir, remote_dir, tree, timeout_s)
     async with _gives_space_back(conn, remote_dir=remote_dir):
-        return await _Upload(conn, local_dir, remote_dir, tree, timeout_s).pre_copy()
+        staged = await strategy.pre_copy()
+    return await strategy.more_rounds(staged)
 
 
 @contextlib.asynccontextmanager
@@ -354,6 +361,25 @@ class _Upload:
                       sent_bytes=sent_bytes, send_s=send_s,
                       blocks={rel: sent_blocks[rel] for rel in files})
 
+    async def more_rounds(self, staged: Staged) -> Staged:
+        """While `pre_copy.another_round` says so, send what changed since the last round
+        into the staging dir (`_Round`), in one SFTP session opened only when a round
+        finds something changed. A failed round ends them: what the rounds before staged
+        is kept, and the file it was writing is left for the copy after the stop."""
+        rounds = [staged.sent_bytes]
+        kept = _Round(self, staged)
+        error: str | None = None
+        during = f"pre-copy to {self.remote_dir}"
+        try:
+            with _sftp_translated(during, timeout_s=self.timeout_s):
+                async with contextlib.AsyncExitStack() as session:
+                    while pre_copy.another_round(rounds):
+                        async with asyncio.timeout(self.timeout_s):
+                            rounds.append(await kept.once(session))
+        except MonitordError as e:
+            error = e.code.value
+        return dataclasses.replace(kept.staged(), rounds=tuple(rounds), rounds_error=error)
+
     async def copy(
         self, staged: Staged | None, progress: Progress | None, *,
         manifest: tuple[local_tree.FileEntry, ...] | None = None,
@@ -375,7 +401,8 @@ class _Upload:
         if staged is None:  # a pre-copy made the staging dir: no round trip to make it again
             await self.tree.reset_staging()
         to_send = [e for e in manifest if kept.get(e.path) != e.sha256]
-        gone = sorted(set(kept) - {e.path for e in manifest})
+        # (a file a later round wrote into the staging dir is in `deltas` alone)
+        gone = sorted((set(kept) | set(deltas)) - {e.path for e in manifest})
         done = total - sum(e.size for e in to_send)
         staged_lost = False
         during = f"upload to {self.remote_dir}"
@@ -443,6 +470,115 @@ class _Upload:
             if progress:
                 progress(done, total)
         return sent
+
+
+class _Round:
+    """A later round of an upload's pre-copy, over the staged files' state: each file whose
+    stat identity is not the one it was staged under is digested (4 KiB blocks) and its
+    changed blocks are written into the staged file, a new file is sent whole — all while
+    the source runs. What it keeps stays true of the staging dir at every step: a file is
+    dropped from it before it is written and put back after, so a round cut half-way leaves
+    that one file to be sent whole after the stop. Nothing is trusted to it alone: the
+    receiver's digest still decides the promote."""
+
+    def __init__(self, upload: _Upload, staged: Staged) -> None:
+        self._upload = upload
+        self._first = staged
+        self.files = dict(staged.files)
+        self.blocks = dict(staged.blocks)
+        self.cache = dict(staged.cache)
+        self._sftp: asyncssh.SFTPClient | None = None
+
+    def staged(self) -> Staged:
+        return dataclasses.replace(self._first, files=self.files, blocks=self.blocks,
+                                   cache=self.cache)
+
+    async def once(self, session: contextlib.AsyncExitStack) -> int:
+        """One round; the bytes it sent."""
+        up = self._upload
+        epoch, names = await asyncio.to_thread(local_tree.pre_listing, up.local_dir)
+        changed = [(rel, listed) for rel, listed in names if not self._unchanged(rel, listed)]
+        staging = vps_tree.staging_of(up.remote_dir)
+        sent = 0
+        for rel, listed in changed:
+            if self._sftp is None:
+                self._sftp = await session.enter_async_context(up.conn.start_sftp_client())
+            self.files.pop(rel, None)
+            self.cache.pop(rel, None)
+            staged_as = self.blocks.pop(rel, None)
+            target = str(PurePosixPath(staging) / rel)
+            sha: str | None
+            try:
+                if staged_as is None:
+                    await self._sftp.makedirs(str(PurePosixPath(target).parent), exist_ok=True)
+                    sha, blocks, before, after = await _send_file(
+                        self._sftp, up.local_dir / rel, target,
+                        listed=(listed.st_dev, listed.st_ino), size=None)
+                    sent += blocks.size
+                else:
+                    sha, blocks, before, after, delta_bytes = await _refresh_file(
+                        self._sftp, up.local_dir / rel, target,
+                        listed=(listed.st_dev, listed.st_ino), staged=staged_as)
+                    sent += delta_bytes
+            except MonitordError as e:
+                if e.code != ErrorCode.COPY_SOURCE_CHANGED:
+                    raise
+                continue  # gone or replaced since the listing: left for after the stop
+            self.blocks[rel] = blocks
+            if sha is not None:
+                self.files[rel] = sha
+                identity = tree_digest.cacheable(before, after, epoch)
+                if identity is not None:
+                    self.cache[rel] = (identity, sha)
+        return sent
+
+    def _unchanged(self, rel: str, listed: os.stat_result) -> bool:
+        cached = self.cache.get(rel)
+        return cached is not None and rel in self.files \
+            and cached[0] == tree_digest.identity(listed)
+
+
+async def _refresh_file(
+    sftp: asyncssh.SFTPClient, source_path: Path, target: str, *,
+    listed: tuple[int, int], staged: Blocks,
+) -> tuple[str | None, Blocks, os.stat_result, os.stat_result, int]:
+    """Make the staged `target` (whose blocks are `staged`) the running source's file again
+    by writing only the blocks that differ: (its SHA-256 — None when the file changed while
+    it was read, so that what was written is not one state of it —, the staged file's block
+    digests now, fstat before and after, the bytes sent). The digests kept are those of the
+    bytes written, so they describe the staged file whatever the source did meanwhile."""
+    fd = await _open_source(source_path, listed)
+    try:
+        before = os.fstat(fd)
+        sha, now = await asyncio.to_thread(_digest_blocks, fd, before.st_size)
+        delta = block_delta.plan(staged, now)
+        digests = bytearray(staged.digests[:block_delta.block_count(now.size)
+                                           * block_delta.DIGEST_BYTES])
+        digests += now.digests[len(digests):]  # (past the staged end: every block is a run)
+        consistent = True
+        if not delta.nothing:
+            async with sftp.open(target, "r+b") as out:
+                writes = _InFlight()
+                try:
+                    for offset, length in delta.runs:
+                        data = await asyncio.to_thread(os.pread, fd, length, offset)
+                        if len(data) != length:
+                            raise _source_changed(str(source_path), "it shrank while read")
+                        written = block_delta.blocks_of(data)
+                        consistent = consistent and written == now.run(offset, length)
+                        start = offset // block_delta.BLOCK_BYTES * block_delta.DIGEST_BYTES
+                        digests[start:start + len(written)] = written
+                        await writes.add(functools.partial(out.write, data, offset))
+                    await writes.finish()
+                finally:
+                    await writes.cancel()
+                if delta.resize:
+                    await out.truncate(delta.size)
+        after = os.fstat(fd)
+    finally:
+        os.close(fd)
+    blocks = Blocks(size=now.size, digests=bytes(digests))
+    return (sha if consistent else None), blocks, before, after, delta.sent_bytes
 
 
 async def _send_entry(sftp: asyncssh.SFTPClient, local_dir: Path,

@@ -8,7 +8,7 @@ import os
 import shutil
 import stat
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -591,6 +591,141 @@ class TestPreCopy:
                 local_dir=src, remote_dir=str(remote), staged=staged
             )
         assert _tree(remote) == _tree(src) and report.reused == 0
+
+
+def _rewrite_pages(path: Path, pages: Iterable[int]) -> None:
+    with path.open("r+b") as f:
+        for index in pages:
+            f.seek(index * PAGE)
+            f.write(os.urandom(PAGE))
+
+
+def _while_the_first_pass_ran(monkeypatch: pytest.MonkeyPatch,
+                              change: Callable[[], None]) -> None:
+    """`change` happens to the running source right after the pre-copy's first pass, as a
+    live store changes while its first pass crosses a slow link."""
+    first_pass = transfer._Upload.pre_copy
+
+    async def then_changed(self: Any) -> Any:
+        staged = await first_pass(self)
+        change()
+        return staged
+
+    monkeypatch.setattr(transfer._Upload, "pre_copy", then_changed)
+
+
+class TestPreCopyRounds:
+    """A live store changes while the first pass sends it: the pre-copy goes over what
+    changed again while the rounds shrink (orchestrator/pre_copy.another_round), so that
+    after the stop only the last few pages cross."""
+
+    async def test_pages_changed_during_the_first_pass_go_in_a_second_round(
+        self, vps: VpsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        src, remote = tmp_path / "src", tmp_path / "vps" / "data" / "r1"
+        src.mkdir()
+        store = src / "session.db"
+        store.write_bytes(os.urandom(512 * PAGE))
+        changed = range(100, 120)  # 80 KiB: more than is left for after the stop
+        _while_the_first_pass_ran(monkeypatch, lambda: _rewrite_pages(store, changed))
+        async with vps.connect() as conn:
+            staged = await area_copy.pre_upload(
+                conn, vps_command=vps_command(), local_dir=src, remote_dir=str(remote))
+            assert staged.rounds == (512 * PAGE, len(changed) * PAGE, 0)
+            assert staged.rounds_error is None
+            assert (tree_digest.staging_dir(remote) / "session.db").read_bytes() \
+                == store.read_bytes()
+            _rewrite_pages(store, [7])
+            report = await area_copy.upload(
+                conn, vps_command=vps_command(), local_dir=src, remote_dir=str(remote),
+                staged=staged)
+        assert _tree(remote) == _tree(src)
+        assert report.sent_bytes == PAGE  # only the page changed after the rounds
+
+    async def test_a_file_grown_shrunk_created_and_replaced_between_rounds_arrives_exact(
+        self, vps: VpsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        src, remote = tmp_path / "src", tmp_path / "vps" / "data" / "r2"
+        src.mkdir()
+        for name in ("grown.db", "cut.db", "replaced.db"):
+            (src / name).write_bytes(os.urandom(64 * PAGE))
+
+        def meanwhile() -> None:
+            with (src / "grown.db").open("ab") as f:
+                f.write(os.urandom(20 * PAGE + 5))
+            os.truncate(src / "cut.db", 10 * PAGE + 3)
+            (src / "new.db").write_bytes(os.urandom(3 * PAGE))
+            content = bytearray((src / "replaced.db").read_bytes())
+            content[PAGE:2 * PAGE] = os.urandom(PAGE)
+            (src / "replaced.tmp").write_bytes(bytes(content))
+            os.replace(src / "replaced.tmp", src / "replaced.db")  # a new inode
+
+        _while_the_first_pass_ran(monkeypatch, meanwhile)
+        async with vps.connect() as conn:
+            staged = await area_copy.pre_upload(
+                conn, vps_command=vps_command(), local_dir=src, remote_dir=str(remote))
+            staging = tree_digest.staging_dir(remote)
+            assert _tree(staging) == _tree(src)
+            # the append, the cut file's new last block, the new file, the replaced page
+            assert staged.rounds[1] == (20 * PAGE + 5) + 3 + 3 * PAGE + PAGE
+            report = await area_copy.upload(
+                conn, vps_command=vps_command(), local_dir=src, remote_dir=str(remote),
+                staged=staged)
+        assert _tree(remote) == _tree(src)
+        assert report.sent_bytes == 0
+
+    async def test_a_round_cut_by_the_link_keeps_what_was_staged_and_the_copy_completes(
+        self, vps: VpsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        src, remote = tmp_path / "src", tmp_path / "vps" / "data" / "r3"
+        src.mkdir()
+        for name in ("a.db", "b.db"):
+            (src / name).write_bytes(os.urandom(64 * PAGE))
+        _while_the_first_pass_ran(monkeypatch, lambda: [
+            _rewrite_pages(src / name, range(10, 30)) for name in ("a.db", "b.db")])
+        refresh = transfer._refresh_file
+
+        async def cut_first(*args: Any, **kwargs: Any) -> Any:
+            vps.drop_all_sessions()  # the link goes as the round writes its first file
+            return await refresh(*args, **kwargs)
+
+        monkeypatch.setattr(transfer, "_refresh_file", cut_first)
+        async with vps.connect() as conn:
+            staged = await area_copy.pre_upload(
+                conn, vps_command=vps_command(), local_dir=src, remote_dir=str(remote))
+        assert staged.rounds_error == "SSH_UNREACHABLE"
+        assert staged.rounds == (128 * PAGE,)
+        # the file the round was writing is no longer counted as staged
+        assert "a.db" not in staged.files and "a.db" not in staged.blocks
+        monkeypatch.setattr(transfer, "_refresh_file", refresh)
+        async with vps.connect() as conn:
+            report = await area_copy.upload(
+                conn, vps_command=vps_command(), local_dir=src, remote_dir=str(remote),
+                staged=staged)
+        assert _tree(remote) == _tree(src)
+        # a.db whole; b.db's changed pages as a delta of what the first pass staged
+        assert report.sent_bytes == 64 * PAGE + 20 * PAGE
+
+    async def test_a_still_tree_takes_one_look_and_no_session(
+        self, vps: VpsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        src, remote = tmp_path / "src", tmp_path / "vps" / "data" / "r4"
+        src.mkdir()
+        (src / "session.db").write_bytes(os.urandom(64 * PAGE))
+        aged(src / "session.db")  # (so that its first pass's hash is cached)
+        sessions = []
+        async with vps.connect() as conn:
+            start = conn.start_sftp_client
+
+            def counted() -> Any:
+                sessions.append(1)
+                return start()
+
+            monkeypatch.setattr(conn, "start_sftp_client", counted)
+            staged = await area_copy.pre_upload(
+                conn, vps_command=vps_command(), local_dir=src, remote_dir=str(remote))
+        assert staged.rounds == (64 * PAGE, 0)
+        assert len(sessions) == 1  # the first pass's: the second round found nothing to send
 
 
 class TestDigestCaches:

@@ -188,3 +188,35 @@ class TestCopyCosts:
         for estimate in (costs.throughput, costs.fixed_cost):
             assert estimate is not None
             assert min(normal) <= estimate <= max(normal)
+
+
+class TestRounds:
+    """The pre-copy goes over what changed again while the rounds shrink."""
+
+    def test_a_tree_that_fits_in_what_is_left_for_after_the_stop_takes_one_round(self) -> None:
+        assert not pre_copy.another_round([pre_copy.SETTLED_BYTES])
+        assert pre_copy.another_round([pre_copy.SETTLED_BYTES + 1])
+
+    def test_rounds_go_on_while_each_sends_at_most_half_of_the_one_before(self) -> None:
+        assert pre_copy.another_round([24 << 20, 700_000])
+        assert pre_copy.another_round([24 << 20, 700_000, 350_000])
+        assert not pre_copy.another_round([24 << 20, 700_000, 350_001])
+
+    def test_a_store_changing_faster_than_the_link_follows_ends_the_rounds(self) -> None:
+        assert not pre_copy.another_round([24 << 20, 4 << 20, 4 << 20])
+
+    def test_a_round_that_sent_little_is_the_last(self) -> None:
+        assert not pre_copy.another_round([24 << 20, 700_000, pre_copy.SETTLED_BYTES])
+
+    def test_no_more_than_the_most_rounds(self) -> None:
+        shrinking = [1 << 30 >> (2 * i) for i in range(pre_copy.MAX_ROUNDS)]
+        assert pre_copy.another_round(shrinking[:-1])
+        assert not pre_copy.another_round(shrinking)
+
+    @PROFILE
+    @given(st.lists(st.integers(min_value=0, max_value=1 << 40), max_size=8))
+    def test_the_rounds_always_end(self, sent: list[int]) -> None:
+        rounds = list(sent)
+        while pre_copy.another_round(rounds):
+            rounds.append(rounds[-1])  # a round that did not shrink
+        assert len(rounds) <= max(len(sent), pre_copy.MAX_ROUNDS)
