@@ -556,24 +556,14 @@ async def _refresh_file(
                                            * block_delta.DIGEST_BYTES])
         digests += now.digests[len(digests):]  # (past the staged end: every block is a run)
         consistent = True
-        if not delta.nothing:
-            async with sftp.open(target, "r+b") as out:
-                writes = _InFlight()
-                try:
-                    for offset, length in delta.runs:
-                        data = await asyncio.to_thread(os.pread, fd, length, offset)
-                        if len(data) != length:
-                            raise _source_changed(str(source_path), "it shrank while read")
-                        written = block_delta.blocks_of(data)
-                        consistent = consistent and written == now.run(offset, length)
-                        start = offset // block_delta.BLOCK_BYTES * block_delta.DIGEST_BYTES
-                        digests[start:start + len(written)] = written
-                        await writes.add(functools.partial(out.write, data, offset))
-                    await writes.finish()
-                finally:
-                    await writes.cancel()
-                if delta.resize:
-                    await out.truncate(delta.size)
+
+        def record(offset: int, length: int, written: bytes) -> None:
+            nonlocal consistent
+            consistent = consistent and written == now.run(offset, length)
+            start = offset // block_delta.BLOCK_BYTES * block_delta.DIGEST_BYTES
+            digests[start:start + len(written)] = written
+
+        await _write_delta(sftp, target, fd, delta, record, path=source_path)
         after = os.fstat(fd)
     finally:
         os.close(fd)
@@ -611,25 +601,41 @@ async def _send_delta(sftp: asyncssh.SFTPClient, local_dir: Path, entry: local_t
         if sha != entry.sha256:
             raise _source_changed(entry.path, "its bytes changed since it was hashed")
         delta = block_delta.plan(staged, now)
-        if delta.nothing:
-            return 0
-        async with sftp.open(target, "r+b") as out:
-            writes = _InFlight()
-            try:
-                for offset, length in delta.runs:
-                    data = await asyncio.to_thread(os.pread, fd, length, offset)
-                    if len(data) != length or block_delta.blocks_of(data) != now.run(
-                            offset, length):
-                        raise _source_changed(entry.path, "its bytes changed while it was sent")
-                    await writes.add(functools.partial(out.write, data, offset))
-                await writes.finish()
-            finally:
-                await writes.cancel()
-            if delta.resize:
-                await out.truncate(delta.size)
+
+        def check(offset: int, length: int, written: bytes) -> None:
+            if written != now.run(offset, length):
+                raise _source_changed(entry.path, "its bytes changed while it was sent")
+
+        await _write_delta(sftp, target, fd, delta, check, path=local_dir / entry.path)
     finally:
         os.close(fd)
     return delta.sent_bytes
+
+
+async def _write_delta(
+    sftp: asyncssh.SFTPClient, target: str, fd: int, delta: block_delta.Delta,
+    seen: Callable[[int, int, bytes], None], *, path: Path,
+) -> None:
+    """Write `delta`'s runs of `fd` into the staged `target` in place (a few on the wire at
+    once), then cut or extend it; `seen(offset, length, block digests)` is told each run's digests
+    as read, before it is written (it may refuse it by raising). A run that reads short is
+    COPY_SOURCE_CHANGED: the file shrank."""
+    if delta.nothing:
+        return
+    async with sftp.open(target, "r+b") as out:
+        writes = _InFlight()
+        try:
+            for offset, length in delta.runs:
+                data = await asyncio.to_thread(os.pread, fd, length, offset)
+                if len(data) != length:
+                    raise _source_changed(str(path), "it shrank while it was read")
+                seen(offset, length, block_delta.blocks_of(data))
+                await writes.add(functools.partial(out.write, data, offset))
+            await writes.finish()
+        finally:
+            await writes.cancel()
+        if delta.resize:
+            await out.truncate(delta.size)
 
 
 def _digest_blocks(fd: int, size: int) -> tuple[str, Blocks]:
