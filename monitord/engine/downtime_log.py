@@ -14,6 +14,7 @@ from typing import Any
 
 from monitord.base import logs
 from monitord.base.metrics import Metrics
+from monitord.base.round_trips import RoundTrips
 from monitord.store.state_db import Store
 from orchestrator.models import Phase, Side, Transaction
 
@@ -64,7 +65,10 @@ class DowntimeLog:
     the status, the ended records of each service's last move.
 
     The engine tells it: `opened` (transaction stored), `source_stopped` (SUPPRESS_SOURCE
-    stored), `healthy` (a health check passed), `rollback_started`, `resumed`, `ended`."""
+    stored), `healthy` (a health check passed), `rollback_started`, `resumed`, `ended`; and
+    it counts the round trips to the VPS the steps made while the area was down
+    (`trips_for`, monitord/base/round_trips.py), in this process: the event's `round_trips`,
+    None when the stop happened before a restart."""
 
     def __init__(
         self,
@@ -83,6 +87,8 @@ class DowntimeLog:
         self._records: dict[str, AreaDowntime] = {}  # transactions still in PlacementState
         self._stopped: dict[str, float] = {}  # transaction_id -> monotonic stop (this process)
         self._moves: dict[str, tuple[str, dict[str, AreaDowntime]]] = {}  # service -> last move
+        self._trips: dict[str, RoundTrips] = {}  # transaction_id -> since the stop
+        self._trips_when_healthy: dict[str, int] = {}
 
     async def load(self, active: list[Transaction]) -> None:
         """The records of the active transactions and each service's last move (start-up)."""
@@ -116,6 +122,8 @@ class DowntimeLog:
     async def source_stopped(self, txn: Transaction) -> None:
         """The source may no longer run: its supervisor or agent stops it from now on."""
         self._stopped[txn.transaction_id] = self._clock()
+        self._trips[txn.transaction_id] = RoundTrips()
+        self._trips_when_healthy.pop(txn.transaction_id, None)
         await self._put(dataclasses.replace(
             self._get(txn), stopped_at=self._wall(), healthy_at=None, healthy_side=None,
             downtime_s=None,
@@ -138,6 +146,8 @@ class DowntimeLog:
             return  # nothing was stopped by this transaction (or not recorded): no downtime
         stopped = self._stopped.get(txn.transaction_id)
         downtime = now - stopped if stopped is not None else at - record.stopped_at
+        if (trips := self._trips.get(txn.transaction_id)) is not None:
+            self._trips_when_healthy[txn.transaction_id] = trips.count
         record = dataclasses.replace(record, healthy_at=at, healthy_side=side.value,
                                      downtime_s=max(0.0, downtime))
         ended = record.outcome in ("rolled_back", "parked")  # a rollback's source, watched
@@ -158,7 +168,7 @@ class DowntimeLog:
         its own downtime) or a rollback resumed (its downtime goes on)."""
         record = dataclasses.replace(self._get(txn), outcome=None, finished_at=None)
         if fresh:
-            self._stopped.pop(txn.transaction_id, None)
+            self._forget_stop(txn.transaction_id)
             record = dataclasses.replace(record, stopped_at=None, healthy_at=None,
                                          healthy_side=None, downtime_s=None)
         await self._put(record)
@@ -170,8 +180,6 @@ class DowntimeLog:
         await self._put(record, active=txn.is_active)
         if not txn.is_active:
             self._records.pop(txn.transaction_id, None)
-            if txn.phase is Phase.DONE:
-                self._stopped.pop(txn.transaction_id, None)
         move = self._moves.get(record.service)
         if move is None or (move[0] != record.move_id):
             rows = await self.store.move_downtimes(record.move_id)
@@ -180,23 +188,35 @@ class DowntimeLog:
             self._moves[record.service] = move
         move[1][record.transaction_id] = record
         self._on_change()
-        if txn.phase is Phase.DONE and record.downtime_s is not None:
-            await self._final(record)
+        if txn.phase is Phase.DONE:
+            if record.downtime_s is not None:
+                await self._final(record)
+            self._forget_stop(txn.transaction_id)
 
     def unmeasured(self, txn: Transaction) -> None:
         """A watched source was not seen healthy: its downtime stays open in its record."""
-        self._stopped.pop(txn.transaction_id, None)
+        self._forget_stop(txn.transaction_id)
+
+    def trips_for(self, txn: Transaction) -> RoundTrips | None:
+        """What counts the round trips of `txn`'s steps: from its source's stop on."""
+        return self._trips.get(txn.transaction_id)
+
+    def _forget_stop(self, transaction_id: str) -> None:
+        self._stopped.pop(transaction_id, None)
+        self._trips.pop(transaction_id, None)
+        self._trips_when_healthy.pop(transaction_id, None)
 
     async def _final(self, record: AreaDowntime) -> None:
         assert record.downtime_s is not None
-        self._stopped.pop(record.transaction_id, None)
+        trips = self._trips_when_healthy.get(record.transaction_id)
+        self._forget_stop(record.transaction_id)
         self.metrics.area_downtime.labels(
             service=record.service, direction=record.direction
         ).observe(record.downtime_s)
         fields = {"transaction_id": record.transaction_id, "service": record.service,
                   "area": record.area, "direction": record.direction,
                   "outcome": record.outcome, "healthy_side": record.healthy_side,
-                  "downtime_s": round(record.downtime_s, 4)}
+                  "downtime_s": round(record.downtime_s, 4), "round_trips": trips}
         log.info("area_downtime", **fields)
         await self.store.record_event("area_downtime", fields)
 

@@ -40,7 +40,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
 
-from monitord.base import logs
+from monitord.base import logs, round_trips
 from monitord.base.metrics import Metrics
 from monitord.base.periodic import LoopBook, Periodic
 from monitord.base.task_owner import TaskOwner
@@ -474,7 +474,7 @@ class MigrationEngine:
         delay = STEP_RETRY_BASE_S
         for attempt in range(1, STEP_ATTEMPTS + 1):
             try:
-                with txn_log.step(txn):
+                with txn_log.step(txn), round_trips.counted_by(self.downtime.trips_for(txn)):
                     return await self.actions.perform(txn, action)
             except TransientError as e:
                 if e.code in rules.UNREACHABLE_CODES or attempt == STEP_ATTEMPTS \

@@ -43,6 +43,7 @@ USAGE_TIMEOUT_S = 30.0
 # The longest one health question to the agent is held open (it answers when the window
 # closes); several are asked in turn up to the health check's deadline.
 HEALTH_WAIT_S = 5.0
+WARM_TIMEOUT_S = 10.0
 
 
 class RemoteSide:
@@ -148,19 +149,38 @@ class RemoteSide:
 
     async def warm(self, conn: asyncssh.SSHClientConnection) -> None:
         """A connection just came up: fetch what every preflight over it will ask first
-        (monitord.remote.preflight.warm), so that the first move need not wait for it."""
+        (monitord.remote.preflight.warm), and what a copy asks before its first byte (the
+        agent's routes, an SFTP session), so that no move waits for them, least of all
+        while its area is down."""
         from monitord.remote import preflight as preflight_checks
 
         link = self._link()
-        await preflight_checks.warm(
-            conn, config=self.config, artifacts=link.artifacts, shared=self._preflight_facts,
+        link.agent.forget_routes()  # the agent behind a new connection may be another
+        await asyncio.gather(
+            preflight_checks.warm(conn, config=self.config, artifacts=link.artifacts,
+                                  shared=self._preflight_facts),
+            self._warm_copies(conn, link),
         )
+
+    async def _warm_copies(self, conn: asyncssh.SSHClientConnection, link: RemoteLink) -> None:
+        """Best effort: a copy asks again for what could not be had now."""
+        from monitord.remote.copy import sftp_session
+
+        try:
+            async with asyncio.timeout(WARM_TIMEOUT_S):
+                await asyncio.gather(link.agent.routes(), sftp_session.warm(conn))
+        except Exception as e:  # whatever it was, the copy meets it again and names it
+            log.info("copy_warm_failed", error=f"{type(e).__name__}: {e}")
 
     # -- stopping and removing -------------------------------------------------------------
 
     async def stop(self, *, area: str, generation: int) -> None:
-        await self._link().agent.stop(area=area, generation=generation)
-        await self.verify_gone(area=area, generation=generation, entry_gone=False)
+        result = await self._link().agent.stop(area=area, generation=generation)
+        if result != "stopped":
+            # "stopped" is the agent's own verified stop: the area's guard and daemon are
+            # gone, and with them its one process handle, all an inventory would show.
+            # Anything else (no entry at that generation) is looked at.
+            await self.verify_gone(area=area, generation=generation, entry_gone=False)
 
     async def remove(self, *, service: str, area: str, generation: int) -> None:
         await self._delete(area=area, generation=generation)

@@ -5,8 +5,10 @@ and a writer): in production a `direct-streamlocal` channel of the tunnel's SSH 
 to the agent's Unix socket on the VPS (monitord.remote.agent_channel), so nothing on the PBX
 listens for, or could intercept, the bearer secret. Tests and tools use a local Unix or
 TCP socket (`unix_channel`, `tcp_channel`). One HTTP/1.1 request per channel, answered and
-closed by the agent. Every request carries the bearer secret and a timeout; failures are
-translated here, once, into typed errors with stable codes:
+closed by the agent; with `open_ahead` (the daemon's client) each request's channel was
+opened before it was needed, so a request costs one round trip, not two
+(monitord/remote/agent_channels.py). Every request carries the bearer secret and a timeout;
+failures are translated here, once, into typed errors with stable codes:
 
 - no channel (tunnel down, channel refused)     -> AGENT_UNREACHABLE, provably not delivered
 - lost channel / timeout / 5xx                  -> AGENT_UNREACHABLE (maybe delivered)
@@ -29,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import json
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -36,7 +39,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import quote, urlencode
 
-from monitord.base import bounded_json, log_tail, logs, tree_digest
+from monitord.base import bounded_json, log_tail, logs, round_trips, tree_digest
+from monitord.remote import agent_channels
 from orchestrator import area_health, memory_room, names
 from orchestrator.block_delta import Blocks
 from orchestrator.errors import ErrorCode, MonitordError, TransientError, error_for
@@ -147,13 +151,20 @@ _OLDER_AGENT_CODES = frozenset({ErrorCode.AGENT_ROUTE_MISSING, ErrorCode.UNKNOWN
 class AgentClient:
     """The manager API, one channel per request."""
 
-    def __init__(self, *, channel: Channel, secret: bytes, timeout_s: float = DEFAULT_TIMEOUT_S):
-        self._channel = channel
+    def __init__(self, *, channel: Channel, secret: bytes, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 open_ahead: bool = False):
+        self._ahead = agent_channels.ChannelsAhead(channel) if open_ahead else None
+        self._channel: Channel = self._ahead.channel if self._ahead is not None \
+            else functools.partial(agent_channels.fresh, channel)
         self._authorization = f"Bearer {secret.decode().strip()}"
         self._timeout_s = timeout_s
+        self._routes: frozenset[str] | None = None  # `routes()`, as last answered
 
     async def close(self) -> None:
-        """Nothing is kept open between requests; kept for the callers' shutdown order."""
+        """The channel opened ahead (`open_ahead`), if any, is closed; requests after this
+        open their own."""
+        if self._ahead is not None:
+            await self._ahead.close()
 
     async def _call(
         self,
@@ -175,12 +186,14 @@ class AgentClient:
         payload_bytes = b"" if body is None else json.dumps(body).encode()
         limit = MAX_RESPONSE_BYTES if limit is None else limit
         try:
+            # (the channel's open is a round trip of its own unless it was opened ahead)
             async with asyncio.timeout(timeout_s), self._channel() as (reader, writer):
-                status, raw = await _exchange(
-                    reader, writer, method=method, target=target,
-                    authorization=self._authorization, body=payload_bytes,
-                    limit=limit, where=where,
-                )
+                with round_trips.exchange():
+                    status, raw = await _exchange(
+                        reader, writer, method=method, target=target,
+                        authorization=self._authorization, body=payload_bytes,
+                        limit=limit, where=where,
+                    )
         except MonitordError:
             raise
         except TimeoutError as e:
@@ -193,7 +206,10 @@ class AgentClient:
             return payload
         if status < 400:
             raise AgentUnreachable(f"{where}: unexpected HTTP {status}", maybe_delivered=True)
-        raise _http_error(status, payload, where=where)
+        error = _http_error(status, payload, where=where)
+        if error.code == ErrorCode.AGENT_ROUTE_MISSING:
+            self.forget_routes()  # an older agent than the one whose routes were kept
+        raise error
 
     # -- the manager API ---------------------------------------------------------------
 
@@ -297,7 +313,18 @@ class AgentClient:
         """What the agent serves, one `METHOD /path/{area}` a route (`GET /v1/routes`), so
         that a caller chooses its way once. An agent older than that route answers it 404
         (`_OLDER_AGENT_CODES`): it serves none of the routes a caller would look for, the
-        empty set."""
+        empty set. Asked once and kept until `forget_routes` (a new connection, a new
+        agent launched) or until a route is answered missing: no copy asks it again while
+        its area is down."""
+        if self._routes is None:
+            self._routes = await self._asked_routes()
+        return self._routes
+
+    def forget_routes(self) -> None:
+        """The agent may be another one now: ask its routes again."""
+        self._routes = None
+
+    async def _asked_routes(self) -> frozenset[str]:
         where = "GET /v1/routes"
         try:
             doc = _object(await self._call("GET", "/v1/routes"), where=where)

@@ -58,6 +58,7 @@ class RemoteLink:
         """Start the agent through its idempotent launcher (it may have died on the VPS)."""
         from monitord.remote import provisioning
 
+        self.agent.forget_routes()
         async with self.session() as conn:
             await provisioning.launch_agent(conn, remote=self.section, timeout_s=30.0)
 

@@ -204,7 +204,7 @@ class Orchestration:
                               owner_label=self.config.monitord.owner_label,
                               before_forwards=self._provision, loops=self.loops)
         agent = AgentClient(channel=agent_channel.over_ssh(keeper.session, remote.agent_socket()),
-                            secret=files.secret)
+                            secret=files.secret, open_ahead=True)
         link = RemoteLink(config=self.config, keeper=keeper, agent=agent,
                           artifacts=list(files.artifacts), secret=files.secret)
         self.link = link
@@ -249,8 +249,8 @@ class Orchestration:
     async def stop(self) -> None:
         await self.engine.stop()
         if self.link is not None:
+            await self.link.agent.close()  # (its channel opened ahead, before the goodbye)
             await self.link.keeper.close()
-            await self.link.agent.close()
         await self.supervisor.close()
         self.remote_state.publish(self.operator.remote_state_rows())
 

@@ -122,6 +122,7 @@ class StackOptions:
     remote_overrides: Mapping[str, Any] = field(default_factory=dict)  # merged into [remote]
     monitord_overrides: Mapping[str, Any] = field(default_factory=dict)  # into [monitord]
     service_overrides: Mapping[str, Any] = field(default_factory=dict)  # into each service
+    log_level: str = "info"  # `monitord run --log-level`
 
 
 class Stack:
@@ -303,6 +304,7 @@ class Stack:
         }
         self.daemon = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "monitord", "run", "-c", str(self.config_path),
+            "--log-level", self.options.log_level,
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE, env=env,
         )

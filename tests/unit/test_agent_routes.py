@@ -97,3 +97,34 @@ class TestWhatTheAgentServes:
         with pytest.raises(MonitordError) as err:
             await client.promote(area="a1", data_dir="/d", expect="0" * 64)
         assert err.value.code == ErrorCode.AGENT_ROUTE_MISSING
+
+
+class TestAskedOnce:
+    """The answer is kept: a copy after the stop never waits for the question. It is asked
+    again after `forget_routes` (a new connection, a new agent launched) and after any
+    route is answered missing (an older agent took the place of the one that answered)."""
+
+    async def test_the_routes_are_asked_once_until_forgotten(
+        self, double: tuple[_Agent, AgentClient]
+    ) -> None:
+        agent, client = double
+        agent.answer = (200, {"routes": sorted(vps_tree.COPY_ROUTES)})
+        for _ in range(3):
+            assert await AreaCopy(client, "a1", "/d").serves_copies()
+        assert agent.paths == ["GET /v1/routes"]
+        client.forget_routes()
+        agent.answer = (200, {"routes": []})
+        assert not await AreaCopy(client, "a1", "/d").serves_copies()
+        assert agent.paths == ["GET /v1/routes"] * 2
+
+    async def test_a_route_answered_missing_forgets_them(
+        self, double: tuple[_Agent, AgentClient]
+    ) -> None:
+        agent, client = double
+        agent.answer = (200, {"routes": sorted(vps_tree.COPY_ROUTES)})
+        assert await AreaCopy(client, "a1", "/d").serves_copies()
+        agent.answer = 404, {"error": {"code": "AGENT_ROUTE_MISSING", "detail": "no route"}}
+        with pytest.raises(MonitordError):
+            await client.promote(area="a1", data_dir="/d", expect="0" * 64)
+        assert not await AreaCopy(client, "a1", "/d").serves_copies()
+        assert agent.paths.count("GET /v1/routes") == 2

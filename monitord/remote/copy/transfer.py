@@ -75,7 +75,7 @@ import asyncssh
 
 from monitord.base import tree_digest
 from monitord.remote import ssh_errors
-from monitord.remote.copy import listing, local_tree, vps_tree
+from monitord.remote.copy import listing, local_tree, sftp_session, vps_tree
 from monitord.remote.copy.listing import incomplete
 from monitord.remote.copy.vps_tree import CopyAgent, VpsTree
 from orchestrator import block_delta, disk_space, pre_copy
@@ -90,6 +90,7 @@ _DIAGNOSE_TIMEOUT_S = 5.0  # asking the VPS why a write failed, or removing a st
 # What asking the VPS that (best effort) may raise: the copy's own error is the news then.
 _BEST_EFFORT: tuple[type[Exception], ...] = (MonitordError, TimeoutError, *ssh_errors.SSH_ERRORS)
 _WRITES_IN_FLIGHT = 4  # chunks of one file a pre-copy has on the wire at once
+_FILES_AT_ONCE = 4  # files a copy after the stop sends or fetches at once (each its own writes)
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes total)
 
@@ -325,7 +326,7 @@ class _Upload:
             sizes = [listed.st_size for _, listed in names]
             with _sftp_translated(during, timeout_s=self.timeout_s):
                 async with asyncio.timeout(self.timeout_s), \
-                        self.conn.start_sftp_client() as sftp:
+                        sftp_session.session(self.conn) as sftp:
                     made: set[str] = {staging}
                     started = time.monotonic()
                     for i, (rel, listed) in enumerate(names):
@@ -410,7 +411,7 @@ class _Upload:
         with _sftp_translated(during, timeout_s=self.timeout_s):
             try:
                 async with asyncio.timeout(self.timeout_s), \
-                        self.conn.start_sftp_client() as sftp:
+                        sftp_session.session(self.conn) as sftp:
                     for rel in gone:
                         with contextlib.suppress(*ssh_errors.SFTP_NO_SUCH_FILE):
                             await sftp.remove(str(PurePosixPath(staging) / rel))
@@ -446,7 +447,10 @@ class _Upload:
         `deltas`, staged so), telling `progress` as it goes; the bytes that crossed."""
         made: set[str] = {staging}
         sent = 0
-        for i, entry in enumerate(to_send):
+        left = {entry.path: entry.size for entry in to_send}
+
+        async def send(entry: local_tree.FileEntry) -> None:
+            nonlocal done, sent
             target = str(PurePosixPath(staging) / entry.path)
             parent = str(PurePosixPath(target).parent)
             try:
@@ -456,20 +460,43 @@ class _Upload:
                 staged_as = deltas.get(entry.path)
                 if staged_as is None:
                     await _send_entry(sftp, self.local_dir, entry, target)
-                    sent += entry.size
+                    n = entry.size
                 else:
-                    sent += await _send_delta(sftp, self.local_dir, entry, target, staged_as)
+                    n = await _send_delta(sftp, self.local_dir, entry, target, staged_as)
             except ssh_errors.SFTP_NO_SUCH_FILE:
                 raise
             except ssh_errors.SFTP_ERRORS as e:
                 raise await _refused_write(
                     sftp, e, during=during, staging=staging,
-                    remaining=disk_space.footprint(x.size for x in to_send[i:]),
+                    remaining=disk_space.footprint(left.values()),
                 ) from e
+            del left[entry.path]
+            sent += n  # (added after the await: the files are sent side by side)
             done += entry.size
             if progress:
                 progress(done, total)
+
+        await _at_once([functools.partial(send, entry) for entry in to_send])
         return sent
+
+
+async def _at_once(jobs: Sequence[Callable[[], Awaitable[None]]]) -> None:
+    """Run `jobs`, up to _FILES_AT_ONCE of them at a time: their requests share round trips
+    (a small file's open, write and close are three, whatever the number of files). The
+    first failure cancels the others (awaited) and is raised as it is."""
+    pending = iter(jobs)
+
+    async def worker() -> None:
+        for job in pending:
+            await job()
+
+    workers = [asyncio.ensure_future(worker()) for _ in range(min(_FILES_AT_ONCE, len(jobs)))]
+    try:
+        await asyncio.gather(*workers)
+    finally:
+        for task in workers:
+            task.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
 
 
 class _Round:
@@ -502,7 +529,7 @@ class _Round:
         sent = 0
         for rel, listed in changed:
             if self._sftp is None:
-                self._sftp = await session.enter_async_context(up.conn.start_sftp_client())
+                self._sftp = await session.enter_async_context(sftp_session.session(up.conn))
             self.files.pop(rel, None)
             self.cache.pop(rel, None)
             staged_as = self.blocks.pop(rel, None)
@@ -912,7 +939,9 @@ class _Download:
                                           skip_gone=False)
             budget = _Budget(sum(sizes.values()))
             started = time.monotonic()
-            for rel, size in sizes.items():
+
+            async def fetch(rel: str, size: int) -> None:
+                nonlocal done, sent
                 fetched, n = await self._fetch(sftp, f"{remote_root}/{rel}", rel, size=size,
                                                budget=budget, blocks=remote_blocks.get(rel),
                                                seed=seeds.get(rel))
@@ -920,6 +949,8 @@ class _Download:
                 sent += n
                 if progress:
                     progress(done, done)
+
+            await _at_once([functools.partial(fetch, rel, size) for rel, size in sizes.items()])
             send_s = time.monotonic() - started
         manifest = await asyncio.to_thread(
             local_tree.manifest, staging, None if staged is None else staged.cache
@@ -947,7 +978,7 @@ class _Download:
         try:
             with _sftp_translated(during, timeout_s=self.timeout_s):
                 async with asyncio.timeout(self.timeout_s), \
-                        self.conn.start_sftp_client() as sftp:
+                        sftp_session.session(self.conn) as sftp:
                     yield sftp
         except MonitordError as e:
             if e.code == ErrorCode.COPY_INCOMPLETE:

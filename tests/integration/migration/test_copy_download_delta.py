@@ -12,6 +12,7 @@ import os
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -109,7 +110,7 @@ class TestAfterAPreCopy:
         assert agent.calls == ["data_listing", "data_listing", "blocks"]
 
     async def test_a_delta_cut_by_the_link_leaves_the_data_dir_and_a_new_try_completes(
-        self, vps: VpsServer, tmp_path: Path
+        self, vps: VpsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         remote, back = tmp_path / "vps" / "data" / "h2", tmp_path / "back"
         _store(remote)
@@ -117,9 +118,17 @@ class TestAfterAPreCopy:
         back.mkdir()
         (back / "previous").write_bytes(b"old")
         agent = InProcessAgent(remote)
+        fetch_run = transfer._fetch_run
+        runs: list[int] = []
 
-        def cut(done: int, total: int) -> None:
-            vps.drop_all_sessions()  # after the first file's delta, before the next one's
+        async def cut_after_the_first_run(*args: Any, **kw: Any) -> int:
+            n = await fetch_run(*args, **kw)
+            runs.append(n)
+            if len(runs) == 1:
+                vps.drop_all_sessions()  # mid-delta: the other runs and files are not read
+            return n
+
+        monkeypatch.setattr(transfer, "_fetch_run", cut_after_the_first_run)
 
         async with vps.connect() as conn:
             staged = await area_copy.pre_download(conn, vps_command=vps_command(),
@@ -130,8 +139,9 @@ class TestAfterAPreCopy:
             with pytest.raises(MonitordError):
                 await area_copy.download(conn, vps_command=vps_command(),
                                          remote_dir=str(remote), local_dir=back,
-                                         staged=staged, agent=agent, progress=cut)
+                                         staged=staged, agent=agent)
         assert _tree(back) == {"previous": hashlib.sha256(b"old").hexdigest()}
+        monkeypatch.setattr(transfer, "_fetch_run", fetch_run)
         async with vps.connect() as conn:  # the engine's next try: a pre-copy again
             staged = await area_copy.pre_download(conn, vps_command=vps_command(),
                                                   remote_dir=str(remote), local_dir=back,

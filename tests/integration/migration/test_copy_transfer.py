@@ -14,10 +14,11 @@ from typing import Any
 
 import pytest
 
-from monitord.base import tree_digest
+from monitord.base import round_trips, tree_digest
+from monitord.base.round_trips import RoundTrips
 from monitord.remote import copy as area_copy
 from monitord.remote import remote_exec
-from monitord.remote.copy import transfer
+from monitord.remote.copy import sftp_session, transfer
 from monitord.testing.vps_server import VpsServer
 from orchestrator.block_delta import BLOCK_BYTES as PAGE  # an SQLite page
 from orchestrator.errors import ErrorCode, MonitordError
@@ -133,6 +134,76 @@ class TestRoundTrip:
         assert report.files == 0 and remote.is_dir() and not any(remote.iterdir())
 
 
+class TestOneSftpSession:
+    """The copies over a connection share its one SFTP session (three round trips to start,
+    never paid while an area is down once it is open); a copy that fails in it leaves it to
+    nobody: the next copy starts its own."""
+
+    async def test_copies_over_one_connection_start_one_session(
+        self, vps: VpsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        src = tmp_path / "src"
+        _make_area(src)
+        async with vps.connect() as conn:
+            started = _count_sessions(conn, monkeypatch)
+            await asyncio.gather(*(
+                area_copy.upload(conn, vps_command=vps_command(), local_dir=src,
+                                 remote_dir=str(tmp_path / "vps" / "data" / f"s{i}"))
+                for i in range(3)))
+            await area_copy.download(conn, vps_command=vps_command(), local_dir=tmp_path / "b",
+                                     remote_dir=str(tmp_path / "vps" / "data" / "s0"))
+        assert len(started) == 1
+        assert _tree(tmp_path / "b") == _tree(src)
+
+    async def test_a_copy_that_failed_in_the_session_leaves_the_next_a_new_one(
+        self, vps: VpsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        src, remote = tmp_path / "src", tmp_path / "vps" / "data" / "s9"
+        _make_area(src)
+        async with vps.connect() as conn:
+            started = _count_sessions(conn, monkeypatch)
+
+            def fail(done: int, total: int) -> None:
+                raise OSError("the PBX's disk went away")
+
+            with pytest.raises(MonitordError):  # (named as a lost link: it is an OSError)
+                await area_copy.upload(conn, vps_command=vps_command(), local_dir=src,
+                                       remote_dir=str(remote), progress=fail)
+            await area_copy.upload(conn, vps_command=vps_command(), local_dir=src,
+                                   remote_dir=str(remote))
+        assert len(started) == 2
+        assert _tree(remote) == _tree(src)
+
+
+    async def test_its_requests_count_as_round_trips_of_the_copy(
+        self, vps: VpsServer, tmp_path: Path
+    ) -> None:
+        src, remote = tmp_path / "src", tmp_path / "vps" / "data" / "s7"
+        _make_area(src)
+        async with vps.connect() as conn:
+            started, copied = RoundTrips(), RoundTrips()
+            with round_trips.counted_by(started):
+                await sftp_session.warm(conn)
+            with round_trips.counted_by(copied):
+                await area_copy.upload(conn, vps_command=vps_command(), local_dir=src,
+                                       remote_dir=str(remote))
+        assert started.count == sftp_session.START_TRIPS
+        # the files side by side: each one's open, writes and close in the same three waves
+        assert copied.count >= 3
+
+
+def _count_sessions(conn: Any, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    started: list[int] = []
+    start = conn.start_sftp_client
+
+    def counted() -> Any:
+        started.append(1)
+        return start()
+
+    monkeypatch.setattr(conn, "start_sftp_client", counted)
+    return started
+
+
 class TestVerification:
     """A copy that does not match its manifest never replaces the destination dir."""
 
@@ -145,9 +216,15 @@ class TestVerification:
         (back / "keep").write_bytes(b"old")
         staging = tree_digest.staging_dir(back)
 
+        corrupted: list[Path] = []
+
         def corrupt_first_arrival(done: int, total: int) -> None:
-            arrived = next(p for p in staging.rglob("*") if p.is_file() and p.stat().st_size)
-            arrived.write_bytes(arrived.read_bytes()[:-1] + b"X")
+            # (files arrive several at once: the first with bytes in it, once)
+            arrived = next((p for p in staging.rglob("*") if p.is_file() and p.stat().st_size),
+                           None)
+            if arrived is not None and not corrupted:
+                arrived.write_bytes(arrived.read_bytes()[:-1] + b"X")
+                corrupted.append(arrived)
 
         async with vps.connect() as conn:
             await area_copy.upload(

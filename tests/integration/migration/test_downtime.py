@@ -5,6 +5,7 @@ service's last move, the metrics the histogram `monitord_area_downtime_seconds`.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import aiohttp
@@ -146,3 +147,64 @@ class TestDowntimeOfARollback:
         # The source passes the same health check: up for at least min_uptime_s.
         assert event["downtime_s"] >= stack.options.min_uptime_s
         assert await downtime_samples(stack) == {("tg", "local_to_remote"): 1}
+
+
+def _logged(stack: Stack, since: int) -> list[dict[str, Any]]:
+    found = []
+    for line in stack.log_lines[since:]:
+        try:
+            found.append(json.loads(line))
+        except ValueError:
+            continue
+    return found
+
+
+class TestRoundTripsWhileDown:
+    """Each area's `area_downtime` says how many round trips to the VPS its steps waited for
+    while the area was down; and none of them is a question the answer before had settled."""
+
+    async def test_the_downtime_event_counts_the_round_trips_of_both_directions(
+        self, stack_factory: StackFactory
+    ) -> None:
+        stack = await stack_factory(services={"tg": 1}, log_level="debug")
+        await stack.wait_settled(expect={"tg": "local"})
+        for side, direction in (("remote", "local_to_remote"), ("local", "remote_to_local")):
+            since = len(stack.log_lines)
+            await stack.place("tg", side)
+            await measured_move(stack, "tg", direction)
+            await stack.wait_until(
+                lambda since=since: any(e["event"] == "area_downtime"
+                                        for e in _logged(stack, since)),
+                timeout_s=10, what="the area_downtime line")
+            events = _logged(stack, since)
+            downtime = next(e for e in events if e["event"] == "area_downtime")
+            txn = downtime["transaction_id"]
+            stopped = next(i for i, e in enumerate(events) if e["event"] == "transaction_phase"
+                           and e.get("transaction_id") == txn
+                           and e["phase"] == "SUPPRESS_SOURCE")
+            calls = [e for e in events[stopped:] if e["event"] == "agent_call"
+                     and e.get("transaction_id") == txn]
+            # every agent call is a channel's open and its request, one after the other
+            assert downtime["round_trips"] >= 2 * len(calls) > 0, (downtime, calls)
+
+    async def test_a_verified_stop_on_the_vps_is_not_asked_again(
+        self, stack_factory: StackFactory
+    ) -> None:
+        """The agent answers "stopped" only once the area's guard and daemon are gone: the
+        move home asks nothing more of the VPS before its copy (no inventory after it)."""
+        stack = await stack_factory(services={"tg": 1}, log_level="debug")
+        await stack.wait_settled(expect={"tg": "local"})
+        await stack.place("tg", "remote")
+        await stack.wait_settled(expect={"tg": "remote"})
+        since = len(stack.log_lines)
+        await stack.place("tg", "local")
+        await measured_move(stack, "tg", "remote_to_local")
+        events = _logged(stack, since)
+        txn = next(e["transaction_id"] for e in events if e["event"] == "transaction_started")
+        phases = [i for i, e in enumerate(events) if e["event"] == "transaction_phase"
+                  and e.get("transaction_id") == txn]
+        suppress = next(i for i in phases if events[i]["phase"] == "SUPPRESS_SOURCE")
+        copy = next(i for i in phases if events[i]["phase"] == "COPY")
+        calls = [e["call"] for e in events[suppress:copy] if e["event"] == "agent_call"
+                 and e.get("transaction_id") == txn]
+        assert len(calls) == 1 and calls[0].endswith("/stop"), calls
