@@ -13,6 +13,7 @@ on the same VPS and link just before. One figure per direction,
 
 - `downtime_s` and `reference_downtime_s` (monitord's `area_downtime`), `ratio` between them
   and `extra_s` (what the store's size and its changes add to a small area's window);
+  `round_trips` and `reference_round_trips`, those the moves waited for while down;
 - `area_bytes`, `final_copy_sent_bytes` (what crossed after the stop: `area_copied`'s
   `sent_bytes`), `pre_copied_bytes`;
 - `wire_bytes` (both ways, the wire's own count over the move) and `wire_per_area_byte`.
@@ -101,6 +102,8 @@ def _figure(name: str, link: LinkProfile, move: dict[str, Any], small: dict[str,
         "reference": "one small still area, the same move, same VPS and link, same run",
         "reference_downtime_s": round(reference, 3),
         "ratio": round(downtime / reference, 2),
+        "round_trips": move["area_downtime"].get("round_trips"),
+        "reference_round_trips": small["area_downtime"].get("round_trips"),
         "extra_s": round(downtime - reference, 3),
         "pre_copied_bytes": move.get("area_pre_copied", {}).get("bytes"),
         "final_copy_sent_bytes": copied.get("sent_bytes"),

@@ -177,6 +177,7 @@ async def call(client: AgentClient, method: str) -> Any:
     if method == "health":
         return await client.health(area="a1", generation=3, min_uptime_s=0.5, wait_s=0.1)
     if method == "routes":
+        client.forget_routes()  # (kept between calls: each example asks this answer)
         return await client.routes()
     return await client.livez()
 

@@ -184,8 +184,8 @@ class TestRoundTripsWhileDown:
                            and e["phase"] == "SUPPRESS_SOURCE")
             calls = [e for e in events[stopped:] if e["event"] == "agent_call"
                      and e.get("transaction_id") == txn]
-            # every agent call is a channel's open and its request, one after the other
-            assert downtime["round_trips"] >= 2 * len(calls) > 0, (downtime, calls)
+            # every agent call waited for its answer at least (its channel opened ahead)
+            assert downtime["round_trips"] >= len(calls) > 0, (downtime, calls)
 
     async def test_a_verified_stop_on_the_vps_is_not_asked_again(
         self, stack_factory: StackFactory
