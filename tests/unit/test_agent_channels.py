@@ -5,6 +5,7 @@ too old, or closed by the agent meanwhile, is never used — the request opens i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -68,18 +69,24 @@ async def _calls(client: AgentClient, n: int) -> int:
     return trips.count
 
 
+@contextlib.asynccontextmanager
+async def _opening_ahead(path: str) -> AsyncIterator[AgentClient]:
+    client = AgentClient(channel=unix_channel(path), secret=b"s", open_ahead=True)
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
 class TestOpenedAhead:
     async def test_after_the_first_request_each_waits_one_round_trip(
         self, agent: tuple[_Agent, str]
     ) -> None:
         double, path = agent
-        client = AgentClient(channel=unix_channel(path), secret=b"s", open_ahead=True)
-        try:
+        async with _opening_ahead(path) as client:
             assert await _calls(client, 1) == 2  # none opened yet: its own, then the request
             await asyncio.sleep(0.05)  # (the next one opens while nothing waits)
             assert await _calls(client, 1) == 1
-        finally:
-            await client.close()
         assert double.answered == 2
 
     async def test_without_opening_ahead_every_request_opens_its_own(
@@ -94,15 +101,12 @@ class TestOpenedAhead:
         self, agent: tuple[_Agent, str]
     ) -> None:
         double, path = agent
-        client = AgentClient(channel=unix_channel(path), secret=b"s", open_ahead=True)
-        try:
+        async with _opening_ahead(path) as client:
             await client.call_livez()
             await asyncio.sleep(0.05)
             double.drop_idle()  # e.g. the agent restarted
             await asyncio.sleep(0.05)
             assert await _calls(client, 1) == 2  # a fresh one, and the request succeeds
-        finally:
-            await client.close()
         assert double.answered == 2
 
     async def test_a_channel_kept_too_long_is_not_used(self, agent: tuple[_Agent, str]) -> None:

@@ -364,19 +364,18 @@ class _Upload:
 
     async def more_rounds(self, staged: Staged) -> Staged:
         """While `pre_copy.another_round` says so, send what changed since the last round
-        into the staging dir (`_Round`), in one SFTP session opened only when a round
-        finds something changed. A failed round ends them: what the rounds before staged
-        is kept, and the file it was writing is left for the copy after the stop."""
+        into the staging dir (`_Round`), over the connection's SFTP session. A failed round
+        ends them: what the rounds before staged is kept, and the file it was writing is left
+        for the copy after the stop."""
         rounds = [staged.sent_bytes]
         kept = _Round(self, staged)
         error: str | None = None
         during = f"pre-copy to {self.remote_dir}"
         try:
             with _sftp_translated(during, timeout_s=self.timeout_s):
-                async with contextlib.AsyncExitStack() as session:
-                    while pre_copy.another_round(rounds):
-                        async with asyncio.timeout(self.timeout_s):
-                            rounds.append(await kept.once(session))
+                while pre_copy.another_round(rounds):
+                    async with asyncio.timeout(self.timeout_s):
+                        rounds.append(await kept.once())
         except MonitordError as e:
             error = e.code.value
         return dataclasses.replace(kept.staged(), rounds=tuple(rounds), rounds_error=error)
@@ -514,22 +513,28 @@ class _Round:
         self.files = dict(staged.files)
         self.blocks = dict(staged.blocks)
         self.cache = dict(staged.cache)
-        self._sftp: asyncssh.SFTPClient | None = None
 
     def staged(self) -> Staged:
         return dataclasses.replace(self._first, files=self.files, blocks=self.blocks,
                                    cache=self.cache)
 
-    async def once(self, session: contextlib.AsyncExitStack) -> int:
-        """One round; the bytes it sent."""
+    async def once(self) -> int:
+        """One round; the bytes it sent (the connection's SFTP session asked for only when
+        something changed)."""
         up = self._upload
         epoch, names = await asyncio.to_thread(local_tree.pre_listing, up.local_dir)
         changed = [(rel, listed) for rel, listed in names if not self._unchanged(rel, listed)]
+        if not changed:
+            return 0
+        async with sftp_session.session(up.conn) as sftp:
+            return await self._send(sftp, changed, epoch)
+
+    async def _send(self, sftp: asyncssh.SFTPClient,
+                    changed: list[tuple[str, os.stat_result]], epoch: int) -> int:
+        up = self._upload
         staging = vps_tree.staging_of(up.remote_dir)
         sent = 0
         for rel, listed in changed:
-            if self._sftp is None:
-                self._sftp = await session.enter_async_context(sftp_session.session(up.conn))
             self.files.pop(rel, None)
             self.cache.pop(rel, None)
             staged_as = self.blocks.pop(rel, None)
@@ -537,14 +542,14 @@ class _Round:
             sha: str | None
             try:
                 if staged_as is None:
-                    await self._sftp.makedirs(str(PurePosixPath(target).parent), exist_ok=True)
+                    await sftp.makedirs(str(PurePosixPath(target).parent), exist_ok=True)
                     sha, blocks, before, after = await _send_file(
-                        self._sftp, up.local_dir / rel, target,
+                        sftp, up.local_dir / rel, target,
                         listed=(listed.st_dev, listed.st_ino), size=None)
                     sent += blocks.size
                 else:
                     sha, blocks, before, after, delta_bytes = await _refresh_file(
-                        self._sftp, up.local_dir / rel, target,
+                        sftp, up.local_dir / rel, target,
                         listed=(listed.st_dev, listed.st_ino), staged=staged_as)
                     sent += delta_bytes
             except MonitordError as e:

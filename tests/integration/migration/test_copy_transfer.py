@@ -790,15 +790,8 @@ class TestPreCopyRounds:
         src.mkdir()
         (src / "session.db").write_bytes(os.urandom(64 * PAGE))
         aged(src / "session.db")  # (so that its first pass's hash is cached)
-        sessions = []
         async with vps.connect() as conn:
-            start = conn.start_sftp_client
-
-            def counted() -> Any:
-                sessions.append(1)
-                return start()
-
-            monkeypatch.setattr(conn, "start_sftp_client", counted)
+            sessions = _count_sessions(conn, monkeypatch)
             staged = await area_copy.pre_upload(
                 conn, vps_command=vps_command(), local_dir=src, remote_dir=str(remote))
         assert staged.rounds == (64 * PAGE, 0)
