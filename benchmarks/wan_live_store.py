@@ -62,7 +62,7 @@ async def _moves(vps: NetnsVps, root: Path, *, data_bytes: int,
             since = len(stack.log_lines)
             await stack.place(SERVICE, side)
             await stack.wait_settled(expect={SERVICE: side}, timeout_s=MOVE_TIMEOUT_S)
-            logged = await _logged(stack, since)
+            logged = await logged_events(stack, since)
             after = await vps.wire.counters()
             logged["wire_bytes"] = sum(after[d]["bytes"] - before[d]["bytes"]
                                        for d in ("a_to_b", "b_to_a"))
@@ -70,8 +70,10 @@ async def _moves(vps: NetnsVps, root: Path, *, data_bytes: int,
     return moves
 
 
-async def _logged(stack: Stack, since: int) -> dict[str, Any]:
-    """The move's copy and downtime events (waiting for the downtime, logged at its end)."""
+async def logged_events(stack: Stack, since: int,
+                        events: tuple[str, ...] = EVENTS) -> dict[str, Any]:
+    """The last of each of `events` the stack logged after line `since` (waiting for the
+    move's downtime, logged at its end)."""
     async def downtime_logged() -> bool:
         return any('"area_downtime"' in line for line in stack.log_lines[since:])
 
@@ -82,7 +84,7 @@ async def _logged(stack: Stack, since: int) -> dict[str, Any]:
             event = json.loads(line)
         except ValueError:
             continue
-        if event.get("event") in EVENTS:
+        if event.get("event") in events:
             found[event["event"]] = event
     return found
 
