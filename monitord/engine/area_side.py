@@ -25,7 +25,7 @@ from orchestrator.lineage import Lineage
 from orchestrator.models import Side, Transaction
 
 if TYPE_CHECKING:  # the SSH side loads after readiness (monitord/remote/ssh_side.py)
-    from monitord.remote.copy import CopyReport, Staged
+    from monitord.remote.copy import CopyReport, Progress, Staged
     from monitord.remote.remote_link import RemoteLink
 
 T = TypeVar("T")
@@ -153,14 +153,16 @@ class AreaSide(Protocol):
         ...
 
     async def pre_receive(
-        self, *, local_dir: Path, remote_dir: str, service: str, area: str
+        self, *, local_dir: Path, remote_dir: str, service: str, area: str,
+        progress: Progress | None = None,
     ) -> Staged:
         """Stage the other side's data here while its area still runs (best effort)."""
         ...
 
     async def receive(
         self, *, local_dir: Path, remote_dir: str, service: str, area: str,
-        staged: Staged | None,
+        staged: Staged | None, progress: Progress | None = None,
     ) -> CopyReport:
-        """Copy the other side's (stopped) data here: staging, check, atomic swap."""
+        """Copy the other side's (stopped) data here: staging, check, atomic swap (telling
+        `progress` the bytes done of the total as they move, as the pre-copy does)."""
         ...

@@ -228,22 +228,24 @@ class LocalSide:
         return self._link_or_none
 
     async def pre_receive(
-        self, *, local_dir: Path, remote_dir: str, service: str, area: str
+        self, *, local_dir: Path, remote_dir: str, service: str, area: str,
+        progress: area_copy.Progress | None = None,
     ) -> area_copy.Staged:
         from monitord.remote import copy as area_copy
 
         return await copy_over(self._link(), area_copy.pre_download, local_dir=local_dir,
-                               remote_dir=remote_dir, area=area,
+                               remote_dir=remote_dir, area=area, progress=progress,
                                basis=self._basis(local_dir, service=service, area=area))
 
     async def receive(
         self, *, local_dir: Path, remote_dir: str, service: str, area: str,
-        staged: area_copy.Staged | None,
+        staged: area_copy.Staged | None, progress: area_copy.Progress | None = None,
     ) -> area_copy.CopyReport:
         from monitord.remote import copy as area_copy
 
         return await copy_over(self._link(), area_copy.download, local_dir=local_dir,
                                remote_dir=remote_dir, area=area, staged=staged,
+                               progress=progress,
                                basis=self._basis(local_dir, service=service, area=area))
 
     def _basis(self, local_dir: Path, *, service: str, area: str) -> Path | None:

@@ -221,7 +221,10 @@ class OperatorFacade:
         local = {v.area: v for v in self.supervisor.inventory()}
         remote = area_health.index_inventory(
             self.reconciler.remote_inventory if self.link and self.link.connected() else None)
-        services = {name: self._service_view(name, local, remote)
+        # each copy's progress read once, so that the area and its transaction say the same
+        copies = {t.transaction_id: self.engine.actions.copies.view(t.transaction_id)
+                  for t in self.state.active()}
+        services = {name: self._service_view(name, local, remote, copies)
                     for name in sorted(self.config.services)}
         counts = {"local": 0, "remote": 0, "migrating": 0, "orphan": 0}
         for view in services.values():
@@ -247,7 +250,9 @@ class OperatorFacade:
             "abandoned_data": self._abandoned_rows(),
             "counts": counts,
             "services": services,
-            "transactions": [t.to_storage() for t in self.state.active()],
+            # each with its copy's progress while one runs (docs/design.md, "Copy progress")
+            "transactions": [{**t.to_storage(), "copy": copies.get(t.transaction_id)}
+                             for t in self.state.active()],
             "cleanup": {"backlog": self.cleanup_worker.backlog, "stuck": self.cleanup_worker.stuck},
             "drift": last.to_dict() if last else {"before": 0, "after": 0},
             "loops": self.loops.to_status(),
@@ -260,6 +265,7 @@ class OperatorFacade:
         tunnel = self.link.keeper.status() if self.link else None
         return (
             self.engine.status_version,  # every placement change, the engine's errors, moves
+            self.engine.actions.copies.key(),  # a copy's bytes, rate and ETA
             self.accepting(),
             self.state.corrupt,  # these two change without a placement notification
             self.state.quarantined,
@@ -418,7 +424,8 @@ class OperatorFacade:
         return tunnel
 
     def _service_view(self, service: str, local: Mapping[str, ProcessView],
-                      remote: area_health.RemoteInventoryIndex | None) -> dict[str, Any]:
+                      remote: area_health.RemoteInventoryIndex | None,
+                      copies: Mapping[str, dict[str, Any] | None]) -> dict[str, Any]:
         state = self.state
         areas = state.areas_of(service)
         txns = [t for t in state.active() if t.service == service]
@@ -447,6 +454,8 @@ class OperatorFacade:
                     "generation": a.generation,
                     "desired": state.desired_location(a).value,
                     "phase": by_area[a.uuid].phase.value if a.uuid in by_area else None,
+                    "copy": copies.get(by_area[a.uuid].transaction_id)
+                    if a.uuid in by_area else None,
                     "process": self._area_process(a, moving=a.uuid in by_area, local=local,
                                                   remote=remote),
                     # in the service's last move, if it was part of it (see last_move)

@@ -27,6 +27,7 @@ from monitord.base import logs
 from monitord.base.config import Config, ServiceSection
 from monitord.engine import crash_points, txn_log
 from monitord.engine.area_side import AreaSide, health_timeout
+from monitord.engine.copies_in_flight import CopiesInFlight
 from monitord.engine.copy_timings import CopyTimings
 from monitord.engine.lease_renewer import LeaseRenewer
 from monitord.engine.local_side import LocalRuns, LocalSide
@@ -96,6 +97,8 @@ class PhaseActions:
         self._memory_claims = memory_room.Claims()
         # What the copies cost, per direction, for the pre-copy rule (in memory, bounded).
         self.copy_timings = CopyTimings()
+        # Each copy's bytes done, rate and ETA while it runs, for the status.
+        self.copies = CopiesInFlight()
         self._local_runs = LocalRuns(config)
         self.local_side = LocalSide(config=config, supervisor=supervisor, runs=self.local_runs,
                                     link=link)
@@ -314,10 +317,12 @@ class PhaseActions:
             destination_generation=destination_generation,
         )
         staged = self._staged.pop(txn.transaction_id, None)
-        report = await self.sides[source.other].receive(
-            local_dir=local, remote_dir=remote_dir, service=txn.service, area=txn.area,
-            staged=staged,
-        )
+        with self.copies.tracked(txn.transaction_id, stage="copy",
+                                 from_side=source.value) as progress:
+            report = await self.sides[source.other].receive(
+                local_dir=local, remote_dir=remote_dir, service=txn.service, area=txn.area,
+                staged=staged, progress=progress,
+            )
         self.copy_timings.copied(source, report)
         txn_log.bound(txn).info(
             "area_copied", from_side=source.value, files=report.files, bytes=report.bytes,
@@ -357,9 +362,12 @@ class PhaseActions:
         log = txn_log.bound(txn)
         started = self._clock()
         try:
-            staged = await self.sides[txn.destination].pre_receive(
-                local_dir=local, remote_dir=remote_dir, service=txn.service, area=txn.area
-            )
+            with self.copies.tracked(txn.transaction_id, stage="pre_copy",
+                                     from_side=txn.source.value) as progress:
+                staged = await self.sides[txn.destination].pre_receive(
+                    local_dir=local, remote_dir=remote_dir, service=txn.service,
+                    area=txn.area, progress=progress,
+                )
         except MonitordError as e:
             log.warning("area_pre_copy_failed", error_code=e.code, detail=e.detail)
             if e.code in rules.PARK_AT_ONCE_CODES:

@@ -339,18 +339,19 @@ class RemoteSide:
     # -- receiving a copy from the PBX -----------------------------------------------------
 
     async def pre_receive(
-        self, *, local_dir: Path, remote_dir: str, service: str, area: str
+        self, *, local_dir: Path, remote_dir: str, service: str, area: str,
+        progress: area_copy.Progress | None = None,
     ) -> area_copy.Staged:
         from monitord.remote import copy as area_copy
 
         return await copy_over(self._link(), area_copy.pre_upload, local_dir=local_dir,
-                               remote_dir=remote_dir, area=area)
+                               remote_dir=remote_dir, area=area, progress=progress)
 
     async def receive(
         self, *, local_dir: Path, remote_dir: str, service: str, area: str,
-        staged: area_copy.Staged | None,
+        staged: area_copy.Staged | None, progress: area_copy.Progress | None = None,
     ) -> area_copy.CopyReport:
         from monitord.remote import copy as area_copy
 
         return await copy_over(self._link(), area_copy.upload, local_dir=local_dir,
-                               remote_dir=remote_dir, area=area, staged=staged)
+                               remote_dir=remote_dir, area=area, staged=staged, progress=progress)

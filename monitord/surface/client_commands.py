@@ -491,20 +491,23 @@ def area_progress(
 def _wait_area(
     client: Client, *, service: str, area: str, location: str, timeout: float
 ) -> int:
+    from monitord.surface import status_view
+
     deadline = time.monotonic() + timeout
-    last = ""
+    shown = status_view.LiveLine()
     while True:
-        outcome, line = area_progress(
-            client.json("GET", "/v1/status"), service=service, area=area, location=location
-        )
-        if line != last:
-            print(line, file=sys.stderr, flush=True)
-            last = line
+        status = client.json("GET", "/v1/status")
+        outcome, line = area_progress(status, service=service, area=area, location=location)
         if outcome is not None:
+            shown.end(line)
             return EXIT_OK if outcome == "done" else EXIT_FAILED
+        copy = next((t.get("copy") for t in status.get("transactions", [])
+                     if t.get("area") == area), None)
+        shown.show(line + (f", {status_view.copy_words(copy)}" if isinstance(copy, dict)
+                           else ""), steady=line)
         if time.monotonic() > deadline:
-            print(f"{service}/{area[:8]} -> {location}: still not converged after"
-                  f" {timeout:.0f} s", file=sys.stderr)
+            shown.end(f"{service}/{area[:8]} -> {location}: still not converged after"
+                      f" {timeout:.0f} s")
             return EXIT_FAILED
         time.sleep(0.5)
 

@@ -173,6 +173,55 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
+def _size(n: int) -> str:
+    if n < MIB:
+        return f"{n / 1024:.0f} KiB"
+    if n < 1024 * MIB:
+        return f"{n / MIB:.1f} MiB"
+    return f"{n / (1024 * MIB):.2f} GiB"
+
+
+def copy_words(copy: dict[str, Any]) -> str:
+    """A copy in flight as one phrase: 'pre-copy 12.0 MiB of 100.0 MiB, 2.3 MiB/s, 0m34s
+    left' (the status document's `copy`, orchestrator/copy_progress.py). Without a rate yet
+    it says nothing of one; with nothing moving in the last seconds, 'stalled'."""
+    stage = "pre-copy" if copy.get("stage") == "pre_copy" else "copy"
+    total = copy.get("bytes_total")
+    if not isinstance(total, int):
+        return f"{stage} starting"  # (still listing what it copies)
+    words = f"{stage} {_size(int(copy.get('bytes_done') or 0))} of {_size(total)}"
+    rate, eta = copy.get("rate_bytes_s"), copy.get("eta_s")
+    if rate == 0:
+        return f"{words}, stalled"
+    if isinstance(rate, int | float):
+        words += f", {_size(int(rate))}/s"
+        if isinstance(eta, int | float):
+            words += f", {_duration(eta)} left"
+    return words
+
+
+def service_copy(status: dict[str, Any], service: str) -> dict[str, Any] | None:
+    """The copies `service`'s transactions have in flight, summed into one: what
+    `place --wait` shows for a service (None: no copy runs)."""
+    copies: list[dict[str, Any]] = [
+        tx["copy"] for tx in status.get("transactions", [])
+        if tx.get("service") == service and isinstance(tx.get("copy"), dict)]
+    if not copies:
+        return None
+    if len(copies) == 1:
+        return copies[0]
+    if any(not isinstance(c.get("bytes_total"), int) for c in copies):
+        return {"stage": copies[0].get("stage"), "bytes_total": None}  # one is still listing
+    done = sum(int(c.get("bytes_done") or 0) for c in copies)
+    total = sum(int(c["bytes_total"]) for c in copies)
+    rates = [c["rate_bytes_s"] for c in copies if isinstance(c.get("rate_bytes_s"), int | float)]
+    rate = sum(rates) if rates else None
+    stages = {c.get("stage") for c in copies}
+    return {"stage": stages.pop() if len(stages) == 1 else "copy", "bytes_done": done,
+            "bytes_total": total, "rate_bytes_s": rate,
+            "eta_s": (total - done) / rate if rate else None}
+
+
 def error_lines(status: dict[str, Any]) -> list[str]:
     """Each service's last error in full: code, phase, area, time, detail, recommended action."""
     lines = []
@@ -257,10 +306,12 @@ def summary_lines(status: dict[str, Any]) -> list[str]:
     for entry in status.get("quarantined", []):
         lines.append(f"quarantined entry {entry['position']}: {entry['code']}: {entry['detail']}")
     for tx in status.get("transactions", []):
+        copy = tx.get("copy")
         lines.append(
             f"  tx {tx.get('transaction_id', '')[:8]} {tx.get('service')}/{tx.get('area', '')[:8]}"
             f" {tx.get('source')}->{tx.get('destination')} {tx.get('phase')}"
             f" attempt {tx.get('attempt')}"
+            + (f": {copy_words(copy)}" if isinstance(copy, dict) else "")
         )
     return lines
 
@@ -297,13 +348,43 @@ def print_status(status: dict[str, Any], *, console: Console | None = None) -> N
         _print(console, line)
 
 
+class LiveLine:
+    """One line that follows a wait: on a terminal it is rewritten in place as it changes
+    (bytes, rate, ETA); elsewhere (a log, a pipe) only a line whose `steady` part changed is
+    printed, so that a copy's numbers do not fill it."""
+
+    def __init__(self, console: Console | None = None) -> None:
+        self.console = console or Console(stderr=True)
+        self.live = self.console.is_terminal
+        self._shown = ""
+        self._steady: str | None = None
+
+    def show(self, line: str, *, steady: str | None = None) -> None:
+        steady = line if steady is None else steady
+        if self.live:
+            if line != self._shown:
+                self.console.file.write(f"\r\x1b[2K{line}")
+                self.console.file.flush()
+                self._shown = line
+        elif steady != self._steady:
+            _print(self.console, steady)
+        self._steady = steady
+
+    def end(self, line: str) -> None:
+        if self.live and self._shown:
+            self.console.file.write("\r\x1b[2K")
+            self.console.file.flush()
+        _print(self.console, line)
+        self._shown, self._steady = "", None
+
+
 class Progress:
-    """A one-line live progress display for `monitord place --wait`."""
+    """A one-line live progress display for `monitord place --wait`: where the service's
+    areas are, its state and phases, and its copies' bytes, rate and ETA."""
 
     def __init__(self, *, service: str, target: str, console: Console | None = None) -> None:
         self.service, self.target = service, target
-        self.console = console or Console(stderr=True)
-        self._last = ""
+        self.line = LiveLine(console)
 
     def __enter__(self) -> Progress:
         return self
@@ -327,13 +408,12 @@ class Progress:
                 if tx.get("service") == self.service
             }
         )
-        line = (
+        steady = (
             f"{self.service} -> {self.target}: {there}/{len(areas)} areas there,"
             f" state {svc.get('state', '?')}" + (f", phases {', '.join(phases)}" if phases else "")
         )
-        if line != self._last:
-            _print(self.console, line)
-            self._last = line
+        copy = service_copy(status, self.service)
+        self.line.show(steady + (f", {copy_words(copy)}" if copy else ""), steady=steady)
 
     def finish(self, outcome: str) -> None:
-        _print(self.console, f"{self.service} -> {self.target}: {outcome}")
+        self.line.end(f"{self.service} -> {self.target}: {outcome}")

@@ -56,3 +56,82 @@ class TestMarkupInTheStatus:
         progress.update(_status(text))
         progress.finish(f"failed: {text}")
         assert f"failed: {text}" in out.getvalue()
+
+
+MIB = 1 << 20
+
+
+def _copying(*copies: dict[str, Any] | None) -> dict[str, Any]:
+    return {
+        "tunnel": {"state": "up", "connected": True}, "counts": {}, "cleanup": {}, "drift": {},
+        "transactions": [
+            {"transaction_id": f"t{i}" * 4, "service": "tg", "area": f"a{i}" * 8,
+             "source": "local", "destination": "remote", "phase": "PREFLIGHT", "attempt": 1,
+             "copy": copy}
+            for i, copy in enumerate(copies)],
+        "services": {"tg": {"desired": "remote", "state": "preflight", "counts": {},
+                            "areas": [{"location": "local"}] * len(copies)}},
+    }
+
+
+def _copy(done: int, total: int | None, rate: int | None, eta: float | None,
+          stage: str = "pre_copy") -> dict[str, Any]:
+    return {"stage": stage, "from": "local", "bytes_done": done, "bytes_total": total,
+            "started_at": 0.0, "rate_bytes_s": rate, "eta_s": eta}
+
+
+class TestCopyProgress:
+    """A copy in flight shows its bytes, rate and ETA; a stalled one says so."""
+
+    @pytest.mark.parametrize(("copy", "words"), [
+        (_copy(12 * MIB, 100 * MIB, 2 * MIB, 44.0),
+         "pre-copy 12.0 MiB of 100.0 MiB, 2.0 MiB/s, 0m44s left"),
+        (_copy(512 * 1024, 3 * MIB, None, None, stage="copy"), "copy 512 KiB of 3.0 MiB"),
+        ({"stage": "copy", "bytes_done": 0, "bytes_total": None}, "copy starting"),
+        (_copy(12 * MIB, 100 * MIB, 0, None), "pre-copy 12.0 MiB of 100.0 MiB, stalled"),
+        (_copy(3 << 30, 5 << 30, 100 * MIB, 5000.0),
+         "pre-copy 3.00 GiB of 5.00 GiB, 100.0 MiB/s, 1h23m left"),
+    ])
+    def test_the_words_of_a_copy(self, copy: dict[str, Any], words: str) -> None:
+        assert status_view.copy_words(copy) == words
+
+    def test_status_shows_the_copy_of_its_transaction(self) -> None:
+        lines = status_view.summary_lines(_copying(_copy(MIB, 4 * MIB, MIB, 3.0), None))
+        assert [line for line in lines if line.startswith("  tx ")] == [
+            "  tx t0t0t0t0 tg/a0a0a0a0 local->remote PREFLIGHT attempt 1:"
+            " pre-copy 1.0 MiB of 4.0 MiB, 1.0 MiB/s, 0m03s left",
+            "  tx t1t1t1t1 tg/a1a1a1a1 local->remote PREFLIGHT attempt 1"]
+
+    def test_a_service_sums_its_copies(self) -> None:
+        summed = status_view.service_copy(
+            _copying(_copy(MIB, 4 * MIB, MIB, 3.0), _copy(2 * MIB, 4 * MIB, None, None),
+                     _copy(0, 2 * MIB, MIB, 2.0)), "tg")
+        assert summed is not None
+        assert (summed["bytes_done"], summed["bytes_total"], summed["rate_bytes_s"],
+                summed["eta_s"]) == (3 * MIB, 10 * MIB, 2 * MIB, 3.5)
+        assert status_view.service_copy(_copying(None), "tg") is None
+
+    def test_on_a_terminal_the_line_is_rewritten_in_place(self) -> None:
+        out = io.StringIO()
+        progress = status_view.Progress(service="tg", target="remote", console=Console(
+            file=out, width=200, force_terminal=True, color_system=None))
+        for done in (MIB, 2 * MIB, 2 * MIB):
+            progress.update(_copying(_copy(done, 4 * MIB, MIB, 2.0)))
+        progress.finish("converged")
+        written = out.getvalue()
+        assert written.count("\r\x1b[2K") == 3  # two lines, then cleared for the outcome
+        assert "pre-copy 1.0 MiB of 4.0 MiB" in written
+        assert "pre-copy 2.0 MiB of 4.0 MiB" in written
+        assert written.endswith("tg -> remote: converged\n")
+        assert written.count("\n") == 1
+
+    def test_elsewhere_the_numbers_stay_quiet(self) -> None:
+        out = io.StringIO()
+        progress = status_view.Progress(service="tg", target="remote",
+                                        console=Console(file=out, width=200))
+        for done in (MIB, 2 * MIB, 3 * MIB):
+            progress.update(_copying(_copy(done, 4 * MIB, MIB, 2.0)))
+        progress.finish("converged")
+        assert out.getvalue().splitlines() == [
+            "tg -> remote: 0/1 areas there, state preflight, phases PREFLIGHT",
+            "tg -> remote: converged"]

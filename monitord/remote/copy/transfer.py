@@ -104,6 +104,26 @@ _FILES_AT_ONCE = 4  # files a copy after the stop sends or fetches at once (each
 Progress = Callable[[int, int], None]  # (bytes done, bytes total)
 
 
+class _Meter:
+    """A copy's bytes done of its total, told to its `progress` (if any) as they move: a
+    file sent or fetched whole chunk by chunk as each chunk crosses, one sent or fetched as
+    a delta once it is in place (the few blocks that cross are not the file's bytes)."""
+
+    def __init__(self, progress: Progress | None, total: int) -> None:
+        self._progress = progress
+        self.total = total
+        self.done = 0
+
+    def add(self, n: int = 0) -> None:
+        """`n` more bytes done (0: only tell the total, once it is known)."""
+        if self._progress is not None:
+            self.done += n
+            self._progress(self.done, self.total)
+
+
+_UNMETERED = _Meter(None, 0)  # (counts nothing: it has no one to tell)
+
+
 @dataclass(frozen=True, slots=True)
 class CopyReport:
     files: int
@@ -215,18 +235,20 @@ async def pre_upload(
     local_dir: Path,
     remote_dir: str,
     vps_command: Sequence[str],
+    progress: Progress | None = None,
     timeout_s: float = 600.0,
     agent: CopyAgent | None = None,
 ) -> Staged:
     """While the source runs: put local_dir's files into the VPS staging dir, each hashed
     from the bytes sent, then let the VPS digest (and fsync) what arrived, so that the copy
     after the stop re-reads only what changed on either side. A file that changes meanwhile
-    is simply sent again by `upload`. `agent`: as for `upload`."""
+    is simply sent again by `upload`. `agent`: as for `upload`; `progress`: told the first
+    pass's bytes done of the listing's total as they cross (later rounds are not told)."""
     tree = await vps_tree.chosen(conn, remote_dir=remote_dir, vps_command=vps_command,
                                  agent=agent)
     strategy = _Upload(conn, local_dir, remote_dir, tree, timeout_s)
     async with _gives_space_back(conn, remote_dir=remote_dir):
-        staged = await strategy.pre_copy()
+        staged = await strategy.pre_copy(progress)
     return await strategy.more_rounds(staged)
 
 
@@ -320,7 +342,7 @@ class _Upload:
     tree: VpsTree
     timeout_s: float
 
-    async def pre_copy(self) -> Staged:
+    async def pre_copy(self, progress: Progress | None) -> Staged:
         """`pre_upload`: the running source's files into a fresh VPS staging dir."""
         sent: dict[str, str] = {}
         sent_blocks: dict[str, Blocks] = {}
@@ -333,6 +355,8 @@ class _Upload:
         sent_bytes, send_s = 0, 0.0
         if names:
             sizes = [listed.st_size for _, listed in names]
+            meter = _Meter(progress, sum(sizes))
+            meter.add()
             with _sftp_translated(during, timeout_s=self.timeout_s):
                 async with asyncio.timeout(self.timeout_s), \
                         sftp_session.session(self.conn) as sftp:
@@ -347,7 +371,7 @@ class _Upload:
                                 made.add(parent)
                             sha, blocks, before, after = await _send_file(
                                 sftp, self.local_dir / rel, target,
-                                listed=(listed.st_dev, listed.st_ino), size=None)
+                                listed=(listed.st_dev, listed.st_ino), size=None, meter=meter)
                         except MonitordError as e:
                             if e.code != ErrorCode.COPY_SOURCE_CHANGED:
                                 raise
@@ -412,7 +436,7 @@ class _Upload:
         to_send = [e for e in manifest if kept.get(e.path) != e.sha256]
         # (a file a later round wrote into the staging dir is in `deltas` alone)
         gone = sorted((set(kept) | set(deltas)) - {e.path for e in manifest})
-        done = total - sum(e.size for e in to_send)
+        meter = _Meter(progress, total)
         staged_lost = False
         during = f"upload to {self.remote_dir}"
         send_s, sent_bytes = 0.0, 0
@@ -423,10 +447,10 @@ class _Upload:
                     for rel in gone:
                         with contextlib.suppress(*ssh_errors.SFTP_NO_SUCH_FILE):
                             await sftp.remove(str(PurePosixPath(staging) / rel))
+                    meter.add(total - sum(e.size for e in to_send))  # what is in place
                     started = time.monotonic()
                     sent_bytes = await self._send_all(
-                        sftp, to_send, deltas, staging=staging, during=during,
-                        progress=progress, done=done, total=total)
+                        sftp, to_send, deltas, staging=staging, during=during, meter=meter)
                     send_s = time.monotonic() - started
             except ssh_errors.SFTP_NO_SUCH_FILE:
                 if staged is None:
@@ -448,17 +472,16 @@ class _Upload:
 
     async def _send_all(
         self, sftp: asyncssh.SFTPClient, to_send: list[local_tree.FileEntry],
-        deltas: dict[str, Blocks], *, staging: str, during: str, progress: Progress | None,
-        done: int, total: int,
+        deltas: dict[str, Blocks], *, staging: str, during: str, meter: _Meter,
     ) -> int:
         """Send every file of `to_send` into `staging` (the changed blocks of those in
-        `deltas`, staged so), telling `progress` as it goes; the bytes that crossed."""
+        `deltas`, staged so), telling `meter` as it goes; the bytes that crossed."""
         made: set[str] = {staging}
         sent = 0
         left = {entry.path: entry.size for entry in to_send}
 
         async def send(entry: local_tree.FileEntry) -> None:
-            nonlocal done, sent
+            nonlocal sent
             target = str(PurePosixPath(staging) / entry.path)
             parent = str(PurePosixPath(target).parent)
             try:
@@ -467,10 +490,11 @@ class _Upload:
                     made.add(parent)
                 staged_as = deltas.get(entry.path)
                 if staged_as is None:
-                    await _send_entry(sftp, self.local_dir, entry, target)
+                    await _send_entry(sftp, self.local_dir, entry, target, meter)
                     n = entry.size
                 else:
                     n = await _send_delta(sftp, self.local_dir, entry, target, staged_as)
+                    meter.add(entry.size)
             except ssh_errors.SFTP_NO_SUCH_FILE:
                 raise
             except ssh_errors.SFTP_ERRORS as e:
@@ -480,9 +504,6 @@ class _Upload:
                 ) from e
             del left[entry.path]
             sent += n  # (added after the await: the files are sent side by side)
-            done += entry.size
-            if progress:
-                progress(done, total)
 
         await _at_once([functools.partial(send, entry) for entry in to_send])
         return sent
@@ -613,14 +634,14 @@ async def _refresh_file(
 
 
 async def _send_entry(sftp: asyncssh.SFTPClient, local_dir: Path,
-                      entry: local_tree.FileEntry, target: str) -> None:
+                      entry: local_tree.FileEntry, target: str, meter: _Meter) -> None:
     """Send a file of the stopped source, exactly as the manifest names it: the same regular
     file (device and inode), of the same size, and the bytes sent hash to its SHA-256 —
     else COPY_SOURCE_CHANGED (the next try lists the source again)."""
     if entry.identity is None:
         raise _source_changed(entry.path, "it was not hashed from a file of its own")
     sha, _, _, _ = await _send_file(sftp, local_dir / entry.path, target,
-                                    listed=entry.identity[:2], size=entry.size)
+                                    listed=entry.identity[:2], size=entry.size, meter=meter)
     if sha != entry.sha256:
         raise _source_changed(entry.path, "its bytes changed since it was hashed")
 
@@ -734,7 +755,7 @@ async def _open_source(source_path: Path, listed: tuple[int, int]) -> int:
 
 async def _send_file(
     sftp: asyncssh.SFTPClient, source_path: Path, target: str, *,
-    listed: tuple[int, int], size: int | None,
+    listed: tuple[int, int], size: int | None, meter: _Meter = _UNMETERED,
 ) -> tuple[str, Blocks, os.stat_result, os.stat_result]:
     """Send one local file to `target`: (SHA-256 and block digests of the bytes sent, its
     fstat before and after).
@@ -766,7 +787,8 @@ async def _send_file(
                         break
                     digest.update(chunk)
                     digests += block_delta.blocks_of(chunk)  # (chunks start at a block)
-                    await writes.add(functools.partial(out.write, chunk, offset))
+                    await writes.add(functools.partial(_write_metered, out, chunk, offset,
+                                                       meter))
                     offset += len(chunk)
                 await writes.finish()
             finally:
@@ -778,6 +800,13 @@ async def _send_file(
     finally:
         os.close(fd)
     return digest.hexdigest(), Blocks(size=offset, digests=bytes(digests)), before, after
+
+
+async def _write_metered(out: asyncssh.SFTPClientFile, chunk: bytes, offset: int,
+                         meter: _Meter) -> int:
+    written = await out.write(chunk, offset)
+    meter.add(len(chunk))
+    return written
 
 
 def _source_changed(what: str, why: str) -> MonitordError:
@@ -826,6 +855,7 @@ async def pre_download(
     remote_dir: str,
     local_dir: Path,
     vps_command: Sequence[str],
+    progress: Progress | None = None,
     timeout_s: float = 600.0,
     agent: CopyAgent | None = None,
     basis: Path | None = None,
@@ -834,10 +864,11 @@ async def pre_download(
     each hashed from the bytes written, and fsync them; a file `basis/` (the PBX's own copy
     of the area: what it moved out from) has is copied from there and only the blocks that
     differ are fetched. The listing is checked as `download` checks it (and leaves the VPS
-    a digest cache of the running tree)."""
+    a digest cache of the running tree). `progress`: as for `pre_upload`."""
     tree = await vps_tree.chosen(conn, remote_dir=remote_dir, vps_command=vps_command,
                                  agent=agent)
-    return await _Download(conn, local_dir, remote_dir, tree, timeout_s, basis).pre_copy()
+    return await _Download(conn, local_dir, remote_dir, tree, timeout_s, basis).pre_copy(
+        progress)
 
 
 @dataclass(frozen=True, slots=True)
@@ -856,10 +887,10 @@ class _Download:
     def staging(self) -> Path:
         return local_tree.staging_of(self.local_dir)
 
-    async def pre_copy(self) -> Staged:
+    async def pre_copy(self, progress: Progress | None) -> Staged:
         """`pre_download`: the running VPS tree's files into a fresh local staging dir."""
         async with self._gives_space_back():
-            return await self._pre_copy()
+            return await self._pre_copy(_Meter(progress, 0))
 
     async def copy(self, staged: Staged | None, progress: Progress | None) -> CopyReport:
         """`download` after the stop."""
@@ -880,7 +911,7 @@ class _Download:
             await asyncio.to_thread(local_tree.remove, self.staging)
             raise
 
-    async def _pre_copy(self) -> Staged:
+    async def _pre_copy(self, meter: _Meter) -> Staged:
         listed = await self.tree.data_listing()
         staging = self.staging
         await asyncio.to_thread(local_tree.reset_dir, staging)
@@ -893,13 +924,15 @@ class _Download:
             seeds = await asyncio.to_thread(_seeds, self.basis, sizes)
             remote_blocks = await self.tree.blocks(sorted(seeds)) if seeds else {}
             budget = _Budget(sum(sizes.values()))
+            meter.total = budget.left
+            meter.add()
             sent = 0
             started = time.monotonic()
             for rel, size in sizes.items():
                 try:
                     fetched[rel], n = await self._fetch(
                         sftp, f"{remote_root}/{rel}", rel, size=size, budget=budget,
-                        blocks=remote_blocks.get(rel), seed=seeds.get(rel))
+                        blocks=remote_blocks.get(rel), seed=seeds.get(rel), meter=meter)
                 except ssh_errors.SFTP_NO_SUCH_FILE:
                     continue  # gone since the listing (the daemon runs)
                 sent += n
@@ -911,7 +944,7 @@ class _Download:
 
     async def _fetch(
         self, sftp: asyncssh.SFTPClient, source: str, rel: str, *, size: int,
-        budget: _Budget, blocks: Blocks | None, seed: Path | None,
+        budget: _Budget, blocks: Blocks | None, seed: Path | None, meter: _Meter,
     ) -> tuple[local_tree.Fetched, int]:
         """One file into the staging dir: (what it holds, the bytes fetched). With the VPS
         file's `blocks`, from the copy here (`seed`/rel, or the staged file itself when None)
@@ -920,10 +953,13 @@ class _Download:
         staged file is never fetched whole: the copy after the stop pruned it if the VPS did
         not digest it.)"""
         if blocks is None or (seed is not None and blocks.size != size):
-            fetched = await _fetch(sftp, source, rel, self.staging, size=size, budget=budget)
+            fetched = await _fetch(sftp, source, rel, self.staging, size=size, budget=budget,
+                                   meter=meter)
             return fetched, fetched.size
-        return await _fetch_delta(sftp, source, rel, self.staging, seed=seed, now=blocks,
-                                  budget=budget)
+        fetched, n = await _fetch_delta(sftp, source, rel, self.staging, seed=seed,
+                                        now=blocks, budget=budget)
+        meter.add(fetched.size)
+        return fetched, n
 
     async def _copy(self, staged: Staged | None, progress: Progress | None, *,
                     whole: bool = False) -> CopyReport:
@@ -946,23 +982,22 @@ class _Download:
         else:
             in_place = {rel for rel in changed if rel in remote_blocks}
             await asyncio.to_thread(local_tree.prune_to, staging, set(kept) | in_place)
-        done = sent = 0
+        sent = 0
         async with self._refused_leaves_nothing(f"download of {self.remote_dir}") as sftp:
             remote_root = (await sftp.realpath(self.remote_dir)).rstrip("/") if expected else ""
             sizes = await _declared_sizes(sftp, remote_root, to_fetch, where=self.remote_dir,
                                           skip_gone=False)
             budget = _Budget(sum(sizes.values()))
+            meter = _Meter(progress, budget.left)
+            meter.add()
             started = time.monotonic()
 
             async def fetch(rel: str, size: int) -> None:
-                nonlocal done, sent
-                fetched, n = await self._fetch(sftp, f"{remote_root}/{rel}", rel, size=size,
-                                               budget=budget, blocks=remote_blocks.get(rel),
-                                               seed=seeds.get(rel))
-                done += fetched.size
+                nonlocal sent
+                _, n = await self._fetch(sftp, f"{remote_root}/{rel}", rel, size=size,
+                                         budget=budget, blocks=remote_blocks.get(rel),
+                                         seed=seeds.get(rel), meter=meter)
                 sent += n
-                if progress:
-                    progress(done, done)
 
             await _at_once([functools.partial(fetch, rel, size) for rel, size in sizes.items()])
             send_s = time.monotonic() - started
@@ -1055,7 +1090,7 @@ class _Budget:
 
 async def _fetch(
     sftp: asyncssh.SFTPClient, source: str, rel: str, staging: Path, *, size: int,
-    budget: _Budget,
+    budget: _Budget, meter: _Meter = _UNMETERED,
 ) -> local_tree.Fetched:
     """Fetch `source` into staging/rel (never through a symlink here), reading at most the
     `size` the VPS declared for it (`_declared_sizes`), within the download's `budget`."""
@@ -1067,6 +1102,7 @@ async def _fetch(
                 budget.take(len(data), rel)
                 digest.update(data)
                 _write_local(out, data, path=staging / rel)
+                meter.add(len(data))
         _write_local(out, b"", path=staging / rel)  # flush
         return local_tree.Fetched(out.tell(), digest.hexdigest(), os.fstat(out.fileno()))
 

@@ -204,6 +204,64 @@ def _count_sessions(conn: Any, monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return started
 
 
+class TestProgress:
+    """Every copy tells its bytes done of its total as they cross, chunk by chunk within a
+    file, up to the total: what the status shows of a copy in flight."""
+
+    @staticmethod
+    def _assert_counts_up(seen: list[tuple[int, int]], total: int, *, within: int) -> None:
+        assert seen, "no progress was told"
+        assert {t for _, t in seen} == {total}
+        done = [d for d, _ in seen]
+        assert done == sorted(done) and done[-1] == total
+        assert len([d for d in done if 0 < d < total]) >= within, done
+
+    async def test_each_direction_tells_its_bytes_as_they_cross(
+        self, vps: VpsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr(transfer, "_CHUNK", 4096)
+        src, remote = tmp_path / "src", tmp_path / "vps" / "data" / "p1"
+        src.mkdir()
+        (src / "big.db").write_bytes(os.urandom(40 * 4096))
+        (src / "small").write_bytes(b"x" * 100)
+        total = 40 * 4096 + 100
+        told: dict[str, list[tuple[int, int]]] = {k: [] for k in ("pre", "up", "pre_down",
+                                                                   "down")}
+
+        def to(key: str) -> Callable[[int, int], None]:
+            return lambda done, of: told[key].append((done, of))
+
+        async with vps.connect() as conn:
+            await area_copy.pre_upload(conn, vps_command=vps_command(), local_dir=src,
+                                       remote_dir=str(remote), progress=to("pre"))
+            await area_copy.upload(conn, vps_command=vps_command(), local_dir=src,
+                                   remote_dir=str(remote), progress=to("up"))
+            staged = await area_copy.pre_download(
+                conn, vps_command=vps_command(), remote_dir=str(remote),
+                local_dir=tmp_path / "back", progress=to("pre_down"))
+            await area_copy.download(conn, vps_command=vps_command(), remote_dir=str(remote),
+                                     local_dir=tmp_path / "cold", progress=to("down"))
+        assert staged.files
+        for key in ("pre", "up", "pre_down", "down"):
+            self._assert_counts_up(told[key], total, within=30)  # (one file's 40 chunks)
+
+    async def test_after_a_pre_copy_what_it_staged_counts_as_done(
+        self, vps: VpsServer, tmp_path: Path
+    ) -> None:
+        src, remote = tmp_path / "src", tmp_path / "vps" / "data" / "p2"
+        _make_area(src)
+        seen: list[tuple[int, int]] = []
+        async with vps.connect() as conn:
+            staged = await area_copy.pre_upload(conn, vps_command=vps_command(),
+                                                local_dir=src, remote_dir=str(remote))
+            (src / "db" / "new.log").write_bytes(b"n" * 5000)
+            report = await area_copy.upload(conn, vps_command=vps_command(), local_dir=src,
+                                            remote_dir=str(remote), staged=staged,
+                                            progress=lambda d, t: seen.append((d, t)))
+        assert seen[0] == (report.bytes - 5000, report.bytes)
+        assert seen[-1] == (report.bytes, report.bytes)
+
+
 class TestVerification:
     """A copy that does not match its manifest never replaces the destination dir."""
 
@@ -683,8 +741,8 @@ def _while_the_first_pass_ran(monkeypatch: pytest.MonkeyPatch,
     live store changes while its first pass crosses a slow link."""
     first_pass = transfer._Upload.pre_copy
 
-    async def then_changed(self: Any) -> Any:
-        staged = await first_pass(self)
+    async def then_changed(self: Any, progress: Any) -> Any:
+        staged = await first_pass(self, progress)
         change()
         return staged
 
