@@ -107,21 +107,29 @@ Progress = Callable[[int, int], None]  # (bytes done, bytes total)
 class _Meter:
     """A copy's bytes done of its total, told to its `progress` (if any) as they move: a
     file sent or fetched whole chunk by chunk as each chunk crosses, one sent or fetched as
-    a delta once it is in place (the few blocks that cross are not the file's bytes)."""
+    a delta once it is in place (the few blocks that cross are not the file's bytes).
+
+    Bytes moving also push the copy's deadline on (`guards`): a copy's `timeout_s` is the
+    time it may go without a chunk crossing, not its whole length, so a large area over a
+    slow line is never cut for being large, and a stalled one still ends."""
 
     def __init__(self, progress: Progress | None, total: int) -> None:
         self._progress = progress
         self.total = total
         self.done = 0
+        self._deadline: asyncio.Timeout | None = None
+        self._stall_s = 0.0
+
+    def guards(self, deadline: asyncio.Timeout, *, stall_s: float) -> None:
+        self._deadline, self._stall_s = deadline, stall_s
 
     def add(self, n: int = 0) -> None:
         """`n` more bytes done (0: only tell the total, once it is known)."""
+        self.done += n
+        if n and self._deadline is not None:
+            self._deadline.reschedule(asyncio.get_running_loop().time() + self._stall_s)
         if self._progress is not None:
-            self.done += n
             self._progress(self.done, self.total)
-
-
-_UNMETERED = _Meter(None, 0)  # (counts nothing: it has no one to tell)
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,16 +173,18 @@ class Staged:
 
 @contextlib.contextmanager
 def _sftp_translated(during: str, *, timeout_s: float) -> Iterator[None]:
-    """SFTP failures of one transfer: running out of time is COPY_INCOMPLETE (the source keeps
-    its data, the engine retries), a lost link SSH_UNREACHABLE (the table in ssh_errors.py),
-    a refused SFTP request its cause where the status names one (ssh_errors.sftp_cause:
-    REMOTE_DISK_FULL, REMOTE_PERMISSION_DENIED), else SSH_UNREACHABLE."""
+    """SFTP failures of one transfer: running out of time (`timeout_s` with no chunk
+    crossing: _Meter) is COPY_INCOMPLETE (the source keeps its data, the engine retries), a
+    lost link SSH_UNREACHABLE (the table in ssh_errors.py), a refused SFTP request its cause
+    where the status names one (ssh_errors.sftp_cause: REMOTE_DISK_FULL,
+    REMOTE_PERMISSION_DENIED), else SSH_UNREACHABLE."""
     try:
-        with ssh_errors.translated(
-            code=ErrorCode.SSH_UNREACHABLE, during=during,
-            timeout_code=ErrorCode.COPY_INCOMPLETE, timeout_s=timeout_s,
-        ):
-            yield
+        with ssh_errors.translated(code=ErrorCode.SSH_UNREACHABLE, during=during):
+            try:
+                yield
+            except TimeoutError as e:
+                raise error_for(ErrorCode.COPY_INCOMPLETE,
+                                f"{during}: nothing crossed the link for {timeout_s:g} s") from e
     except MonitordError as e:
         cause = ssh_errors.sftp_cause(e.__cause__) if e.__cause__ is not None else None
         if cause is None or cause == e.code:
@@ -358,8 +368,9 @@ class _Upload:
             meter = _Meter(progress, sum(sizes))
             meter.add()
             with _sftp_translated(during, timeout_s=self.timeout_s):
-                async with asyncio.timeout(self.timeout_s), \
+                async with asyncio.timeout(self.timeout_s) as deadline, \
                         sftp_session.session(self.conn) as sftp:
+                    meter.guards(deadline, stall_s=self.timeout_s)
                     made: set[str] = {staging}
                     started = time.monotonic()
                     for i, (rel, listed) in enumerate(names):
@@ -442,8 +453,9 @@ class _Upload:
         send_s, sent_bytes = 0.0, 0
         with _sftp_translated(during, timeout_s=self.timeout_s):
             try:
-                async with asyncio.timeout(self.timeout_s), \
+                async with asyncio.timeout(self.timeout_s) as deadline, \
                         sftp_session.session(self.conn) as sftp:
+                    meter.guards(deadline, stall_s=self.timeout_s)
                     for rel in gone:
                         with contextlib.suppress(*ssh_errors.SFTP_NO_SUCH_FILE):
                             await sftp.remove(str(PurePosixPath(staging) / rel))
@@ -755,7 +767,7 @@ async def _open_source(source_path: Path, listed: tuple[int, int]) -> int:
 
 async def _send_file(
     sftp: asyncssh.SFTPClient, source_path: Path, target: str, *,
-    listed: tuple[int, int], size: int | None, meter: _Meter = _UNMETERED,
+    listed: tuple[int, int], size: int | None, meter: _Meter | None = None,
 ) -> tuple[str, Blocks, os.stat_result, os.stat_result]:
     """Send one local file to `target`: (SHA-256 and block digests of the bytes sent, its
     fstat before and after).
@@ -774,6 +786,7 @@ async def _send_file(
             raise _source_changed(str(source_path),
                                   f"{before.st_size} bytes now, {size} when it was listed")
         cap = before.st_size if size is None else size
+        metered = meter if meter is not None else _Meter(None, cap)
         digest = hashlib.sha256()
         digests = bytearray()
         async with sftp.open(target, "wb") as out:
@@ -788,7 +801,7 @@ async def _send_file(
                     digest.update(chunk)
                     digests += block_delta.blocks_of(chunk)  # (chunks start at a block)
                     await writes.add(functools.partial(_write_metered, out, chunk, offset,
-                                                       meter))
+                                                       metered))
                     offset += len(chunk)
                 await writes.finish()
             finally:
@@ -916,7 +929,8 @@ class _Download:
         staging = self.staging
         await asyncio.to_thread(local_tree.reset_dir, staging)
         fetched: dict[str, local_tree.Fetched] = {}
-        async with self._refused_leaves_nothing(f"pre-copy of {self.remote_dir}") as sftp:
+        async with self._refused_leaves_nothing(f"pre-copy of {self.remote_dir}",
+                                                meter) as sftp:
             remote_root = (await sftp.realpath(self.remote_dir)).rstrip("/") if listed else ""
             # (a file gone since the listing is left out: the daemon runs)
             sizes = await _declared_sizes(sftp, remote_root, sorted(listed),
@@ -983,12 +997,14 @@ class _Download:
             in_place = {rel for rel in changed if rel in remote_blocks}
             await asyncio.to_thread(local_tree.prune_to, staging, set(kept) | in_place)
         sent = 0
-        async with self._refused_leaves_nothing(f"download of {self.remote_dir}") as sftp:
+        meter = _Meter(progress, 0)
+        async with self._refused_leaves_nothing(f"download of {self.remote_dir}",
+                                                meter) as sftp:
             remote_root = (await sftp.realpath(self.remote_dir)).rstrip("/") if expected else ""
             sizes = await _declared_sizes(sftp, remote_root, to_fetch, where=self.remote_dir,
                                           skip_gone=False)
             budget = _Budget(sum(sizes.values()))
-            meter = _Meter(progress, budget.left)
+            meter.total = budget.left
             meter.add()
             started = time.monotonic()
 
@@ -1020,14 +1036,17 @@ class _Download:
                           reused=len(expected) - len(to_fetch), sent_bytes=sent, send_s=send_s)
 
     @contextlib.asynccontextmanager
-    async def _refused_leaves_nothing(self, during: str) -> AsyncIterator[asyncssh.SFTPClient]:
-        """An SFTP session for fetching into the staging dir, its failures translated; a
-        refusal (COPY_INCOMPLETE, not a cut) removes the staging dir: nothing of a refused
-        copy stays behind."""
+    async def _refused_leaves_nothing(
+        self, during: str, meter: _Meter,
+    ) -> AsyncIterator[asyncssh.SFTPClient]:
+        """An SFTP session for fetching into the staging dir (`meter`'s chunks keep its
+        deadline off), its failures translated; a refusal (COPY_INCOMPLETE, not a cut)
+        removes the staging dir: nothing of a refused copy stays behind."""
         try:
             with _sftp_translated(during, timeout_s=self.timeout_s):
-                async with asyncio.timeout(self.timeout_s), \
+                async with asyncio.timeout(self.timeout_s) as deadline, \
                         sftp_session.session(self.conn) as sftp:
+                    meter.guards(deadline, stall_s=self.timeout_s)
                     yield sftp
         except MonitordError as e:
             if e.code == ErrorCode.COPY_INCOMPLETE:
@@ -1090,7 +1109,7 @@ class _Budget:
 
 async def _fetch(
     sftp: asyncssh.SFTPClient, source: str, rel: str, staging: Path, *, size: int,
-    budget: _Budget, meter: _Meter = _UNMETERED,
+    budget: _Budget, meter: _Meter,
 ) -> local_tree.Fetched:
     """Fetch `source` into staging/rel (never through a symlink here), reading at most the
     `size` the VPS declared for it (`_declared_sizes`), within the download's `budget`."""

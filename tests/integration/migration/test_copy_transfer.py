@@ -262,6 +262,72 @@ class TestProgress:
         assert seen[-1] == (report.bytes, report.bytes)
 
 
+def _slow_sftp_writes(monkeypatch: pytest.MonkeyPatch, delay_s: float) -> None:
+    """Every SFTP write waits `delay_s` first: a slow line that keeps moving."""
+    import asyncssh
+
+    write = asyncssh.SFTPClientFile.write
+
+    async def slow(self: Any, data: Any, offset: Any = None) -> Any:
+        await asyncio.sleep(delay_s)
+        return await write(self, data, offset)
+
+    monkeypatch.setattr(asyncssh.SFTPClientFile, "write", slow)
+
+
+class TestStallDeadline:
+    """A copy's `timeout_s` is how long it may go without a chunk crossing: a large area on
+    a slow line is never cut for its length, a stalled copy still ends with COPY_INCOMPLETE."""
+
+    async def test_a_copy_longer_than_its_timeout_that_keeps_moving_completes(
+        self, vps: VpsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr(transfer, "_CHUNK", 4096)
+        monkeypatch.setattr(transfer, "_WRITES_IN_FLIGHT", 1)
+        src, remote = tmp_path / "src", tmp_path / "vps" / "data" / "d1"
+        src.mkdir()
+        (src / "big.db").write_bytes(os.urandom(24 * 4096))
+        _slow_sftp_writes(monkeypatch, 0.1)  # 24 chunks: some 2.4 s against a 1 s timeout
+        async with vps.connect() as conn:
+            started = asyncio.get_running_loop().time()
+            staged = await area_copy.pre_upload(conn, vps_command=vps_command(), local_dir=src,
+                                                remote_dir=str(remote), timeout_s=1.0)
+            report = await area_copy.upload(conn, vps_command=vps_command(), local_dir=src,
+                                            remote_dir=str(remote), timeout_s=1.0)
+            took = asyncio.get_running_loop().time() - started
+        assert took > 2 * 1.0  # (the copies did outlast their timeout)
+        assert set(staged.files) == {"big.db"}
+        assert report.files == 1 and _tree(remote) == _tree(src)
+
+    async def test_a_stalled_copy_ends_once_nothing_crossed_for_its_timeout(
+        self, vps: VpsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        import asyncssh
+
+        monkeypatch.setattr(transfer, "_CHUNK", 4096)
+        src, remote = tmp_path / "src", tmp_path / "vps" / "data" / "d2"
+        src.mkdir()
+        (src / "big.db").write_bytes(os.urandom(64 * 4096))
+        write = asyncssh.SFTPClientFile.write
+        writes = 0
+
+        async def stalls_after_a_few(self: Any, data: Any, offset: Any = None) -> Any:
+            nonlocal writes
+            writes += 1
+            if writes > 8:  # the line goes silent mid-file (the server itself still answers)
+                await asyncio.sleep(3600)
+            return await write(self, data, offset)
+
+        monkeypatch.setattr(asyncssh.SFTPClientFile, "write", stalls_after_a_few)
+        async with vps.connect() as conn:
+            with pytest.raises(MonitordError) as failed:
+                async with asyncio.timeout(20):
+                    await area_copy.pre_upload(conn, vps_command=vps_command(), local_dir=src,
+                                               remote_dir=str(remote), timeout_s=1.0)
+        assert failed.value.code == ErrorCode.COPY_INCOMPLETE, failed.value
+        assert "nothing crossed the link for 1 s" in failed.value.detail
+
+
 class TestVerification:
     """A copy that does not match its manifest never replaces the destination dir."""
 
