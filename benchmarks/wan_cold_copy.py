@@ -2,7 +2,7 @@
 `rsync -e ssh` by hand on the same link and VPS in the same run. Needs root (the fault tier's
 namespace VPS, tests/faults/netns_vps.py, behind its WAN link).
 
-    python -m benchmarks.wan_cold_copy [--link wan|far|SPEC] [--mib 100]
+    python -m benchmarks.wan_cold_copy [--link wan|far|SPEC] [--mib 100] [--cut-s 10]
 
 One still area of `--mib` MiB (random bytes: nothing compresses) moved to the VPS, where
 nothing of it is yet (its pre-copy is the cold copy), then home with the PBX's own copy of it
@@ -15,6 +15,12 @@ on the PBX, run by hand just before. One figure per direction, `wan_cold_copy_up
   `throughput_mbit_s`, `line_share` (÷ the link's rate), `reference_s` and
   `reference_line_share` (rsync's wall time), `ratio` (monitord's time ÷ rsync's);
 - `wire_bytes` (both ways, the wire's own count over the move) ÷ the area's size.
+
+Then `wan_cold_copy_cut_at_half`: the same area moved out again from scratch on a stack of
+its own, the link cut (`ip link` down at the wire) for `--cut-s` seconds once half of it has
+crossed: `wire_per_area_byte` (what crossed in all ÷ its size: a copy resumed from what
+arrived stays near 1), `resumed_bytes` (what the next try's pre-copy did not send again),
+the failed tries, and the move's wall and downtime.
 
 Prints one JSON object per figure; not part of `python -m benchmarks`, nothing pass/fail.
 """
@@ -42,8 +48,11 @@ SERVICE = "tg"
 MIB = 1 << 20
 MOVE_TIMEOUT_S = 1800.0
 RSYNC_TIMEOUT_S = 1800.0
-USAGE = "usage: python -m benchmarks.wan_cold_copy [--link wan|far|SPEC] [--mib N]"
-EVENTS = ("area_pre_copied", "area_pre_copy_skipped", "area_copied", "area_downtime")
+USAGE = ("usage: python -m benchmarks.wan_cold_copy [--link wan|far|SPEC] [--mib N] "
+         "[--cut-s S]")
+CUT_POLL_S = 0.05
+EVENTS = ("area_pre_copied", "area_pre_copy_skipped", "area_copied", "area_downtime",
+          "area_pre_copy_failed")
 
 
 def _ssh_command(vps: NetnsVps) -> str:
@@ -105,6 +114,49 @@ async def _moves(vps: NetnsVps, root: Path, *, data_bytes: int) -> dict[str, dic
     return moves
 
 
+async def _cut_at_half(vps: NetnsVps, root: Path, *, link: LinkProfile, data_bytes: int,
+                       cut_s: float) -> dict[str, Any]:
+    """The area moved out cold, the link cut for `cut_s` once half of it crossed."""
+    from monitord.testing.stack import Stack, StackOptions
+    from tests.faults.netns_vps import external_vps
+
+    options = StackOptions(services={SERVICE: 1}, data_bytes=data_bytes,
+                           external_vps=external_vps(vps))
+    async with Stack(root, options) as stack:
+        await stack.wait_settled(expect={SERVICE: "local"}, timeout_s=90)
+        assert vps.wire is not None
+        before = await vps.wire.counters()
+        since = len(stack.log_lines)
+        started = time.monotonic()
+        await stack.place(SERVICE, "remote")
+        while (await vps.wire.counters())["a_to_b"]["bytes"] - before["a_to_b"]["bytes"] \
+                < data_bytes // 2:
+            if time.monotonic() - started > MOVE_TIMEOUT_S:
+                raise RuntimeError("half of the area never crossed")
+            await asyncio.sleep(CUT_POLL_S)
+        vps.link_down()
+        await asyncio.sleep(cut_s)
+        vps.link_up()
+        await stack.wait_settled(expect={SERVICE: "remote"}, timeout_s=MOVE_TIMEOUT_S)
+        wall_s = time.monotonic() - started
+        logged = await logged_events(stack, since, EVENTS)
+        after = await vps.wire.counters()
+        failed = sum('"area_pre_copy_failed"' in line for line in stack.log_lines[since:])
+    wire = sum(after[d]["bytes"] - before[d]["bytes"] for d in ("a_to_b", "b_to_a"))
+    return {
+        "benchmark": "wan_cold_copy_cut_at_half",
+        "link": {"name": link.name, "delay_ms_each_way": link.delay_ms,
+                 "rate_mbit_s": link.rate_bit_s / 1e6 or None, "loss_pct": link.loss_pct},
+        "area_bytes": data_bytes, "cut_s": cut_s, "wall_s": round(wall_s, 2),
+        "pre_copies_failed": failed,
+        "resumed_bytes": logged.get("area_pre_copied", {}).get("resumed_bytes"),
+        "final_copy_sent_bytes": logged.get("area_copied", {}).get("sent_bytes"),
+        "downtime_s": logged["area_downtime"]["downtime_s"],
+        "wire_bytes": wire, "wire_per_area_byte": round(wire / data_bytes, 3),
+        "reference": "the area's size (a copy started over: about 1.5)",
+    }
+
+
 def _figure(name: str, link: LinkProfile, move: dict[str, Any], reference_s: float, *,
             data_bytes: int) -> dict[str, Any]:
     pre_copied = move.get("area_pre_copied")
@@ -134,23 +186,29 @@ def _figure(name: str, link: LinkProfile, move: dict[str, Any], reference_s: flo
     }
 
 
-async def measure(tmp: Path, *, link: LinkProfile, data_bytes: int) -> list[dict[str, Any]]:
+async def measure(tmp: Path, *, link: LinkProfile, data_bytes: int,
+                  cut_s: float | None = 10.0) -> list[dict[str, Any]]:
+    """The two cold copies' figures, then (unless `cut_s` is None) the cut one's."""
     from tests.faults.netns_vps import running_netns_vps
 
     async with running_netns_vps(tmp / "vps", link=link) as vps:
         reference = await _by_hand(vps, tmp / "by-hand", data_bytes=data_bytes)
         moves = await _moves(vps, tmp / "moves", data_bytes=data_bytes)
-    return [_figure(name, link, moves[name], reference[name], data_bytes=data_bytes)
-            for name in ("up", "down")]
+        cut = None if cut_s is None else await _cut_at_half(
+            vps, tmp / "cut", link=link, data_bytes=data_bytes, cut_s=cut_s)
+    figures = [_figure(name, link, moves[name], reference[name], data_bytes=data_bytes)
+               for name in ("up", "down")]
+    return figures if cut is None else [*figures, cut]
 
 
-def _arguments(argv: list[str]) -> tuple[LinkProfile, int]:
-    values = {"--link": "wan", "--mib": "100"}
+def _arguments(argv: list[str]) -> tuple[LinkProfile, int, float]:
+    values = {"--link": "wan", "--mib": "100", "--cut-s": "10"}
     if len(argv) % 2 or any(flag not in values for flag in argv[::2]):
         sys.exit(USAGE)
     values.update(zip(argv[::2], argv[1::2], strict=True))
     try:
-        return LinkProfile.parse(values["--link"]), int(float(values["--mib"]) * MIB)
+        return (LinkProfile.parse(values["--link"]), int(float(values["--mib"]) * MIB),
+                float(values["--cut-s"]))
     except (LinkError, ValueError) as e:
         sys.exit(f"{e}\n{USAGE}")
 
@@ -161,14 +219,15 @@ def _main(argv: list[str]) -> int:
     from monitord.base import logs
     from tests.faults.netns_vps import can_build_netns
 
-    link, data_bytes = _arguments(argv)
+    link, data_bytes, cut_s = _arguments(argv)
     logs.configure("json", level=logging.WARNING)  # stdout is figures only
     if not can_build_netns() or shutil.which("rsync") is None:
         print(json.dumps({"benchmark": "wan_cold_copy", "skipped": "needs root, ip, nft, "
                           "sshd and rsync (the fault tier's namespace VPS)"}), flush=True)
         return 0
     with tempfile.TemporaryDirectory(prefix="bc-") as tmp:
-        for figure in asyncio.run(measure(Path(tmp), link=link, data_bytes=data_bytes)):
+        for figure in asyncio.run(measure(Path(tmp), link=link, data_bytes=data_bytes,
+                                          cut_s=cut_s)):
             print(json.dumps(figure, sort_keys=True), flush=True)
     return 0
 

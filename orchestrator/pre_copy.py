@@ -20,6 +20,12 @@ stop does, so the area is copied whole while stopped instead (docs/design.md, "P
     it pre-copy every area or none; until both estimates exist it is `min_bytes`
     (`cold_start`). `min_bytes = 0` pre-copies every area under either rule.
 
+- `ends_the_preflight(code)`: a pre-copy is best effort — a failure means a fuller copy after
+  the stop — except a cause retrying cannot fix (rules.PARK_AT_ONCE_CODES, found before the
+  source stops) and a lost link: going on would stop the source for a copy of everything
+  while down, over a link just lost (the copy would most likely fail too, and the area
+  have been down for nothing). The move fails its preflight instead, the source runs on,
+  and the next try resumes the pre-copy from what reached the VPS.
 - `another_round(sent)`: a live store changes while the first pass sends it, so the
   pre-copy goes over what changed again (as QEMU's live migration does) — while the rounds
   shrink: another one after a round that sent more than SETTLED_BYTES and at most SHRINK
@@ -39,6 +45,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from orchestrator import rules
+from orchestrator.errors import ErrorCode
 from orchestrator.text_enum import TextEnum
 
 WINDOW = 8  # samples kept per estimate (the most recent)
@@ -150,3 +158,14 @@ def another_round(sent: Sequence[int]) -> bool:
     if not sent or len(sent) >= MAX_ROUNDS or sent[-1] <= SETTLED_BYTES:
         return False
     return len(sent) == 1 or sent[-1] <= sent[-2] * SHRINK
+
+
+# The codes of a pre-copy cut by the link (ssh_errors.py's table, the agent's client).
+LINK_LOST_CODES = frozenset(
+    {ErrorCode.SSH_UNREACHABLE, ErrorCode.SSH_TIMEOUT, ErrorCode.AGENT_UNREACHABLE})
+
+
+def ends_the_preflight(code: str) -> bool:
+    """Whether a pre-copy that failed with `code` fails its move's preflight (the module
+    doc), rather than leaving the copy after the stop to send what it did not."""
+    return code in rules.PARK_AT_ONCE_CODES or code in LINK_LOST_CODES

@@ -350,6 +350,38 @@ def reset_staging(final: Path) -> None:
     staging.mkdir(parents=True)
 
 
+def staged_blocks(final: Path) -> dict[str, block_delta.Blocks | None] | None:
+    """The block digests of every regular file in `final`'s staging dir (`file_blocks`: no
+    symlink followed), what a copy cut by the link left there for the next to resume from;
+    None for a file whose digests would take the answer past BLOCK_DIGEST_BYTES (sent
+    whole), and None for all when there are more than MAX_BLOCK_PATHS files (the next copy
+    starts over). The staging dir is made if it is missing (where the copy goes on): {}."""
+    staging = staging_dir(final)
+    staging.mkdir(parents=True, exist_ok=True)
+    remove_empty_dirs(staging)  # (no copy makes one: a cut copy's, or left by its files)
+    names = [rel for rel, _, _ in regular_files(staging)]
+    if len(names) > MAX_BLOCK_PATHS:
+        return None
+    found: dict[str, block_delta.Blocks | None] = {}
+    left = BLOCK_DIGEST_BYTES
+    for rel in sorted(names):
+        blocks = file_blocks(staging, rel)
+        if blocks is not None and len(blocks.digests) > left:
+            blocks = None
+        if blocks is not None:
+            left -= len(blocks.digests)
+        found[rel] = blocks
+    return found
+
+
+def remove_empty_dirs(root: Path) -> None:
+    """Remove every empty directory under root (deepest first; symlinks never followed)."""
+    for dirpath, _dirs, files in os.walk(root, topdown=False):
+        if Path(dirpath) != root and not files:
+            with contextlib.suppress(OSError):  # not empty: a subdir holds a file
+                os.rmdir(dirpath)
+
+
 def staging_listing(final: Path) -> bytes:
     """The listing of `final`'s staging dir (what `tree-digest --sync` prints for it): every
     file and directory fsynced, its digest cache kept up to date."""

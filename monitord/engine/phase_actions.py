@@ -35,12 +35,13 @@ from monitord.engine.placement_state import PlacementState
 from monitord.engine.remote_side import RemoteSide
 from monitord.local.supervisor import AreaRun, LocalSupervisor
 from monitord.store.state_db import Store
-from orchestrator import disk_space, lineage, memory_room, phases, rules
+from orchestrator import disk_space, lineage, memory_room, phases
 from orchestrator.errors import ErrorCode, MonitordError, error_for
 from orchestrator.lineage import CopyPlan
 from orchestrator.models import Area, Side, Transaction
 from orchestrator.phases import Outcome
 from orchestrator.pre_copy import Decision as PreCopyDecision
+from orchestrator.pre_copy import ends_the_preflight
 
 if TYPE_CHECKING:  # the SSH side loads after readiness (monitord/remote/ssh_side.py)
     from monitord.remote import copy as area_copy
@@ -349,7 +350,9 @@ class PhaseActions:
         Only where the lineage says the copy will happen; a failure just means a full copy
         later, so it is logged and does not fail the move — except a cause retrying cannot
         fix (a full disk, a refused path: rules.PARK_AT_ONCE_CODES), found here before the
-        source stops: it fails the preflight (the copy removed its staging dir)."""
+        source stops (the copy removed its staging dir), and a lost link: both fail the
+        preflight (orchestrator/pre_copy.ends_the_preflight), and after a lost link the next
+        try resumes from what reached the staging dir."""
         plan = lineage.copy_plan(
             self.state.lineage(txn.area), source=txn.source, destination=txn.destination
         )
@@ -370,7 +373,7 @@ class PhaseActions:
                 )
         except MonitordError as e:
             log.warning("area_pre_copy_failed", error_code=e.code, detail=e.detail)
-            if e.code in rules.PARK_AT_ONCE_CODES:
+            if ends_the_preflight(e.code):
                 raise
             return
         wall_s = self._clock() - started
@@ -381,7 +384,7 @@ class PhaseActions:
             rounds["rounds_error"] = staged.rounds_error
         log.info("area_pre_copied", files=len(staged.files), bytes=staged.sent_bytes,
                  seconds=round(wall_s, 3), send_seconds=round(staged.send_s, 3),
-                 **rounds, **decision.facts())
+                 resumed_bytes=staged.resumed_bytes, **rounds, **decision.facts())
 
     # -- ROLLBACK: the destination's newer data back to the source --------------------------
 

@@ -60,6 +60,10 @@ MAX_INVENTORY_BYTES = 8 * 1024 * 1024
 MAX_RESPONSE_BYTES = 1024 * 1024
 # A tree's listing, base64 in JSON: a copy refuses a longer listing anyway.
 MAX_LISTING_ANSWER_BYTES = tree_digest.MAX_LISTING_BYTES * 4 // 3 + 4096
+# A staging dir's block digests (base64) and each file's name, JSON-escaped (at most
+# tree_digest.MAX_BLOCK_PATHS names of at most PATH_MAX bytes, six bytes a byte).
+MAX_STAGED_BLOCKS_ANSWER_BYTES = (tree_digest.BLOCK_DIGEST_BYTES * 4 // 3
+                                  + tree_digest.MAX_BLOCK_PATHS * (6 * 4096 + 64) + 4096)
 MAX_HEAD_BYTES = 16 * 1024
 # An area's log read (at most log_tail.MAX_BYTES of text), JSON-escaped: up to six bytes a byte.
 MAX_LOG_ANSWER_BYTES = 6 * log_tail.MAX_BYTES + 4096
@@ -377,6 +381,29 @@ class AgentClient:
         ), where=where)
         if doc.get("action") != "reset":
             raise _malformed(where, f"it answers for action {doc.get('action')!r:.20}")
+
+    async def staged_blocks(self, *, area: str, data_dir: str,
+                            timeout_s: float = PROMOTE_TIMEOUT_S,
+                            ) -> dict[str, Blocks | None] | None:
+        """The block digests of every file in the staging dir of `data_dir` (what a copy cut
+        by the link left there; None for a file too large to answer for), or None when the
+        VPS does not answer for them (too many files). An agent without the action answers
+        BAD_REQUEST (the caller starts over instead)."""
+        where = f"POST /v1/areas/{area}/copy/staging"
+        doc = _object(await self._call(
+            "POST", f"/v1/areas/{area}/copy/staging",
+            body={"data_dir": data_dir, "action": "blocks"}, timeout_s=timeout_s,
+            limit=MAX_STAGED_BLOCKS_ANSWER_BYTES,
+        ), where=where)
+        if doc.get("action") != "blocks":
+            raise _malformed(where, f"it answers for action {doc.get('action')!r:.20}")
+        answered = doc.get("blocks")
+        if answered is None:
+            return None
+        if not isinstance(answered, dict) or len(answered) > tree_digest.MAX_BLOCK_PATHS:
+            raise _malformed(where, "blocks is not one entry per staged file")
+        return {rel: _blocks(value, where=f"{where}: {rel!r:.80}")
+                for rel, value in answered.items()}
 
     async def staging_listing(self, *, area: str, data_dir: str,
                               timeout_s: float = PROMOTE_TIMEOUT_S) -> bytes:

@@ -403,11 +403,19 @@ class AgentRuntime:
         """POST /v1/areas/{area}/staging: the other two steps of a copy to the VPS that used
         to be a shell and a Python start each. "reset": the staging dir of `data_dir`
         made empty, its digest cache gone (where a copy starts); "digest": its listing,
-        every file fsynced (what a pre-copy delivered). Neither touches `data_dir` itself."""
+        every file fsynced (what a pre-copy delivered); "blocks": the block digests of
+        every file it holds (what a copy cut by the link left: where the next one resumes,
+        tree_digest.staged_blocks). None touches `data_dir` itself."""
         doing = f"{action} the staging dir of {data_dir}"
         if action == "reset":
             await self._copy_step(area, doing, tree_digest.reset_staging, Path(data_dir))
             return {"area": area, "action": action}
+        if action == "blocks":
+            found = await self._copy_step(area, doing, tree_digest.staged_blocks,
+                                          Path(data_dir))
+            return {"area": area, "action": action, "blocks": None if found is None else {
+                rel: None if b is None else {"size": b.size, "digests": _encoded(b.digests)}
+                for rel, b in found.items()}}
         listing = await self._copy_step(area, doing, tree_digest.staging_listing,
                                         Path(data_dir))
         return {"area": area, "action": action, "listing": _encoded(listing)}

@@ -326,7 +326,7 @@ async def promote_area_data(
     return Response(200, await runtime.promote(area, data_dir=data_dir, expect=expect))
 
 
-STAGING_ACTIONS = ("reset", "digest")
+STAGING_ACTIONS = ("reset", "digest", "blocks")
 
 
 async def area_staging(runtime: AgentRuntime, request: Request, name: str | None) -> Response:

@@ -38,6 +38,10 @@ class InProcessAgent:
         self.calls.append("reset")
         await asyncio.to_thread(tree_digest.reset_staging, self.remote)
 
+    async def staged_blocks(self) -> dict[str, Blocks | None] | None:
+        self.calls.append("staged_blocks")
+        return await asyncio.to_thread(tree_digest.staged_blocks, self.remote)
+
     async def listing(self) -> bytes:
         self.calls.append("listing")
         return await asyncio.to_thread(tree_digest.staging_listing, self.remote)

@@ -10,6 +10,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from monitord.base import tree_digest
 from tests.support.agent_process import vps_command
 from tests.support.stat_tricks import aged, stealthy_rewrite
@@ -199,3 +201,48 @@ class TestSwapIn:
         assert sorted(p.name for p in tmp_path.iterdir()) == [".monitord-copy", "area",
                                                               "elsewhere"]
         assert list((tmp_path / ".monitord-copy").iterdir()) == []
+
+
+class TestStagedBlocks:
+    """What a cut copy left in a staging dir, as the agent answers for it to resume from."""
+
+    def test_each_file_by_its_blocks_empty_dirs_removed_symlinks_never_followed(
+        self, tmp_path: Path
+    ) -> None:
+        final = tmp_path / "data" / "a1"
+        staging = tree_digest.staging_dir(final)
+        (staging / "db").mkdir(parents=True)
+        (staging / "db" / "part.bin").write_bytes(b"p" * 10_000)
+        (staging / "gone" / "deeper").mkdir(parents=True)
+        (staging / "link").symlink_to(tmp_path / "secret")
+        (tmp_path / "secret").write_bytes(b"not area data")
+        found = tree_digest.staged_blocks(final)
+        assert found == {"db/part.bin": tree_digest.file_blocks(staging, "db/part.bin")}
+        assert not (staging / "gone").exists()
+
+    def test_a_missing_staging_dir_is_made_and_holds_nothing(self, tmp_path: Path) -> None:
+        final = tmp_path / "data" / "a2"
+        assert tree_digest.staged_blocks(final) == {}
+        assert tree_digest.staging_dir(final).is_dir()
+
+    def test_too_many_files_answer_for_none(self, tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(tree_digest, "MAX_BLOCK_PATHS", 3)
+        final = tmp_path / "data" / "a3"
+        staging = tree_digest.staging_dir(final)
+        staging.mkdir(parents=True)
+        for i in range(4):
+            (staging / f"f{i}").write_bytes(b"x")
+        assert tree_digest.staged_blocks(final) is None
+
+    def test_digests_past_the_answer_bound_leave_that_file_whole(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr(tree_digest, "BLOCK_DIGEST_BYTES", 20)  # one file's digests
+        final = tmp_path / "data" / "a4"
+        staging = tree_digest.staging_dir(final)
+        staging.mkdir(parents=True)
+        (staging / "a").write_bytes(b"a" * 4096)
+        (staging / "b").write_bytes(b"b" * 4096)
+        found = tree_digest.staged_blocks(final)
+        assert found is not None and found["a"] is not None and found["b"] is None

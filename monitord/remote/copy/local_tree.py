@@ -257,6 +257,15 @@ def prune_to(root: Path, keep: set[str]) -> None:
                 full.unlink()
 
 
+def resumable(root: Path, wanted: set[str]) -> set[str]:
+    """What a copy cut by the link left under root that a copy of `wanted` can resume from:
+    the regular files among `wanted`; anything else — other files, symlinks, empty
+    directories — goes (`prune_to`). The dir is made if missing."""
+    prune_to(root, wanted)
+    tree_digest.remove_empty_dirs(root)
+    return {rel for rel, _, _ in tree_digest.regular_files(root)} & wanted
+
+
 def settle(staging: Path, fetched: dict[str, Fetched]) -> tree_digest.Cache:
     """fsync what a pre-copy wrote (off the downtime) and cache each file's hash under the
     identity it had when written — if it still has it and was not written too recently for

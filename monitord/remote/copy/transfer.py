@@ -166,6 +166,9 @@ class Staged:
     # the code of a failure that ended the rounds early (what they staged still holds).
     rounds: tuple[int, ...] = ()
     rounds_error: str | None = None
+    # Of the first pass's bytes, those a cut copy had left in the staging dir already (a
+    # resume: not sent again).
+    resumed_bytes: int = 0
 
     def matches(self, *, local_dir: Path, remote_dir: str, upload: bool) -> bool:
         return (self.local_dir, self.remote_dir, self.upload) == (local_dir, remote_dir, upload)
@@ -352,17 +355,29 @@ class _Upload:
     tree: VpsTree
     timeout_s: float
 
+    async def _resumable(self, *, whole: bool = False) -> dict[str, Blocks | None]:
+        """What a copy cut by the link left in the VPS staging dir, to resume from: each
+        file's block digests as the VPS reads them now (None: sent whole). {} once the
+        staging dir is started over instead — when `whole`, or when the way cannot say."""
+        left = None if whole else await self.tree.staged()
+        if left is None:
+            await self.tree.reset_staging()
+            return {}
+        return left
+
     async def pre_copy(self, progress: Progress | None) -> Staged:
-        """`pre_upload`: the running source's files into a fresh VPS staging dir."""
+        """`pre_upload`: the running source's files into the VPS staging dir — a file a cut
+        copy left there by the blocks that differ (a resume), the others whole."""
         sent: dict[str, str] = {}
         sent_blocks: dict[str, Blocks] = {}
         cache: tree_digest.Cache = {}
         staging = vps_tree.staging_of(self.remote_dir)
-        await self.tree.reset_staging()
+        left = await self._resumable()
         epoch, names = await asyncio.to_thread(local_tree.pre_listing, self.local_dir)
         _check_names(self.remote_dir, [rel for rel, _ in names])
+        stale = sorted(set(left) - {rel for rel, _ in names})
         during = f"pre-copy to {self.remote_dir}"
-        sent_bytes, send_s = 0, 0.0
+        sent_bytes, send_s, resumed = 0, 0.0, 0
         if names:
             sizes = [listed.st_size for _, listed in names]
             meter = _Meter(progress, sum(sizes))
@@ -371,18 +386,30 @@ class _Upload:
                 async with asyncio.timeout(self.timeout_s) as deadline, \
                         sftp_session.session(self.conn) as sftp:
                     meter.guards(deadline, stall_s=self.timeout_s)
+                    await _remove_all(sftp, staging, stale)
                     made: set[str] = {staging}
                     started = time.monotonic()
                     for i, (rel, listed) in enumerate(names):
                         target = str(PurePosixPath(staging) / rel)
                         parent = str(PurePosixPath(target).parent)
+                        had = left.get(rel)
+                        sha: str | None
                         try:
                             if parent not in made:
                                 await sftp.makedirs(parent, exist_ok=True)
                                 made.add(parent)
-                            sha, blocks, before, after = await _send_file(
-                                sftp, self.local_dir / rel, target,
-                                listed=(listed.st_dev, listed.st_ino), size=None, meter=meter)
+                            if had is None:
+                                sha, blocks, before, after = await _send_file(
+                                    sftp, self.local_dir / rel, target,
+                                    listed=(listed.st_dev, listed.st_ino), size=None,
+                                    meter=meter)
+                                n = blocks.size
+                            else:
+                                sha, blocks, before, after, n = await _refresh_file(
+                                    sftp, self.local_dir / rel, target,
+                                    listed=(listed.st_dev, listed.st_ino), staged=had)
+                                meter.add(blocks.size)
+                                resumed += blocks.size - n
                         except MonitordError as e:
                             if e.code != ErrorCode.COPY_SOURCE_CHANGED:
                                 raise
@@ -392,19 +419,23 @@ class _Upload:
                                 sftp, e, during=during, staging=staging,
                                 remaining=disk_space.footprint(sizes[i:]),
                             ) from e
-                        sent[rel] = sha
                         sent_blocks[rel] = blocks
-                        sent_bytes += blocks.size
+                        sent_bytes += n
+                        if sha is None:
+                            continue  # changed while it was read: its blocks are as staged
+                        sent[rel] = sha
                         identity = tree_digest.cacheable(before, after, epoch)
                         if identity is not None:
                             cache[rel] = (identity, sha)
                     send_s = time.monotonic() - started
         found = await self.tree.staging_listing(during=f"pre-copy to {self.remote_dir}")
         files = {rel: sha for rel, sha in sent.items() if found.get(rel) == sha}
+        # (a file resumed into but changed meanwhile is known by its blocks alone)
         return Staged(local_dir=self.local_dir, remote_dir=self.remote_dir, upload=True,
                       files=files, cache=cache, through_agent=self.tree.through_agent,
-                      sent_bytes=sent_bytes, send_s=send_s,
-                      blocks={rel: sent_blocks[rel] for rel in files})
+                      sent_bytes=sent_bytes, send_s=send_s, resumed_bytes=resumed,
+                      blocks={rel: b for rel, b in sent_blocks.items()
+                              if rel in files or rel not in sent})
 
     async def more_rounds(self, staged: Staged) -> Staged:
         """While `pre_copy.another_round` says so, send what changed since the last round
@@ -426,9 +457,10 @@ class _Upload:
 
     async def copy(
         self, staged: Staged | None, progress: Progress | None, *,
-        manifest: tuple[local_tree.FileEntry, ...] | None = None,
+        manifest: tuple[local_tree.FileEntry, ...] | None = None, whole: bool = False,
     ) -> CopyReport:
-        """`upload` after the stop (`manifest`: local_dir's, if hashed already)."""
+        """`upload` after the stop (`manifest`: local_dir's, if hashed already). Without a
+        pre-copy it resumes from what a cut copy left in the staging dir, unless `whole`."""
         if manifest is None:
             manifest = await asyncio.to_thread(
                 local_tree.manifest, self.local_dir, None if staged is None else staged.cache
@@ -440,13 +472,19 @@ class _Upload:
         total = sum(e.size for e in manifest)
         staging = vps_tree.staging_of(self.remote_dir)
         kept = {} if staged is None else staged.files
-        # A changed file the pre-copy staged whole gets its changed blocks only.
-        deltas = {} if staged is None else staged.blocks
-        if staged is None:  # a pre-copy made the staging dir: no round trip to make it again
-            await self.tree.reset_staging()
+        # A changed file the pre-copy staged whole gets its changed blocks only; without a
+        # pre-copy, so does one a cut copy left (a pre-copy made the staging dir and knows
+        # what is in it: no round trip to ask).
+        if staged is None:
+            left = await self._resumable(whole=whole)
+            deltas = {rel: b for rel, b in left.items() if b is not None}
+            in_staging = set(left)
+        else:
+            deltas = staged.blocks
+            in_staging = set(kept) | set(deltas)
         to_send = [e for e in manifest if kept.get(e.path) != e.sha256]
         # (a file a later round wrote into the staging dir is in `deltas` alone)
-        gone = sorted((set(kept) | set(deltas)) - {e.path for e in manifest})
+        gone = sorted(in_staging - {e.path for e in manifest})
         meter = _Meter(progress, total)
         staged_lost = False
         during = f"upload to {self.remote_dir}"
@@ -456,18 +494,16 @@ class _Upload:
                 async with asyncio.timeout(self.timeout_s) as deadline, \
                         sftp_session.session(self.conn) as sftp:
                     meter.guards(deadline, stall_s=self.timeout_s)
-                    for rel in gone:
-                        with contextlib.suppress(*ssh_errors.SFTP_NO_SUCH_FILE):
-                            await sftp.remove(str(PurePosixPath(staging) / rel))
+                    await _remove_all(sftp, staging, gone)
                     meter.add(total - sum(e.size for e in to_send))  # what is in place
                     started = time.monotonic()
                     sent_bytes = await self._send_all(
                         sftp, to_send, deltas, staging=staging, during=during, meter=meter)
                     send_s = time.monotonic() - started
             except ssh_errors.SFTP_NO_SUCH_FILE:
-                if staged is None:
+                if not deltas:
                     raise
-                staged_lost = True  # the pre-copy's staging dir went away on the VPS
+                staged_lost = True  # a file staged before went away on the VPS
         expected = {e.path: e.sha256 for e in manifest}
         if not staged_lost:
             found = await self.tree.promote(expected)
@@ -475,11 +511,12 @@ class _Upload:
                 return CopyReport(files=len(manifest), bytes=total,
                                   reused=len(manifest) - len(to_send),
                                   sent_bytes=sent_bytes, send_s=send_s)
-            if staged is None:
+            if staged is None and not deltas:
                 raise incomplete(f"the VPS found {self.remote_dir} incomplete: it differs in"
                                  f" {listing.differences(found, expected)}")
-        # the staging dir changed under us since the pre-copy: start it over, whole
-        return await self.copy(None, progress)
+        # the staging dir changed under us since the pre-copy (or since the VPS digested
+        # what a cut copy left there): start it over, whole
+        return await self.copy(None, progress, whole=True)
 
 
     async def _send_all(
@@ -519,6 +556,20 @@ class _Upload:
 
         await _at_once([functools.partial(send, entry) for entry in to_send])
         return sent
+
+
+async def _remove_all(sftp: asyncssh.SFTPClient, staging: str, names: Sequence[str]) -> None:
+    """Remove the files `names` from the staging dir, side by side (one gone already is
+    fine), then their directories that this left empty (no copy carries an empty one)."""
+    async def remove(rel: str) -> None:
+        with contextlib.suppress(*ssh_errors.SFTP_NO_SUCH_FILE):
+            await sftp.remove(str(PurePosixPath(staging) / rel))
+
+    await _at_once([functools.partial(remove, rel) for rel in names])
+    parents = {str(p) for rel in names for p in PurePosixPath(rel).parents if str(p) != "."}
+    for rel in sorted(parents, key=lambda p: -p.count("/")):
+        with contextlib.suppress(*ssh_errors.SFTP_ERRORS):  # (not empty: a file is kept)
+            await sftp.rmdir(str(PurePosixPath(staging) / rel))
 
 
 async def _at_once(jobs: Sequence[Callable[[], Awaitable[None]]]) -> None:
@@ -913,21 +964,26 @@ class _Download:
     @contextlib.asynccontextmanager
     async def _gives_space_back(self) -> AsyncIterator[None]:
         """A download that fails removes its local staging dir at once (nothing of a failed
-        copy keeps the PBX's space); a file system error here is named by its cause."""
+        copy keeps the PBX's space) — unless the link is what failed: what arrived is where
+        the next pre-copy resumes (as an upload's staging dir on the VPS). A file system
+        error here is named by its cause."""
         try:
             try:
                 yield
             except OSError as e:  # local file work in a thread (asyncssh's are translated)
                 raise local_tree.local_file_error(e, during=f"download of {self.remote_dir}"
                                                   ) from e
-        except MonitordError:
-            await asyncio.to_thread(local_tree.remove, self.staging)
+        except MonitordError as e:
+            if _link_usable(e):
+                await asyncio.to_thread(local_tree.remove, self.staging)
             raise
 
     async def _pre_copy(self, meter: _Meter) -> Staged:
         listed = await self.tree.data_listing()
         staging = self.staging
-        await asyncio.to_thread(local_tree.reset_dir, staging)
+        # What a copy cut by the link left in the staging dir: each such file is where its
+        # fetch resumes, by the blocks that differ (the rest of the dir goes).
+        left = await asyncio.to_thread(local_tree.resumable, staging, set(listed))
         fetched: dict[str, local_tree.Fetched] = {}
         async with self._refused_leaves_nothing(f"pre-copy of {self.remote_dir}",
                                                 meter) as sftp:
@@ -936,25 +992,34 @@ class _Download:
             sizes = await _declared_sizes(sftp, remote_root, sorted(listed),
                                           where=self.remote_dir, skip_gone=True)
             seeds = await asyncio.to_thread(_seeds, self.basis, sizes)
+            # (a staged file is the better start: it holds its basis and what came since)
+            seeds.update(dict.fromkeys(left & sizes.keys()))
             remote_blocks = await self.tree.blocks(sorted(seeds)) if seeds else {}
+            resumed_from = {rel for rel in left if rel in remote_blocks and rel in sizes}
+            if resumed_from != left:  # (a staged file is never fetched whole over itself)
+                await asyncio.to_thread(local_tree.prune_to, staging, resumed_from)
             budget = _Budget(sum(sizes.values()))
             meter.total = budget.left
             meter.add()
-            sent = 0
+            sent = resumed = 0
             started = time.monotonic()
             for rel, size in sizes.items():
                 try:
                     fetched[rel], n = await self._fetch(
                         sftp, f"{remote_root}/{rel}", rel, size=size, budget=budget,
-                        blocks=remote_blocks.get(rel), seed=seeds.get(rel), meter=meter)
+                        blocks=remote_blocks.get(rel),
+                        seed=None if rel in resumed_from else seeds.get(rel), meter=meter)
                 except ssh_errors.SFTP_NO_SUCH_FILE:
                     continue  # gone since the listing (the daemon runs)
                 sent += n
+                if rel in resumed_from:
+                    resumed += fetched[rel].size - n
             send_s = time.monotonic() - started
         cache = await asyncio.to_thread(local_tree.settle, staging, fetched)
         return Staged(local_dir=self.local_dir, remote_dir=self.remote_dir, upload=False,
                       files={rel: f.sha256 for rel, f in fetched.items()}, cache=cache,
-                      through_agent=self.tree.through_agent, sent_bytes=sent, send_s=send_s)
+                      through_agent=self.tree.through_agent, sent_bytes=sent, send_s=send_s,
+                      resumed_bytes=resumed)
 
     async def _fetch(
         self, sftp: asyncssh.SFTPClient, source: str, rel: str, *, size: int,

@@ -73,6 +73,10 @@ class CopyAgent(Protocol):
     async def reset(self) -> None:
         """The staging dir made empty, its digest cache gone."""
 
+    async def staged_blocks(self) -> dict[str, Blocks | None] | None:
+        """The block digests of every file in the staging dir (None: too large to answer
+        for), or None when the VPS does not answer for them all."""
+
     async def listing(self) -> bytes:
         """The staging dir's listing, every file fsynced (tree-digest's output format)."""
 
@@ -102,6 +106,9 @@ class AreaCopy:
     async def reset(self) -> None:
         await self.client.reset_staging(area=self.area, data_dir=self.data_dir)
 
+    async def staged_blocks(self) -> dict[str, Blocks | None] | None:
+        return await self.client.staged_blocks(area=self.area, data_dir=self.data_dir)
+
     async def listing(self) -> bytes:
         return await self.client.staging_listing(area=self.area, data_dir=self.data_dir)
 
@@ -125,6 +132,12 @@ class VpsTree(Protocol):
 
     async def reset_staging(self) -> None:
         """The staging dir made empty, its digest cache gone."""
+
+    async def staged(self) -> dict[str, Blocks | None] | None:
+        """What a copy cut by the link left in the staging dir, to resume from: each file's
+        block digests (None: it is sent whole). None when the way cannot say (the shell, an
+        agent without it, an answer naming a file no area file could be): the caller starts
+        the staging dir over instead."""
 
     async def staging_listing(self, *, during: str) -> dict[str, str]:
         """The staging dir's listing, every file fsynced there, validated."""
@@ -211,6 +224,9 @@ class ShellTree:
     async def blocks(self, names: Sequence[str]) -> dict[str, Blocks]:
         return {}  # (the verb digests whole files only: these are fetched whole)
 
+    async def staged(self) -> dict[str, Blocks | None] | None:
+        return None  # (nor does it digest the staging dir's blocks: it starts over)
+
     async def reset_staging(self) -> None:
         _, _, staging, cache, _ = _dirs(self.remote_dir)
         await _script(self.conn, _PREPARE, staging, cache)
@@ -282,6 +298,17 @@ class AgentTree:
 
     async def reset_staging(self) -> None:
         await self.agent.reset()
+
+    async def staged(self) -> dict[str, Blocks | None] | None:
+        try:
+            found = await self.agent.staged_blocks()
+        except MonitordError as e:
+            if e.code in (ErrorCode.AGENT_ROUTE_MISSING, ErrorCode.BAD_REQUEST):
+                return None  # an older agent: the copy starts the staging dir over
+            raise
+        if found is not None and any(listing.name_problem(rel) for rel in found):
+            return None  # not names of an area's files: nothing of it is used
+        return found
 
     async def staging_listing(self, *, during: str) -> dict[str, str]:
         return await _bounded(await self.agent.listing(), during=during)

@@ -382,6 +382,24 @@ class TestStaging:
         assert set(tree_digest.load_cache(
             tree_digest.staging_cache(data_dir))) <= set(self.FILES)
 
+    async def test_blocks_digest_what_a_cut_copy_left_and_the_client_reads_them(
+        self, agent: AgentProcess
+    ) -> None:
+        data_dir = agent.base_dir / "data" / "tg" / AREA
+        _stage(data_dir, self.FILES)
+        staging = tree_digest.staging_dir(data_dir)
+        (staging / "empty" / "deeper").mkdir(parents=True)  # no copy makes one: removed
+        (staging / "outside").symlink_to("/etc/passwd")  # never followed, never named
+        status, answer = await self._staging(agent, {"data_dir": str(data_dir),
+                                                     "action": "blocks"})
+        assert (status, answer["action"]) == (200, "blocks"), answer
+        assert set(answer["blocks"]) == set(self.FILES)
+        client = AgentClient(channel=unix_channel(agent.address), secret=agent.secret.encode())
+        found = await client.staged_blocks(area=AREA, data_dir=str(data_dir))
+        assert found == {rel: tree_digest.file_blocks(staging, rel) for rel in self.FILES}
+        assert not (staging / "empty").exists()
+        assert not data_dir.exists()  # only the staging dir was read
+
     async def test_bad_bodies_are_refused_with_400(
         self, agent: AgentProcess, tmp_path: Path
     ) -> None:

@@ -328,6 +328,146 @@ class TestStallDeadline:
         assert "nothing crossed the link for 1 s" in failed.value.detail
 
 
+class _LyingAgent(_Agent):
+    """Says the staging dir holds every block of `claimed` (it holds nothing of them)."""
+
+    def __init__(self, remote: Path, claimed: dict[str, Path]) -> None:
+        super().__init__(remote)
+        self.claimed = claimed
+
+    async def staged_blocks(self) -> dict[str, Any] | None:
+        self.calls.append("staged_blocks")
+        return {rel: tree_digest.file_blocks(path.parent, path.name)
+                for rel, path in self.claimed.items()}
+
+
+class TestResume:
+    """A copy cut by the link resumes from what the VPS holds of it — each file's block
+    digests as the VPS reads them in the staging dir, nothing remembered on the PBX (so the
+    same after a restart of monitord) — and what it resumed from is verified whole before the
+    promote."""
+
+    async def _cut_mid_file(self, vps: VpsServer, src: Path, remote: Path) -> int:
+        """A pre-copy of src cut by the link after a few MiB of its one big file; what of
+        it the staging dir holds then."""
+        staged_file = tree_digest.staging_dir(remote) / "big.db"
+
+        async def drop_mid_file() -> None:
+            await wait_until(lambda: staged_file.exists() and staged_file.stat().st_size
+                             >= 4 << 20, timeout_s=10, what="4 MiB staged", interval_s=0.001)
+            vps.stall()
+            vps.drop_all_sessions()
+
+        async with vps.connect() as conn:
+            dropper = asyncio.create_task(drop_mid_file())
+            with pytest.raises(MonitordError):
+                await area_copy.pre_upload(conn, vps_command=vps_command(), local_dir=src,
+                                           remote_dir=str(remote), agent=_Agent(remote))
+            await dropper
+        vps.resume()
+        return staged_file.stat().st_size
+
+    async def test_a_pre_copy_cut_mid_file_resumes_from_what_arrived(
+        self, vps: VpsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr(transfer, "_CHUNK", 256 * 1024)
+        src, remote = tmp_path / "src", tmp_path / "vps" / "data" / "r1"
+        src.mkdir()
+        (src / "big.db").write_bytes(os.urandom(16 << 20))
+        (src / "small").write_bytes(b"s" * 1000)
+        arrived = await self._cut_mid_file(vps, src, remote)
+        assert 4 << 20 <= arrived < 16 << 20
+        async with vps.connect() as conn:  # a new connection: nothing of the first kept
+            staged = await area_copy.pre_upload(conn, vps_command=vps_command(), local_dir=src,
+                                                remote_dir=str(remote), agent=_Agent(remote))
+            report = await area_copy.upload(conn, vps_command=vps_command(), local_dir=src,
+                                            remote_dir=str(remote), staged=staged,
+                                            agent=_Agent(remote))
+        # what arrived before the cut (less the chunks on the wire then) is not sent again
+        assert staged.resumed_bytes >= arrived - 4 * 256 * 1024, (staged, arrived)
+        assert staged.sent_bytes <= (16 << 20) + 1000 - staged.resumed_bytes + 4096
+        assert set(staged.files) == {"big.db", "small"}
+        assert report.reused == 2 and _tree(remote) == _tree(src)
+
+    async def test_a_copy_after_the_stop_resumes_what_a_cut_pre_copy_left(
+        self, vps: VpsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr(transfer, "_CHUNK", 256 * 1024)
+        src, remote = tmp_path / "src", tmp_path / "vps" / "data" / "r2"
+        src.mkdir()
+        (src / "big.db").write_bytes(os.urandom(16 << 20))
+        staging = tree_digest.staging_dir(remote)
+        arrived = await self._cut_mid_file(vps, src, remote)
+        (staging / "gone.log").write_bytes(b"a file the source no longer has")
+        (staging / "old").mkdir()
+        (staging / "old" / "x").write_bytes(b"x")
+        async with vps.connect() as conn:
+            report = await area_copy.upload(conn, vps_command=vps_command(), local_dir=src,
+                                            remote_dir=str(remote), agent=_Agent(remote))
+        assert report.sent_bytes <= (16 << 20) - arrived + 4 * 256 * 1024 + 4096, report
+        assert _tree(remote) == _tree(src)  # the stale files and their dir are gone
+        assert not (remote / "old").exists()
+
+    async def test_a_pre_copy_home_cut_mid_file_resumes_from_what_arrived(
+        self, vps: VpsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        from monitord.remote.copy import local_tree
+
+        monkeypatch.setattr(transfer, "_CHUNK", 256 * 1024)
+        remote, back = tmp_path / "vps" / "data" / "r4", tmp_path / "back"
+        remote.mkdir(parents=True)
+        (remote / "big.db").write_bytes(os.urandom(16 << 20))
+        staged_file = local_tree.staging_of(back) / "big.db"
+
+        async def drop_mid_file() -> None:
+            await wait_until(lambda: staged_file.exists() and staged_file.stat().st_size
+                             >= 4 << 20, timeout_s=10, what="4 MiB staged", interval_s=0.001)
+            vps.stall()
+            vps.drop_all_sessions()
+
+        async with vps.connect() as conn:
+            dropper = asyncio.create_task(drop_mid_file())
+            with pytest.raises(MonitordError):
+                await area_copy.pre_download(conn, vps_command=vps_command(), local_dir=back,
+                                             remote_dir=str(remote), agent=_Agent(remote))
+            await dropper
+        vps.resume()
+        arrived = staged_file.stat().st_size  # kept: the link failed, not the PBX
+        assert 4 << 20 <= arrived < 16 << 20
+        async with vps.connect() as conn:
+            staged = await area_copy.pre_download(
+                conn, vps_command=vps_command(), local_dir=back, remote_dir=str(remote),
+                agent=_Agent(remote))
+            await area_copy.download(conn, vps_command=vps_command(), local_dir=back,
+                                     remote_dir=str(remote), staged=staged,
+                                     agent=_Agent(remote))
+        assert staged.resumed_bytes >= arrived - 4 * 256 * 1024, (staged, arrived)
+        assert staged.sent_bytes <= (16 << 20) - staged.resumed_bytes + 4096
+        assert _tree(back) == _tree(remote)
+
+    async def test_a_staging_dir_the_vps_misreports_is_verified_whole_and_sent_again(
+        self, vps: VpsServer, tmp_path: Path
+    ) -> None:
+        src, remote = tmp_path / "src", tmp_path / "vps" / "data" / "r3"
+        _make_area(src)
+        liar = _LyingAgent(remote, {"session.db": src / "session.db",
+                                    "db/keys.bin": src / "db" / "keys.bin"})
+        async with vps.connect() as conn:
+            staged = await area_copy.pre_upload(conn, vps_command=vps_command(), local_dir=src,
+                                                remote_dir=str(remote), agent=liar)
+            assert "session.db" not in staged.files  # not as claimed: the listing says so
+            report = await area_copy.upload(conn, vps_command=vps_command(), local_dir=src,
+                                            remote_dir=str(remote), staged=staged, agent=liar)
+            assert _tree(remote) == _tree(src), report
+            # and without a pre-copy: the promote refuses, the copy is redone whole
+            (src / "session.db").write_bytes(b"t" * 70_000)
+            liar.claimed = {"session.db": src / "session.db"}
+            report = await area_copy.upload(conn, vps_command=vps_command(), local_dir=src,
+                                            remote_dir=str(remote), agent=liar)
+        assert _tree(remote) == _tree(src), report
+        assert liar.calls.count("reset") >= 1  # the whole redo started the staging dir over
+
+
 class TestVerification:
     """A copy that does not match its manifest never replaces the destination dir."""
 
@@ -1032,7 +1172,8 @@ class TestAgentStaging:
         assert report.reused == 3, report  # all three were listed back as sent
         assert _tree(remote) == _tree(src)
         assert execs == [], execs
-        assert [c.split()[0] for c in helper.calls] == ["reset", "listing", "promote"]
+        # (what a cut copy left is asked for in place of a reset: here, nothing)
+        assert [c.split()[0] for c in helper.calls] == ["staged_blocks", "listing", "promote"]
         assert helper.asked == 1  # the pre-copy's answer holds for the copy after the stop
 
     async def test_an_upload_without_a_pre_copy_runs_nothing_on_the_vps(
@@ -1043,7 +1184,7 @@ class TestAgentStaging:
         remote.mkdir(parents=True)
         (remote / "previous").write_bytes(b"generation 3")
         stale = tree_digest.staging_dir(remote)
-        (stale / "leftover").mkdir(parents=True)  # a cut copy's staging dir: reset away
+        (stale / "leftover").mkdir(parents=True)  # a cut copy's empty dir: removed
         helper = _Agent(remote)
         execs = _counting_execs(monkeypatch)
         async with vps.connect() as conn:
@@ -1052,7 +1193,7 @@ class TestAgentStaging:
         assert _tree(remote) == _tree(src) and report.reused == 0
         assert not (remote / "leftover").exists()
         assert execs == [], execs
-        assert [c.split()[0] for c in helper.calls] == ["reset", "promote"]
+        assert [c.split()[0] for c in helper.calls] == ["staged_blocks", "promote"]
         assert helper.asked == 1
 
     async def test_an_agent_without_the_routes_leaves_them_to_the_vps_shell(

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from orchestrator import pre_copy
+from orchestrator.errors import ErrorCode
 from orchestrator.pre_copy import CopyCosts, DecidedBy, Rule
+from orchestrator.rules import PARK_AT_ONCE_CODES
 
 from .profiles import PROFILE
 
@@ -220,3 +223,19 @@ class TestRounds:
         while pre_copy.another_round(rounds):
             rounds.append(rounds[-1])  # a round that did not shrink
         assert len(rounds) <= max(len(sent), pre_copy.MAX_ROUNDS)
+
+
+class TestEndsThePreflight:
+    """A pre-copy's failure fails its move's preflight only for a cause retrying cannot fix
+    (found before the source stops) and for a lost link (the next try resumes); any other
+    failure leaves the copy after the stop to send what the pre-copy did not."""
+
+    @pytest.mark.parametrize("code", sorted(PARK_AT_ONCE_CODES | {
+        ErrorCode.SSH_UNREACHABLE, ErrorCode.SSH_TIMEOUT, ErrorCode.AGENT_UNREACHABLE}))
+    def test_a_lost_link_or_a_cause_retrying_cannot_fix_ends_it(self, code: str) -> None:
+        assert pre_copy.ends_the_preflight(code)
+
+    @pytest.mark.parametrize("code", [ErrorCode.COPY_SOURCE_CHANGED, ErrorCode.COPY_INCOMPLETE,
+                                      ErrorCode.AGENT_ROUTE_MISSING, ErrorCode.BAD_REQUEST])
+    def test_anything_else_is_left_to_the_copy_after_the_stop(self, code: str) -> None:
+        assert not pre_copy.ends_the_preflight(code)
