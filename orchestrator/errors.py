@@ -208,7 +208,8 @@ _ROWS: tuple[tuple[ErrorCode, Severity, bool, str, str], ...] = (
            "Add the [remote] section (docs/vps-setup.md) or the service's remote_command and"
            " remote_data_dir, restart monitord, then place or retry."),
     (_E.COPY_INCOMPLETE, _S.WARNING, True,
-           "Area data was not copied completely (manifest mismatch).",
+           "Area data was not copied completely: the copy differs from its manifest, or"
+           " nothing crossed the link for the copy's 600 s.",
            "Nothing to do: the source kept its data; the migration retries."),
     (_E.COPY_SOURCE_CHANGED, _S.WARNING, True,
            "A file of the area was not the one listed when it was sent (replaced by a FIFO,"

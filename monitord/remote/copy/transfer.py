@@ -78,7 +78,7 @@ from collections.abc import (
 )
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
 
 import asyncssh
 
@@ -90,6 +90,8 @@ from monitord.remote.copy.vps_tree import CopyAgent, VpsTree
 from orchestrator import block_delta, disk_space, pre_copy
 from orchestrator.block_delta import Blocks
 from orchestrator.errors import ErrorCode, MonitordError, error_for
+
+T = TypeVar("T")
 
 _CHUNK = 1 << 20
 # Linux's limits for one name and one path (NAME_MAX, PATH_MAX less the NUL).
@@ -807,11 +809,27 @@ class _InFlight:
         await asyncio.gather(*pending, return_exceptions=True)
 
 
+async def _opened_in_thread(open_: Callable[[], T], *, close: Callable[[T], object]) -> T:
+    """`open_()` in a thread. A thread cannot be stopped: if the copy is cancelled meanwhile
+    (a file beside it failed), what it opens is closed once it returns, not leaked."""
+    opening = asyncio.ensure_future(asyncio.to_thread(open_))
+    try:
+        return await asyncio.shield(opening)
+    except asyncio.CancelledError:
+        def close_it(done: asyncio.Future[T]) -> None:
+            if not done.cancelled() and done.exception() is None:
+                close(done.result())
+
+        opening.add_done_callback(close_it)
+        raise
+
+
 async def _open_source(source_path: Path, listed: tuple[int, int]) -> int:
     """The listed regular file opened for reading (tree_digest.open_listed), else
     COPY_SOURCE_CHANGED."""
     try:
-        return await asyncio.to_thread(tree_digest.open_listed, source_path, listed)
+        return await _opened_in_thread(functools.partial(
+            tree_digest.open_listed, source_path, listed), close=os.close)
     except (FileNotFoundError, NotADirectoryError, tree_digest.NotTheListedFile) as e:
         raise _source_changed(str(source_path), e.strerror or str(e)) from e
 
@@ -1239,7 +1257,9 @@ async def _fetch_delta(
     few at once), written in place, and the file cut or extended to the size. (What it
     holds then, hashed whole here, and the bytes fetched.) The digests only choose what to
     fetch: the SHA-256 against the VPS's listing still decides the promote."""
-    out, have = await asyncio.to_thread(local_tree.delta_target, staging, rel, seed)
+    out, have = await _opened_in_thread(
+        functools.partial(local_tree.delta_target, staging, rel, seed),
+        close=lambda opened: opened[0].close())
     try:
         delta = block_delta.plan(have, now)
         if delta.runs:
