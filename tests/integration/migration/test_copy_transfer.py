@@ -8,7 +8,7 @@ import os
 import shutil
 import stat
 import subprocess
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -347,11 +347,11 @@ class TestResume:
     same after a restart of monitord) — and what it resumed from is verified whole before the
     promote."""
 
-    async def _cut_mid_file(self, vps: VpsServer, src: Path, remote: Path) -> int:
-        """A pre-copy of src cut by the link after a few MiB of its one big file; what of
-        it the staging dir holds then."""
-        staged_file = tree_digest.staging_dir(remote) / "big.db"
-
+    @staticmethod
+    async def _cut_once_staged(vps: VpsServer, staged_file: Path,
+                               copy: Callable[[Any], Awaitable[object]]) -> int:
+        """`copy(conn)` cut by the link (the writes on the wire stall, then the connection
+        goes) once `staged_file` holds 4 MiB; it fails. What that file holds then."""
         async def drop_mid_file() -> None:
             await wait_until(lambda: staged_file.exists() and staged_file.stat().st_size
                              >= 4 << 20, timeout_s=10, what="4 MiB staged", interval_s=0.001)
@@ -361,11 +361,18 @@ class TestResume:
         async with vps.connect() as conn:
             dropper = asyncio.create_task(drop_mid_file())
             with pytest.raises(MonitordError):
-                await area_copy.pre_upload(conn, vps_command=vps_command(), local_dir=src,
-                                           remote_dir=str(remote), agent=_Agent(remote))
+                await copy(conn)
             await dropper
         vps.resume()
         return staged_file.stat().st_size
+
+    async def _cut_mid_file(self, vps: VpsServer, src: Path, remote: Path) -> int:
+        """A pre-copy of src cut by the link after a few MiB of its one big file; what of
+        it the staging dir holds then."""
+        return await self._cut_once_staged(
+            vps, tree_digest.staging_dir(remote) / "big.db",
+            lambda conn: area_copy.pre_upload(conn, vps_command=vps_command(), local_dir=src,
+                                              remote_dir=str(remote), agent=_Agent(remote)))
 
     async def test_a_pre_copy_cut_mid_file_resumes_from_what_arrived(
         self, vps: VpsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -417,22 +424,11 @@ class TestResume:
         remote, back = tmp_path / "vps" / "data" / "r4", tmp_path / "back"
         remote.mkdir(parents=True)
         (remote / "big.db").write_bytes(os.urandom(16 << 20))
-        staged_file = local_tree.staging_of(back) / "big.db"
-
-        async def drop_mid_file() -> None:
-            await wait_until(lambda: staged_file.exists() and staged_file.stat().st_size
-                             >= 4 << 20, timeout_s=10, what="4 MiB staged", interval_s=0.001)
-            vps.stall()
-            vps.drop_all_sessions()
-
-        async with vps.connect() as conn:
-            dropper = asyncio.create_task(drop_mid_file())
-            with pytest.raises(MonitordError):
-                await area_copy.pre_download(conn, vps_command=vps_command(), local_dir=back,
-                                             remote_dir=str(remote), agent=_Agent(remote))
-            await dropper
-        vps.resume()
-        arrived = staged_file.stat().st_size  # kept: the link failed, not the PBX
+        arrived = await self._cut_once_staged(  # kept: the link failed, not the PBX
+            vps, local_tree.staging_of(back) / "big.db",
+            lambda conn: area_copy.pre_download(conn, vps_command=vps_command(),
+                                                local_dir=back, remote_dir=str(remote),
+                                                agent=_Agent(remote)))
         assert 4 << 20 <= arrived < 16 << 20
         async with vps.connect() as conn:
             staged = await area_copy.pre_download(
