@@ -137,20 +137,76 @@ def cacheable(before: os.stat_result, after: os.stat_result, epoch: int) -> Iden
     return identity(before)
 
 
-def regular_files(root: Path) -> Iterator[tuple[str, Path, os.stat_result]]:
-    """(relative POSIX path, path, lstat) of every regular file under root, symlinks
-    neither followed nor listed; none when root is missing."""
-    if not root.is_dir():
-        return
-    for dirpath, _dirs, files in os.walk(root):
-        for name in files:
-            full = Path(dirpath) / name
-            try:
-                st = os.lstat(full)
-            except FileNotFoundError:
+# How a walk opens each directory, below its parent's fd: never through a symlink (ELOOP),
+# never anything but a directory (ENOTDIR, before a device or a FIFO is opened).
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def walk_inside(root: Path) -> Iterator[tuple[str, os.stat_result]]:
+    """(relative POSIX path, lstat) of every entry under root, by name in each directory, a
+    directory before what it holds; nothing when root is missing or not a directory.
+
+    The daemon's user owns the tree and may swap a directory for a symlink (to /etc, say) at
+    any moment, and monitord reads as root: so the walk never takes a path twice. Each
+    directory is opened below its parent's fd with _DIR_FLAGS, and entered only if its fstat
+    is the directory its lstat listed; each entry is lstat'ed below its directory's fd. What
+    a swap leaves is a name that is skipped, never a file from outside listed (os.walk checks
+    islink, then lists the path: a swap between the two let it in). One fd a level deep."""
+    try:
+        top = os.open(root, _DIR_FLAGS)
+    except OSError as e:
+        if e.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+            return
+        raise
+    stack: list[tuple[int, str, Iterator[str]]] = []
+    try:
+        stack.append((top, "", iter(sorted(os.listdir(top)))))
+        while stack:
+            fd, prefix, names = stack[-1]
+            name = next(names, None)
+            if name is None:
+                os.close(stack.pop()[0])
                 continue
-            if stat.S_ISREG(st.st_mode):
-                yield full.relative_to(root).as_posix(), full, st
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue  # gone since the listing
+            yield prefix + name, st
+            if stat.S_ISDIR(st.st_mode):
+                child = _open_dir(fd, name, st)
+                if child is not None:
+                    try:
+                        names_below = iter(sorted(os.listdir(child)))
+                    except BaseException:
+                        os.close(child)
+                        raise
+                    stack.append((child, f"{prefix}{name}/", names_below))
+    finally:
+        for fd, _, _ in stack:
+            os.close(fd)
+
+
+def _open_dir(parent: int, name: str, listed: os.stat_result) -> int | None:
+    """The directory `name` below `parent`, opened if it is still the one `listed`; None when
+    something else is in its place now (a symlink, a file, another directory) or it is gone."""
+    try:
+        fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+    except OSError as e:
+        if e.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+            return None
+        raise
+    if os.path.samestat(os.fstat(fd), listed):
+        return fd
+    os.close(fd)
+    return None
+
+
+def regular_files(root: Path) -> Iterator[tuple[str, Path, os.stat_result]]:
+    """(relative POSIX path, path, lstat) of every regular file under root (`walk_inside`):
+    symlinks neither followed nor listed; none when root is missing."""
+    for rel, st in walk_inside(root):
+        if stat.S_ISREG(st.st_mode):
+            yield rel, root / rel, st
 
 
 class NotTheListedFile(OSError):
@@ -163,21 +219,17 @@ class NotTheListedFile(OSError):
 OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
-def open_listed(path: Path, listed: tuple[int, int]) -> int:
-    """An fd of `path`, which a walk found to be the regular file `listed` (its device and
-    inode): opened once with OPEN_FLAGS, and its fstat must show that same regular file —
-    else NotTheListedFile (a symlink in its place: ELOOP, also NotTheListedFile). A parent
-    dir swapped for a symlink leads to another inode, so it is refused too."""
-    try:
-        fd = os.open(path, OPEN_FLAGS)
-    except OSError as e:
-        if e.errno in (errno.ELOOP, errno.ENXIO):  # a symlink; a FIFO's other end, a socket
-            raise NotTheListedFile(e.errno, f"{path}: not the file listed") from e
-        raise
+def open_listed(root: Path, rel: str, listed: tuple[int, int]) -> int:
+    """An fd of root/rel, which a walk found to be the regular file `listed` (its device and
+    inode): opened below root as `open_inside` opens (no symlink followed at any level, no
+    FIFO waited on), and its fstat must show that same file — else NotTheListedFile. A
+    parent dir swapped for a symlink is refused before anything beyond it is opened (a
+    device's open can have an effect of its own)."""
+    fd = open_inside(root, rel)
     st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != listed:
+    if (st.st_dev, st.st_ino) != listed:
         os.close(fd)
-        raise NotTheListedFile(errno.ESTALE, f"{path}: not the regular file listed")
+        raise NotTheListedFile(errno.ESTALE, f"{root / rel}: not the regular file listed")
     return fd
 
 
@@ -244,13 +296,15 @@ def file_blocks(root: Path, rel: str) -> block_delta.Blocks | None:
         return read_blocks(f)
 
 
-def hash_file(path: Path, *, epoch: int, sync: bool = False,
+def hash_file(root: Path, rel: str, *, epoch: int, sync: bool = False,
               listed: os.stat_result | None = None) -> tuple[int, str, Identity | None]:
-    """(bytes read, SHA-256, identity to cache it under or None), never through a symlink and
-    never from anything but the regular file `listed` (its lstat; `path`'s own if not given:
-    then it must be a regular file) — `open_listed`."""
-    st = listed if listed is not None else os.lstat(path)
-    fd = open_listed(path, (st.st_dev, st.st_ino))
+    """(bytes read, SHA-256, identity to cache it under or None) of root/rel, never through
+    a symlink and never from anything but the regular file `listed` (its lstat; the one now
+    there if not given) — `open_listed`."""
+    if listed is None:
+        fd = open_inside(root, rel)
+    else:
+        fd = open_listed(root, rel, (listed.st_dev, listed.st_ino))
     with os.fdopen(fd, "rb") as f:
         before = os.fstat(fd)
         digest = hashlib.sha256()
@@ -293,7 +347,7 @@ def digest_tree(root: Path, cache: Cache | None = None, *, sync: bool = False,
                 opened[rel] = identity(st)
             continue
         try:
-            size, sha, ident = hash_file(full, epoch=epoch, sync=sync, listed=st)
+            size, sha, ident = hash_file(root, rel, epoch=epoch, sync=sync, listed=st)
         except (FileNotFoundError, NotTheListedFile):
             continue  # gone, or replaced, since the walk
         found[rel] = (size, sha)
@@ -302,8 +356,10 @@ def digest_tree(root: Path, cache: Cache | None = None, *, sync: bool = False,
         if opened is not None:
             opened[rel] = identity(st)
     if sync:
-        for dirpath, _dirs, _files in os.walk(root):
-            fsync_path(Path(dirpath), follow_symlinks=False)
+        fsync_path(root, follow_symlinks=False)
+        for rel, st in walk_inside(root):
+            if stat.S_ISDIR(st.st_mode):
+                fsync_path(root / rel, follow_symlinks=False)
     return found, fresh
 
 

@@ -10,7 +10,6 @@ verified stop, and "removing" is stopping: a migrated-away source's data is arch
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import os
 import shutil
@@ -296,22 +295,19 @@ def _tree_usage(root: Path) -> disk_space.Usage:
         return disk_space.Usage(bytes=0, content_bytes=0)
     sizes: list[int] = []
     dirs = 1
-    for dirpath, dirnames, files in os.walk(root):
-        dirs += len(dirnames)
-        for name in files:
-            path = Path(dirpath) / name
-            with contextlib.suppress(FileNotFoundError):
-                st = path.lstat()
-                if stat.S_ISREG(st.st_mode):
-                    sizes.append(st.st_size)
+    for _, st in tree_digest.walk_inside(root):  # (a dir swapped for a link to / is not walked)
+        if stat.S_ISDIR(st.st_mode):
+            dirs += 1
+        elif stat.S_ISREG(st.st_mode):
+            sizes.append(st.st_size)
     return disk_space.footprint(sizes, dirs=dirs)
 
 
 def _newest_mtime(root: Path) -> float:
     """When anything in the tree was last written (the dir itself when it is empty)."""
     newest = root.lstat().st_mtime
-    for path in root.rglob("*"):
-        newest = max(newest, path.lstat().st_mtime)
+    for _, st in tree_digest.walk_inside(root):
+        newest = max(newest, st.st_mtime)
     return newest
 
 

@@ -7,8 +7,11 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -246,3 +249,84 @@ class TestStagedBlocks:
         (staging / "b").write_bytes(b"b" * 4096)
         found = tree_digest.staged_blocks(final)
         assert found is not None and found["a"] is not None and found["b"] is None
+
+
+# What a walk calls on the way (os.walk's islink and scandir among them): a hostile daemon
+# user can swap a directory for a symlink between any two of them.
+_WALK_CALLS = ("scandir", "listdir", "open", "stat", "lstat")
+
+
+def _swap_at_call(monkeypatch: pytest.MonkeyPatch, k: int, swap: Callable[[], None]) -> None:
+    """Run `swap` just before the k-th call (from 0) of any of _WALK_CALLS."""
+    calls = 0
+
+    def counted(real: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            nonlocal calls
+            calls += 1
+            if calls == k + 1:
+                swap()  # (its own calls count past k)
+            return real(*args, **kwargs)
+        return call
+
+    for name in _WALK_CALLS:
+        monkeypatch.setattr(os, name, counted(getattr(os, name)))
+
+
+class TestAWalkRacedBySymlinks:
+    """Whatever moment of a walk the area's user swaps a directory under it for a symlink
+    to the outside (monitord reads as root: an SSH key, the API token, /etc/shadow), nothing
+    outside the tree is listed, hashed or opened."""
+
+    @staticmethod
+    def _tree(tmp_path: Path) -> tuple[Path, Callable[[], None]]:
+        root = tmp_path / "area"
+        (root / "sub").mkdir(parents=True)
+        (root / "sub" / "keys").write_bytes(b"area data")
+        (root / "top").write_bytes(b"t")
+        outside = tmp_path / "etc"
+        outside.mkdir()
+        (outside / "keys").write_bytes(b"secret")
+        (outside / "shadow").write_bytes(b"secret")
+
+        def swap() -> None:
+            if not (root / "sub").is_symlink():
+                (root / "sub").rename(tmp_path / "was-sub")
+                (root / "sub").symlink_to(outside)
+        return root, swap
+
+    def test_no_moment_of_the_walk_lets_a_symlinked_dir_in(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        for k in range(40):
+            case = tmp_path / str(k)
+            root, swap = self._tree(case)
+            with monkeypatch.context() as m:
+                _swap_at_call(m, k, swap)
+                found, _ = tree_digest.digest_tree(root)
+                listed = {rel for rel, _, _ in tree_digest.regular_files(root)}
+            assert _sha(b"secret") not in {sha for _, sha in found.values()}, k
+            assert "sub/shadow" not in listed | set(found), k
+
+    def test_a_listed_file_is_opened_below_the_tree_never_through_a_swapped_dir(
+        self, tmp_path: Path
+    ) -> None:
+        root, swap = self._tree(tmp_path)
+        (_, _, st), = [e for e in tree_digest.regular_files(root) if e[0] == "sub/keys"]
+        (tmp_path / "etc" / "keys").unlink()
+        os.mkfifo(tmp_path / "etc" / "keys")  # a device whose open has an effect, as it were
+        opened = threading.Event()
+
+        def writer() -> None:  # returns once something opens the FIFO's other end
+            os.close(os.open(tmp_path / "etc" / "keys", os.O_WRONLY))
+            opened.set()
+
+        thread = threading.Thread(target=writer, daemon=True)
+        thread.start()
+        swap()
+        with pytest.raises(tree_digest.NotTheListedFile):
+            os.close(tree_digest.open_listed(root, "sub/keys", (st.st_dev, st.st_ino)))
+        was_opened = opened.wait(0.5)
+        os.close(os.open(tmp_path / "etc" / "keys", os.O_RDONLY | os.O_NONBLOCK))
+        thread.join(5)
+        assert not was_opened, "the FIFO outside the tree was opened"

@@ -402,13 +402,13 @@ class _Upload:
                                 made.add(parent)
                             if had is None:
                                 sha, blocks, before, after = await _send_file(
-                                    sftp, self.local_dir / rel, target,
+                                    sftp, self.local_dir, rel, target,
                                     listed=(listed.st_dev, listed.st_ino), size=None,
                                     meter=meter)
                                 n = blocks.size
                             else:
                                 sha, blocks, before, after, n = await _refresh_file(
-                                    sftp, self.local_dir / rel, target,
+                                    sftp, self.local_dir, rel, target,
                                     listed=(listed.st_dev, listed.st_ino), staged=had)
                                 meter.add(blocks.size)
                                 resumed += blocks.size - n
@@ -639,12 +639,12 @@ class _Round:
                 if staged_as is None:
                     await sftp.makedirs(str(PurePosixPath(target).parent), exist_ok=True)
                     sha, blocks, before, after = await _send_file(
-                        sftp, up.local_dir / rel, target,
+                        sftp, up.local_dir, rel, target,
                         listed=(listed.st_dev, listed.st_ino), size=None)
                     sent += blocks.size
                 else:
                     sha, blocks, before, after, delta_bytes = await _refresh_file(
-                        sftp, up.local_dir / rel, target,
+                        sftp, up.local_dir, rel, target,
                         listed=(listed.st_dev, listed.st_ino), staged=staged_as)
                     sent += delta_bytes
             except MonitordError as e:
@@ -666,7 +666,7 @@ class _Round:
 
 
 async def _refresh_file(
-    sftp: asyncssh.SFTPClient, source_path: Path, target: str, *,
+    sftp: asyncssh.SFTPClient, root: Path, rel: str, target: str, *,
     listed: tuple[int, int], staged: Blocks,
 ) -> tuple[str | None, Blocks, os.stat_result, os.stat_result, int]:
     """Make the staged `target` (whose blocks are `staged`) the running source's file again
@@ -674,7 +674,8 @@ async def _refresh_file(
     it was read, so that what was written is not one state of it —, the staged file's block
     digests now, fstat before and after, the bytes sent). The digests kept are those of the
     bytes written, so they describe the staged file whatever the source did meanwhile."""
-    fd = await _open_source(source_path, listed)
+    source_path = root / rel
+    fd = await _open_source(root, rel, listed)
     try:
         before = os.fstat(fd)
         sha, now = await asyncio.to_thread(_digest_blocks, fd, before.st_size)
@@ -705,7 +706,7 @@ async def _send_entry(sftp: asyncssh.SFTPClient, local_dir: Path,
     else COPY_SOURCE_CHANGED (the next try lists the source again)."""
     if entry.identity is None:
         raise _source_changed(entry.path, "it was not hashed from a file of its own")
-    sha, _, _, _ = await _send_file(sftp, local_dir / entry.path, target,
+    sha, _, _, _ = await _send_file(sftp, local_dir, entry.path, target,
                                     listed=entry.identity[:2], size=entry.size, meter=meter)
     if sha != entry.sha256:
         raise _source_changed(entry.path, "its bytes changed since it was hashed")
@@ -722,7 +723,7 @@ async def _send_delta(sftp: asyncssh.SFTPClient, local_dir: Path, entry: local_t
     receiver's digest of the whole staging dir still decides the promote."""
     if entry.identity is None:
         raise _source_changed(entry.path, "it was not hashed from a file of its own")
-    fd = await _open_source(local_dir / entry.path, entry.identity[:2])
+    fd = await _open_source(local_dir, entry.path, entry.identity[:2])
     try:
         sha, now = await asyncio.to_thread(_digest_blocks, fd, entry.size)
         if sha != entry.sha256:
@@ -824,18 +825,18 @@ async def _opened_in_thread(open_: Callable[[], T], *, close: Callable[[T], obje
         raise
 
 
-async def _open_source(source_path: Path, listed: tuple[int, int]) -> int:
-    """The listed regular file opened for reading (tree_digest.open_listed), else
-    COPY_SOURCE_CHANGED."""
+async def _open_source(root: Path, rel: str, listed: tuple[int, int]) -> int:
+    """The listed regular file root/rel opened for reading (tree_digest.open_listed: below
+    root, no symlink followed at any level), else COPY_SOURCE_CHANGED."""
     try:
         return await _opened_in_thread(functools.partial(
-            tree_digest.open_listed, source_path, listed), close=os.close)
+            tree_digest.open_listed, root, rel, listed), close=os.close)
     except (FileNotFoundError, NotADirectoryError, tree_digest.NotTheListedFile) as e:
-        raise _source_changed(str(source_path), e.strerror or str(e)) from e
+        raise _source_changed(str(root / rel), e.strerror or str(e)) from e
 
 
 async def _send_file(
-    sftp: asyncssh.SFTPClient, source_path: Path, target: str, *,
+    sftp: asyncssh.SFTPClient, root: Path, rel: str, target: str, *,
     listed: tuple[int, int], size: int | None, meter: _Meter | None = None,
 ) -> tuple[str, Blocks, os.stat_result, os.stat_result]:
     """Send one local file to `target`: (SHA-256 and block digests of the bytes sent, its
@@ -848,7 +849,8 @@ async def _send_file(
     are sent; None (a pre-copy of a running source): at most the size fstat shows at open.
     Anything else is COPY_SOURCE_CHANGED: a FIFO, a symlink to /dev/zero or a growing file
     put in its place neither blocks monitord nor streams more than was listed."""
-    fd = await _open_source(source_path, listed)
+    source_path = root / rel
+    fd = await _open_source(root, rel, listed)
     try:
         before = os.fstat(fd)
         if size is not None and before.st_size != size:
