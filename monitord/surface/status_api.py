@@ -245,6 +245,7 @@ def _log_query(request: web.Request) -> tuple[str | None, int, tuple[int | None,
     return side, lines, position
 
 
+@http_api.privileged  # (an area's log is one account's, mode 0600: not every local user's)
 async def get_area_log(request: web.Request) -> web.Response:
     """An area's log, read-only and bounded (at most 1 MiB an answer): `?lines=N` (default
     100) its last lines, `?offset=N&file=I` what was appended since (`monitord logs -f`),

@@ -79,8 +79,9 @@ async def send(stack: Stack, method: str, path: str, body: bytes | None = None,
 
 
 def changes(stack: Stack) -> list[tuple[str, str, bytes | None]]:
-    """Every change route (and the bundle, and methods no route has), with a body that would
-    be accepted: only the token decides."""
+    """Every change route (and the reads that are not everyone's: the bundle, an area's log —
+    mode 0600, one account's — and methods no route has), with a body that would be
+    accepted: only the token decides."""
     (area,) = stack.areas["tg"]
     location = b'{"location": "remote"}'
     return [
@@ -91,6 +92,9 @@ def changes(stack: Stack) -> list[tuple[str, str, bytes | None]]:
         ("POST", "/v1/services/chats/give-up", b"{}"),
         ("GET", "/v1/diagnostics/bundle", None),
         ("HEAD", "/v1/diagnostics/bundle", None),
+        ("GET", f"/v1/areas/{area}/logs", None),
+        ("GET", f"/v1/areas/{area}/logs?side=remote&lines=5", None),
+        ("HEAD", f"/v1/areas/{area}/logs", None),
         ("DELETE", "/v1/services/tg/placement", None),
         ("PATCH", "/v1/services/tg/placement", location),
         ("POST", "/v1/no-such-route", b"{}"),
@@ -180,6 +184,9 @@ class TestChangesNeedTheToken:
             contents = b"".join(m.read() for m in members if m is not None)
         assert len(contents) > 1000
         assert token_of(stack).encode() not in contents, "the token is in the bundle"
+        (area,) = stack.areas["tg"]
+        status, document, _ = await send(stack, "GET", f"/v1/areas/{area}/logs", None, auth)
+        assert status == 200 and document["area"] == area, document
 
 
 class TestReadsStayOpen:
