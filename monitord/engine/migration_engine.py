@@ -98,6 +98,7 @@ class MigrationEngine:
         self._on_finished = on_finished
         self.wall = wall
         self.clock = clock
+        self.started_at = clock()  # (no lease on the VPS was renewed by this run before it)
         self.memory = Memory()
         self._slots = {name: MoveSlots(n) for name, n in parallelism.items()}
         self._runners: dict[str, asyncio.Task[None]] = {}  # area -> its runner (latest)

@@ -20,7 +20,7 @@ from typing import Any
 from monitord.base import logs
 from monitord.engine.migration_engine import MigrationEngine
 from monitord.engine.phase_actions import PhaseActions
-from orchestrator import give_up, phases
+from orchestrator import area_leases, give_up, phases
 from orchestrator.errors import ErrorCode, MonitordError, PermanentError
 from orchestrator.models import Area, AreaLease, Phase, Side
 from orchestrator.phases import Outcome
@@ -225,8 +225,10 @@ class OperatorVerbs:
         txn = self.state.transactions.get(area.uuid)
         generations = give_up.remote_generations(area, txn)
         ledger, policy = self.engine.leases, self.engine.bounds.policy
-        if ledger is None:
-            return {g: AreaLease(area=area.uuid, generation=g, owner_id="unknown",
-                                 acknowledged_at=float("-inf"), ttl=policy.ttl_s)
+        if ledger is None:  # no [remote] now: a renewal may still have reached the VPS
+            # before this start, by a run that had one (never dated at minus infinity)
+            return {g: area_leases.after_restart(area=area.uuid, generation=g,
+                                                 owner_id="unknown", now=self.engine.started_at,
+                                                 policy=policy)
                     for g in generations}
         return {g: ledger.lease_for(area.uuid, g) for g in generations}

@@ -39,3 +39,20 @@ async def test_a_move_to_an_unconfigured_vps_is_refused_and_records_nothing(
         [remote] = [b for b in row.find_all("button") if b.attrs.get("data-location") == "remote"]
         assert "disabled" in remote.attrs and "no VPS" in remote.attrs["title"], remote.attrs
     assert json.loads((spool / "custom_config.json").read_text())["custom_daemons"] == [entry]
+
+
+async def test_without_a_remote_section_a_give_up_still_waits_out_the_lease_bound(
+    tmp_path: Path
+) -> None:
+    """The `[remote]` section removed and monitord restarted while an area runs on the VPS:
+    that copy may run on for up to its lease's TTL after the last renewal, which was before
+    this start — never at minus infinity. So the give-up is refused until then."""
+    spool = tmp_path / "spool"
+    spool.mkdir(parents=True)
+    entry = {"uuid": AREA, "service": "tg", "location": "remote", "generation": 3}
+    (spool / "custom_config.json").write_text(json.dumps({"custom_daemons": [entry]}))
+    async with daemon_process.running_daemon(tmp_path) as daemon:
+        code, body = await daemon.request("POST", "/v1/services/tg/give-up", json_body={})
+        assert (code, body["error"]["code"]) == (409, "VPS_NOT_FENCED"), body
+        assert body["retry_after_s"] >= 1, body
+    assert json.loads((spool / "custom_config.json").read_text())["custom_daemons"] == [entry]
