@@ -23,7 +23,7 @@ from monitord.engine.lease_renewer import LeaseRenewer
 from monitord.engine.placement_state import PlacementState
 from monitord.remote import artifact
 from monitord.remote.shared_facts import SharedFacts
-from orchestrator import area_health, disk_space, memory_room
+from orchestrator import area_health, disk_space, memory_room, names
 from orchestrator import lineage as lineages
 from orchestrator.cleanup_policy import SideObservation
 from orchestrator.errors import ErrorCode, MonitordError, error_for
@@ -194,7 +194,12 @@ class RemoteSide:
             await agent.delete(area=area, generation=generation)
             return
         path = await agent.set_aside(area=area, generation=generation)
-        if path is not None:
+        problem = None if path is None else names.set_aside_problem(
+            path, base_dir=self._link().section.remote_bin_dir, area=area, generation=generation)
+        if problem is not None:  # never recorded: the keeper would remove what it names
+            log.error("abandoned_data_set_aside_refused", area=area, generation=generation,
+                      detail=f"the VPS set the copy aside at {problem}")
+        elif path is not None:
             await self._state.record_set_aside(area=area, generation=generation, path=path)
             log.warning("abandoned_data_set_aside", area=area, generation=generation,
                         path=path)

@@ -341,9 +341,9 @@ class AgentRuntime:
         went, or None when there was no data dir."""
         if not data_dir.is_dir():
             return None
-        aside_dir = self.base_dir / "abandoned"
+        aside_dir = self.base_dir / names.ABANDONED_DIR
         aside_dir.mkdir(mode=0o700, exist_ok=True)
-        target = aside_dir / f"{area}-g{generation}-{int(time.time())}"
+        target = aside_dir / names.set_aside_name(area, generation, int(time.time()))
         try:
             os.rename(data_dir, target)
         except OSError as e:
@@ -358,8 +358,7 @@ class AgentRuntime:
         """DELETE /v1/abandoned/{name}: remove one copy `delete(aside=True)` set aside, once
         the PBX's keep time for it has passed ("absent" when it is gone already). Only a
         plain directory directly inside `{dir}/abandoned` is removed, never through a link."""
-        aside_dir = self.base_dir / "abandoned"
-        target = aside_dir / name
+        target = self.base_dir / names.ABANDONED_DIR / name
         try:
             if not stat.S_ISDIR(os.lstat(target).st_mode):
                 raise AgentError(code="CLEANUP_STUCK", status=409,

@@ -41,6 +41,7 @@ from monitord.vps.runtime import (
     bad_request,
     check_name,
 )
+from orchestrator import names
 
 SECRET_NAME = "agent.secret"
 SOCKET_DIR = "api"  # 0700: only the agent's user may reach the socket at all
@@ -358,11 +359,10 @@ async def area_listing(runtime: AgentRuntime, request: Request, name: str | None
 
 
 # A copy `DELETE /v1/areas/{area}?aside=1` set aside: `{area}-g{generation}-{time}`.
-_SET_ASIDE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}-g[0-9]{1,19}-[0-9]{1,12}")
 
 
 async def delete_set_aside(runtime: AgentRuntime, request: Request, name: str | None) -> Response:
-    if name is None or _SET_ASIDE_NAME.fullmatch(name) is None:
+    if name is None or not names.is_set_aside_name(name):
         raise bad_request("the name of a set-aside copy ({area}-g{generation}-{time}) is required")
     return Response(200, await runtime.remove_set_aside(name))
 
