@@ -356,6 +356,20 @@ class NetnsVps:
         )
         run_command(self.netns_argv([NFT_BINARY, "-f", "-"]), stdin=rules)
 
+    def black_hole_new_connections(self) -> None:
+        """Let the packets of connections already open through (what a black hole held back
+        arrives, as when a link heals) while a new SSH connection's SYN is still dropped, so
+        the PBX cannot reconnect: what the VPS then does comes only from old connections."""
+        if self.black_holed():
+            self.heal()
+        rules = (
+            f"table inet {FAULT_TABLE} {{\n"
+            f"  chain input {{ type filter hook input priority -10; policy accept;\n"
+            f"    tcp dport {self.port} tcp flags & (syn | ack) == syn drop\n  }}\n"
+            "}\n"
+        )
+        run_command(self.netns_argv([NFT_BINARY, "-f", "-"]), stdin=rules)
+
     def heal(self) -> None:
         """Remove the black hole (SSH packets flow again)."""
         run_command(self.netns_argv([NFT_BINARY, "delete", "table", "inet", FAULT_TABLE]))

@@ -6,6 +6,7 @@ the area runs on the PBX's own copy; when SSH returns, the VPS never runs it aga
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import time
 from pathlib import Path
 
@@ -109,3 +110,53 @@ class TestTimedGiveUpAndForensics:
         late = [x.key for x in stack.detector.lives(area)
                 if x.key.side == "remote" and x.first_seen >= lost_at]
         assert late == [], "neither the VPS's return nor the fetch ran it there again"
+
+
+def _held_back(netns_vps: NetnsVps) -> list[str]:
+    """The PBX's TCP sockets to the VPS's sshd that still hold bytes to send (a connection
+    being opened aside: a SYN holds none)."""
+    out = subprocess.run(["ss", "-tnH", "state", "all", "dst", netns_vps.vps_address,
+                          "dport", "=", f":{netns_vps.port}"],
+                         capture_output=True, text=True, check=True).stdout
+    return [line for line in out.splitlines()
+            if line.split()[0] != "SYN-SENT" and int(line.split()[2]) > 0]
+
+
+class TestALateRenewal:
+    async def test_nothing_sent_before_the_tunnel_was_declared_down_arrives_after(
+        self, fault_stack: FaultStackFactory, netns_vps: NetnsVps
+    ) -> None:
+        """The PBX's renewals go on while the link is black-holed, until it declares the
+        tunnel down and dates every lease from then. Given up once the bound passed, the
+        area runs at home. Nothing the PBX wrote on the old connection may still be waiting
+        in its kernel then: once the link passes that connection's packets again (sshd
+        still holds the session: its ClientAlive window) a renewal would revive the lapsed
+        lease and start the copy on the VPS beside the PBX's."""
+        stack = await fault_stack(services={"tg": 1})
+        (area,) = stack.areas["tg"]
+        await stack.place("tg", "remote")
+        await stack.wait_settled(expect={"tg": "remote"}, timeout_s=90)
+        netns_vps.black_hole()
+        await stack.place("tg", "local")
+        stack.accepted_data_loss.add(area)  # the operator's explicit choice
+        for _ in range(120):
+            code, body = await stack.request("POST", "/v1/services/tg/give-up", {})
+            if code != 409:
+                break
+            await asyncio.sleep(0.5)
+        assert code == 202, body
+        gave_up_at = time.time()
+        await stack.wait_until(lambda: _runs_on(stack, area, "local"), timeout_s=60,
+                               what="tg runs on the PBX's own copy")
+        assert _held_back(netns_vps) == [], "bytes of a connection declared down wait to go"
+
+        netns_vps.black_hole_new_connections()  # the old connection's packets pass again
+        # (TCP retransmits a segment the black hole dropped at 0.2 s doubling: by 25 s after
+        # its first try, every held-back byte has had its next chance)
+        await asyncio.sleep(15.0)
+        late = [life.key for life in stack.detector.lives(area)
+                if life.key.side == "remote" and life.first_seen >= gave_up_at]
+        assert late == [], "a renewal sent before the tunnel was declared down ran it again"
+
+        netns_vps.heal()
+        await stack.wait_settled(expect={"tg": "local"}, timeout_s=120)

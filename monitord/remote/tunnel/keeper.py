@@ -351,6 +351,9 @@ class TunnelKeeper:
                 self._standby.start()
             await self._hold(conn, helper)
         except MonitordError as e:
+            # Reset before the tunnel is published down (the lease ledger dates every
+            # uncertain grant from then): nothing written on it leaves the PBX after.
+            conn.abort()
             await self._failed(e)
         finally:
             if forwards is not None:

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
+import struct
 
 import asyncssh
 from asyncssh.encryption import get_default_encryption_algs
@@ -97,7 +99,22 @@ async def _open(
     if tunnel is not None:
         # What asyncssh does for hops it opens itself: closing conn closes the hop too.
         conn.set_tunnel(tunnel)
+    _reset_on_close(conn)
     return conn
+
+
+def _reset_on_close(conn: asyncssh.SSHClientConnection) -> None:
+    """SO_LINGER 0 on the connection's TCP socket (the first hop's: the others run inside
+    it), so that closing it — a keepalive that gave up, a lease lost, a goodbye — resets the
+    connection and the kernel drops what it still held to send. Otherwise a renewal written
+    while the link was black-holed waited behind the close and reached the VPS once the link
+    healed: after the PBX had declared the tunnel down and dated every lease from then
+    (docs/design.md, "Fencing"). A goodbye loses nothing by it: it closes only once the VPS
+    has answered every channel."""
+    sock = conn.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
 
 async def _jump_hops(config: RemoteSection, file: _SshConfigFile) -> tuple[JumpHop, ...]:
