@@ -19,6 +19,10 @@ failures are translated here, once, into typed errors with stable codes:
 - a body over the size limit, a 2xx that is not the JSON document the caller relies on,
   or any other status                          -> AGENT_UNREACHABLE (maybe delivered)
 
+What the agent says as text (an error's detail, a `result`) is made safe here, before any
+error or caller holds it (monitord.base.outside_text): it ends in transaction records, logs
+and an operator's terminal.
+
 Each answer is one debug line, `agent_call` (`call`, `status`, `bytes`); made during a step of
 a transaction it carries that transaction's id (monitord/engine/txn_log.py, `step`).
 
@@ -39,7 +43,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import quote, urlencode
 
-from monitord.base import bounded_json, log_tail, logs, round_trips, tree_digest
+from monitord.base import bounded_json, log_tail, logs, outside_text, round_trips, tree_digest
 from monitord.remote import agent_channels
 from orchestrator import area_health, memory_room, names
 from orchestrator.block_delta import Blocks
@@ -68,7 +72,7 @@ MAX_HEAD_BYTES = 16 * 1024
 # An area's log read (at most log_tail.MAX_BYTES of text), JSON-escaped: up to six bytes a byte.
 MAX_LOG_ANSWER_BYTES = 6 * log_tail.MAX_BYTES + 4096
 _CHUNK_BYTES = 64 * 1024
-_DETAIL_CHARS = 200  # of an agent-supplied error detail kept in ours
+_DETAIL_CHARS = 200  # of an agent-supplied error detail (or result) kept in ours
 
 
 class AgentUnreachable(TransientError):
@@ -605,18 +609,20 @@ def _object(payload: Any, *, where: str) -> dict[str, Any]:
 
 
 def _result_of(payload: Any, *, where: str) -> str:
-    """The `result` string of an answer object ('' when absent)."""
+    """The `result` string of an answer object ('' when absent), as outside text."""
     result = _object(payload, where=where).get("result", "")
     if not isinstance(result, str):
         raise _malformed(where, f"result is {type(result).__name__}, not a string")
-    return result
+    return outside_text.clean(result, limit=_DETAIL_CHARS)
 
 
 def _http_error(status: int, payload: Any, *, where: str) -> MonitordError:
     err = payload.get("error", {}) if isinstance(payload, dict) else {}
     if not isinstance(err, dict):
         err = {}
-    detail = f"{where}: {str(err.get('detail') or f'HTTP {status}')[:_DETAIL_CHARS]}"
+    # The agent's words, made safe here: the detail goes into the transaction's record.
+    said = outside_text.clean(str(err.get("detail") or f"HTTP {status}"), limit=_DETAIL_CHARS)
+    detail = f"{where}: {said}"
     if status == 401:
         return error_for(ErrorCode.AGENT_UNAUTHORIZED, detail)
     if status == 409:
@@ -679,7 +685,8 @@ def check_inventory(raw: Any, *, where: str) -> None:
     try:
         to_remote_inventory(document, now=0.0)
     except (ValueError, TypeError, OverflowError) as e:  # pydantic's ValidationError included
-        raise _malformed(where, f"{type(e).__name__}: {e!s:.200}") from e
+        raise _malformed(where, f"{type(e).__name__}: {outside_text.clean(str(e), limit=200)}"
+                         ) from e
 
 
 def to_remote_inventory(raw: Mapping[str, Any], *, now: float | None = None) -> RemoteInventory:

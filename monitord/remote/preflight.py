@@ -49,7 +49,7 @@ from types import MappingProxyType
 
 import asyncssh
 
-from monitord.base import bounded_json, logs
+from monitord.base import bounded_json, logs, outside_text
 from monitord.base.config import Config, RemoteSection
 from monitord.remote import artifact, remote_exec
 from monitord.remote.agent_client import AgentClient
@@ -420,7 +420,8 @@ async def _probe(
     if result.stdout_truncated:
         raise error_for(ErrorCode.VPS_REPLY_INVALID,
                         f"preflight probe: more than {MAX_REPORT_BYTES} bytes of output")
-    return parse_probe_report(result.text)
+    # Its words (arch, user, owner, paths) reach the check's detail: made safe here.
+    return parse_probe_report(outside_text.clean(result.text, limit=MAX_REPORT_BYTES))
 
 
 def parse_probe_report(text: str) -> _RemoteFacts:
@@ -608,7 +609,7 @@ def _self_check_line(raw: str) -> SelfCheckLine | None:
     texts = [doc.get("check"), doc.get("detail"), doc.get("fix", "")]
     if not all(isinstance(text, str) for text in texts):
         return None
-    check, detail, fix = (str(text)[:_TEXT_CHARS] for text in texts)
+    check, detail, fix = (outside_text.clean(str(text), limit=_TEXT_CHARS) for text in texts)
     return SelfCheckLine(check=check, ok=doc["ok"], detail=detail, fix=fix)
 
 

@@ -37,7 +37,7 @@ from enum import StrEnum
 
 import asyncssh
 
-from monitord.base import logs
+from monitord.base import logs, outside_text
 from monitord.base.config import RemoteSection
 from monitord.remote import artifact, remote_exec, ssh_errors
 from monitord.remote.artifact import LocalArtifact as LocalArtifact  # its old home
@@ -285,7 +285,7 @@ async def _push(
             return
         if result.exit_status != 3:
             result.raise_for_status(ErrorCode.PROVISION_FAILED)
-        last_seen = result.text.strip()
+        last_seen = outside_text.clean(result.text.strip(), limit=200)  # the VPS's hash, or not
         log.warning("artifact_hash_mismatch_after_upload", artifact=item.name,
                     expected=item.sha256, found=last_seen, error_code="ARTIFACT_HASH_MISMATCH")
     raise TransientError(

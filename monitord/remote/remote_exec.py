@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import asyncssh
 
+from monitord.base import outside_text
 from monitord.base.task_owner import TaskOwner
 from monitord.remote import ssh_errors
 from orchestrator.errors import ErrorCode, error_for
@@ -67,8 +68,10 @@ class CommandResult:
         return self.stdout.decode("utf-8", "replace")
 
     def stderr_tail(self) -> str:
-        """The last few hundred characters of stderr, for error details."""
-        return self.stderr.decode("utf-8", "replace").strip()[-_STDERR_TAIL:]
+        """The last few hundred characters of stderr, for error details: outside text, so
+        made safe here (monitord.base.outside_text)."""
+        return outside_text.clean(self.stderr.decode("utf-8", "replace").strip(),
+                                  limit=_STDERR_TAIL, tail=True)
 
     def raise_for_status(self, code: str) -> CommandResult:
         """Return self when the command succeeded, else raise `code` with the exit status."""

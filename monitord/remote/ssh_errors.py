@@ -51,7 +51,12 @@ from collections.abc import Iterator
 
 import asyncssh
 
+from monitord.base import outside_text
 from orchestrator.errors import ErrorCode, MonitordError, error_for
+
+# Of a reason kept in a detail: the server sends it (a disconnect's, a refused channel's,
+# an SFTP status's), so it is outside text (monitord.base.outside_text).
+_REASON_CHARS = 400
 
 # What to catch around an SSH operation (TimeoutError is an OSError; listed for the reader).
 # ChannelListenError is not an asyncssh.Error, hence listed on its own.
@@ -199,12 +204,13 @@ def channel_refusal(error: BaseException) -> str | None:
     """The server's reason when it refused to open a channel (e.g. nothing listens on a
     local forward's target, or forwarding is prohibited); None for any other failure."""
     if isinstance(error, asyncssh.ChannelOpenError):
-        return error.reason
+        return outside_text.clean(error.reason, limit=_REASON_CHARS)
     return None
 
 
 def describe(error: BaseException) -> str:
     """`Type: reason` for an SSH or OS failure, for error details and logs."""
     name = type(error).__name__
-    text = error.reason if isinstance(error, asyncssh.Error) else str(error)
+    text = outside_text.clean(error.reason if isinstance(error, asyncssh.Error) else str(error),
+                              limit=_REASON_CHARS)
     return f"{name}: {text}" if text else name

@@ -62,6 +62,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from monitord.base import outside_text
 from orchestrator.errors import ErrorCode, MonitordError, lookup
 
 if TYPE_CHECKING:
@@ -464,7 +465,7 @@ async def _probe_python(
         return PythonProbe(None, f"not probed: {e.detail or e.code}")
     found = re.fullmatch(r"\((\d+), (\d+), (\d+)\)", result.text.strip())
     if result.exit_status != 0 or found is None:
-        why = result.stderr_tail() or result.text.strip()[:200]
+        why = result.stderr_tail() or outside_text.clean(result.text.strip(), limit=200)
         return PythonProbe(None, f"not runnable (exit {result.exit_status}: {why})")
     version = tuple(int(part) for part in found.groups())
     return PythonProbe(version, ".".join(str(part) for part in version))

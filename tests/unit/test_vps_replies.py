@@ -8,14 +8,21 @@ generated replies at the same parsers.)"""
 from __future__ import annotations
 
 import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import asyncssh
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 
-from monitord.remote import agent_client, preflight, provisioning, remote_exec
+from monitord.remote import agent_client, preflight, provisioning, remote_exec, ssh_errors
 from monitord.remote.tunnel import lease_client, port_holder
 from monitord.remote.tunnel.lease_client import LeaseSession
+from monitord.store.state_db import Store
 from orchestrator.errors import ErrorCode, MonitordError
 
 DEEP = "[" * 100_000 + "]" * 100_000
@@ -97,8 +104,6 @@ class TestTheLeaseHelpersAnswers:
         assert refused.value.code == ErrorCode.VPS_REPLY_INVALID
 
     async def test_a_well_formed_answer_is_read(self) -> None:
-        import json
-
         line = json.dumps({"ok": True, "action": "take", "reason": "free", "now": 5.0,
                            "lease": RECORD, "holder": None, "session": SESSION}).encode()
         answer = await _session(FakeStream(line + b"\n")).acquire()
@@ -259,3 +264,129 @@ class TestTheAgentsAnswers:
     def test_a_shallow_answer_is_read(self) -> None:
         assert agent_client._parse_json(b'{"entries": [], "processes": []}') == {
             "entries": [], "processes": []}
+
+
+# What a broken or compromised VPS may put in a text it sends: a lone surrogate (valid as a
+# JSON escape, not encodable as UTF-8) and a terminal control sequence (clears the screen).
+HOSTILE_TEXTS = {"a lone surrogate": "\udc80", "an escape sequence": "\x1b[2J"}
+
+
+def _safe(text: str) -> bool:
+    """Text that encodes as UTF-8 and holds no control character but newline and tab."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return all(c in "\n\t" or not (c < " " or "\x7f" <= c <= "\x9f") for c in text)
+
+
+class _Agent:
+    """An agent double: `answer` is (status, JSON document) for every request."""
+
+    def __init__(self) -> None:
+        self.answer: tuple[int, Any] = (200, {})
+
+    async def handle(self, request: web.Request) -> web.Response:
+        status, document = self.answer
+        return web.Response(status=status, body=json.dumps(document).encode(),
+                            content_type="application/json")
+
+
+@pytest.fixture
+async def agent_double() -> AsyncIterator[tuple[_Agent, agent_client.AgentClient]]:
+    agent = _Agent()
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", agent.handle)
+    server = TestServer(app)
+    await server.start_server()
+    try:
+        yield agent, agent_client.AgentClient(
+            channel=agent_client.tcp_channel(str(server.host), int(server.port or 0)),
+            secret=b"s3cret", timeout_s=2.0)
+    finally:
+        await server.close()
+
+
+class TestTextFromTheVps:
+    """Text the VPS sends — an agent's error detail, a lease answer, a command's stderr, an
+    SSH server's reason — enters monitord made safe: it encodes as UTF-8 (a lone surrogate
+    is U+FFFD) and holds no control character but newline and tab, so no record, log line
+    or operator's terminal ever gets it as sent."""
+
+    @pytest.mark.parametrize("status", [400, 401, 409, 503])
+    @pytest.mark.parametrize("name", sorted(HOSTILE_TEXTS))
+    async def test_an_agents_error_detail_is_made_safe(
+        self, agent_double: tuple[_Agent, agent_client.AgentClient], status: int, name: str
+    ) -> None:
+        agent, client = agent_double
+        agent.answer = (status, {"error": {"code": "BAD_REQUEST",
+                                           "detail": f"no {HOSTILE_TEXTS[name]} here"}})
+        with pytest.raises(MonitordError) as refused:
+            await client.stop(area="a1", generation=1)
+        assert _safe(refused.value.detail) and _safe(str(refused.value))
+        assert "no \ufffd" in refused.value.detail  # something was there, and it is shown
+
+    async def test_an_agents_error_detail_with_a_lone_surrogate_is_recorded(
+        self, agent_double: tuple[_Agent, agent_client.AgentClient], tmp_path: Path
+    ) -> None:
+        """The record of the step that failed is written: the move can roll back or park."""
+        agent, client = agent_double
+        agent.answer = (400, {"error": {"code": "BAD_REQUEST", "detail": "\udc80"}})
+        with pytest.raises(MonitordError) as refused:
+            await client.stop(area="a1", generation=1)
+        record = {"transaction_id": "t-1", "service": "tg", "area": "a1", "source": "local",
+                  "destination": "remote", "phase": "STOP_SOURCE", "attempt": 1,
+                  "generation": 1, "started_at": 1.0, "updated_at": 2.0,
+                  "last_error_code": refused.value.code.value,
+                  "last_error_detail": refused.value.detail, "cleanup_required": False}
+        async with await Store.open(tmp_path) as store:
+            await store.put_transaction(record)
+            assert await store.get_transaction("t-1") == record
+
+    async def test_an_agents_result_is_made_safe(
+        self, agent_double: tuple[_Agent, agent_client.AgentClient]
+    ) -> None:
+        agent, client = agent_double
+        agent.answer = (200, {"result": "stopped\x1b[2J\udc80"})
+        assert _safe(await client.stop(area="a1", generation=1))
+
+    @pytest.mark.parametrize("name", sorted(HOSTILE_TEXTS))
+    async def test_a_lease_helpers_usage_error_is_made_safe(self, name: str) -> None:
+        line = json.dumps({"ok": False, "code": "BAD_REQUEST",
+                           "detail": f"no {HOSTILE_TEXTS[name]} here"}).encode()
+        with pytest.raises(MonitordError) as refused:
+            await _session(FakeStream(line + b"\n")).acquire()
+        assert refused.value.code == ErrorCode.BAD_REQUEST
+        assert _safe(refused.value.detail)
+
+    async def test_a_lease_answers_texts_are_made_safe(self) -> None:
+        hostile = "".join(HOSTILE_TEXTS.values())
+        holder = {**RECORD, "owner_id": f"o{hostile}", "owner_label": f"pbx{hostile}",
+                  "session": {**SESSION, "ssh_connection": f"1 2 3 4{hostile}"}}
+        line = json.dumps({"ok": False, "action": "refuse_conflict", "reason": hostile,
+                           "now": 5.0, "holder": holder}).encode()
+        answer = await _session(FakeStream(line + b"\n")).acquire()
+        assert answer.holder is not None
+        texts = [answer.action, answer.reason, answer.holder.owner_id,
+                 answer.holder.owner_label, answer.holder.session.ssh_connection]
+        assert all(_safe(text) for text in texts)
+
+    def test_a_remote_commands_stderr_is_made_safe(self) -> None:
+        result = remote_exec.CommandResult(argv=("sh",), exit_status=1, stdout=b"",
+                                           stderr=b"\x1b[2Jboom \xed\xb2\x80 \x9b31m")
+        assert _safe(result.stderr_tail())
+        with pytest.raises(MonitordError) as refused:
+            result.raise_for_status(ErrorCode.PROVISION_FAILED)
+        assert _safe(refused.value.detail) and "boom" in refused.value.detail
+
+    def test_an_ssh_servers_reason_is_made_safe(self) -> None:
+        error = asyncssh.DisconnectError(11, "bye\x1b[2J\x1b]0;owned\x07")
+        translated = ssh_errors.translate(error, code=ErrorCode.SSH_UNREACHABLE,
+                                          during="connect")
+        assert _safe(translated.detail) and "bye" in translated.detail
+
+    def test_a_port_holders_name_is_made_safe(self) -> None:
+        text = ('LISTEN 0 128 127.0.0.1:8224 0.0.0.0:* users:(("evil\x1b[2J",pid=42,fd=3))\n'
+                "@@self\n1 2 3 22\n")
+        observed = port_holder.parse_probe(text, port=8224)
+        assert observed.holder.pid == 42 and _safe(observed.holder.command)

@@ -11,7 +11,8 @@ The VPS may be compromised, so every answer is typed and bounded before use: a r
 at most MAX_REPLY_BYTES (the helper's stdout is read in chunks, never with an unbounded
 `readline`), JSON within monitord.base.bounded_json's bounds, and every field checked for its
 type and range (`parse_answer`, `parse_record`): a time is a finite number, a PID or port an
-integer in range, a string a string. Anything else is TransientError VPS_REPLY_INVALID,
+integer in range, a string a string, made safe as outside text (monitord.base.outside_text,
+in `_text`). Anything else is TransientError VPS_REPLY_INVALID,
 never a ValueError, KeyError or RecursionError out of the keeper's attempt. A command that
 printed no JSON line at all is PROVISION_FAILED, as before (a missing or broken install, which
 the keeper answers by provisioning).
@@ -27,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from monitord.base import bounded_json
+from monitord.base import bounded_json, outside_text
 from orchestrator.errors import (
     ErrorCode,
     MonitordError,
@@ -176,7 +177,7 @@ def parse_answer_document(text: str, *, stderr: str = "") -> dict[str, Any]:
         raise invalid(f"tunnel-lease answer is {type(doc).__name__}, not an object")
     if doc.get("ok") is False and "code" in doc and "action" not in doc:
         code = _text(doc, "code", default="") or "BAD_REQUEST"
-        raise _usage_error(code, _text(doc, "detail", default="")[:_DETAIL_CHARS])
+        raise _usage_error(code, _text(doc, "detail", default=""))
     return doc
 
 
@@ -221,10 +222,12 @@ def _integer(doc: dict[str, Any], key: str, *, maximum: int, minimum: int = 0,
 
 
 def _text(doc: dict[str, Any], key: str, *, default: Any = _MISSING) -> str:
+    """A string field, as outside text (monitord.base.outside_text): every text of an
+    answer is read here, so none reaches a detail, a log line or the status as sent."""
     value = _get(doc, key, default)
     if not isinstance(value, str):
         raise invalid(f"tunnel-lease answer: {key} is {type(value).__name__}, not a string")
-    return value
+    return outside_text.clean(value, limit=_DETAIL_CHARS)
 
 
 def _flag(doc: dict[str, Any], key: str) -> bool:
@@ -249,7 +252,7 @@ def parse_session(raw: Any, *, where: str = "session") -> SessionIdentity | None
     return SessionIdentity(
         sshd_pid=_integer(doc, "sshd_pid", maximum=_MAX_PID),
         sshd_start_ticks=_integer(doc, "sshd_start_ticks", maximum=_MAX_TICKS),
-        ssh_connection=_text(doc, "ssh_connection")[:_DETAIL_CHARS],
+        ssh_connection=_text(doc, "ssh_connection"),
     )
 
 
@@ -262,8 +265,8 @@ def parse_record(raw: Any, *, where: str) -> LeaseRecord | None:
     if session is None:
         raise invalid(f"tunnel-lease answer: {where}.session is missing")
     return LeaseRecord(
-        owner_id=_text(doc, "owner_id")[:_DETAIL_CHARS],
-        owner_label=_text(doc, "owner_label")[:_DETAIL_CHARS],
+        owner_id=_text(doc, "owner_id"),
+        owner_label=_text(doc, "owner_label"),
         acquired_at=_number(doc, "acquired_at"),
         renewed_at=_number(doc, "renewed_at"),
         ttl=_number(doc, "ttl", minimum=0.0),
@@ -284,8 +287,8 @@ def parse_answer(doc: dict[str, Any]) -> LeaseAnswer:
     fenced = doc.get("fenced_pid")
     return LeaseAnswer(
         ok=_flag(doc, "ok"),
-        action=_text(doc, "action", default="")[:_DETAIL_CHARS],
-        reason=_text(doc, "reason", default="")[:_DETAIL_CHARS],
+        action=_text(doc, "action", default=""),
+        reason=_text(doc, "reason", default=""),
         now=_number(doc, "now", default=0.0),
         lease=parse_record(doc.get("lease"), where="lease"),
         holder=parse_record(doc.get("holder"), where="holder"),
@@ -309,7 +312,7 @@ def parse_probe_answer(doc: dict[str, Any]) -> ProbeAnswer:
     return ProbeAnswer(
         ok=_flag(doc, "ok"),
         rtt_ms=_number(doc, "rtt_ms", default=0.0, minimum=0.0),
-        detail=_text(doc, "detail", default="")[:_DETAIL_CHARS],
+        detail=_text(doc, "detail", default=""),
     )
 
 
@@ -363,7 +366,8 @@ class LeaseSession:
             async with asyncio.timeout(2.0):
                 stderr = await self._process.stderr.read(MAX_REPLY_BYTES)
                 status = (await self._process.wait(check=False)).exit_status
-        tail = stderr.decode("utf-8", "replace").strip()[-300:]
+        tail = outside_text.clean(stderr.decode("utf-8", "replace").strip(), limit=_DETAIL_CHARS,
+                                  tail=True)
         if status in (EXIT_NOT_FOUND, EXIT_NOT_EXECUTABLE) or "No such file" in tail:
             return TransientError(
                 ErrorCode.PROVISION_FAILED, f"monitord is not installed on the VPS: {tail}"

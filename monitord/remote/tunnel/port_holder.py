@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import asyncssh
 
+from monitord.base import outside_text
 from monitord.remote import remote_exec
 from orchestrator import sshd_session
 from orchestrator.errors import ErrorCode, TransientError
@@ -114,7 +115,7 @@ def parse_probe(text: str, *, port: int) -> HolderObservation:
     users = _USERS.search(listener)
     assert users is not None
     pid = int(users["pid"])
-    name = users["name"]
+    name = outside_text.clean(users["name"], limit=64)  # the VPS's words, shown in details
     start_ticks = _start_ticks(sections.get("stat", []))
     role = sshd_session.role(sshd_session.ProcessFacts(
         comm=name, parent_comm=_comm(sections.get("parent", [])),
