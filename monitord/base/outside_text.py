@@ -19,6 +19,11 @@ monitord.remote.agent_client (an error's detail, a result), monitord.remote.tunn
 monitord.remote.ssh_errors (a server's reason), monitord.remote.preflight and
 monitord.remote.provisioning (their reports), monitord.remote.tunnel.port_holder (`ss`'s
 process names) and monitord.surface.check_command (the Python probe).
+
+`encodable()` is the narrower rule for a writer of text it did not make, as a defence in
+depth behind `clean()`: only lone surrogates become U+FFFD, so that the record is written
+whole rather than not at all (monitord.store.state_db, monitord.store.spool_files for
+remote_state.json).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ REPLACEMENT = "\ufffd"
 # C0 controls but tab and newline, DEL, the C1 controls (U+009B is CSI to many terminals),
 # and the surrogates, which UTF-8 cannot encode (a JSON escape can still name one alone).
 _UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def clean(text: str, *, limit: int, tail: bool = False) -> str:
@@ -40,3 +46,8 @@ def clean(text: str, *, limit: int, tail: bool = False) -> str:
     kept = text[-limit:] if tail else text[:limit]
     return _UNSAFE.sub(REPLACEMENT, kept)
 
+
+
+def encodable(text: str) -> str:
+    """`text` with each lone surrogate U+FFFD: what UTF-8 cannot encode, and nothing else."""
+    return _SURROGATE.sub(REPLACEMENT, text)

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast
 
-from monitord.base import bounded_json
+from monitord.base import bounded_json, outside_text
 from monitord.base.atomic_file import atomic_write_bytes
 from orchestrator import models, names
 from orchestrator.errors import ErrorCode, PermanentError
@@ -376,8 +376,14 @@ def read_remote_state(path: Path) -> dict[str, ServiceCompatState]:
 
 
 def write_remote_state(path: Path, states: Mapping[str, ServiceCompatState]) -> None:
-    """Write the projection atomically, services in the order given."""
-    atomic_write_bytes(path, _dump_json({name: s.to_json() for name, s in states.items()}))
+    """Write the projection atomically, services in the order given.
+
+    A last_error UTF-8 cannot encode (a legacy file's lone surrogate) is written as U+FFFD:
+    the write must not raise out of every placement listener, and the UI's JSON decoder
+    refuses an unpaired surrogate's escape."""
+    document = {name: {**s.to_json(), "last_error": outside_text.encodable(s.last_error)}
+                for name, s in states.items()}
+    atomic_write_bytes(path, _dump_json(document))
 
 
 def spool_paths(spool_dir: Path) -> tuple[Path, Path]:

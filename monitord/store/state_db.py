@@ -11,7 +11,10 @@ is exactly one writer, so no write ever waits on another connection's lock.
 
 Records cross this boundary as plain dicts keyed by the contract field names; the
 orchestrator's models convert with `to_storage()` / `from_storage()`. Fields of a transaction
-beyond the contract columns are kept in a JSON column and returned as they were given.
+beyond the contract columns are kept in a JSON column and returned as they were given. An
+error's detail UTF-8 cannot encode (a lone surrogate) is stored with U+FFFD in its place
+rather than failing the write (monitord.base.outside_text.encodable); any other value that
+does not encode is a StoreError, and nothing of that write is done.
 
 Cost: taking due cleanup items walks the `next_attempt_at` index and finishing one is a primary
 key delete, both O(log n); enqueue is idempotent through a unique index on
@@ -35,6 +38,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
+from monitord.base import outside_text
 from orchestrator.errors import ErrorCode, PermanentError, TransientError
 from orchestrator.models import MAX_GENERATION
 
@@ -278,6 +282,11 @@ def _transaction_row(record: Mapping[str, Any]) -> dict[str, Any]:
         raise ValueError(f"transaction record lacks {', '.join(missing)}")
     row = {c: record.get(c) for c in TRANSACTION_COLUMNS}
     row["cleanup_required"] = int(bool(row["cleanup_required"]))
+    # A detail may quote the VPS: what UTF-8 cannot encode is kept as U+FFFD, so the record
+    # of a failed step is written whole (a write that raised would leave the step to be
+    # redone for ever, never failed). `extra` is JSON with ASCII escapes: kept exactly.
+    if isinstance(row["last_error_detail"], str):
+        row["last_error_detail"] = outside_text.encodable(row["last_error_detail"])
     row["extra"] = json.dumps({k: v for k, v in record.items() if k not in TRANSACTION_COLUMNS})
     return row
 
@@ -397,14 +406,16 @@ class Store:
         await self.close()
 
     async def _run(self, fn: Callable[[], T]) -> T:
-        """Run `fn` on the writer thread; sqlite errors become StoreError."""
+        """Run `fn` on the writer thread; sqlite errors become StoreError, and so does a
+        value sqlite3 cannot encode as UTF-8 (the statement's transaction rolled back, so
+        nothing of it is written)."""
         executor = self._executor
         if executor is None:
             raise StoreClosed(f"{self.path}: store is closed")
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(executor, fn)
-        except sqlite3.Error as e:
+        except (sqlite3.Error, UnicodeError) as e:
             raise StoreError(f"{self.path}: {e}") from e
 
     def _db(self) -> sqlite3.Connection:
@@ -585,6 +596,7 @@ class Store:
 
     async def reschedule(self, item_id: str, *, next_attempt_at: float, last_error: str) -> bool:
         """Record a failed attempt and when to try again; False if the item is gone."""
+        last_error = outside_text.encodable(last_error)  # as a transaction's detail
 
         def write() -> bool:
             with _Tx(self._db()) as db:

@@ -1,6 +1,7 @@
 """The one sanitising edge for text from outside (monitord/base/outside_text.py): whatever
-`str` it is given, what comes out encodes as UTF-8, holds no control character but newline
-and tab, and is no longer than its bound; text that needs nothing is kept as it is."""
+`str` it is given, what `clean` returns encodes as UTF-8, holds no control character but
+newline and tab, and is no longer than its bound; what `encodable` returns differs only
+where UTF-8 could not encode it; text that needs nothing is kept as it is."""
 
 from __future__ import annotations
 
@@ -41,3 +42,17 @@ class TestClean:
         assert outside_text.clean("abcdef", limit=3, tail=True) == "def"
         assert outside_text.clean("abcdef", limit=0, tail=True) == ""
 
+
+
+class TestEncodable:
+    """`encodable` replaces only what UTF-8 cannot encode: lone surrogates."""
+
+    @given(text=any_text)
+    def test_any_text_comes_out_encodable_and_otherwise_unchanged(self, text: str) -> None:
+        kept = outside_text.encodable(text)
+        kept.encode("utf-8")
+        assert all(a == b or unicodedata.category(a) == "Cs"
+                   for a, b in zip(text, kept, strict=True))
+
+    def test_control_characters_are_left_to_the_writer(self) -> None:
+        assert outside_text.encodable("\x1b[2J\udc80") == "\x1b[2J\ufffd"

@@ -125,6 +125,47 @@ class TestTransactions:
             await store.put_transaction({k: v for k, v in TX.items() if k != "phase"})
 
 
+class TestTextThatDoesNotEncode:
+    """A record carrying text UTF-8 cannot encode (a lone surrogate) is written whole, never
+    lost: an error's detail or a cleanup item's last error is stored with U+FFFD in its
+    place, an extra field exactly as given; a key that does not encode is a StoreError, like
+    any other failed write, and nothing of it is written."""
+
+    async def test_a_transaction_whose_error_detail_does_not_encode_is_saved(
+        self, store: Store
+    ) -> None:
+        record = {**TX, "phase": "ROLLBACK", "last_error_code": "BAD_REQUEST",
+                  "last_error_detail": "POST /v1/areas/a-1/stop: \udc80 \x1b[2J"}
+        await store.put_transaction(record)
+        assert await store.get_transaction("t-1") == {
+            **record, "last_error_detail": "POST /v1/areas/a-1/stop: \ufffd \x1b[2J"}
+
+    async def test_an_extra_field_that_does_not_encode_round_trips_exactly(
+        self, store: Store
+    ) -> None:
+        record = {**TX, "note": "cut \ud83d"}
+        await store.put_transaction(record)
+        assert await store.get_transaction("t-1") == record
+
+    async def test_a_cleanup_items_last_error_that_does_not_encode_is_saved(
+        self, store: Store
+    ) -> None:
+        item = await store.enqueue_cleanup(**cleanup_key(1), now=0.0)
+        assert await store.reschedule(item["id"], next_attempt_at=5.0, last_error="x \udc80")
+        [due] = await store.take_due(5.0, 1)
+        assert due["last_error"] == "x \ufffd"
+
+    async def test_a_key_that_does_not_encode_is_a_store_error_and_nothing_is_written(
+        self, store: Store
+    ) -> None:
+        await store.put_transaction(TX)
+        with pytest.raises(StoreError):
+            await store.put_transaction({**TX, "transaction_id": "t-\udc80"})
+        with pytest.raises(StoreError):
+            await store.put_transaction({**TX, "area": "a-\udc80", "phase": "COPY"})
+        assert await store.list_transactions() == [TX]
+
+
 class TestGenerations:
     """A generation is issued once: each is above every earlier one and above the floor."""
 
