@@ -58,7 +58,12 @@ class ConfigCorrupt(PermanentError):
 
 
 def _dump_json(document: Any) -> bytes:
-    return (json.dumps(document, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+    # A lone surrogate (the UI's title cut mid-emoji, read from the escape "\ud83d") cannot
+    # be encoded as UTF-8: it is written back as that same escape, so a commit keeps the
+    # UI's fields exactly instead of failing. json.dumps leaves such a code point raw, and
+    # only inside a string, where `backslashreplace`'s \udXXX is the JSON escape for it.
+    return (json.dumps(document, indent=2, ensure_ascii=False) + "\n").encode(
+        "utf-8", "backslashreplace")
 
 
 def _read_bounded(path: Path) -> bytes | None:

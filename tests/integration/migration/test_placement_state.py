@@ -6,6 +6,8 @@ import asyncio
 import json
 from pathlib import Path
 
+import pytest
+
 from monitord.engine.placement_state import PlacementState
 from monitord.store.state_db import Store
 from orchestrator.models import Side
@@ -33,3 +35,30 @@ class TestConcurrentCommits:
         assert [e["uuid"] for e in on_disk] == [f"area-{i}" for i in range(AREAS)]
         assert all(e["location"] == "remote" and e["generation"] == e["note"] + 1 for e in on_disk)
         assert all(state.committed[f"area-{i}"].location is Side.REMOTE for i in range(AREAS))
+
+
+class TestFieldsTheUiOwns:
+    """A commit keeps every field monitord does not own as the file held it: a lone
+    surrogate (a title the UI cut mid-emoji, `"\\ud83d"`), which UTF-8 cannot encode, is
+    written back as the same escape, and the commit succeeds."""
+
+    @pytest.mark.parametrize("area", ["a1", "a2"])
+    async def test_a_title_cut_mid_emoji_survives_a_commit_as_the_same_escape(
+        self, tmp_path: Path, area: str
+    ) -> None:
+        path = tmp_path / "custom_config.json"
+        path.write_text('{"custom_daemons": [\n'
+                        '  {"uuid": "a1", "service": "tg", "title": "Shop \\ud83d",'
+                        ' "note\\udc80": "\\ude00 \\u00e9"},\n'
+                        '  {"uuid": "a2", "service": "tg"}\n]}\n')
+        async with await Store.open(tmp_path / "work") as store:
+            state = PlacementState(store=store, custom_config_path=path)
+            await state.load()
+            await state.commit(area=area, location=Side.REMOTE, generation=7)
+        text = path.read_bytes().decode("utf-8")
+        assert '"title": "Shop \\ud83d"' in text and '"note\\udc80": "\\ude00 é"' in text
+        first, second = json.loads(text)["custom_daemons"]
+        assert (first["title"], first["note\udc80"]) == ("Shop \ud83d", "\ude00 é")
+        written = {entry["uuid"]: entry for entry in (first, second)}
+        assert (written[area]["location"], written[area]["generation"]) == ("remote", 7)
+        assert state.committed[area].location is Side.REMOTE
