@@ -21,6 +21,13 @@ and, for a syntax error, the line and column.
 Standard library only: the VPS agent parses its request bodies with it too
 (monitord/remote/artifact.py PORTABLE_MODULES).
 
+`loads(..., exact_numbers=True)` is for a file someone else owns and monitord writes back
+(custom_config.json): a number literal that a Python int or float would not write back as
+the same text — more digits than the int-string limit, `1e400` (no float holds it), `1.10`
+— is kept as that text, a `NumberText`, instead of refusing the whole document (or changing
+it); it is no int, float or str, so a field checked for a number refuses it, and `dumps()`
+writes it back unchanged. (`-0` alone reads as the int 0: the same number.)
+
 `count()` reads a number from text someone else sent (a query parameter, a header) within
 the same bounds.
 
@@ -32,6 +39,8 @@ monitord.remote.tunnel.lease_client and preflight (the VPS's answers), monitord.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 # Far deeper than any document monitord reads or writes (custom_config.json is three levels
@@ -46,6 +55,31 @@ MAX_COUNT = 2**63 - 1
 
 class JsonRefused(ValueError):
     """The text is not JSON within the bounds; `str()` says why (and where, when known)."""
+
+
+@dataclass(frozen=True)
+class NumberText:
+    """A JSON number kept as the text it was written with (`loads(exact_numbers=True)`):
+    one a Python int or float would not write back the same. Shown as that text."""
+
+    text: str
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _int_or_text(text: str) -> int | NumberText:
+    # (`-0` is the one integer literal int() reads but writes back otherwise, as 0: the same
+    # number, and a generation written so was always read as 0.)
+    try:
+        return int(text)
+    except ValueError:  # more digits than the int-string limit: int() refuses
+        return NumberText(text)
+
+
+def _float_or_text(text: str) -> float | NumberText:
+    value = float(text)  # never raises for a JSON literal: 1e400 is inf, 1e-400 is 0.0
+    return value if repr(value) == text else NumberText(text)
 
 
 def check_depth(value: Any, *, max_depth: int = MAX_DEPTH) -> None:
@@ -77,8 +111,12 @@ def loads(
     data: str | bytes,
     *,
     max_depth: int = MAX_DEPTH,
+    exact_numbers: bool = False,
 ) -> Any:
-    """The JSON value of `data` (bytes must be UTF-8); JsonRefused for anything else."""
+    """The JSON value of `data` (bytes must be UTF-8); JsonRefused for anything else.
+
+    With `exact_numbers`, a number a Python int or float would not write back as the same
+    text is a NumberText (see the module docstring) rather than refused or changed."""
     if isinstance(data, (bytes, bytearray)):
         try:
             text = bytes(data).decode("utf-8")
@@ -87,7 +125,11 @@ def loads(
     else:
         text = data
     try:
-        value = json.loads(text, parse_constant=_no_constant)
+        if exact_numbers:
+            value = json.loads(text, parse_constant=_no_constant, parse_int=_int_or_text,
+                               parse_float=_float_or_text)
+        else:
+            value = json.loads(text, parse_constant=_no_constant)
     except JsonRefused:
         raise
     except json.JSONDecodeError as e:
@@ -101,6 +143,43 @@ def loads(
     elif isinstance(value, float) and value in (_INF, -_INF):
         raise JsonRefused("a number out of a float's range")
     return value
+
+
+# One encoder for every scalar: json.dumps would build a new one per call.
+_SCALAR = json.JSONEncoder(ensure_ascii=False).encode
+
+
+def dumps(value: Any) -> str:
+    """`json.dumps(value, indent=2, ensure_ascii=False)`, each NumberText written as its text
+    (json.dumps cannot be told to write a literal of ours). Keys must be strings, as they are
+    in anything `loads` returned; recursive, so `value` nests no deeper than `loads` allows."""
+    return "".join(_encoded(value, "\n"))
+
+
+def _encoded(value: Any, newline: str) -> Iterator[str]:
+    """The pieces of `value` written at the indentation that `newline` ends with."""
+    if isinstance(value, NumberText):
+        yield value.text
+    elif isinstance(value, dict) and value:
+        inner = newline + "  "
+        separator = "{"
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise TypeError(f"keys must be str, not {type(key).__name__}")
+            yield separator + inner + _SCALAR(key) + ": "
+            yield from _encoded(item, inner)
+            separator = ","
+        yield newline + "}"
+    elif isinstance(value, (list, tuple)) and value:
+        inner = newline + "  "
+        separator = "["
+        for item in value:
+            yield separator + inner
+            yield from _encoded(item, inner)
+            separator = ","
+        yield newline + "]"
+    else:  # a scalar, {} or []
+        yield _SCALAR(value)
 
 
 def count(raw: str, *, maximum: int = MAX_COUNT) -> int | None:

@@ -4,13 +4,15 @@ Every write goes through `monitord.base.atomic_file.atomic_write_bytes`.
 
 `custom_config.json` is the authoritative placement. It is read into a `CustomConfig`: typed
 `AreaEntry` values (uuid, service, location, generation) plus the raw entry dicts, so that a
-write keeps unknown fields and entry order exactly as found. A malformed or truncated file
+write keeps unknown fields and entry order exactly as found — numbers too: one a Python int
+or float would not write back as the same text (5000 digits, 1e400, 1.10) is read as its
+text (bounded_json.NumberText) and written back as it was. A malformed or truncated file
 raises `ConfigCorrupt` (code CONFIG_CORRUPT, with the parse position) and is never overwritten:
 every update re-reads and re-validates the file first. So does one that is not a regular file,
-is larger than 16 MiB, nests deeper than 64 levels, holds an integer of more than 4300 digits
-(Python's int-string limit) or NaN/Infinity/1e999 (monitord.base.bounded_json): nothing but
-ConfigCorrupt leaves the loader. An entry whose generation is not an integer in [0, 2^63) is
-quarantined on its own.
+is larger than 16 MiB, nests deeper than 64 levels or holds NaN/Infinity (not JSON;
+monitord.base.bounded_json): nothing but ConfigCorrupt leaves the loader. An entry whose
+generation is not an integer in [0, 2^63) — a 5000-digit one included — is quarantined on
+its own.
 
 `remote_state.json` is the per-service compatibility projection the PHP UI reads; it is never a
 source of truth, so reading it is lenient about missing keys but not about broken JSON.
@@ -23,7 +25,7 @@ legacy-state import), monitord.engine.operator_facade (the projection's rows).
 from __future__ import annotations
 
 import copy
-import json
+import math
 import os
 import stat
 from collections.abc import Mapping
@@ -58,12 +60,12 @@ class ConfigCorrupt(PermanentError):
 
 
 def _dump_json(document: Any) -> bytes:
-    # A lone surrogate (the UI's title cut mid-emoji, read from the escape "\ud83d") cannot
-    # be encoded as UTF-8: it is written back as that same escape, so a commit keeps the
-    # UI's fields exactly instead of failing. json.dumps leaves such a code point raw, and
-    # only inside a string, where `backslashreplace`'s \udXXX is the JSON escape for it.
-    return (json.dumps(document, indent=2, ensure_ascii=False) + "\n").encode(
-        "utf-8", "backslashreplace")
+    # As json.dumps(indent=2) writes it, each NumberText as the text it was read with. A
+    # lone surrogate (the UI's title cut mid-emoji, read from the escape "\ud83d") cannot be
+    # encoded as UTF-8: it is written back as that same escape, so a commit keeps the UI's
+    # fields exactly instead of failing. The writer leaves such a code point raw, and only
+    # inside a string, where `backslashreplace`'s \udXXX is the JSON escape for it.
+    return (bounded_json.dumps(document) + "\n").encode("utf-8", "backslashreplace")
 
 
 def _read_bounded(path: Path) -> bytes | None:
@@ -99,13 +101,15 @@ def _read_bounded(path: Path) -> bytes | None:
 
 def _load_json(path: Path) -> Any | None:
     """Parsed JSON of `path`, None if it does not exist; ConfigCorrupt with the reason and
-    the parse position. Within bounded_json's bounds (nesting, integer digits, RFC 8259),
-    so nothing but ConfigCorrupt leaves here, and what comes back is safe to walk and copy."""
+    the parse position. Within bounded_json's bounds (nesting, RFC 8259), so nothing but
+    ConfigCorrupt leaves here, and what comes back is safe to walk and copy. A number a
+    Python value would not write back the same is a NumberText: the file is the UI's, and
+    one odd number in it must neither refuse the whole file nor change when it is written."""
     raw = _read_bounded(path)
     if raw is None:
         return None
     try:
-        return bounded_json.loads(raw)
+        return bounded_json.loads(raw, exact_numbers=True)
     except bounded_json.JsonRefused as e:
         raise ConfigCorrupt(path=path, detail=str(e)) from e
 
@@ -190,7 +194,8 @@ def _entry_from_raw(raw: Any, *, where: str) -> AreaEntry:
             or not 0 <= generation <= models.MAX_GENERATION):
         raise _EntryInvalid(
             ErrorCode.AREA_ENTRY_INVALID,
-            f"{where}.generation: expected an integer in [0, 2^63), got {generation!r:.40}",
+            f"{where}.generation: {'out of range: ' if _out_of_range(generation) else ''}"
+            f"expected an integer in [0, 2^63), got {generation!r:.40}",
         )
     return AreaEntry(
         uuid=raw["uuid"],
@@ -199,6 +204,15 @@ def _entry_from_raw(raw: Any, *, where: str) -> AreaEntry:
         generation=generation,
         title=_title(raw),
     )
+
+
+def _out_of_range(value: Any) -> bool:
+    """Whether a refused generation was refused for its size: an int (refused, so outside
+    [0, 2^63)), or a number too large for a Python value at all (5000 digits, 1e400: a
+    NumberText, of which the reason shows the first 40 characters)."""
+    if isinstance(value, bounded_json.NumberText):
+        return not math.isfinite(float(value.text))
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _title(raw: Mapping[str, Any]) -> str | None:

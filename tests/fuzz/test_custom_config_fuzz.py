@@ -6,7 +6,9 @@ constants) returns or raises ConfigCorrupt, nothing else; every entry it returns
 and service that are names; every valid entry with a unique uuid is kept, every other entry
 is in `invalid` at its position;
 `update_area_placement` of a kept entry changes that entry's location and generation and
-leaves every other raw entry (and top-level key) equal in JSON terms.
+leaves every other raw entry (and top-level key) equal in JSON terms — and every number in
+them written as the very text it was read with (5000 digits, 1e400, 1.10): a number Python
+cannot hold quarantines the entry whose generation it is, and no other.
 """
 
 from __future__ import annotations
@@ -268,7 +270,7 @@ def test_an_invalid_twin_quarantines_the_valid_entry_so_no_commit_can_hit_it(
 
 hostile_pieces = st.one_of(
     st.sampled_from(["[", "]", "{", "}", '"', "\\", ",", ":", "NaN", "-Infinity", "1e999",
-                     "true", "null", " ", "\n"]),
+                     "-1e400", "1.10", "-", "true", "null", " ", "\n"]),
     st.integers(min_value=1, max_value=6000).map(lambda n: "9" * n),
     st.integers(min_value=1, max_value=3000).map(lambda n: "[" * n),
     st.integers(min_value=1, max_value=3000).map(lambda n: '{"a":' * n),
@@ -301,4 +303,54 @@ def test_any_text_is_read_or_config_corrupt_and_nothing_else(workdir: Path, text
     for entry in config.entries:
         assert 0 <= entry.generation < 2**63
     copy.deepcopy(config.document)  # what a commit does with it: within the bounds
-    json.dumps(config.document)
+    # ... and what it writes: read back the same, every number as the text it was.
+    written = workdir / "hostile-written.json"
+    spool_files.write_custom_config(written, config)
+    again = spool_files.read_custom_config(written)
+    assert (again.entries, again.invalid) == (config.entries, config.invalid)
+    read = _as_written(text)
+    if read is not None:  # (a file of `null` reads as no file: an empty placement)
+        assert _as_written(written.read_text()) == read
+
+
+def _as_written(text: str) -> Any:
+    """The JSON document of `text` with every number as the text it is written with."""
+    return json.loads(text, parse_int=lambda n: ("n", n), parse_float=lambda n: ("n", n))
+
+
+# -- numbers Python would not write back the same ------------------------------------------------
+
+number_literals = st.one_of(
+    st.integers().map(str),
+    st.floats(allow_nan=False, allow_infinity=False).map(repr),
+    st.integers(min_value=4295, max_value=6000).map(lambda n: "9" * n),  # the int-string limit
+    st.integers(min_value=4295, max_value=4400).map(lambda n: "-" + "1" * n),
+    st.sampled_from(["0", str(2**63 - 1), str(2**63), "9" * 30, "1e400", "-1e999", "1E-400",
+                     "1.10", "2.5E3", "0.30000000000000001", "7.0"]),
+)
+_GENERATION_LITERAL = re.compile(r"0|[1-9][0-9]{0,18}", re.ASCII)
+
+
+@profile("config")
+@given(generation=number_literals, field=number_literals)
+def test_every_number_is_written_back_as_it_was_read(
+    workdir: Path, generation: str, field: str
+) -> None:
+    """Only an integer in [0, 2^63) is a generation; any other number quarantines its own
+    entry; a commit of another area writes every number back as the text it was."""
+    path = workdir / "numbers.json"
+    text = ('{"custom_daemons": [{"uuid": "a1", "service": "tg", "generation": ' + generation
+            + ', "x": ' + field + '}, {"uuid": "a2", "service": "tg", "y": [' + field
+            + ']}], "z": ' + field + "}")
+    path.write_text(text)
+    config = spool_files.read_custom_config(path)  # never ConfigCorrupt: the file is JSON
+    valid = _GENERATION_LITERAL.fullmatch(generation) is not None and int(generation) < 2**63
+    assert [e.uuid for e in config.entries] == (["a1", "a2"] if valid else ["a2"])
+    assert [(q.position, q.code) for q in config.invalid] == (
+        [] if valid else [(0, ErrorCode.AREA_ENTRY_INVALID)])
+    spool_files.update_area_placement(path, uuid="a2", location="remote", generation=9)
+    before, after = _as_written(text), _as_written(path.read_text())
+    assert after["custom_daemons"][0] == before["custom_daemons"][0]
+    assert after["custom_daemons"][1] == {**before["custom_daemons"][1], "location": "remote",
+                                          "generation": ("n", "9")}
+    assert after["z"] == before["z"]

@@ -131,6 +131,16 @@ class TestCustomConfigRoundTrip:
             uuid=target, service=before_service(document, target), location="remote", generation=42
         )
 
+    @settings(max_examples=60, suppress_health_check=FIXTURE_AND_SLOW, deadline=None)
+    @given(document=custom_config_documents())
+    def test_the_file_is_written_as_json_dumps_writes_it(
+        self, tmp_path: Path, document: dict[str, Any]
+    ) -> None:
+        """The writer keeps odd numbers as their text; everything else reads as before."""
+        path = tmp_path / "custom_config.json"
+        spool_files.write_custom_config(path, spool_files.parse_custom_config(document, path=path))
+        assert path.read_text() == json.dumps(document, indent=2, ensure_ascii=False) + "\n"
+
     def test_missing_location_means_local_and_missing_generation_means_zero(
         self, tmp_path: Path
     ) -> None:
@@ -281,6 +291,11 @@ class TestRemoteState:
             spool_files.read_remote_state(path)
 
 
+def _as_written(text: str) -> Any:
+    """The JSON document of `text` with every number as the text it is written with."""
+    return json.loads(text, parse_int=lambda n: ("n", n), parse_float=lambda n: ("n", n))
+
+
 def _entry_text(**fields: str) -> str:
     """A custom_config.json with one entry whose fields are raw JSON text."""
     raw = {"uuid": '"a1"', "service": '"tg"', **fields}
@@ -293,15 +308,12 @@ class TestHostileNumbersAndShapes:
     the one entry; no other exception ever leaves the loader."""
 
     @pytest.mark.parametrize("text", [
-        _entry_text(generation="9" * 5000),  # Python's int-string limit: ValueError
-        _entry_text(phone="1" * 5000),
         _entry_text(extra="[" * 100_000 + "]" * 100_000),  # the decoder's RecursionError
         _entry_text(extra="[" * 900 + "]" * 900),  # decodes, then deepcopy recursed
         _entry_text(extra='{"a":' * 400 + "1" + "}" * 400),
         _entry_text(generation="NaN"),
         _entry_text(extra="Infinity"),
-    ], ids=["5000-digit generation", "5000-digit field", "100000 deep", "900 deep",
-            "400 deep objects", "NaN", "Infinity"])
+    ], ids=["100000 deep", "900 deep", "400 deep objects", "NaN", "Infinity"])
     def test_the_file_is_config_corrupt_with_a_reason(self, tmp_path: Path, text: str) -> None:
         path = tmp_path / "custom_config.json"
         path.write_text(text)
@@ -311,7 +323,11 @@ class TestHostileNumbersAndShapes:
         assert path.read_text() == text, "never rewritten"
 
     @pytest.mark.parametrize("generation", [
-        str(2**63), str(2**64), "9" * 99, "-1", "1e300", "1.0", '"7"', "true", "null", "[]",
+        str(2**63), str(2**64), "9" * 30, "9" * 99, "-1", "1e300", "1.0", '"7"', "true", "null",
+        "[]",
+        # numbers a Python int or float cannot hold: refused the whole file before
+        pytest.param("9" * 5000, id="5000 digits"),
+        pytest.param("-" + "9" * 5000, id="-5000 digits"), "1e400",
     ])
     def test_a_generation_outside_0_to_2_63_quarantines_only_its_entry(
         self, tmp_path: Path, generation: str
@@ -322,6 +338,52 @@ class TestHostileNumbersAndShapes:
         assert [e.uuid for e in config.entries] == ["a2"]
         assert [(q.position, q.code) for q in config.invalid] == [(0, "AREA_ENTRY_INVALID")]
         assert "generation" in config.invalid[0].detail
+
+    @pytest.mark.parametrize("generation", [
+        pytest.param("9" * 5000, id="5000 digits"), "9" * 30, "1e400"])
+    def test_an_out_of_range_generation_is_named_so_in_a_short_reason(
+        self, tmp_path: Path, generation: str
+    ) -> None:
+        path = tmp_path / "custom_config.json"
+        path.write_text(_entry_text(generation=generation))
+        (quarantined,) = spool_files.read_custom_config(path).invalid
+        assert "custom_daemons[0].generation" in quarantined.detail
+        assert "out of range" in quarantined.detail
+        assert len(quarantined.detail) < 200, "the reason shows the number cut short"
+
+    def test_a_commit_writes_a_quarantined_entry_back_number_for_number(
+        self, tmp_path: Path
+    ) -> None:
+        """The file is the UI's: a number Python cannot hold (or would write otherwise) in
+        an entry monitord leaves alone comes back as the very text it was."""
+        path = tmp_path / "custom_config.json"
+        path.write_text(_entry_text(generation="9" * 5000, note="1e400", ratio="1.10",
+                                    big="-" + "7" * 4400, tiny="1E-400"))
+        before = _as_written(path.read_text())
+        quarantined = spool_files.read_custom_config(path).invalid
+        spool_files.update_area_placement(path, uuid="a2", location="remote", generation=7)
+        after = _as_written(path.read_text())
+        assert after["custom_daemons"][0] == before["custom_daemons"][0]
+        assert after["custom_daemons"][1] == {**before["custom_daemons"][1],
+                                              "location": "remote", "generation": ("n", "7")}
+        config = spool_files.read_custom_config(path)
+        assert config.invalid == quarantined
+        assert config.entry("a2") == AreaEntry(uuid="a2", service="tg", location="remote",
+                                               generation=7)
+
+    @pytest.mark.parametrize("literal", [
+        pytest.param("1" * 5000, id="5000 digits"),
+        pytest.param("-" + "1" * 5000, id="-5000 digits"),
+        "1e400", "-1e999", "1.10", "2.5E3", "0.30000000000000001"])
+    def test_a_number_in_a_field_of_the_ui_keeps_the_entry_and_its_text(
+        self, tmp_path: Path, literal: str
+    ) -> None:
+        path = tmp_path / "custom_config.json"
+        path.write_text(_entry_text(phone=literal))
+        config = spool_files.read_custom_config(path)
+        assert [e.uuid for e in config.entries] == ["a1", "a2"] and config.invalid == ()
+        spool_files.update_area_placement(path, uuid="a1", location="remote", generation=3)
+        assert _as_written(path.read_text())["custom_daemons"][0]["phone"] == ("n", literal)
 
     def test_the_highest_generation_is_2_63_minus_1(self, tmp_path: Path) -> None:
         path = tmp_path / "custom_config.json"

@@ -46,10 +46,11 @@ class TestOneBadEntry:
 
 
 class TestHostileNumbersAndNesting:
-    """A custom_config.json with a 5000-digit number or nesting past any bound, written
-    while monitord runs, is CONFIG_CORRUPT in the status; the reconciler's loop records no
-    failure (it raised ValueError / RecursionError before), what runs keeps running, and
-    the file fixed is read again."""
+    """A custom_config.json nested past any bound, written while monitord runs, is
+    CONFIG_CORRUPT in the status; the reconciler's loop records no failure (it raised
+    RecursionError before), what runs keeps running, and the file fixed is read again. A
+    number Python cannot hold (5000 digits) is valid JSON: it quarantines only the entry
+    whose generation it is (it refused the whole file before) and stays in the file."""
 
     async def test_the_running_daemon_shows_config_corrupt_and_recovers(
         self, stack_factory: StackFactory
@@ -60,23 +61,52 @@ class TestHostileNumbersAndNesting:
         path = stack.root / "spool" / "custom_config.json"
         good = path.read_text()
         document = json.loads(good)
-        for hostile in ("9" * 5000, "[" * 100_000 + "]" * 100_000):
-            text = json.dumps(document).replace('"phone"', f'"x": {hostile}, "phone"', 1)
-            path.write_text(text)
+        hostile = "[" * 100_000 + "]" * 100_000
+        text = json.dumps(document).replace('"phone"', f'"x": {hostile}, "phone"', 1)
+        path.write_text(text)
 
-            async def corrupt() -> bool:
-                error = (await stack.status()).get("config_error") or {}
-                return error.get("code") == "CONFIG_CORRUPT"
+        async def corrupt() -> bool:
+            error = (await stack.status()).get("config_error") or {}
+            return error.get("code") == "CONFIG_CORRUPT"
 
-            await stack.wait_until(corrupt, timeout_s=20, what="CONFIG_CORRUPT shown")
-            path.write_text(good)
+        await stack.wait_until(corrupt, timeout_s=20, what="CONFIG_CORRUPT shown")
+        path.write_text(good)
 
-            async def clean() -> bool:
-                return (await stack.status()).get("config_error") is None
+        async def clean() -> bool:
+            return (await stack.status()).get("config_error") is None
 
-            await stack.wait_until(clean, timeout_s=20, what="the fixed file read again")
+        await stack.wait_until(clean, timeout_s=20, what="the fixed file read again")
         status = await stack.status()
         failed = {name: loop for name, loop in (status.get("loops") or {}).items()
                   if loop.get("errors")}
         assert failed == {}, failed
         assert stack.detector.alive(area), "what ran kept running"
+
+    async def test_a_5000_digit_generation_quarantines_only_its_entry(
+        self, stack_factory: StackFactory
+    ) -> None:
+        stack = await stack_factory(services={"tg": 1})
+        area = stack.areas["tg"][0]
+        assert await stack.detector.wait_for(lambda d: bool(d.alive(area)), timeout_s=30)
+        path = stack.root / "spool" / "custom_config.json"
+        document = json.loads(path.read_text())
+        digits = "9" * 5000
+        text = json.dumps(document).replace('"phone"', f'"x": {digits}, "phone"', 1)
+        assert text.endswith("]}")
+        text = text[:-2] + (', {"uuid": "huge", "service": "tg", "location": "remote",'
+                            f' "generation": {digits}}}]}}')
+        path.write_text(text)
+
+        async def quarantined() -> bool:
+            return len((await stack.status())["quarantined"]) == 1
+
+        await stack.wait_until(quarantined, timeout_s=20, what="the entry quarantined")
+        status = await stack.status()
+        (entry,) = status["quarantined"]
+        assert (entry["position"], entry["code"]) == (1, "AREA_ENTRY_INVALID")
+        assert status.get("config_error") is None, "the file as a whole was read"
+        failed = {name: loop for name, loop in (status.get("loops") or {}).items()
+                  if loop.get("errors")}
+        assert failed == {}, failed
+        assert stack.detector.alive(area), "what ran kept running"
+        assert path.read_text() == text, "left untouched"
