@@ -29,11 +29,14 @@ it); it is no int, float or str, so a field checked for a number refuses it, and
 writes it back unchanged. (`-0` alone reads as the int 0: the same number.)
 
 `count()` reads a number from text someone else sent (a query parameter, a header) within
-the same bounds.
+the same bounds. `number()` and `integer()` read one from a parsed document (a VPS's
+answer): every reader of such a number goes through them, so none meets an OverflowError
+(`float()` of a 400-digit integer), NaN, an infinity or a bool where it wanted a number.
 
 Callers: monitord.store.spool_files (custom_config.json), monitord.surface.bundle,
-monitord.remote.tunnel.lease_client and preflight (the VPS's answers), monitord.vps.server
-(request bodies, query parameters, headers), monitord.surface.status_api (query parameters).
+monitord.remote.tunnel.lease_client, agent_client and preflight (the VPS's answers),
+monitord.vps.server (request bodies, query parameters, headers), monitord.surface.status_api
+(query parameters).
 """
 
 from __future__ import annotations
@@ -51,6 +54,9 @@ _INF = float("inf")
 
 # The largest integer `count()` returns at most: a signed 64-bit value, as SQLite stores it.
 MAX_COUNT = 2**63 - 1
+# The largest magnitude `number()` returns: a float holds every integer up to it exactly, no
+# time, duration or size a VPS reports comes near it, and a sum of two stays finite.
+MAX_NUMBER = float(2**53)
 
 
 class JsonRefused(ValueError):
@@ -180,6 +186,28 @@ def _encoded(value: Any, newline: str) -> Iterator[str]:
         yield newline + "]"
     else:  # a scalar, {} or []
         yield _SCALAR(value)
+
+
+def number(value: Any, *, minimum: float = -MAX_NUMBER,
+           maximum: float = MAX_NUMBER) -> float | None:
+    """`value`, a number of a parsed document, as a float in [minimum, maximum] (and within
+    ±MAX_NUMBER); None for anything else: a bool, a string, NaN, an infinity, an integer
+    no float holds. The caller raises its own malformed-answer error for None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    # Compared before float(): an int compares with a float exactly, float(10**400) raises;
+    # NaN fails every comparison.
+    if not (minimum <= value <= maximum and -MAX_NUMBER <= value <= MAX_NUMBER):
+        return None
+    return float(value)
+
+
+def integer(value: Any, *, minimum: int = 0, maximum: int = MAX_COUNT) -> int | None:
+    """`value`, a number of a parsed document, as an int in [minimum, maximum]; None for
+    anything else: a bool, a float (1.0 too), a string."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value if minimum <= value <= maximum else None
 
 
 def count(raw: str, *, maximum: int = MAX_COUNT) -> int | None:

@@ -280,18 +280,16 @@ class AgentClient:
                     "wait_s": f"{wait_s:.3f}"},
             timeout_s=wait_s + self._timeout_s,
         ), where=where)
-        healthy, uptime = doc.get("healthy"), doc.get("uptime_s")
+        healthy, raw_uptime = doc.get("healthy"), doc.get("uptime_s")
         if not isinstance(healthy, bool):
             raise _malformed(where, f"healthy is {type(healthy).__name__}, not a boolean")
-        if uptime is not None and (isinstance(uptime, bool)
-                                   or not isinstance(uptime, (int, float))
-                                   or not 0 <= uptime < float("inf")):
-            raise _malformed(where, f"uptime_s is {uptime!r:.40}")
+        uptime = None if raw_uptime is None else _number(raw_uptime, where=where,
+                                                         what="uptime_s", minimum=0.0)
         if doc.get("generation") != generation:
             raise _malformed(where, f"it answers for generation {doc.get('generation')!r:.20}")
         if healthy and (uptime is None or uptime + 0.001 < min_uptime_s):  # (rounded to ms)
             raise _malformed(where, f"healthy with an uptime of {uptime!r:.20} s")
-        return AreaHealth(healthy=healthy, uptime_s=None if uptime is None else float(uptime))
+        return AreaHealth(healthy=healthy, uptime_s=uptime)
 
     async def area_log(
         self, *, area: str, lines: int | None = None, file: int | None = None,
@@ -312,8 +310,9 @@ class AgentClient:
         data, found_file, found_offset = doc.get("data"), doc.get("file"), doc.get("offset")
         if not isinstance(data, str) or not isinstance(doc.get("missing"), bool):
             raise _malformed(where, "data is not text or missing not a boolean")
-        if not (found_file is None or type(found_file) is int) or type(found_offset) is not int:
-            raise _malformed(where, "file or offset is not an integer")
+        if not (found_file is None or bounded_json.integer(found_file) is not None) \
+                or bounded_json.integer(found_offset) is None:
+            raise _malformed(where, "file or offset is not an integer in [0, 2^63)")
         return {"data": data, "file": found_file, "offset": found_offset,
                 "missing": doc["missing"]}
 
@@ -506,7 +505,7 @@ class AgentClient:
                 raise _malformed(where, f"areas[{area!r:.60}] is {type(view).__name__}")
             outcome = _result_of(view, where=f"{where} areas[{area!r:.60}]")
             generation = view.get("generation")
-            if generation is not None and not _is_int(generation):
+            if generation is not None and bounded_json.integer(generation) is None:
                 raise _malformed(where, f"areas[{area!r:.60}].generation is {generation!r:.40}")
             answers[area] = RenewResult(
                 area=area,
@@ -583,10 +582,9 @@ def _parse_json(raw: bytes) -> Any:
 def _blocks(value: Any, *, where: str) -> Blocks | None:
     if value is None:
         return None
-    size = value.get("size") if isinstance(value, dict) else None
+    size = bounded_json.integer(value.get("size")) if isinstance(value, dict) else None
     encoded = value.get("digests") if isinstance(value, dict) else None
-    if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size < 1 << 63 \
-            or not isinstance(encoded, str):
+    if size is None or not isinstance(encoded, str):
         raise _malformed(where, "not a size and its digests")
     try:
         return Blocks(size=size, digests=base64.b64decode(encoded, validate=True))
@@ -598,8 +596,15 @@ def _malformed(where: str, what: str) -> AgentUnreachable:
     return AgentUnreachable(f"{where}: malformed answer: {what}", maybe_delivered=True)
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def _number(value: Any, *, where: str, what: str,
+            minimum: float = -bounded_json.MAX_NUMBER) -> float:
+    """A number of an answer (monitord.base.bounded_json.number: never a bool, NaN or an
+    integer float() cannot hold); a malformed answer otherwise."""
+    found = bounded_json.number(value, minimum=minimum)
+    if found is None:
+        raise _malformed(where, f"{what} is {value!r:.40}, not a number in [{minimum:g},"
+                                f" {bounded_json.MAX_NUMBER:g}]")
+    return found
 
 
 def _object(payload: Any, *, where: str) -> dict[str, Any]:
@@ -644,7 +649,7 @@ def to_host(raw: Any, *, where: str) -> memory_room.Host:
     found: dict[str, int | None] = {}
     for key in ("mem_total_bytes", "mem_available_bytes"):
         value = doc.get(key)
-        if value is not None and not (_is_int(value) and 0 <= value < 1 << 63):
+        if value is not None and bounded_json.integer(value) is None:
             raise _malformed(where, f"{key} is not a byte count")
         found[key] = value
     return memory_room.Host(total_bytes=found["mem_total_bytes"],
@@ -668,7 +673,7 @@ def check_inventory(raw: Any, *, where: str) -> None:
                 raise _malformed(where, f"{key}[{i}].area is {item.get('area')!r:.60}")
             for field in ("generation", "pid", "restarts"):
                 value = item.get(field, 0)
-                if field in item and not (_is_int(value) and value >= 0):
+                if field in item and bounded_json.integer(value) is None:
                     raise _malformed(where, f"{key}[{i}].{field} is {value!r:.40}")
             if not isinstance(item.get("alive", True), bool):
                 raise _malformed(where, f"{key}[{i}].alive is {item.get('alive')!r:.40}")
@@ -678,10 +683,8 @@ def check_inventory(raw: Any, *, where: str) -> None:
                     raise _malformed(where, f"{key}[{i}].{field} is {type(value).__name__}")
             for field in ("created_at", "started_at", "lease_expires_at", "uptime_s"):
                 value = item.get(field)
-                if value is not None and (
-                    isinstance(value, bool) or not isinstance(value, int | float)
-                ):
-                    raise _malformed(where, f"{key}[{i}].{field} is {value!r:.40}")
+                if value is not None:
+                    _number(value, where=where, what=f"{key}[{i}].{field}")
     try:
         to_remote_inventory(document, now=0.0)
     except (ValueError, TypeError, OverflowError) as e:  # pydantic's ValidationError included

@@ -1,7 +1,8 @@
 """Fuzz: a malicious agent double behind monitord.remote.agent_client.AgentClient.
 
 Promise: every method returns a well-typed value or raises a MonitordError (never another
-exception, never hangs past its timeout); a body over the size limit is refused.
+exception, never hangs past its timeout, whatever number an answer holds); a body over the
+size limit is refused.
 """
 
 from __future__ import annotations
@@ -117,8 +118,15 @@ def double() -> Iterator[Double]:
     yield from _serve()
 
 
+# Integers no float holds (float() raises OverflowError) and floats no clock reads.
+odd_numbers = st.one_of(
+    st.integers(min_value=2**1024, max_value=10**400),
+    st.integers(min_value=-(10**400), max_value=-(2**1024)),
+    st.floats(min_value=1e300, allow_infinity=False), st.sampled_from([2**63, -(2**63) - 1]),
+)
 json_values = st.recursive(
-    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=10)),
+    st.one_of(st.none(), st.booleans(), st.integers(), odd_numbers, st.floats(),
+              st.text(max_size=10)),
     lambda inner: st.one_of(
         st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=8), inner, max_size=3)
     ),
@@ -140,6 +148,27 @@ def mutated_valid(draw: st.DrawFn) -> Any:
     return document
 
 
+@st.composite
+def odd_numbered_valid(draw: st.DrawFn, method: str | None = None) -> Any:
+    """A valid document of `method` (else of some method) with one of its numbers replaced
+    by an odd one."""
+    name = draw(st.sampled_from(list(VALID))) if method is None else method
+    document = json.loads(json.dumps(VALID[name.removesuffix("_raw")]))
+    leaves: list[tuple[Any, Any]] = []
+    stack = [document]
+    while stack:
+        node = stack.pop()
+        for key in list(node) if isinstance(node, dict) else range(len(node)):
+            if isinstance(node[key], dict | list):
+                stack.append(node[key])
+            elif type(node[key]) in (int, float):
+                leaves.append((node, key))
+    if leaves:
+        node, key = draw(st.sampled_from(leaves))
+        node[key] = draw(odd_numbers)
+    return document
+
+
 plans = st.builds(
     Plan,
     status=st.one_of(st.sampled_from([200, 200, 201, 204, 299, 301, 302, 304, 400, 401, 404, 409,
@@ -148,7 +177,7 @@ plans = st.builds(
                                   "application/json; charset=latin-1",
                                   "application/json; charset=bogus"]),
     body=st.sampled_from(["valid", "valid", "json", "json", "bytes", "deep", "huge", "empty"]),
-    payload=st.one_of(json_values, mutated_valid(),
+    payload=st.one_of(json_values, mutated_valid(), odd_numbered_valid(),
                       st.fixed_dictionaries({"error": json_values}),
                       st.fixed_dictionaries({"error": st.fixed_dictionaries(
                           {"code": st.one_of(st.sampled_from([c.value for c in ErrorCode]),
@@ -249,6 +278,21 @@ def test_every_method_returns_a_typed_value_or_a_monitord_error(double: Double) 
 
     fuzz()
     print(f"agent fuzz: {STATS}")
+
+
+def test_an_answer_with_a_number_out_of_range_is_typed_or_a_monitord_error(
+    double: Double,
+) -> None:
+    """The method's own answer, 200, with one number no float holds or no clock reads."""
+
+    @profile("agent")
+    @given(data=st.data(), method=st.sampled_from(METHODS))
+    def fuzz(data: st.DataObject, method: str) -> None:
+        payload = data.draw(odd_numbered_valid(method))
+        plan = Plan(status=200, content_type="application/json", body="json", payload=payload)
+        double.runner.run(check_call(double, method, plan))
+
+    fuzz()
 
 
 @pytest.mark.parametrize("broken", ["no size limit", "no shape checks"])

@@ -5,7 +5,8 @@ provisioning prepare report, the preflight probe and self-check reports
 (monitord.remote.preflight) and the `ss` probe (monitord.remote.tunnel.port_holder) each
 either give a well-typed value or raise a MonitordError — never another exception — for
 any text: valid answers with a field swapped for any JSON value, deep nesting, 5000-digit
-numbers, NaN, look-alike digits ("²", "١") and raw garbage.
+numbers, numbers no float holds (a 400-digit integer) or no clock reads (1e300), NaN,
+look-alike digits ("²", "١") and raw garbage.
 """
 
 from __future__ import annotations
@@ -30,11 +31,15 @@ RECORD = {"owner_id": "o", "owner_label": "pbx", "acquired_at": 1.0, "renewed_at
 VALID_ANSWER = {"op": "acquire", "ok": True, "action": "take", "reason": "free", "now": 5.0,
                 "lease": RECORD, "holder": None, "session": SESSION, "fenced_pid": None}
 
-ODD_TEXT = ["²", "١٢", "9" * 5000, "NaN", "-Infinity", "1e999", "[" * 3000, "{" * 3000,
-            "\x00", "\udcff", " ", "", "-1", "0x10", "755", "9"]
+ODD_TEXT = ["²", "١٢", "9" * 5000, "9" * 400, "-" + "9" * 400, "NaN", "-Infinity", "1e999",
+            "1e300", "[" * 3000, "{" * 3000, "\x00", "\udcff", " ", "", "-1", "0x10", "755",
+            "9"]
+# Integers no float holds: float() of one raises OverflowError.
+huge_integers = st.integers(min_value=2**1024, max_value=10**400) | st.integers(
+    min_value=-(10**400), max_value=-(2**1024))
 
 json_scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=12),
+    st.none(), st.booleans(), st.integers(), huge_integers, st.floats(), st.text(max_size=12),
     st.sampled_from(ODD_TEXT),
 )
 json_values = st.recursive(
@@ -53,12 +58,26 @@ def _paths(document: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]
     return found
 
 
+def _at(document: Any, path: tuple[Any, ...]) -> Any:
+    for key in path:
+        document = document[key]
+    return document
+
+
 @st.composite
 def lease_lines(draw: st.DrawFn) -> str:
-    """A valid answer with one field (at any depth) swapped, or raw hostile text."""
-    kind = draw(st.sampled_from(["swap", "swap", "drop", "raw", "splice"]))
+    """A valid answer with one field (at any depth) swapped, one number swapped for one out
+    of range, or raw hostile text."""
+    kind = draw(st.sampled_from(["swap", "swap", "drop", "number", "raw", "splice"]))
     document = json.loads(json.dumps(VALID_ANSWER))
     paths = [p for p in _paths(document) if p]
+    if kind == "number":
+        paths = [p for p in paths if type(_at(document, p)) in (int, float)]
+        kind = "swap"
+        values: st.SearchStrategy[Any] = st.one_of(huge_integers, st.floats(), st.sampled_from(
+            [1e300, -1e300, 1.7e308, 2**63, 2**53 + 1]))
+    else:
+        values = json_values
     if kind in ("swap", "drop"):
         path = draw(st.sampled_from(paths))
         parent = document
@@ -67,7 +86,7 @@ def lease_lines(draw: st.DrawFn) -> str:
         if kind == "drop":
             parent.pop(path[-1], None)
         else:
-            parent[path[-1]] = draw(json_values)
+            parent[path[-1]] = draw(values)
         return json.dumps(document, allow_nan=True)
     if kind == "splice":
         text = json.dumps(document)

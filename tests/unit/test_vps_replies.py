@@ -8,6 +8,7 @@ generated replies at the same parsers.)"""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -79,6 +80,17 @@ HOSTILE_LEASE_ANSWERS = {
     "now is a string": b'{"ok": true, "action": "take", "now": "x"}\n',
     "now is NaN": b'{"ok": true, "action": "take", "now": NaN}\n',
     "now has 5000 digits": b'{"ok": true, "action": "take", "now": ' + b"9" * 5000 + b"}\n",
+    # Numbers no float holds, or that no clock reads: each raised OverflowError or got through.
+    "now has 400 digits": b'{"ok": true, "action": "take", "now": ' + b"9" * 400 + b"}\n",
+    "now is -400 digits": b'{"ok": true, "action": "take", "now": -' + b"9" * 400 + b"}\n",
+    "now is 1e400": b'{"ok": true, "action": "take", "now": 1e400}\n',
+    "now is true": b'{"ok": true, "action": "take", "now": true}\n',
+    "ttl has 400 digits": b'{"ok": true, "action": "take", "now": 1, "lease": '
+                          + json.dumps({**RECORD, "ttl": 0}).replace(
+                              '"ttl": 0', '"ttl": ' + "9" * 400).encode() + b"}\n",
+    "a lease that ends past any float": b'{"ok": true, "action": "take", "now": 1, "lease": '
+                                        + json.dumps({**RECORD, "renewed_at": 1.7e308,
+                                                      "ttl": 1.7e308}).encode() + b"}\n",
     "lease is a list": b'{"ok": true, "action": "take", "now": 1, "lease": [1]}\n',
     "lease lacks its session": b'{"ok": true, "action": "take", "now": 1, "lease": '
                                b'{"owner_id": "o", "owner_label": "l", "acquired_at": 1,'
@@ -125,10 +137,20 @@ class TestTheLeaseHelpersAnswers:
             await _session(FakeStream(reply)).probe_bind(host="127.0.0.1")
         assert refused.value.code == ErrorCode.VPS_REPLY_INVALID
 
-    async def test_a_probe_answer_with_a_text_round_trip_is_refused(self) -> None:
+    @pytest.mark.parametrize("rtt", [b'"fast"', b"9" * 400, b"1e400", b"NaN", b"true"],
+                             ids=["text", "400 digits", "1e400", "NaN", "true"])
+    async def test_a_probe_answer_without_a_round_trip_time_is_refused(self, rtt: bytes) -> None:
         with pytest.raises(MonitordError) as refused:
-            await _session(FakeStream(b'{"ok": true, "rtt_ms": "fast"}\n')).probe_connect(
+            await _session(FakeStream(b'{"ok": true, "rtt_ms": ' + rtt + b"}\n")).probe_connect(
                 source_port=1, host="h", port=2, nonce="n", timeout_s=1.0)
+        assert refused.value.code == ErrorCode.VPS_REPLY_INVALID
+
+    @pytest.mark.parametrize("now", ["9" * 400, "1e400", "NaN", "true", "1e300"],
+                             ids=["400 digits", "1e400", "NaN", "true", "1e300"])
+    def test_the_clock_of_an_answer_is_a_number_in_range(self, now: str) -> None:
+        with pytest.raises(MonitordError) as refused:
+            lease_client.parse_answer(
+                lease_client.parse_answer_document('{"ok": true, "now": ' + now + "}"))
         assert refused.value.code == ErrorCode.VPS_REPLY_INVALID
 
 
@@ -251,6 +273,83 @@ class TestTheSecretReadBack:
         data = await provisioning._read_if_exists(Sftp(), "/b/agent.secret")  # type: ignore[arg-type]
         assert asked and all(0 <= size <= provisioning.MAX_SECRET_READ for size in asked)
         assert data is not None and len(data) <= provisioning.MAX_SECRET_READ
+
+
+def _agent_answering(body: bytes) -> agent_client.AgentClient:
+    """An AgentClient whose every request is answered 200 with `body`."""
+
+    @contextlib.asynccontextmanager
+    async def channel() -> AsyncIterator[tuple[Any, Any]]:
+        head = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body)
+
+        async def drain() -> None:
+            pass
+
+        yield FakeStream(head + body), SimpleNamespace(write=lambda data: None, drain=drain,
+                                                        close=lambda: None)
+
+    return agent_client.AgentClient(channel=channel, secret=b"s")
+
+
+# Numbers no float holds (a 400-digit integer: float() raises OverflowError), that are not
+# JSON (NaN, 1e400 reads as infinite) or not numbers at all (true).
+ODD_NUMBERS = {"400 digits": "9" * 400, "-400 digits": "-" + "9" * 400, "1e400": "1e400",
+               "NaN": "NaN", "true": "true", "1e300": "1e300"}
+
+
+class TestTheAgentsNumbers:
+    """A number in an agent's answer that no float holds, or no clock or size comes near, is
+    a malformed answer (AGENT_UNREACHABLE), never an OverflowError out of the caller."""
+
+    @pytest.mark.parametrize("name", sorted(ODD_NUMBERS))
+    async def test_a_health_answer_with_an_odd_uptime_is_malformed(self, name: str) -> None:
+        client = _agent_answering(b'{"area": "a1", "generation": 3, "healthy": true,'
+                                  b' "uptime_s": ' + ODD_NUMBERS[name].encode() + b"}")
+        with pytest.raises(MonitordError) as refused:
+            await client.health(area="a1", generation=3, min_uptime_s=0.5, wait_s=0.1)
+        assert refused.value.code == ErrorCode.AGENT_UNREACHABLE
+        assert "malformed answer" in refused.value.detail
+
+    @pytest.mark.parametrize("field", ["uptime_s", "started_at", "lease_expires_at",
+                                       "created_at", "generation", "pid", "restarts"])
+    @pytest.mark.parametrize("name", sorted(ODD_NUMBERS))
+    def test_an_inventory_with_an_odd_number_is_malformed(self, field: str, name: str) -> None:
+        process: dict[str, Any] = {"area": "a1", "generation": 3, "pid": 42,
+                                   "started_at": 5.0, "uptime_s": 1.0, "restarts": 0}
+        entry: dict[str, Any] = {"area": "a1", "service": "tg", "generation": 3,
+                                 "lease_expires_at": 9.0, "created_at": 2.0}
+        held = entry if field in ("lease_expires_at", "created_at") else process
+        held[field] = None
+        text = json.dumps({"entries": [entry], "processes": [process]}).replace(
+            f'"{field}": null', f'"{field}": {ODD_NUMBERS[name]}')
+        raw = agent_client._parse_json(text.encode())
+        if raw is None:  # not JSON within bounds (NaN, 1e400): no answer at all
+            return
+        with pytest.raises(MonitordError) as refused:
+            agent_client.check_inventory(raw, where="GET /v1/inventory")
+        assert refused.value.code == ErrorCode.AGENT_UNREACHABLE
+
+    @pytest.mark.parametrize("name", sorted(ODD_NUMBERS))
+    async def test_a_renewal_for_an_odd_generation_is_malformed(self, name: str) -> None:
+        client = _agent_answering(b'{"areas": {"a1": {"result": "renewed", "generation": '
+                                  + ODD_NUMBERS[name].encode() + b"}}}")
+        with pytest.raises(MonitordError) as refused:
+            await client.renew(owner_id="o", ttl_s=30.0, areas={"a1": 3})
+        assert refused.value.code == ErrorCode.AGENT_UNREACHABLE
+
+    @pytest.mark.parametrize("name", sorted(ODD_NUMBERS))
+    async def test_a_log_read_at_an_odd_offset_is_malformed(self, name: str) -> None:
+        client = _agent_answering(b'{"data": "", "file": 0, "missing": false, "offset": '
+                                  + ODD_NUMBERS[name].encode() + b"}")
+        with pytest.raises(MonitordError) as refused:
+            await client.area_log(area="a1", offset=0)
+        assert refused.value.code == ErrorCode.AGENT_UNREACHABLE
+
+    async def test_answers_in_range_are_read(self) -> None:
+        client = _agent_answering(b'{"area": "a1", "generation": 3, "healthy": true,'
+                                  b' "uptime_s": 7}')
+        answer = await client.health(area="a1", generation=3, min_uptime_s=0.5, wait_s=0.1)
+        assert answer == agent_client.AreaHealth(healthy=True, uptime_s=7.0)
 
 
 class TestTheAgentsAnswers:

@@ -10,10 +10,12 @@ command prefix comes from `config.remote.remote_monitord` with {remote_python} a
 The VPS may be compromised, so every answer is typed and bounded before use: a reply line of
 at most MAX_REPLY_BYTES (the helper's stdout is read in chunks, never with an unbounded
 `readline`), JSON within monitord.base.bounded_json's bounds, and every field checked for its
-type and range (`parse_answer`, `parse_record`): a time is a finite number, a PID or port an
-integer in range, a string a string, made safe as outside text (monitord.base.outside_text,
-in `_text`). Anything else is TransientError VPS_REPLY_INVALID,
-never a ValueError, KeyError or RecursionError out of the keeper's attempt. A command that
+type and range (`parse_answer`, `parse_record`): a time is a number within ±2^53, a PID or
+port an integer in range (monitord.base.bounded_json's `number` and `integer`: no bool, NaN
+or integer float() cannot hold), a string a string, made safe as outside text
+(monitord.base.outside_text, in `_text`). Anything else is TransientError
+VPS_REPLY_INVALID, never a ValueError, KeyError, OverflowError or RecursionError out of the
+keeper's attempt. A command that
 printed no JSON line at all is PROVISION_FAILED, as before (a missing or broken install, which
 the keeper answers by provisioning).
 """
@@ -23,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -203,22 +204,23 @@ def _get(doc: dict[str, Any], key: str, default: Any) -> Any:
 
 
 def _number(doc: dict[str, Any], key: str, *, default: Any = _MISSING,
-            minimum: float = -math.inf) -> float:
+            minimum: float = -bounded_json.MAX_NUMBER) -> float:
     value = _get(doc, key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) \
-            or not math.isfinite(value) or value < minimum:
-        raise invalid(f"tunnel-lease answer: {key} is {value!r:.40}, not a finite number"
-                      + (f" >= {minimum:g}" if minimum > -math.inf else ""))
-    return float(value)
+    found = bounded_json.number(value, minimum=minimum)
+    if found is None:
+        raise invalid(f"tunnel-lease answer: {key} is {value!r:.40}, not a number in"
+                      f" [{minimum:g}, {bounded_json.MAX_NUMBER:g}]")
+    return found
 
 
 def _integer(doc: dict[str, Any], key: str, *, maximum: int, minimum: int = 0,
              default: Any = _MISSING) -> int:
     value = _get(doc, key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+    found = bounded_json.integer(value, minimum=minimum, maximum=maximum)
+    if found is None:
         raise invalid(f"tunnel-lease answer: {key} is {value!r:.40}, not an integer in"
                       f" [{minimum}, {maximum}]")
-    return value
+    return found
 
 
 def _text(doc: dict[str, Any], key: str, *, default: Any = _MISSING) -> str:
