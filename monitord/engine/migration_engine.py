@@ -420,6 +420,7 @@ class MigrationEngine:
 
     async def _source_healthy(self, txn: Transaction) -> None:
         deadline = self.clock() + SOURCE_WATCH_S
+        failure: str | None = None  # the first error not of ours, logged once
         while self.clock() < deadline and not self._stopping:
             current = self.state.transactions.get(txn.area)
             if current is not None and current.transaction_id != txn.transaction_id \
@@ -431,12 +432,25 @@ class MigrationEngine:
             except MonitordError:
                 await asyncio.sleep(SOURCE_WATCH_PAUSE_S)  # not healthy (yet): look again
                 continue
+            except Exception as e:
+                # Not one of ours (a bug, a reply a parser let through): INTERNAL, logged
+                # with its traceback once, and looked at again like a source not healthy
+                # yet — a watcher that died would leave the downtime open without a word.
+                if failure is None:
+                    failure = f"{type(e).__name__}: {e}"[:200]
+                    txn_log.bound(txn).error("area_downtime_watch_failed",
+                                             error_code="INTERNAL", detail=failure,
+                                             exc_info=e)
+                await asyncio.sleep(SOURCE_WATCH_PAUSE_S)
+                continue
             await self.downtime.healthy(txn, side=txn.source, at=self.wall(),
                                         now=self.clock())
             return
         self.downtime.unmeasured(txn)
-        txn_log.bound(txn).warning("area_downtime_unmeasured",
-                                   reason="the source was not seen healthy after the rollback")
+        reason = "the source was not seen healthy after the rollback"
+        txn_log.bound(txn).warning(
+            "area_downtime_unmeasured",
+            reason=reason if failure is None else f"{reason} (its health check: {failure})")
 
     async def _pause(self, seconds: float) -> None:
         # Bounded; stop() cancels a runner that is still pausing after its grace period.

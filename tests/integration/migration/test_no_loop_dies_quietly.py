@@ -1,8 +1,9 @@
 """No loop dies quietly: an unexpected exception in a phase action is a classified INTERNAL
 error that counts towards parking and shows in the status; one area that the supervisor
-cannot converge never stops it from converging the others; and no exception in an iteration
-of a root loop (cleanup worker, reconciler, lease renewer, engine intake, supervisor) ends
-that loop (monitord/base/periodic.py)."""
+cannot converge never stops it from converging the others; the watcher of a rolled-back
+source outlives whatever its health check raises; and no exception in an iteration of a
+root loop (cleanup worker, reconciler, lease renewer, engine intake, supervisor) ends that
+loop (monitord/base/periodic.py)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 
 from monitord.base.config import Config, MonitordSection
 from monitord.base.metrics import Metrics
+from monitord.engine import migration_engine
 from monitord.engine.cleanup_worker import CleanupWorker
 from monitord.engine.lease_ledger import LeaseLedger
 from monitord.engine.lease_renewer import LeaseRenewer
@@ -121,6 +124,96 @@ class TestOneAreaTheSupervisorCannotConverge:
             await asyncio.sleep(0.3)
             await supervisor.close()
             await asyncio.wait_for(loop, timeout=10)
+
+
+class SourceHealth:
+    """Phase actions whose health check raises each of `errors` in turn, then passes (or,
+    with `forever`, raises the last one again and again)."""
+
+    def __init__(self, errors: list[Exception], *, forever: bool = False) -> None:
+        self.errors = errors
+        self.forever = forever
+        self.calls = 0
+
+    async def check_health(self, txn: Transaction, *, side: Side, generation: int) -> None:
+        self.calls += 1
+        if self.forever:
+            raise self.errors[-1]
+        if self.errors:
+            raise self.errors.pop(0)
+
+    async def perform(self, txn: Transaction, action: phases.Action) -> Outcome:
+        raise AssertionError(f"not reached: {action}")
+
+    async def discard_data(self, txn: Transaction, *, keep: Side, reason: str) -> None:
+        raise AssertionError("not reached")
+
+
+ROLLED_BACK = Transaction(transaction_id="t1", service="tg", area="a1", source=Side.LOCAL,
+                          destination=Side.REMOTE, phase=Phase.ROLLED_BACK, generation=2,
+                          source_generation=1, started_at=1.0, updated_at=2.0)
+
+
+async def _watch(tmp_path: Path, actions: SourceHealth) -> tuple[list[str], list[Any]]:
+    """Watch ROLLED_BACK's source to the end: (what the downtime log was told, log events)."""
+    path = tmp_path / "custom_config.json"
+    path.write_text(json.dumps({"custom_daemons": [{"uuid": "a1", "service": "tg"}]}))
+    told: list[str] = []
+    async with await Store.open(tmp_path / "work") as store:
+        state = PlacementState(store=store, custom_config_path=path)
+        await state.load()
+        engine = MigrationEngine(
+            state=state, actions=actions, store=store,  # type: ignore[arg-type]
+            metrics=Metrics(), parallelism={"tg": 1},
+            bounds=StepRules(park_after_failures=2, retry_backoff_base_s=0.01,
+                             retry_backoff_cap_s=0.02),
+        )
+
+        async def healthy(txn: Transaction, *, side: Side, at: float, now: float) -> None:
+            told.append(f"healthy on {side.value}")
+
+        engine.downtime.healthy = healthy  # type: ignore[method-assign]
+        engine.downtime.unmeasured = lambda txn: told.append("unmeasured")  # type: ignore[method-assign]
+        with structlog.testing.capture_logs() as events:
+            engine._watch_source(ROLLED_BACK)
+            watchers = engine._watcher_tasks.running()
+            try:
+                await asyncio.wait_for(asyncio.gather(*watchers), timeout=10)
+            finally:
+                await engine._watcher_tasks.close()
+    return told, events
+
+
+class TestTheWatcherOfARolledBackSource:
+    """A health check that raises what is not a MonitordError (an OverflowError from a
+    reply, a bug) is logged once, INTERNAL with its traceback, and the source looked at
+    again: the watcher ends with the downtime measured or unmeasured, never as a crash."""
+
+    async def test_it_looks_again_and_measures_the_downtime(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr(migration_engine, "SOURCE_WATCH_PAUSE_S", 0.01)
+        actions = SourceHealth([OverflowError("int too large to convert to float"),
+                                OverflowError("int too large to convert to float")])
+        told, events = await _watch(tmp_path, actions)
+        assert told == ["healthy on local"] and actions.calls == 3
+        failed = [e for e in events if e["event"] == "area_downtime_watch_failed"]
+        assert [(e["error_code"], e["log_level"]) for e in failed] == [("INTERNAL", "error")]
+        assert "OverflowError" in failed[0]["detail"] and failed[0]["exc_info"]
+        assert not [e for e in events if e["event"] == "task_crashed"]
+
+    async def test_an_error_to_the_end_leaves_the_downtime_unmeasured_and_says_why(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr(migration_engine, "SOURCE_WATCH_PAUSE_S", 0.01)
+        monkeypatch.setattr(migration_engine, "SOURCE_WATCH_S", 0.2)
+        actions = SourceHealth([KeyError("uptime_s")], forever=True)
+        told, events = await _watch(tmp_path, actions)
+        assert told == ["unmeasured"] and actions.calls > 2
+        assert len([e for e in events if e["event"] == "area_downtime_watch_failed"]) == 1
+        (unmeasured,) = [e for e in events if e["event"] == "area_downtime_unmeasured"]
+        assert "KeyError" in unmeasured["reason"]
+        assert not [e for e in events if e["event"] == "task_crashed"]
 
 
 # -- every root loop under one error policy ----------------------------------------------------
