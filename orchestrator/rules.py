@@ -154,6 +154,15 @@ def lineage_of(area: str, *, lineages: Mapping[str, Lineage], committed: Mapping
     return lineage.default_for(placed)
 
 
+def reverted(committed: Mapping[str, Area], found: Iterable[Area]) -> list[tuple[Area, Area]]:
+    """(as found, as committed) for each area custom_config.json now names at an older
+    generation than the one committed: a stale write (a writer put back a copy of the file
+    it read before a commit). Generations only grow, so the committed one is the truth and
+    the file's is never acted on."""
+    return [(area, committed[area.uuid]) for area in found
+            if area.uuid in committed and area.generation < committed[area.uuid].generation]
+
+
 def recovery_outcome(txn: Transaction, *, committed: Area) -> Outcome | None:
     """The outcome to apply to an active transaction found after a restart.
 

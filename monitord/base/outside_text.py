@@ -47,7 +47,6 @@ def clean(text: str, *, limit: int, tail: bool = False) -> str:
     return _UNSAFE.sub(REPLACEMENT, kept)
 
 
-
 def encodable(text: str) -> str:
     """`text` with each lone surrogate U+FFFD: what UTF-8 cannot encode, and nothing else."""
     return _SURROGATE.sub(REPLACEMENT, text)

@@ -16,6 +16,7 @@ status projection) recompute from `runs(side)`, which is `orchestrator.rules.des
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -107,9 +108,40 @@ class PlacementState:
                 self.corrupt = e
                 self._read_stamp = stamp
                 return False
-            self._apply_committed(document)
             self._read_stamp = stamp
+            await self._adopt(document)
         return True
+
+    async def _adopt(self, document: spool_files.CustomConfig) -> None:
+        """Take the file's placement as committed — but never an entry some writer put back
+        at an older generation than committed (rules.reverted): that is logged
+        (`custom_config_reverted`), the committed location and generation are written back
+        over it (the writer's other fields kept) and only then is the file taken. Caller
+        holds the file lock."""
+        found = [Area(uuid=e.uuid, service=e.service, location=Side(e.location),
+                      generation=e.generation) for e in document.entries]
+        stale = rules.reverted(self.committed, found)
+        if stale:
+            for was, committed in stale:
+                log.error("custom_config_reverted", area=was.uuid, service=was.service,
+                          location=was.location.value, generation=was.generation,
+                          committed_location=committed.location.value,
+                          committed_generation=committed.generation)
+            try:
+                document = await asyncio.to_thread(
+                    spool_files.put_placements, self.custom_config_path,
+                    {c.uuid: (c.location.value, c.generation) for _, c in stale})
+            except (spool_files.ConfigCorrupt, KeyError) as e:
+                # Not written back now (the next read tries again); never acted on either.
+                log.error("custom_config_revert_not_repaired", error_code=ErrorCode.CONFIG_CORRUPT,
+                          detail=str(e)[:300])
+                keep = {c.uuid: c for _, c in stale}
+                document = dataclasses.replace(document, entries=tuple(
+                    dataclasses.replace(e, location=keep[e.uuid].location.value,
+                                        generation=keep[e.uuid].generation)
+                    if e.uuid in keep else e for e in document.entries))
+            self._read_stamp = _stamp(self.custom_config_path)
+        self._apply_committed(document)
 
     def _apply_committed(self, document: spool_files.CustomConfig) -> None:
         self.corrupt = None
@@ -271,8 +303,8 @@ class PlacementState:
                 raise error_for(
                     ErrorCode.UNKNOWN_AREA, f"area {area} is no longer in custom_config.json"
                 ) from e
-            self._apply_committed(document)
             self._read_stamp = _stamp(self.custom_config_path)
+            await self._adopt(document)
 
     async def record_desired(self, *, service: str, area: str | None, location: Side) -> None:
         await self.store.set_desired_placement(

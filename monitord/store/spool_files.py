@@ -24,11 +24,14 @@ legacy-state import), monitord.engine.operator_facade (the projection's rows).
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import fcntl
 import math
 import os
 import stat
-from collections.abc import Mapping
+import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -329,16 +332,86 @@ def with_area_placement(
 def update_area_placement(
     path: Path, *, uuid: str, location: Side, generation: int
 ) -> CustomConfig:
-    """Re-read, change one area, write atomically: the commit point of a migration.
+    """Re-read, change one area, write atomically, under the writers' lock (`writers_lock`):
+    the commit point of a migration.
 
-    Raises ConfigCorrupt (file untouched) if the current file is malformed, KeyError if the
-    area is not in it.
+    Raises ConfigCorrupt (file untouched) if the current file is malformed or the lock stays
+    held, KeyError if the area is not in it.
     """
-    updated = with_area_placement(
-        read_custom_config(path), uuid=uuid, location=location, generation=generation
-    )
-    write_custom_config(path, updated)
-    return updated
+    return put_placements(path, {uuid: (location, generation)})
+
+
+def put_placements(path: Path, placements: Mapping[str, tuple[Side, int]]) -> CustomConfig:
+    """`update_area_placement` for several areas at once (uuid -> (location, generation)),
+    one read and one write under the lock; a KeyError names the first area not there."""
+    with writers_lock(path):
+        updated = read_custom_config(path)
+        for uuid, (location, generation) in placements.items():
+            updated = with_area_placement(updated, uuid=uuid, location=location,
+                                          generation=generation)
+        write_custom_config(path, updated)
+        return updated
+
+
+# The lock every writer of custom_config.json takes around its read-modify-write (the PBX's
+# UI as well: docs/operations.md): an exclusive flock on this sibling file. Not on the file
+# itself, which each write replaces by rename: a lock on it would hold an inode no longer
+# there. A writer holding it longer than LOCK_WAIT_S fails the commit (CONFIG_CORRUPT).
+LOCK_SUFFIX = ".lock"
+LOCK_WAIT_S = 10.0
+_LOCK_POLL_S = 0.02
+
+
+def lock_path(path: Path) -> Path:
+    return path.with_name(path.name + LOCK_SUFFIX)
+
+
+@contextlib.contextmanager
+def writers_lock(path: Path, *, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
+    """Hold the writers' lock of custom_config.json `path` (blocking, up to `wait_s`). The
+    lock file is made 0660 with the config file's owner, so the UI can take it too; one that
+    is there is only opened — never through a symlink, never a FIFO — and left as it is."""
+    fd = _open_lock(path)
+    try:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise ConfigCorrupt(path=path, detail=(
+                        f"another writer has held {lock_path(path).name} for more than"
+                        f" {wait_s:g} s")) from None
+                time.sleep(_LOCK_POLL_S)
+        yield  # (the lock goes with the fd)
+    finally:
+        os.close(fd)
+
+
+def _open_lock(path: Path) -> int:
+    where = lock_path(path)
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(where, flags | os.O_CREAT | os.O_EXCL, 0o660)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise ConfigCorrupt(path=path, detail=f"cannot make {where.name}: {e.strerror}") from e
+    else:
+        with contextlib.suppress(OSError):  # (the config file's owner: the UI's user)
+            st = os.stat(path)
+            os.fchown(fd, st.st_uid, st.st_gid)
+        os.fchmod(fd, 0o660)
+        return fd
+    try:
+        fd = os.open(where, flags)
+    except OSError as e:
+        raise ConfigCorrupt(path=path, detail=f"cannot open {where.name}: {e.strerror}") from e
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ConfigCorrupt(path=path, detail=f"{where.name} is not a regular file")
+    return fd
 
 
 # --- remote_state.json -------------------------------------------------------------------------

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
+import os
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from monitord.engine.placement_state import PlacementState
 from monitord.store.state_db import Store
@@ -62,3 +65,68 @@ class TestFieldsTheUiOwns:
         written = {entry["uuid"]: entry for entry in (first, second)}
         assert (written[area]["location"], written[area]["generation"]) == ("remote", 7)
         assert state.committed[area].location is Side.REMOTE
+
+
+def _ui_write(path: Path, document: dict[str, object]) -> None:
+    """How the PBX's UI writes the file: a temp file renamed over it."""
+    temp = path.with_name(path.name + ".ui-tmp")
+    temp.write_text(json.dumps(document))
+    temp.replace(path)
+
+
+class TestTheUiAsASecondWriter:
+    """The UI read-modify-writes custom_config.json too (titles, new areas). Writers share a
+    lock (`custom_config.json.lock`, flock), and a write of an older copy of the file — a
+    committed location put back — is a stale write: the committed truth stays, in memory and
+    on disk, and `custom_config_reverted` names the entry."""
+
+    async def test_a_revert_of_a_committed_location_is_refused_and_repaired(
+        self, tmp_path: Path
+    ) -> None:
+        path = tmp_path / "custom_config.json"
+        old = {"custom_daemons": [{"uuid": "a1", "service": "tg", "title": "one"},
+                                  {"uuid": "a2", "service": "tg"}]}
+        path.write_text(json.dumps(old))
+        async with await Store.open(tmp_path / "work") as store:
+            state = PlacementState(store=store, custom_config_path=path)
+            await state.load()
+            await state.commit(area="a1", location=Side.REMOTE, generation=3)
+            # the UI had read the file before the commit, and writes its edit of it now
+            edited = {"custom_daemons": [{**old["custom_daemons"][0], "title": "renamed"},
+                                         old["custom_daemons"][1]]}
+            _ui_write(path, edited)
+            with capture_logs() as events:
+                await state.reload_committed()
+            assert (state.committed["a1"].location, state.committed["a1"].generation) == (
+                Side.REMOTE, 3)
+        first = json.loads(path.read_text())["custom_daemons"][0]
+        assert first == {"uuid": "a1", "service": "tg", "title": "renamed",
+                         "location": "remote", "generation": 3}, "repaired, the title kept"
+        [reverted] = [e for e in events if e["event"] == "custom_config_reverted"]
+        assert (reverted["area"], reverted["generation"], reverted["committed_generation"]) == (
+            "a1", 0, 3)
+
+    async def test_a_commit_waits_for_a_writer_holding_the_lock(self, tmp_path: Path) -> None:
+        path = tmp_path / "custom_config.json"
+        path.write_text(json.dumps({"custom_daemons": [{"uuid": "a1", "service": "tg"}]}))
+        async with await Store.open(tmp_path / "work") as store:
+            state = PlacementState(store=store, custom_config_path=path)
+            await state.load()
+            lock = os.open(tmp_path / "custom_config.json.lock", os.O_RDWR | os.O_CREAT, 0o660)
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                commit = asyncio.ensure_future(
+                    state.commit(area="a1", location=Side.REMOTE, generation=1))
+                await asyncio.sleep(0.5)
+                assert not commit.done(), "the commit did not wait for the lock"
+                # the UI's read-modify-write, under the lock: a title added
+                document = json.loads(path.read_text())
+                document["custom_daemons"][0]["title"] = "added"
+                _ui_write(path, document)
+                fcntl.flock(lock, fcntl.LOCK_UN)
+                await asyncio.wait_for(commit, 10)
+            finally:
+                os.close(lock)
+        assert json.loads(path.read_text())["custom_daemons"] == [
+            {"uuid": "a1", "service": "tg", "title": "added", "location": "remote",
+             "generation": 1}]
