@@ -104,11 +104,14 @@ if [ "$1" = configure ]; then
         getent passwd monitord >/dev/null || useradd --system --gid monitord \\
             --home-dir /var/lib/monitord --no-create-home --shell /usr/sbin/nologin monitord
     fi
+    # systemd-tmpfiles refuses to run without /proc (a chroot, as image builders install):
+    # as in Debian's own snippets that is no failure, and install(1) makes what it did not.
     if command -v systemd-tmpfiles >/dev/null 2>&1; then
-        systemd-tmpfiles --create monitord.conf
-    else
-        install -d -m 0750 -o monitord -g monitord /var/lib/monitord /var/spool/monitord
+        systemd-tmpfiles --create monitord.conf || true
     fi
+    for dir in /var/lib/monitord /var/spool/monitord; do
+        [ -d "$dir" ] || install -d -m 0750 -o monitord -g monitord "$dir"
+    done
     # /etc/monitord holds the SSH key: readable by the monitord group, not by everyone.
     chown root:monitord /etc/monitord
     chmod 0750 /etc/monitord

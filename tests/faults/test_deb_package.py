@@ -42,15 +42,17 @@ def fresh_root(tmp_path: Path) -> tuple[Path, Path]:
     return lower, tmp_path
 
 
-def in_fresh_root(lower: Path, layers: Path, deb: Path,
-                  script: str) -> subprocess.CompletedProcess[str]:
+def in_fresh_root(lower: Path, layers: Path, deb: Path, script: str, *,
+                  proc: bool = True) -> subprocess.CompletedProcess[str]:
     """Run `script` (sh -e) as root in a fresh root made of `lower` and an empty upper layer,
-    with the deb at DEB_IN_ROOT, in new mount and network namespaces (only `lo`, down)."""
+    with the deb at DEB_IN_ROOT, in new mount and network namespaces (only `lo`, down);
+    without /proc mounted there if not `proc` (how image builders install)."""
     merged = layers / "merged"
     outer = (
         f"mount -t overlay overlay -o lowerdir={lower},upperdir={layers / 'upper'},"
-        f"workdir={layers / 'work'} {merged} && mount -t proc proc {merged}/proc && "
-        f"cp {deb} {merged}{DEB_IN_ROOT} && exec chroot {merged} /bin/sh -ec \"$0\""
+        f"workdir={layers / 'work'} {merged} && "
+        + (f"mount -t proc proc {merged}/proc && " if proc else "")
+        + f"cp {deb} {merged}{DEB_IN_ROOT} && exec chroot {merged} /bin/sh -ec \"$0\""
     )
     return subprocess.run(["unshare", "--mount", "--net", "sh", "-c", outer, script],
                           capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False)
@@ -106,6 +108,22 @@ def test_installs_offline_and_passes_its_own_checks(fresh_root: tuple[Path, Path
     assert "/var/lib/monitord monitord:monitord 750" in out, out
     assert "/var/spool/monitord monitord:monitord 750" in out, out
     assert "/etc/monitord root:monitord 750" in out, out
+
+
+def test_installs_in_a_chroot_without_proc(fresh_root: tuple[Path, Path], deb: Path) -> None:
+    """An image builder installs into a chroot with no /proc, where systemd-tmpfiles refuses
+    to run: the postinst still makes work_dir and spool_dir, as Debian's own snippets do."""
+    lower, layers = fresh_root
+    script = "\n".join([
+        "! test -e /proc/self",
+        f"dpkg -i {DEB_IN_ROOT}",
+        "stat -c '%n %U:%G %a' /var/lib/monitord /var/spool/monitord /etc/monitord",
+    ])
+    done = in_fresh_root(lower, layers, deb, script, proc=False)
+    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert "/var/lib/monitord monitord:monitord 750" in done.stdout, done.stdout
+    assert "/var/spool/monitord monitord:monitord 750" in done.stdout, done.stdout
+    assert "/etc/monitord root:monitord 750" in done.stdout, done.stdout
 
 
 def test_the_install_docs_pbx_half_runs_as_written(fresh_root: tuple[Path, Path],
