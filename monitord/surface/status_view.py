@@ -7,7 +7,9 @@ says.
 Every text in that document may come from outside (a quarantined entry's uuid is whatever
 custom_config.json holds, an error detail may quote the VPS), so nothing is ever read as
 rich markup: lines are printed with `markup=False` and table cells are `Text` values. A
-`[/x]` shows as `[/x]` instead of raising MarkupError and ending the command.
+`[/x]` shows as `[/x]` instead of raising MarkupError and ending the command. Nor is any
+control character passed to the terminal (`_shown`): ESC, CSI or a carriage return in a
+title would clear the screen, retitle the window or forge the line it is on.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+
+from monitord.base import outside_text
 
 MIB = 1024 * 1024
 
@@ -61,7 +65,7 @@ def services_table(status: dict[str, Any]) -> Table:
             str(counts.get("orphan", 0)),
             str(error.get("code", "")) if isinstance(error, dict) else str(error),
         )
-        table.add_row(*(Text(cell) for cell in cells))  # literal text, never markup
+        table.add_row(*(Text(_shown(cell)) for cell in cells))  # literal text, never markup
     return table
 
 
@@ -92,7 +96,7 @@ def areas_table(status: dict[str, Any], *, now: float | None = None) -> Table:
                 "" if recent is None else str(recent),
                 "" if exit_status is None else str(exit_status),
             )
-            table.add_row(*(Text(cell) for cell in cells))  # a title is text, never markup
+            table.add_row(*(Text(_shown(cell)) for cell in cells))  # a title is text, never markup
     return table
 
 
@@ -154,7 +158,7 @@ def areas_listing(rows: list[dict[str, Any]]) -> Table:
         downtime = row["last_downtime_s"]
         table.add_row(
             # a title is the operator's text: shown as written, never read as markup
-            row["service"], str(row["uuid"]), Text(str(row["title"] or "")),
+            row["service"], str(row["uuid"]), Text(_shown(row["title"] or "")),
             str(row["side"] or ""),
             health, str(row["pid"] or ""),
             "" if row["uptime_s"] is None else _duration(row["uptime_s"]),
@@ -332,9 +336,19 @@ def loop_lines(status: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _shown(text: object) -> str:
+    """Text as a terminal may be given it: a control character (ESC, CSI, BEL, CR — which
+    a terminal would obey) or a lone surrogate from wherever the text came (a UI's title,
+    an old record) shows as U+FFFD (outside_text.clean)."""
+    return outside_text.clean(str(text), limit=_SHOWN_LIMIT)
+
+
+_SHOWN_LIMIT = 64 << 10
+
+
 def _print(console: Console, line: str) -> None:
-    """One line as written: never markup, never highlighted."""
-    console.print(line, highlight=False, soft_wrap=True, markup=False)
+    """One line as written: never markup, never highlighted, no control character."""
+    console.print(_shown(line), highlight=False, soft_wrap=True, markup=False)
 
 
 def print_status(status: dict[str, Any], *, console: Console | None = None) -> None:
@@ -363,7 +377,7 @@ class LiveLine:
         steady = line if steady is None else steady
         if self.live:
             if line != self._shown:
-                self.console.file.write(f"\r\x1b[2K{line}")
+                self.console.file.write(f"\r\x1b[2K{_shown(line)}")
                 self.console.file.flush()
                 self._shown = line
         elif steady != self._steady:

@@ -58,6 +58,30 @@ class TestMarkupInTheStatus:
         assert f"failed: {text}" in out.getvalue()
 
 
+class TestControlCharactersInTheStatus:
+    """Text in the status that reached the daemon from elsewhere (a UI's title, a detail) is
+    printed with no control character a terminal would obey: ESC, CSI, BEL, a carriage
+    return show as U+FFFD, on a terminal too."""
+
+    @pytest.mark.parametrize("text", ["\x1b[2J", "\x1b]0;owned\x07", "ok\rforged", "\x9b2J"])
+    def test_status_and_progress_print_no_control_character(self, text: str) -> None:
+        status = _status(text)
+        status["services"][text]["areas"] = [{"uuid": "a1", "title": text, "state": "running"}]
+        out = io.StringIO()
+        status_view.print_status(status, console=Console(file=out, width=400,
+                                                         force_terminal=True))
+        progress_out = io.StringIO()
+        progress = status_view.Progress(service=text, target="remote", console=Console(
+            file=progress_out, width=400, force_terminal=True))
+        progress.update(status)
+        progress.finish(f"failed: {text}")
+        for printed in (out.getvalue(), progress_out.getvalue()):
+            bare = printed.replace("\x1b[", "CSI")  # (rich's own styling)
+            for code in ("CSI2J", "\x1b]", "\x07", "\rforged", "\x9b"):
+                assert code not in bare, (text, printed[:500])
+        assert "\ufffd" in out.getvalue()
+
+
 MIB = 1 << 20
 
 
