@@ -170,6 +170,12 @@ def _config_findings(status: Mapping[str, Any]) -> list[Finding]:
             _WARN, f"{len(quarantined)} quarantined custom_config.json entr"
                    f"{'y' if len(quarantined) == 1 else 'ies'} ({', '.join(codes)})"
         ))
+    held = [h for h in status.get("held") or [] if isinstance(h, Mapping)]
+    if held:
+        found.append(Finding(
+            _CRIT, f"{len(held)} area{'' if len(held) == 1 else 's'} held on both sides"
+                   f" after state.db was lost: {str(held[0].get('area'))[:64]}:"
+                   f" {str(held[0].get('detail'))[:300]}"))
     if status.get("accepting") is False:
         found.append(Finding(_WARN, "not accepting changes (starting or draining)"))
     return found

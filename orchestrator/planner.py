@@ -150,15 +150,18 @@ def plan(
     remote_inventory: RemoteInventory | None,
     now: float,
     legacy_grace_s: float,
+    held: Iterable[str] = (),
 ) -> Plan:
     """One reconcile pass. `remote_inventory` None: the VPS was not observed this pass.
 
     `now` is wall time, compared with entries' `created_at` and processes' `started_at`.
+    `held`: areas left alone as those in a transaction are (orchestrator/state_loss.py: a
+    VPS entry of one may hold its newest data, never an orphan to remove).
     """
     items = list(cleanup_items)
     index = _Index(
         committed={area.uuid: area for area in authoritative},
-        busy=frozenset(t.area for t in transactions if t.is_active),
+        busy=frozenset(t.area for t in transactions if t.is_active) | frozenset(held),
         cleanup_keys=frozenset((c.area, c.side, c.generation) for c in items),
         cleanup_areas=frozenset(c.area for c in items),
     )

@@ -280,8 +280,8 @@ class MigrationEngine:
         for area in areas:
             if area.service in parked or area.service not in self._slots:
                 continue
-            if area.uuid in self.state.transactions:
-                continue
+            if area.uuid in self.state.transactions or area.uuid in self.state.held:
+                continue  # (a held area's move opens once it is released: state_loss.py)
             if not models.can_move(area):
                 self._no_generation_left(area)
                 continue

@@ -244,6 +244,11 @@ class OperatorFacade:
                 {"position": e.position, "code": e.code, "detail": e.detail}
                 for e in self.state.quarantined
             ],
+            # areas held on both sides after state.db was lost or found older (state_loss.py)
+            "held": [{"area": area, "service": self.state.committed[area].service,
+                      "detail": why.detail}
+                     for area, why in sorted(self.state.held.items())
+                     if area in self.state.committed],
             "tunnel": self._tunnel_view(),
             "vps_memory": self._vps_memory_view(),
             # VPS copies given up: where each was set aside on the VPS (once it answered)

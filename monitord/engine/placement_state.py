@@ -24,10 +24,10 @@ from pathlib import Path
 from monitord.base import logs
 from monitord.store import abandoned_copies, spool_files
 from monitord.store.state_db import Store
-from orchestrator import lineage, rules
+from orchestrator import lineage, rules, state_loss
 from orchestrator.errors import ErrorCode, error_for
 from orchestrator.lineage import Lineage
-from orchestrator.models import Area, Phase, Side, Transaction
+from orchestrator.models import Area, Phase, RemoteInventory, Side, Transaction
 
 log = logs.get_logger(__name__)
 
@@ -51,6 +51,9 @@ class PlacementState:
         # VPS copies given up, by (area, generation): set aside there, never started (durable)
         self.abandoned: dict[tuple[str, int], abandoned_copies.Row] = {}
         self._abandoned_path = store.path.parent / abandoned_copies.FILE_NAME
+        # Areas held on both sides after state.db was lost or found older than the files,
+        # until the VPS has said what it holds (orchestrator/state_loss.py), with why.
+        self.held: dict[str, state_loss.Held] = {}
         self._listeners: list[Listener] = []
         self.changed = asyncio.Event()
         # custom_config.json is read-changed-written by commits and re-read by the
@@ -75,6 +78,35 @@ class PlacementState:
         rows = sorted(await self.store.desired_placements(), key=lambda r: r["updated_at"])
         for row in rows:
             self._apply_desired(row["service"], row.get("area"), Side(row["location"]))
+        self.held = state_loss.held_at_start(
+            self.committed.values(), highest_issued=await self.store.highest_generations(),
+            state_lost=self.store.state_lost, state_new=self.store.created)
+        for area, why in self.held.items():
+            log.critical("area_held_state_lost", area=area, detail=why.detail)
+
+    async def settle_held(self, remote: RemoteInventory | None, *,
+                          remote_configured: bool) -> None:
+        """Release each held area the VPS's inventory (`remote`, None: not asked) clears:
+        its lineage recorded as the committed side's, then it may run there again; the rest
+        stay held, with why (state_loss.verdict)."""
+        for uuid, why in list(self.held.items()):
+            area = self.committed.get(uuid)
+            if area is None:  # no longer in custom_config.json: nothing to hold
+                del self.held[uuid]
+                continue
+            still = state_loss.verdict(area, why, remote=remote,
+                                       remote_configured=remote_configured)
+            if still is not None:
+                if still != why:
+                    log.critical("area_held_state_lost", area=uuid, detail=still.detail)
+                    self.held[uuid] = still
+                    self.notify()
+                continue
+            await self.record_lineage(lineage.default_for(area))
+            del self.held[uuid]
+            log.warning("area_released_state_lost", area=uuid, side=area.location.value,
+                        generation=area.generation)
+            self.notify()
 
     async def recheck(self) -> bool:
         """Re-read custom_config.json only if it changed on disk since it was last read
@@ -181,12 +213,19 @@ class PlacementState:
             side=side,
             authoritative=self.committed.values(),
             transactions=self.transactions.values(),
-            lineages=self.lineages,
+            lineages=self._lineages(),
         )
 
     def lineage(self, area: str) -> Lineage:
-        """The area's data lineage (recorded, or the default for one never recorded)."""
-        return rules.lineage_of(area, lineages=self.lineages, committed=self.committed)
+        """The area's data lineage (recorded, or the default for one never recorded); a
+        held area's holds on no side (nothing runs or claims it)."""
+        return rules.lineage_of(area, lineages=self._lineages(), committed=self.committed)
+
+    def _lineages(self) -> Mapping[str, Lineage]:
+        if not self.held:
+            return self.lineages
+        return {**self.lineages,
+                **{area: Lineage(area=area, holders=frozenset()) for area in self.held}}
 
     def parked_services(self) -> set[str]:
         return {t.service for t in self.transactions.values() if t.phase is Phase.PARKED}

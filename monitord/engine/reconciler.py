@@ -119,6 +119,7 @@ class Reconciler:
         # The network is asked outside the intake lock: a hung agent must never keep an
         # operator's placement waiting. Only the decision (and a start, below) holds it.
         remote = await self._observe_remote()
+        await self.state.settle_held(remote, remote_configured=self.link is not None)
         items = [CleanupItem.from_storage(r) for r in await self.store.list_cleanup(limit=100_000)]
         async with self.intake_lock:
             plan = planner.plan(
@@ -129,6 +130,7 @@ class Reconciler:
                 remote_inventory=remote,
                 now=self._wall(),
                 legacy_grace_s=self.legacy_grace_s,
+                held=self.state.held,
             )
         for action in plan.actions:
             if isinstance(action, planner.CreateRemoteEntry):

@@ -39,6 +39,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from monitord.base import outside_text
+from monitord.store import owner_id
 from orchestrator.errors import ErrorCode, PermanentError, TransientError
 from orchestrator.models import MAX_GENERATION
 
@@ -353,6 +354,8 @@ class Store:
         self._executor: ThreadPoolExecutor | None = executor
         self._events_cap = events_cap
         self._conn: sqlite3.Connection | None = None  # touched only on the executor thread
+        self.created = False  # (both set by open)
+        self.state_lost = False
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -370,6 +373,10 @@ class Store:
 
     def _open_on_thread(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        # Made now although monitord ran in this work_dir before (its owner id, written at
+        # the first start, is there): what it held is lost (orchestrator/state_loss.py).
+        self.created = not self.path.exists()
+        self.state_lost = self.created and (self.path.parent / owner_id.OWNER_ID_FILE).exists()
         conn = _connect(self.path)
         try:
             _migrate(conn)
@@ -505,6 +512,15 @@ class Store:
             return issued
 
         return await self._run(write)
+
+    async def highest_generations(self) -> dict[str, int]:
+        """The highest generation ever issued, of every area one was issued for."""
+
+        def read() -> dict[str, int]:
+            rows = self._db().execute("SELECT area, highest_issued FROM generations")
+            return {str(area): int(issued) for area, issued in rows.fetchall()}
+
+        return await self._run(read)
 
     async def highest_generation(self, area: str) -> int:
         """The highest generation ever issued for `area` (0 if none)."""

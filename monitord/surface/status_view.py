@@ -309,6 +309,8 @@ def summary_lines(status: dict[str, Any]) -> list[str]:
         lines.append(f"{error['code']}: {error['detail']}")
     for entry in status.get("quarantined", []):
         lines.append(f"quarantined entry {entry['position']}: {entry['code']}: {entry['detail']}")
+    for entry in status.get("held", []):
+        lines.append(f"held {entry['service']}/{entry['area']}: {entry['detail']}")
     for tx in status.get("transactions", []):
         copy = tx.get("copy")
         lines.append(

@@ -197,3 +197,40 @@ class TestOperatorOverride:
         [life] = [lf for lf in stack.detector.lives(area) if lf.key == back]
         assert life.start_records is not None and life.start_records >= remote_wrote
         assert stack.events("remote_data_discarded") == []
+
+
+class TestStateDbLost:
+    """state.db lost while a move out was under way: custom_config.json still commits the
+    area to the PBX, the VPS's copy holds newer data. Nothing may start the area on the
+    PBX's older copy, nor remove the VPS's as an orphan: it is held on both sides, and the
+    status names the step."""
+
+    async def test_lost_mid_move_the_area_is_held_never_started_on_older_data(
+        self, stack_factory: StackFactory
+    ) -> None:
+        stack = await stack_factory(services={"tg": 1})
+        area = stack.areas["tg"][0]
+        await stack.wait_settled(expect={"tg": "local"}, timeout_s=60)
+        assert await stack.stop_monitord() == 0
+        await stack.start_monitord(env={"MONITORD_CRASH_AT": "local_to_remote:COMMIT_LOCATION"})
+        await stack.place("tg", "remote")
+        assert await stack.wait_monitord_exit(timeout_s=60) == -signal.SIGKILL
+        await asyncio.sleep(1.0)  # the destination on the VPS writes records the PBX never saw
+        for name in ("state.db", "state.db-wal", "state.db-shm"):
+            (stack.work_dir / name).unlink(missing_ok=True)
+        restarted_at = time.time()
+        await stack.start_monitord()
+
+        async def held() -> list[dict[str, object]]:
+            return [h for h in (await stack.status())["held"] if h["area"] == area]
+        await stack.wait_until(held, timeout_s=30, what="the area held")
+        await asyncio.sleep(8.0)  # a few reconcile passes with the VPS answering
+        [row] = await held()
+        assert "the VPS holds generation 1" in str(row["detail"]), row
+        started = [life.key for life in stack.detector.lives(area)
+                   if life.key.side == "local" and life.first_seen >= restarted_at]
+        assert started == [], "the area started on the PBX's older copy"
+        assert area in stack.agent_cache(), "the VPS's newer copy was removed as an orphan"
+        assert _custom_config(stack).exists()
+        check = await run_cli("status", "--check", "-c", str(stack.config_path))
+        assert check.code == 2 and "held" in check.stdout, check
