@@ -8,7 +8,8 @@ is in `invalid` at its position;
 `update_area_placement` of a kept entry changes that entry's location and generation and
 leaves every other raw entry (and top-level key) equal in JSON terms — and every number in
 them written as the very text it was read with (5000 digits, 1e400, 1.10): a number Python
-cannot hold quarantines the entry whose generation it is, and no other.
+cannot hold quarantines the entry whose generation it is, and no other; and every string,
+lone surrogates and control characters included, comes back as it was.
 """
 
 from __future__ import annotations
@@ -34,9 +35,14 @@ from .profiles import demo, profile
 # An independent reading of docs: 1..128 ASCII letters/digits/_/./-, starting alphanumeric.
 _REFERENCE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}", re.ASCII)
 
+# Text as a UI may leave it: lone surrogates (a title cut mid-emoji: JSON "\ud83d"), control
+# characters, NUL — every code point, not only the ones UTF-8 can encode.
+# (joined by hand: st.text leaves surrogates out whatever its alphabet)
+any_text = st.lists(st.one_of(st.characters(categories=["Cs", "Cc"]), st.characters()),
+                    max_size=20).map("".join)
 json_scalars = st.one_of(
     st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False, allow_infinity=False),
-    st.text(max_size=20),
+    st.text(max_size=20), any_text,
 )
 json_values = st.recursive(
     json_scalars,
@@ -173,7 +179,12 @@ def check_entries(
         return
     target = kept[len(kept) // 2]
     uuid = daemons[target]["uuid"]
-    path.write_text(json.dumps(document, ensure_ascii=False), encoding="utf-8")
+    # (escaped: a lone surrogate is only writable as its JSON escape, as the UI writes it;
+    # what the file then says is the document — two escaped surrogates of a pair are one
+    # code point to any JSON reader)
+    path.write_text(json.dumps(document), encoding="utf-8")
+    document = json.loads(path.read_text(encoding="utf-8"))
+    daemons = document["custom_daemons"]
     update(path, uuid=uuid, location="remote", generation=7)
     after = json.loads(path.read_text(encoding="utf-8"))
     assert set(after) == set(document)
@@ -354,3 +365,19 @@ def test_every_number_is_written_back_as_it_was_read(
     assert after["custom_daemons"][1] == {**before["custom_daemons"][1], "location": "remote",
                                           "generation": ("n", "9")}
     assert after["z"] == before["z"]
+
+
+@profile("config")
+@given(title=any_text, key=any_text)
+def test_text_of_any_code_points_survives_a_commit(workdir: Path, title: str, key: str) -> None:
+    """A field the UI owns — a lone surrogate, a control character, NUL in it or in its key
+    — is written back as it was read, and the commit succeeds."""
+    document = {"custom_daemons": [
+        {"uuid": "a1", "service": "tg", "title": title, key or "k": title},
+        {"uuid": "a2", "service": "tg"}]}
+    path = workdir / "custom_config.json"
+    path.write_text(json.dumps(document), encoding="utf-8")
+    written = json.loads(path.read_text(encoding="utf-8"))  # (a pair's escapes: one point)
+    spool_files.update_area_placement(path, uuid="a2", location="remote", generation=1)
+    after = json.loads(path.read_text(encoding="utf-8"))
+    assert after["custom_daemons"][0] == written["custom_daemons"][0]
