@@ -23,7 +23,7 @@ import hashlib
 import os
 import shutil
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, cast
@@ -31,6 +31,7 @@ from typing import BinaryIO, cast
 from monitord.base import tree_digest
 from monitord.base.atomic_file import fsync_path
 from monitord.remote.copy.listing import incomplete, name_problem
+from orchestrator import disk_space
 from orchestrator.block_delta import Blocks
 from orchestrator.errors import ErrorCode, MonitordError, error_for, file_error_code
 
@@ -101,6 +102,22 @@ def local_file_error(error: OSError, *, during: str) -> MonitordError:
             return error_for(code, f"{what} — PBX: {free} bytes free there",
                              facts={"side": "PBX", "path": str(where), "free_bytes": free})
     return error_for(code, what)
+
+
+def ensure_room(staging: Path, sizes: Iterable[int]) -> None:
+    """LOCAL_DISK_FULL, before a byte is written, when the files a download is to fetch
+    (`sizes`, as the VPS declared them) and the margin do not fit where `staging` is put
+    together (orchestrator/disk_space.py): a VPS may declare anything, and that disk is the
+    one state.db and the logs write to."""
+    where = _existing(staging)
+    st = os.statvfs(where)
+    free = disk_space.Free(bytes=st.f_bavail * st.f_frsize, inodes=st.f_favail,
+                           total_inodes=st.f_files)
+    short = disk_space.shortage(side="PBX", path=str(where),
+                                usage=disk_space.footprint(sizes), free=free)
+    if short is not None:
+        raise error_for(ErrorCode.LOCAL_DISK_FULL, f"download refused: {short.detail()}",
+                        facts=short.facts())
 
 
 def _existing(path: Path) -> Path:

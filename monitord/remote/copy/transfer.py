@@ -1018,6 +1018,8 @@ class _Download:
             resumed_from = {rel for rel in left if rel in remote_blocks and rel in sizes}
             if resumed_from != left:  # (a staged file is never fetched whole over itself)
                 await asyncio.to_thread(local_tree.prune_to, staging, resumed_from)
+            await asyncio.to_thread(local_tree.ensure_room, staging, [
+                size for rel, size in sizes.items() if rel not in resumed_from])
             budget = _Budget(sum(sizes.values()))
             meter.total = budget.left
             meter.add()
@@ -1076,6 +1078,7 @@ class _Download:
                 _seeds, self.basis, [rel for rel in to_fetch if rel not in changed])
             seeds.update(dict.fromkeys(changed))
         remote_blocks = await self.tree.blocks(sorted(seeds)) if seeds else {}
+        in_place: set[str] = set()  # (staged files changed in place: their room is taken)
         if staged is None:
             await asyncio.to_thread(local_tree.reset_dir, staging)
         else:
@@ -1088,6 +1091,8 @@ class _Download:
             remote_root = (await sftp.realpath(self.remote_dir)).rstrip("/") if expected else ""
             sizes = await _declared_sizes(sftp, remote_root, to_fetch, where=self.remote_dir,
                                           skip_gone=False)
+            await asyncio.to_thread(local_tree.ensure_room, staging, [
+                size for rel, size in sizes.items() if rel not in in_place])
             budget = _Budget(sum(sizes.values()))
             meter.total = budget.left
             meter.add()

@@ -8,7 +8,7 @@ import os
 import shutil
 import stat
 import subprocess
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -1372,3 +1372,41 @@ class TestAgentListing:
         assert _tree(back) == {"keep": hashlib.sha256(b"old").hexdigest()}
         assert not (tmp_path / "escape").exists()
         assert not tree_digest.staging_dir(back).exists()
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 4 MiB tmpfs: a PBX disk with little room left."""
+    small = tmp_path / "small"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(small)], check=True)
+    try:
+        yield small
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
+
+
+class TestRoomOnThePbx:
+    """A download that the PBX has no room for is refused before its first byte: the sizes
+    the VPS declares (a hostile one may declare anything) are held against the free space
+    where the copy is put together, so the disk that state.db and the logs share is never
+    filled by it."""
+
+    async def test_a_download_larger_than_the_free_space_writes_nothing(
+        self, vps: VpsServer, tmp_path: Path, small_disk: Path
+    ) -> None:
+        src, remote = tmp_path / "src", tmp_path / "vps" / "data" / "a9"
+        src.mkdir()
+        (src / "big.bin").write_bytes(os.urandom(6 << 20))
+        done: list[int] = []
+        async with vps.connect() as conn:
+            await area_copy.upload(conn, vps_command=vps_command(), local_dir=src,
+                                   remote_dir=str(remote))
+            with pytest.raises(MonitordError) as err:
+                await area_copy.download(
+                    conn, vps_command=vps_command(), remote_dir=str(remote),
+                    local_dir=small_disk / "back", progress=lambda d, t: done.append(d))
+        assert err.value.code == ErrorCode.LOCAL_DISK_FULL, err.value
+        assert "PBX" in err.value.detail and "free" in err.value.detail, err.value.detail
+        assert max(done, default=0) == 0, "bytes were written before the refusal"
+        assert not any(p.is_file() for p in small_disk.rglob("*"))
