@@ -951,8 +951,8 @@ async def pre_download(
     a digest cache of the running tree). `progress`: as for `pre_upload`."""
     tree = await vps_tree.chosen(conn, remote_dir=remote_dir, vps_command=vps_command,
                                  agent=agent)
-    return await _Download(conn, local_dir, remote_dir, tree, timeout_s, basis).pre_copy(
-        progress)
+    strategy = _Download(conn, local_dir, remote_dir, tree, timeout_s, basis)
+    return await strategy.more_rounds(await strategy.pre_copy(progress))
 
 
 @dataclass(frozen=True, slots=True)
@@ -980,6 +980,71 @@ class _Download:
         """`download` after the stop."""
         async with self._gives_space_back():
             return await self._copy(staged, progress)
+
+    async def more_rounds(self, staged: Staged) -> Staged:
+        """While `pre_copy.another_round` says so, fetch what changed on the VPS since the
+        last round into the staging dir — a staged file by its changed blocks, in place —
+        as an upload's rounds send (`_Upload.more_rounds`), so that the copy after the stop
+        fetches the last moments' pages only. A failed round ends them: what the rounds
+        before staged is kept, and the file it was writing is left for the copy after the
+        stop (out of `files`: it is fetched again there)."""
+        rounds = [staged.sent_bytes]
+        files, cache = dict(staged.files), dict(staged.cache)
+        error: str | None = None
+        during = f"pre-copy of {self.remote_dir}"
+        try:
+            with _sftp_translated(during, timeout_s=self.timeout_s):
+                while pre_copy.another_round(rounds):
+                    async with asyncio.timeout(self.timeout_s):
+                        rounds.append(await self._round(files, cache))
+        except (MonitordError, OSError) as e:
+            error = e.code.value if isinstance(e, MonitordError) else \
+                local_tree.local_file_error(e, during=during).code.value
+        return dataclasses.replace(staged, files=files, cache=cache, rounds=tuple(rounds),
+                                   rounds_error=error)
+
+    async def _round(self, files: dict[str, str], cache: tree_digest.Cache) -> int:
+        """One round (`more_rounds`): `files` and `cache` brought up to what it staged;
+        the bytes it fetched."""
+        listed = await self.tree.data_listing()
+        for rel in [rel for rel in files if rel not in listed]:
+            del files[rel]  # (gone on the VPS: the copy after the stop prunes it)
+        changed = sorted(rel for rel, sha in listed.items() if files.get(rel) != sha)
+        if not changed:
+            return 0
+        staged_here = {rel for rel in changed if rel in files}
+        fetched: dict[str, local_tree.Fetched] = {}
+        sent = 0
+        async with sftp_session.session(self.conn) as sftp:
+            remote_root = (await sftp.realpath(self.remote_dir)).rstrip("/")
+            sizes = await _declared_sizes(sftp, remote_root, changed, where=self.remote_dir,
+                                          skip_gone=True)
+            seeds: dict[str, Path | None] = await asyncio.to_thread(
+                _seeds, self.basis, [rel for rel in sizes if rel not in staged_here])
+            seeds.update(dict.fromkeys(staged_here & sizes.keys()))
+            remote_blocks = await self.tree.blocks(sorted(seeds)) if seeds else {}
+            in_place = {rel for rel in staged_here if rel in remote_blocks}
+            if staged_here - in_place:  # (a staged file is never fetched whole over itself)
+                for rel in staged_here - in_place:
+                    files.pop(rel, None)
+                await asyncio.to_thread(local_tree.prune_to, self.staging, set(files))
+            await asyncio.to_thread(local_tree.ensure_room, self.staging, [
+                size for rel, size in sizes.items() if rel not in in_place])
+            budget = _Budget(sum(sizes.values()))
+            meter = _Meter(None, budget.left)
+            for rel, size in sizes.items():
+                files.pop(rel, None)  # (until it is whole again: a cut leaves it mixed)
+                cache.pop(rel, None)
+                try:
+                    fetched[rel], n = await self._fetch(
+                        sftp, f"{remote_root}/{rel}", rel, size=size, budget=budget,
+                        blocks=remote_blocks.get(rel), seed=seeds.get(rel), meter=meter)
+                except ssh_errors.SFTP_NO_SUCH_FILE:
+                    continue  # gone since the listing (the daemon runs)
+                files[rel] = fetched[rel].sha256
+                sent += n
+        cache.update(await asyncio.to_thread(local_tree.settle, self.staging, fetched))
+        return sent
 
     @contextlib.asynccontextmanager
     async def _gives_space_back(self) -> AsyncIterator[None]:

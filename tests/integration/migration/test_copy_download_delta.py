@@ -107,7 +107,8 @@ class TestAfterAPreCopy:
         assert (report.files, report.reused) == (3, 1)
         # three pages, the append (a block of its own), the cut file's new last block
         assert report.sent_bytes == 3 * PAGE + len(b"appended") + 10
-        assert agent.calls == ["data_listing", "data_listing", "blocks"]
+        # the first pass's listing, its second round's look (still), the copy's, the blocks
+        assert agent.calls == ["data_listing", "data_listing", "data_listing", "blocks"]
 
     async def test_a_delta_cut_by_the_link_leaves_the_data_dir_and_a_new_try_completes(
         self, vps: VpsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

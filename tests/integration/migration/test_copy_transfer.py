@@ -1315,8 +1315,10 @@ class TestAgentListing:
         assert _tree(back) == _tree(remote)
         assert (report.files, report.reused) == (3, 1)
         assert execs == [], execs
-        # (the blocks of the one staged file that changed: the other changed file is new)
-        assert helper.calls == ["data_listing", "data_listing", "blocks"]
+        # the first pass's listing, its second round's look (nothing changed yet), the copy
+        # after the stop's, and the blocks of the one staged file that changed (the other
+        # changed file is new)
+        assert helper.calls == ["data_listing", "data_listing", "data_listing", "blocks"]
         assert helper.asked == 1
 
     async def test_an_agent_without_the_route_leaves_it_to_the_verb(
@@ -1347,7 +1349,8 @@ class TestAgentListing:
             await area_copy.download(conn, vps_command=vps_command(), remote_dir=str(remote),
                                      local_dir=back, staged=staged, agent=older)
         assert _tree(back) == _tree(remote)
-        assert len(execs) == 2, execs  # the verb's listing, before and after the stop
+        # the verb's listing: the first pass, its second round's look, after the stop
+        assert len(execs) == 3, execs
         assert (older.asked, older.calls) == (1, [])
 
     async def test_a_hostile_listing_from_the_agent_writes_nothing_here(
@@ -1372,6 +1375,105 @@ class TestAgentListing:
         assert _tree(back) == {"keep": hashlib.sha256(b"old").hexdigest()}
         assert not (tmp_path / "escape").exists()
         assert not tree_digest.staging_dir(back).exists()
+
+
+def _while_the_first_pass_home_ran(monkeypatch: pytest.MonkeyPatch,
+                                   change: Callable[[], None]) -> None:
+    """`change` happens to the VPS's running tree right after a move home's first pass."""
+    first_pass = transfer._Download.pre_copy
+
+    async def then_changed(self: Any, progress: Any) -> Any:
+        staged = await first_pass(self, progress)
+        change()
+        return staged
+
+    monkeypatch.setattr(transfer._Download, "pre_copy", then_changed)
+
+
+class TestPreCopyRoundsHome:
+    """A move home's pre-copy goes over what changed on the VPS while its first pass ran,
+    as an upload's does, so that after the stop only the last few pages cross."""
+
+    async def test_pages_changed_during_the_first_pass_come_in_a_second_round(
+        self, vps: VpsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        remote, back = tmp_path / "vps" / "data" / "h1", tmp_path / "back"
+        remote.mkdir(parents=True)
+        store = remote / "session.db"
+        store.write_bytes(os.urandom(512 * PAGE))
+        (remote / "gone.db").write_bytes(os.urandom(3 * PAGE))
+
+        def meanwhile() -> None:
+            _rewrite_pages(store, range(100, 120))
+            (remote / "gone.db").unlink()
+            (remote / "new.db").write_bytes(os.urandom(2 * PAGE))
+
+        _while_the_first_pass_home_ran(monkeypatch, meanwhile)
+        async with vps.connect() as conn:
+            staged = await area_copy.pre_download(
+                conn, vps_command=vps_command(), local_dir=back, remote_dir=str(remote),
+                agent=_Agent(remote))
+            assert staged.rounds == (515 * PAGE, 22 * PAGE, 0), staged.rounds
+            assert staged.rounds_error is None
+            staging = tree_digest.staging_dir(back)
+            assert (staging / "session.db").read_bytes() == store.read_bytes()
+            assert set(staged.files) == {"session.db", "new.db"}
+            _rewrite_pages(store, [7])
+            report = await area_copy.download(
+                conn, vps_command=vps_command(), local_dir=back, remote_dir=str(remote),
+                staged=staged, agent=_Agent(remote))
+        assert _tree(back) == _tree(remote)
+        assert report.sent_bytes == PAGE  # only the page changed after the rounds
+
+    async def test_a_round_cut_by_the_link_keeps_what_was_staged_and_the_copy_completes(
+        self, vps: VpsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        remote, back = tmp_path / "vps" / "data" / "h2", tmp_path / "back"
+        remote.mkdir(parents=True)
+        for name in ("a.db", "b.db"):
+            (remote / name).write_bytes(os.urandom(64 * PAGE))
+        _while_the_first_pass_home_ran(monkeypatch, lambda: [
+            _rewrite_pages(remote / name, range(10, 30)) for name in ("a.db", "b.db")])
+        fetch_delta = transfer._fetch_delta
+
+        async def cut_first(*args: Any, **kwargs: Any) -> Any:
+            vps.drop_all_sessions()  # the link goes as the round fetches its first file
+            return await fetch_delta(*args, **kwargs)
+
+        async with vps.connect() as conn:
+            first = transfer._Download.more_rounds
+
+            async def rounds_cut(self: Any, staged: Any) -> Any:
+                monkeypatch.setattr(transfer, "_fetch_delta", cut_first)
+                return await first(self, staged)
+
+            monkeypatch.setattr(transfer._Download, "more_rounds", rounds_cut)
+            staged = await area_copy.pre_download(
+                conn, vps_command=vps_command(), local_dir=back, remote_dir=str(remote),
+                agent=_Agent(remote))
+        assert staged.rounds_error == "SSH_UNREACHABLE", staged.rounds_error
+        assert staged.rounds == (128 * PAGE,)
+        assert "a.db" not in staged.files  # the file the round was fetching
+        monkeypatch.setattr(transfer, "_fetch_delta", fetch_delta)
+        async with vps.connect() as conn:
+            await area_copy.download(
+                conn, vps_command=vps_command(), local_dir=back, remote_dir=str(remote),
+                staged=staged, agent=_Agent(remote))
+        assert _tree(back) == _tree(remote)
+
+    async def test_a_still_tree_takes_one_look_and_no_session(
+        self, vps: VpsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        remote, back = tmp_path / "vps" / "data" / "h3", tmp_path / "back"
+        remote.mkdir(parents=True)
+        (remote / "session.db").write_bytes(os.urandom(64 * PAGE))
+        async with vps.connect() as conn:
+            sessions = _count_sessions(conn, monkeypatch)
+            staged = await area_copy.pre_download(
+                conn, vps_command=vps_command(), local_dir=back, remote_dir=str(remote),
+                agent=_Agent(remote))
+        assert staged.rounds == (64 * PAGE, 0)
+        assert len(sessions) == 1  # the first pass's: the second round found nothing
 
 
 @pytest.fixture

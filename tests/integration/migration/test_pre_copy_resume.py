@@ -51,9 +51,12 @@ class TestPreCopyCutByTheLink:
         await stack.wait_settled(expect={"tg": "remote"}, timeout_s=120)
         [failed, *_] = _events(stack, "area_pre_copy_failed")
         assert failed["error_code"] in ("SSH_UNREACHABLE", "AGENT_UNREACHABLE"), failed
-        # the failed try stopped nothing: the one downtime is the move that got there
-        downtimes = [e for e in _events(stack, "area_downtime") if e.get("area") == area]
-        assert len(downtimes) == 1, downtimes
+        # the failed try stopped nothing: the one downtime is the move that got there (its
+        # record comes once the destination is seen up, which may be after the settle)
+        def downtimes() -> list[dict[str, Any]]:
+            return [e for e in _events(stack, "area_downtime") if e.get("area") == area]
+        await stack.wait_until(downtimes, timeout_s=30, what="the move's downtime measured")
+        assert len(downtimes()) == 1, downtimes()
         resumed = [e for e in _events(stack, "area_pre_copied") if e["resumed_bytes"] > 0]
         assert resumed, _events(stack, "area_pre_copied")
         assert resumed[0]["resumed_bytes"] >= 4 * MIB, resumed
