@@ -1,4 +1,5 @@
-"""Stopping a process group and verifying it is gone (Linux /proc, pidfds).
+"""Stopping a process group and verifying it is gone (Linux /proc, pidfds), and emptying an
+area's cgroup (`empty_cgroup`: what a daemon's child that left the group still runs in).
 
 Used by the local supervisor and the remote agent, which run on an event loop; kept apart
 from monitord.base.proc_identity so that what starts once per remote daemon (the lease
@@ -14,7 +15,7 @@ import signal
 import time
 from typing import Callable, Optional
 
-from monitord.base import proc_identity
+from monitord.base import cgroup_fence, proc_identity
 
 Reap = Optional[Callable[[], object]]  # (3.9: no `X | None` at run time)
 
@@ -135,3 +136,25 @@ def _live_groups(*, taken_after: float, max_age_s: float) -> frozenset[int]:
         groups = proc_identity.live_groups()
         _scan = (now, time.monotonic(), groups)
     return groups
+
+
+async def empty_cgroup(path: str, *, timeout_s: float, poll_s: float = 0.02) -> bool:
+    """SIGKILL whatever is left in an area's cgroup (cgroup.kill: a daemon's child that left
+    its process group too, monitord/base/cgroup_fence.py), wait at most `timeout_s` until no
+    live process is in it, and remove it. True once it is empty (a cgroup that is gone is);
+    False if a process is still in it then, or it cannot be read: a fence is never reported
+    done unverified."""
+    try:
+        cgroup_fence.kill(path)
+    except OSError:
+        pass  # (not writable now): only a cgroup found empty below counts as done
+    deadline = time.monotonic() + timeout_s
+    try:
+        while cgroup_fence.populated(path):
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(poll_s)
+    except OSError:
+        return False
+    cgroup_fence.remove(path)
+    return True

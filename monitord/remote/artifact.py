@@ -40,6 +40,7 @@ PORTABLE_MODULES = (
     "monitord/base/__init__.py",
     "monitord/base/atomic_file.py",
     "monitord/base/bounded_json.py",
+    "monitord/base/cgroup_fence.py",
     "monitord/base/group_stop.py",
     "monitord/base/hostport.py",
     "monitord/base/journal_native.py",

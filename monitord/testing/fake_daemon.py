@@ -1,6 +1,6 @@
 """A fake messenger daemon: `python -m monitord.testing.fake_daemon --area A --data DIR
 --side local|remote --generation N --heartbeat HOST:PORT [--heartbeat …] [--ignore-sigterm]
-[--crash-after S]`.
+[--crash-after S] [--escape-child | --escape-child-clean]`.
 
 It behaves like a messenger daemon where it matters to monitord:
 - it keeps a small "session DB" (`session.db` in its data dir): one JSON record per line,
@@ -15,6 +15,11 @@ It behaves like a messenger daemon where it matters to monitord:
 - on SIGTERM it appends a last record, sends `{"event": "goodbye", …}` and exits 0, unless
   started with `--ignore-sigterm` (for stop-escalation tests); `--crash-after S` makes it
   exit with status 70 after S seconds (for crash-loop tests);
+- `--escape-child` makes it fork, as it starts, a child that calls setsid() (as a daemon that
+  daemonizes does: it is then in no process group a fence signals) and lives on doing
+  nothing, its pid in `escaped.pid` in the data dir (for the tests of the cgroup fence);
+  `--escape-child-clean` makes that child then exec a sleeper with an empty environment, so
+  that not even its spawner's markers are left on it;
 - `--churn-pages-per-s N` makes its data live as an account's SQLite store is: N random
   4 KiB pages of `media.bin` rewritten every second (fsynced), for the benchmarks of
   copies that must send changed pages only.
@@ -43,6 +48,7 @@ PAGE_BYTES = 4096
 GENESIS = "0" * 64
 EXIT_CRASH = 70
 EXIT_DB_BROKEN = 4
+ESCAPED_PID = "escaped.pid"
 
 
 class SessionDbBroken(Exception):
@@ -150,9 +156,33 @@ class Churn:
             os.fsync(f.fileno())
 
 
+def escape_child(data: Path, *, clean: bool) -> None:
+    """Fork a child that leaves this process's session and process group and lives on until
+    it is killed, its pid written (atomically) to `data/escaped.pid`; with `clean` it execs a
+    sleeper with an empty environment."""
+    if os.fork() != 0:
+        return
+    try:  # the child: nothing of the daemon's runs here
+        os.setsid()
+        staging = data / f".{ESCAPED_PID}.{os.getpid()}"
+        staging.write_text(f"{os.getpid()}\n")
+        os.replace(staging, data / ESCAPED_PID)
+        if clean:
+            os.execve(sys.executable, [sys.executable, "-c", _SLEEPER], {})
+        while True:
+            signal.pause()
+    finally:
+        os._exit(0)
+
+
+_SLEEPER = "import signal\nwhile True: signal.pause()"
+
+
 def run(args: argparse.Namespace) -> int:
     data = Path(args.data)
     data.mkdir(parents=True, exist_ok=True)
+    if args.escape_child or args.escape_child_clean:
+        escape_child(data, clean=args.escape_child_clean)
     try:
         db = SessionDb(data / SESSION_DB)
     except SessionDbBroken as e:
@@ -212,6 +242,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--interval", type=float, default=0.1, help="heartbeat period, s")
     parser.add_argument("--ignore-sigterm", action="store_true")
     parser.add_argument("--crash-after", type=float, default=None, help="exit 70 after S s")
+    parser.add_argument("--escape-child", action="store_true",
+                        help=f"leave a child behind in a session of its own ({ESCAPED_PID})")
+    parser.add_argument("--escape-child-clean", action="store_true",
+                        help="... which then execs a sleeper with an empty environment")
     parser.add_argument("--churn-pages-per-s", type=float, default=0.0,
                         help=f"rewrite this many random 4 KiB pages of {CHURNED} a second")
     return run(parser.parse_args(argv))
