@@ -15,18 +15,26 @@ drive it through `set_desired()`, `start_area()` and `stop_area()` and read `inv
   SERVICE_USER_UNKNOWN, retried with backoff), its data dir handed over to them, and the
   daemon started with setgroups/setgid/setuid and no capabilities
   (monitord/base/run_as.py).
+- Where monitord owns a cgroup v2 (monitord/base/cgroup_fence.py: decided once, here, and
+  said in `{state_dir}/fencing.json` for `monitord check`), each daemon runs in a cgroup of
+  its own, `{own cgroup}/areas-…/{area}@{generation}`, which it enters between fork and exec:
+  every fence below then also empties that cgroup (cgroup.kill), so a child that left the
+  daemon's process group (setsid()) goes with it. Elsewhere the process group alone fences.
 - A per-area record `{state_dir}/records/{area}.json` (written atomically right after the
-  spawn) names the process by pid + start time, its generation and the configured command.
+  spawn) names the process by pid + start time, its generation, the configured command and
+  its cgroup.
 - A daemon that exits is restarted after a capped exponential backoff that never gives up
   (reset once a run lasted `min_uptime_s`); the next retry time is in the inventory.
-- Stop = SIGTERM to the process group, a grace period, SIGKILL, then verified gone.
+- Stop = SIGTERM to the process group, a grace period, SIGKILL, then verified gone, and the
+  area's cgroup killed and verified empty.
 - `adopt_or_stop_survivors()` runs before anything starts: every process a previous
   instance left — found by its record, and also by the environment marker, which catches
   one spawned just before a crash and not yet recorded — is adopted when its identity
   matches, it is wanted at that generation and it runs the wanted command (resolved
   executable and arguments: a `#!` script's or a wrapper's argv is not its command), replaced
   with the reason logged when only its command changed, and stopped otherwise. Never a
-  duplicate.
+  duplicate. A marked process in the recorded cgroup of a live daemon is that daemon's (a
+  child that left its group): it goes with it. Then every area cgroup not adopted is emptied.
 - `close()` stops supervising but leaves the daemons running: the next instance adopts them.
 - The supervising passes run under the root loops' error policy (monitord/base/periodic.py):
   a pass that raises is counted and shown, and the next pass runs after a back-off.
@@ -36,6 +44,8 @@ See docs/supervisor.md.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import json
 import os
 import signal
@@ -52,6 +62,7 @@ import monitord
 from monitord.base import (
     area_paths,
     atomic_file,
+    cgroup_fence,
     group_stop,
     log_hub,
     log_sink,
@@ -70,6 +81,7 @@ GENERATION_ENV = "MONITORD_GENERATION"
 TASK_NAME = "local supervisor"
 EXITS_KEPT = 256  # per area: enough to count an hour of a fast crash loop's back-off
 LOG_DRAIN_S = 2.0  # a stop waits this long for the hub to write the daemon's last words
+CGROUP_EMPTY_S = 2.0  # what is left in an area's cgroup gets this long to die of cgroup.kill
 _LOG_DRAIN_POLL_S = 0.005
 
 log = logs.get_logger(__name__)
@@ -153,6 +165,7 @@ class _Slot:
     next_start: float = 0.0
     last_exit_status: int | None = None
     adopted: bool = False
+    cgroup: str | None = None  # the area run's cgroup (cgroup_fence), None: its group alone
     # When it exited lately (wall clock, the last hour's): `restarts_1h` of the status.
     exits: deque[float] = field(default_factory=lambda: deque(maxlen=EXITS_KEPT))
 
@@ -177,6 +190,7 @@ class _Record:
     identity: ProcessIdentity
     command: tuple[str, ...] | None
     log_pipe: str | None = None  # the FIFO name of its output (None: an older release's sink)
+    cgroup: object = None  # its cgroup as recorded (cgroup_fence.recorded_dir judges it)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> _Record:
@@ -185,7 +199,8 @@ class _Record:
         return cls(area=str(data["area"]), generation=int(data["generation"]),
                    identity=ProcessIdentity.from_json(data["identity"]),
                    command=None if command is None else tuple(str(p) for p in command),
-                   log_pipe=None if log_pipe is None else str(log_pipe))
+                   log_pipe=None if log_pipe is None else str(log_pipe),
+                   cgroup=data.get("cgroup"))
 
 
 def _search_path(env: Mapping[str, str] | None) -> str:
@@ -226,12 +241,22 @@ class LocalSupervisor:
         log_max_bytes: int = log_sink.DEFAULT_MAX_BYTES,
         log_keep: int = log_sink.DEFAULT_KEEP,
         loops: LoopBook | None = None,
+        fences: cgroup_fence.Fences | None = None,
     ) -> None:
         self.state_dir = state_dir.resolve()
         self.records_dir = self.state_dir / "records"
         self.logs_dir = self.state_dir / "logs"
         for directory in (self.records_dir, self.logs_dir):
             directory.mkdir(parents=True, exist_ok=True)
+        # Where the areas' cgroups go, or why they have none (`fences`: a test's choice).
+        self.fences = fences if fences is not None else cgroup_fence.prepare(
+            cgroup_fence.instance_name(str(self.state_dir)))
+        log.info("area_fence", by="cgroup" if self.fences.by_cgroup else "process_group",
+                 cgroup=self.fences.base, why=self.fences.why or None)
+        try:
+            cgroup_fence.write_note(self.state_dir, self.fences)
+        except OSError as e:  # only `check` reads it: it then says it does not know
+            log.warning("area_fence_not_noted", detail=f"{e.strerror or e}: {e.filename}")
         self.stop_grace_s = stop_grace_s
         self.backoff_base_s = backoff_base_s
         self.backoff_cap_s = backoff_cap_s
@@ -343,6 +368,7 @@ class LocalSupervisor:
         adopted: list[str] = []
         ended = _Ended()
         recorded = self._read_records()
+        daemons_cgroups = self._live_cgroups(recorded)
         for identity, env in self._survivors(recorded):
             try:
                 leads_group = os.getpgid(identity.pid) == identity.pid
@@ -351,6 +377,9 @@ class LocalSupervisor:
             if identity.pid == os.getpid() or not leads_group:
                 continue  # ourselves, or a child inside a daemon's group (stopped with it)
             record = recorded.pop(identity.pid, None)
+            in_cgroup = cgroup_fence.cgroup_of(identity.pid, fences=self.fences)
+            if record is None and in_cgroup in daemons_cgroups:
+                continue  # a child that left a recorded daemon's group: it goes with its cgroup
             if env is not None:
                 area = env.get(AREA_ENV, "")
                 generation = int(env.get(GENERATION_ENV, "-1") or -1)
@@ -364,19 +393,26 @@ class LocalSupervisor:
                 # held from now on: its last words survive its exit (or this stop) even
                 # while no hub runs
                 self._pipes.adopt(area, record.log_pipe)
+            # its recorded cgroup, else the one it is in if that is this run's (a record of
+            # a release before cgroups, or none)
+            cgroup = (None if record is None else self._recorded_cgroup(record)) or \
+                cgroup_fence.recorded_dir(in_cgroup, fences=self.fences, area=area,
+                                          generation=generation)
             if verdict == "adopt" and want is not None:
                 self._slots[area] = _Slot(run=want, identity=identity, adopted=True,
-                                          started_mono=self._clock())
+                                          started_mono=self._clock(), cgroup=cgroup)
                 adopted.append(area)
                 log.info("survivor_adopted", area=area, generation=generation,
                          pid=identity.pid, marker=env is not None)
                 continue
             await self._end_survivor(identity, area=area, generation=generation,
-                                     verdict=verdict, record=record, want=want, ended=ended)
+                                     verdict=verdict, record=record, want=want, ended=ended,
+                                     cgroup=cgroup)
         for left in recorded.values():
             # a record whose process is gone (or was never ours): drop it
             if not proc_identity.is_same_process(left.identity):
                 self._record_path(left.area).unlink(missing_ok=True)
+        await self._empty_leftover_cgroups()
         self._survivors_handled = True
         return SurvivorReport(adopted=tuple(adopted), stopped=tuple(ended.stopped),
                               stuck=tuple(ended.stuck), replaced=tuple(ended.replaced))
@@ -398,12 +434,43 @@ class LocalSupervisor:
                     survivors.append((live, None))
         return survivors
 
+    def _recorded_cgroup(self, record: _Record) -> str | None:
+        return cgroup_fence.recorded_dir(record.cgroup, fences=self.fences, area=record.area,
+                                         generation=record.generation)
+
+    def _live_cgroups(self, recorded: Mapping[int, _Record]) -> set[str]:
+        """The cgroups that records name of daemons still running: a marked process found in
+        one (and not that daemon) is that daemon's child."""
+        return {cgroup for record in recorded.values()
+                if (cgroup := self._recorded_cgroup(record)) is not None
+                and proc_identity.is_same_process(record.identity)}
+
+    async def _empty_leftover_cgroups(self) -> None:
+        """Once survivors are handled: every area cgroup of this instance that no adopted
+        daemon runs in is emptied and removed (a child that escaped a daemon which died
+        while no monitord ran, an area stopped then)."""
+        if self.fences.base is None:
+            return
+        keep = {slot.cgroup for slot in self._slots.values() if slot.cgroup is not None}
+        for path in cgroup_fence.leftovers(self.fences.base, keep=keep):
+            try:
+                held = cgroup_fence.populated(path)
+            except OSError:
+                held = True
+            gone = await group_stop.empty_cgroup(path, timeout_s=CGROUP_EMPTY_S)
+            if held or not gone:
+                log.warning("survivor_stopped", cgroup=path, reason="left_in_cgroup",
+                            verified_gone=gone)
+
     async def _end_survivor(
         self, identity: ProcessIdentity, *, area: str, generation: int, verdict: str,
-        record: _Record | None, want: AreaRun | None, ended: _Ended,
+        record: _Record | None, want: AreaRun | None, ended: _Ended, cgroup: str | None,
     ) -> None:
-        """Stop a survivor not adopted (replaced when only its command changed), verified."""
+        """Stop a survivor not adopted (replaced when only its command changed), verified,
+        with whatever else is in its cgroup."""
         gone = await group_stop.terminate_group(identity.pid, grace_s=self.stop_grace_s)
+        if gone and cgroup is not None:
+            gone = await group_stop.empty_cgroup(cgroup, timeout_s=CGROUP_EMPTY_S)
         if not gone:
             ended.stuck.append(area)
         if verdict == "command_changed" and want is not None and record is not None:
@@ -539,7 +606,7 @@ class LocalSupervisor:
         slot = self._slots.get(area)
         now = self._clock()
         if slot is not None and slot.exited():
-            self._on_exit(area, slot, now=now)
+            await self._on_exit(area, slot, now=now)
         elif slot is not None and slot.failures and slot.running() \
                 and now - slot.started_mono >= slot.run.min_uptime_s:
             slot.failures = 0  # it has run long enough: out of the loop (the status says so)
@@ -563,12 +630,17 @@ class LocalSupervisor:
                     return  # failed (retry scheduled), or no longer wanted meanwhile
             await self._spawn(area, slot)
 
-    def _on_exit(self, area: str, slot: _Slot, *, now: float) -> None:
+    async def _on_exit(self, area: str, slot: _Slot, *, now: float) -> None:
         status = None
         if slot.popen is not None:
             # not reaped yet, so its group id is still ours: kill what the daemon left behind
             proc_identity.signal_group(slot.popen.pid, signal.SIGKILL)
             status = slot.popen.wait()
+        if slot.cgroup is not None and not await group_stop.empty_cgroup(
+                slot.cgroup, timeout_s=CGROUP_EMPTY_S):
+            # (the restart enters it all the same: a later fence kills it all)
+            log.error("daemon_leftovers_stuck", area=area, cgroup=slot.cgroup,
+                      error_code="CLEANUP_STUCK")
         ran_s = now - slot.started_mono
         if ran_s >= slot.run.min_uptime_s:
             slot.failures = 0
@@ -593,7 +665,7 @@ class LocalSupervisor:
     async def _spawn(self, area: str, slot: _Slot) -> None:
         run = slot.run
         try:
-            popen, log_pipe = self._start(area, run)
+            popen, log_pipe, cgroup = self._start(area, run)
         except OSError as e:
             self._spawn_failed(area, slot, e)
             return
@@ -608,11 +680,12 @@ class LocalSupervisor:
             self.restarts_by_service[run.service] = \
                 self.restarts_by_service.get(run.service, 0) + 1
         slot.identity, slot.popen, slot.adopted = identity, popen, False
+        slot.cgroup = cgroup
         slot.started_mono = self._clock()
         self.version += 1
         record = {"area": area, "service": run.service, "generation": run.generation,
                   "identity": identity.to_json(), "command": list(run.command),
-                  "log_pipe": log_pipe}
+                  "log_pipe": log_pipe, "cgroup": cgroup}
         try:
             # in a thread: its fsyncs are most of a start's time, and the loop goes on
             await asyncio.to_thread(atomic_file.atomic_write_bytes, self._record_path(area),
@@ -620,6 +693,9 @@ class LocalSupervisor:
         except OSError as e:
             # An unrecorded daemon could not be adopted by name after a crash: do not keep it.
             proc_identity.signal_group(popen.pid, signal.SIGKILL)
+            if cgroup is not None:
+                with contextlib.suppress(OSError):  # (the next start's exit path empties it)
+                    cgroup_fence.kill(cgroup)
             popen.wait()
             slot.identity, slot.popen = None, None
             self._schedule_retry(slot, now=self._clock())
@@ -629,8 +705,11 @@ class LocalSupervisor:
         log.info("daemon_started", area=area, service=run.service, generation=run.generation,
                  pid=popen.pid, restarts=slot.restarts)
 
-    def _start(self, area: str, run: AreaRun) -> tuple[subprocess.Popen[bytes], str]:
-        """The daemon, started (synchronous: a fork), and the name of its log FIFO."""
+    def _start(
+        self, area: str, run: AreaRun
+    ) -> tuple[subprocess.Popen[bytes], str, str | None]:
+        """The daemon, started (synchronous: a fork), the name of its log FIFO and its
+        cgroup (None: it has none)."""
         Path(run.data_dir).mkdir(parents=True, exist_ok=True)
         who = run_as.resolve(user=run.user, group=run.group)
         env = {**os.environ, **run_as.login_environment(who), **run.env,
@@ -666,18 +745,43 @@ class LocalSupervisor:
 
     def _start_logged(
         self, area: str, run: AreaRun, *, env: Mapping[str, str], who: run_as.RunAs | None
-    ) -> tuple[subprocess.Popen[bytes], str]:
+    ) -> tuple[subprocess.Popen[bytes], str, str | None]:
         """Start the daemon with its stdout and stderr the area's log FIFO (a restarted one
-        gets its predecessor's). It does not inherit monitord's capabilities
-        (docs/operations.md)."""
+        gets its predecessor's), in its cgroup where there is one. It does not inherit
+        monitord's capabilities (docs/operations.md)."""
         run_as.clear_inheritable_capabilities()  # this thread's: the one that forks
         fd, name = self._pipes.open(area, max_bytes=self.log_max_bytes, keep=self.log_keep)
-        popen = subprocess.Popen(
-            list(run.command), cwd=run.data_dir, env=dict(env),
-            stdin=subprocess.DEVNULL, stdout=fd, stderr=fd,
-            start_new_session=True, close_fds=True, **run_as.popen_kwargs(who),
-        )
-        return popen, name
+        cgroup, procs_fd = self._open_cgroup(area, run)
+        # The child enters its cgroup before exec (so before it can fork): a write to a
+        # descriptor opened here, nothing else run in the child of this threaded process.
+        join = None if procs_fd is None else functools.partial(cgroup_fence.join, procs_fd)
+        try:
+            popen = subprocess.Popen(
+                list(run.command), cwd=run.data_dir, env=dict(env),
+                stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, preexec_fn=join,
+                start_new_session=True, close_fds=True, **run_as.popen_kwargs(who),
+            )
+        finally:
+            if procs_fd is not None:
+                os.close(procs_fd)
+        if cgroup is not None and not cgroup_fence.holds(cgroup, popen.pid):
+            log.warning("daemon_outside_cgroup", area=area, cgroup=cgroup, pid=popen.pid,
+                        detail="the kernel refused it the cgroup: its process group alone"
+                               " fences it")
+        return popen, name, cgroup
+
+    def _open_cgroup(self, area: str, run: AreaRun) -> tuple[str | None, int | None]:
+        """The run's cgroup, made, and its cgroup.procs opened; (None, None) where areas
+        have none, or it cannot be made (then only its process group fences the daemon)."""
+        if self.fences.base is None:
+            return None, None
+        path = cgroup_fence.area_dir(self.fences.base, area=area, generation=run.generation)
+        try:
+            return path, cgroup_fence.open_procs(path)
+        except OSError as e:
+            log.warning("daemon_cgroup_failed", area=area, cgroup=path,
+                        detail=f"{e.strerror or e}: its process group alone fences it")
+            return None, None
 
     async def _let_log_finish(self, area: str) -> None:
         """After the daemon is verified gone: its FIFO is let go (LogPipes.finish)."""
@@ -697,8 +801,11 @@ class LocalSupervisor:
         )
         if slot.popen is not None:
             slot.popen.poll()  # reap our child
+        if gone and slot.cgroup is not None:  # and what left the group: its cgroup, emptied
+            gone = await group_stop.empty_cgroup(slot.cgroup, timeout_s=CGROUP_EMPTY_S)
         if not gone:
-            log.error("daemon_stop_failed", area=area, pid=pid, error_code="CLEANUP_STUCK")
+            log.error("daemon_stop_failed", area=area, pid=pid, cgroup=slot.cgroup,
+                      error_code="CLEANUP_STUCK")
             return False
         if slot.popen is not None:
             await _reap(slot.popen)
