@@ -27,8 +27,10 @@ it). `kill()`, `populated()` and `remove()` are the fence's three steps; the wai
 them is the caller's. Where no cgroup can be used every caller falls back to the
 process-group fence alone: a start never fails because of a cgroup.
 
-Used by the local supervisor (monitord/local/supervisor.py) and monitord/base/group_stop.py.
-Standard library only, Python >= 3.9, no asyncio: what runs on the VPS may use it too.
+Used by the local supervisor (monitord/local/supervisor.py), on the VPS by the agent's area
+runner and each lease guard (monitord/vps/area_runner.py, monitord/vps/lease_guard.py), and by
+monitord/base/group_stop.py. Standard library only, Python >= 3.9, no asyncio: the lease guard
+imports it at every start.
 """
 
 from __future__ import annotations

@@ -15,6 +15,13 @@ and until the hub holds it, and starts the hub again within a second if it dies
 A service's `user` / `group` (spawn's `user=`, `group=`) is resolved here, the data dir is
 handed over to it, and the guard — which stays the agent's user, to read the lease and
 signal the daemon — starts the daemon as that user (monitord/base/run_as.py).
+Where the agent owns a cgroup v2 (monitord/base/cgroup_fence.py, decided once per runner and
+said in `{dir}/fencing.json` for the self-check), each daemon runs in a cgroup of its own,
+`{agent's cgroup}/areas-…/{area}@{generation}`, which its guard is given (`--cgroup`) and the
+guard's record names: the guard's fences, and the agent's `stop` and `reap_orphaned_daemon`
+after them, empty it (cgroup.kill, verified), so a daemon's child that left its process group
+(setsid()) is stopped with it; at the agent's start every area cgroup no adopted guard's
+daemon runs in is emptied (`empty_leftover_cgroups`).
 
 Each guard runs in a session of its own (`start_new_session`), detached from the agent's
 stdio, so neither the agent's death nor a signal to the agent's group reaches it. It is
@@ -38,7 +45,15 @@ from pathlib import Path
 from typing import Any
 
 import monitord
-from monitord.base import atomic_file, group_stop, log_hub, log_sink, proc_identity, run_as
+from monitord.base import (
+    atomic_file,
+    cgroup_fence,
+    group_stop,
+    log_hub,
+    log_sink,
+    proc_identity,
+    run_as,
+)
 from monitord.base.proc_identity import ProcessIdentity
 from monitord.vps import guard_forkserver, lease_file
 from monitord.vps.lease_table import AreaSpec
@@ -90,6 +105,7 @@ class GuardHandle:
     # Where the guard writes its daemon's pid (guards we started; adopted ones may predate it)
     daemon_file: Path | None = None
     spawned_at: float = 0.0  # time.monotonic() of the spawn
+    cgroup: str | None = None  # the daemon's cgroup (cgroup_fence), None: its group alone
 
     @property
     def pid(self) -> int:
@@ -123,6 +139,11 @@ class AreaRunner:
         self.forkserver_socket = self.run_dir / ".guards.sock"
         self._forkserver: subprocess.Popen[bytes] | None = None
         self._forkserver_started_at = -_FORKSERVER_RETRY_S  # (started by ensure_forkserver)
+        self.fences = cgroup_fence.prepare(cgroup_fence.instance_name(str(base_dir)))
+        try:
+            cgroup_fence.write_note(base_dir, self.fences)
+        except OSError:
+            pass  # only the self-check reads it: it then says it does not know
 
     def lease_path(self, area: str) -> Path:
         return self.leases_dir / f"{area}.json"
@@ -162,6 +183,8 @@ class AreaRunner:
         data_dir.mkdir(parents=True, exist_ok=True)
         if who is not None:
             run_as.hand_over(data_dir, who)
+        cgroup = None if self.fences.base is None else cgroup_fence.area_dir(
+            self.fences.base, area=spec.area, generation=spec.generation)
         guard_argv = [
             "--lease-file",
             str(self.lease_path(spec.area)),
@@ -172,6 +195,7 @@ class AreaRunner:
             *_run_as_arguments(who),
             "--daemon-file",
             str(self._daemon_path(spec.area)),
+            *(() if cgroup is None else ("--cgroup", cgroup)),
             "--",
             *spec.command,
         ]
@@ -202,11 +226,12 @@ class AreaRunner:
             "guard": identity.to_json(),
             "command": list(spec.command),  # a forked guard's argv is its fork server's
             "log_pipe": log_pipe,
+            "cgroup": cgroup,
         }
         atomic_file.atomic_write_bytes(self._record_path(spec.area), json.dumps(record).encode())
         return GuardHandle(spec=spec, identity=identity, popen=popen, adopted=False,
                            daemon_file=self._daemon_path(spec.area),
-                           spawned_at=time.monotonic())
+                           spawned_at=time.monotonic(), cgroup=cgroup)
 
     # -- the guards' fork server (monitord/vps/guard_forkserver.py) -------------------------
 
@@ -307,19 +332,26 @@ class AreaRunner:
 
     async def reap_orphaned_daemon(self, handle: GuardHandle) -> bool:
         """After a guard exited: make sure its daemon is gone too (it dies by PDEATHSIG;
-        this verifies it, and kills its group if it somehow lives). True once gone."""
+        this verifies it, and kills its group if it somehow lives), and its cgroup is empty
+        (a child that left the daemon's group gets no PDEATHSIG). True once gone."""
         daemon = handle.daemon
-        if daemon is None or not proc_identity.is_same_process(daemon):
-            return True
-        return await group_stop.terminate_group(daemon.pid, grace_s=0.0)
+        gone = True
+        if daemon is not None and proc_identity.is_same_process(daemon):
+            gone = await group_stop.terminate_group(daemon.pid, grace_s=0.0)
+        if gone and handle.cgroup is not None:
+            gone = await group_stop.empty_cgroup(handle.cgroup, timeout_s=_DYING_WAIT_S,
+                                                 poll_s=_POLL_S)
+        return gone
 
     async def stop(self, handle: GuardHandle, *, fence: bool) -> bool:
-        """Stop a guard and its daemon; True once both are verified gone.
+        """Stop a guard and its daemon; True once both are verified gone, and the daemon's
+        cgroup empty.
 
         fence=False: SIGTERM to the guard, which stops the daemon with the stop grace.
         fence=True (lease lapsed): the lease file is revoked, which makes the guard fence
         with the short fence grace. Either way the guard gets until its grace + 1 s, then
-        the agent SIGKILLs the guard's and the daemon's groups itself."""
+        the agent SIGKILLs the guard's and the daemon's groups itself; and the cgroup is
+        emptied last (the guard's own fence has done it, unless the guard was killed)."""
         daemon_pid = self.daemon_pids([handle]).get(handle.pid)
         if daemon_pid is None and handle.daemon is not None:
             if proc_identity.is_same_process(handle.daemon):
@@ -343,6 +375,9 @@ class AreaRunner:
             # number anyone's by now). A signal 0 says "no process at all" without a scan.
             gone = await group_stop.wait_group_gone(daemon_pid, timeout_s=_DYING_WAIT_S,
                                                     poll_s=_POLL_S)
+        if gone and handle.cgroup is not None:
+            gone = await group_stop.empty_cgroup(handle.cgroup, timeout_s=_DYING_WAIT_S,
+                                                 poll_s=_POLL_S)
         if gone:
             self._record_path(handle.spec.area).unlink(missing_ok=True)
             self._daemon_path(handle.spec.area).unlink(missing_ok=True)
@@ -390,15 +425,32 @@ class AreaRunner:
         return found
 
     def adopt(self, spec: AreaSpec, identity: ProcessIdentity) -> GuardHandle:
-        """A guard a previous agent started, with its log FIFO (its record names it)."""
+        """A guard a previous agent started, with its log FIFO and its daemon's cgroup (its
+        record names them)."""
         try:
             record = json.loads(self._record_path(spec.area).read_text())
-            log_pipe = record.get("log_pipe")
-        except (OSError, ValueError, AttributeError):
-            log_pipe = None
+            log_pipe, cgroup = record.get("log_pipe"), self._recorded_cgroup(record)
+        except (OSError, ValueError, AttributeError, TypeError):
+            log_pipe = cgroup = None
         if isinstance(log_pipe, str):
             self.pipes.adopt(spec.area, log_pipe)
-        return GuardHandle(spec=spec, identity=identity, popen=None, adopted=True)
+        return GuardHandle(spec=spec, identity=identity, popen=None, adopted=True,
+                           cgroup=cgroup)
+
+    def _recorded_cgroup(self, record: dict[str, Any]) -> str | None:
+        """The cgroup a guard's record names, if it is that very area run's."""
+        return cgroup_fence.recorded_dir(record.get("cgroup"), fences=self.fences,
+                                         area=str(record.get("area")),
+                                         generation=int(record.get("generation", -1)))
+
+    async def empty_leftover_cgroups(self, *, keep: set[str]) -> None:
+        """Once the survivors are handled: empty and remove every area cgroup of this runner
+        but those in `keep` (the adopted guards' daemons'): a child that escaped a daemon
+        whose guard died while no agent ran, an area stopped then."""
+        if self.fences.base is None:
+            return
+        for path in cgroup_fence.leftovers(self.fences.base, keep=keep):
+            await group_stop.empty_cgroup(path, timeout_s=_DYING_WAIT_S, poll_s=_POLL_S)
 
     async def stop_survivor(self, identity: ProcessIdentity, area: str) -> bool:
         """Stop an unwanted guard left by a previous agent (fence grace: it has no grant)."""

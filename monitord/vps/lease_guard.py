@@ -2,14 +2,19 @@
 
 The agent starts one guard per remote daemon, in a session of its own (so it neither shares
 the agent's fate nor its signals). The guard starts the daemon as its child, in its own
-process group, with PR_SET_PDEATHSIG=SIGKILL so the daemon dies if the guard dies. Then it
+process group, with PR_SET_PDEATHSIG=SIGKILL so the daemon dies if the guard dies, and, given
+`--cgroup DIR` (where the agent owns a cgroup v2: monitord/base/cgroup_fence.py), in that
+cgroup, entered before exec: whatever the daemon starts stays in it, a child that calls
+setsid() too. Then it
 watches two things: the daemon, and the lease file. It sleeps until the first of: the
 daemon exits (its pidfd), a signal arrives, the lease's own expiry, or `LOOK_S` has passed
 (to see a renewed or removed lease file) — so a hundred idle guards cost the VPS a few
 wake-ups a second each, not twenty. When the lease lapses (or the file disappears, or the
 guard gets SIGTERM) it fences: SIGTERM to the daemon's process
 group, a grace period (`--fence-grace` on a lapse, `--stop-grace` on SIGTERM), then
-SIGKILL, and exits. When the daemon exits on its own, the
+SIGKILL, then cgroup.kill for what is left in the cgroup (waited empty, at most
+`CGROUP_EMPTY_S`, and removed), and exits. When the daemon exits on its own, what it left in
+its group and its cgroup is killed the same way and the
 guard exits with the same status. The guard never starts a daemon on a lapsed lease.
 
 Why the guard survives the agent instead of dying with it: see docs/agent.md. In short, the
@@ -37,7 +42,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
-from monitord.base import atomic_file, proc_identity, run_as
+from monitord.base import atomic_file, cgroup_fence, proc_identity, run_as
 from monitord.vps import lease_file
 
 POLL_S = 0.05  # without pidfds (Linux < 5.3): how often the daemon is looked at
@@ -45,6 +50,7 @@ POLL_S = 0.05  # without pidfds (Linux < 5.3): how often the daemon is looked at
 # own wake-ups: it bounds how late a removed lease (the agent's fence) is seen, not a lapse.
 LOOK_S = 0.25
 EXIT_LEASE_LAPSED = 75  # EX_TEMPFAIL: the lease was not (or no longer) current
+CGROUP_EMPTY_S = 2.0  # what is left in the daemon's cgroup gets this long to die
 _PR_SET_PDEATHSIG = 1
 
 
@@ -111,11 +117,14 @@ class _Sleeper:
                 os.read(self._wake_r, 512)
 
 
-def _die_with_parent(libc: ctypes.CDLL, parent_pid: int) -> None:
+def _die_with_parent(libc: ctypes.CDLL, parent_pid: int, procs_fd: int | None) -> None:
     """Runs in the daemon between fork and exec: its own process group (what the fence
-    signals), and death by SIGKILL when the guard dies. (libc is loaded before the fork:
-    nothing but these syscalls happens in the child; `Popen(process_group=)` is 3.11+.)"""
+    signals), its cgroup (`procs_fd`: its cgroup.procs, opened by the guard), and death by
+    SIGKILL when the guard dies. (libc is loaded before the fork: nothing but these syscalls
+    happens in the child; `Popen(process_group=)` is 3.11+.)"""
     os.setpgid(0, 0)
+    if procs_fd is not None:
+        cgroup_fence.join(procs_fd)
     # The guard may hold capabilities (to start daemons as other users and signal them);
     # the daemon keeps none across its exec. (Python has already switched user and group by
     # now; PDEATHSIG survives that only because it is set after it.)
@@ -133,6 +142,25 @@ def _kill_group(pgid: int, sig: signal.Signals) -> None:
         pass
 
 
+def _empty_cgroup(path: str | None) -> None:
+    """Once the daemon is gone: SIGKILL what is left in its cgroup (what left its process
+    group), wait until nothing of it lives (at most CGROUP_EMPTY_S) and remove the cgroup."""
+    if path is None:
+        return
+    try:
+        cgroup_fence.kill(path)
+        deadline = time.monotonic() + CGROUP_EMPTY_S
+        while cgroup_fence.populated(path):
+            if time.monotonic() >= deadline:
+                _say("cgroup_not_empty", cgroup=path, within_s=CGROUP_EMPTY_S)
+                return
+            time.sleep(0.01)
+    except OSError as e:
+        _say("cgroup_not_emptied", cgroup=path, error=str(e))
+        return
+    cgroup_fence.remove(path)
+
+
 def _fence(
     child: subprocess.Popen[bytes],
     *,
@@ -140,9 +168,10 @@ def _fence(
     fence_grace_s: float,
     watch: _LeaseWatch,
     reason: str,
+    cgroup: str | None,
 ) -> int:
     """SIGTERM the daemon's group, wait `grace_s` (cut to `fence_grace_s` if the lease lapses
-    meanwhile), SIGKILL it; returns the daemon's status."""
+    meanwhile), SIGKILL it, then empty its cgroup; returns the daemon's status."""
     _say("fence_start", reason=reason, child_pid=child.pid, grace_s=grace_s)
     _kill_group(child.pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
@@ -155,6 +184,7 @@ def _fence(
     escalated = not proc_identity.child_has_exited(child)
     _kill_group(child.pid, signal.SIGKILL)  # also mops up anything the daemon left behind
     status = child.wait()
+    _empty_cgroup(cgroup)  # and what left the group
     _say("fence_done", reason=reason, child_pid=child.pid, status=status, escalated=escalated)
     return status
 
@@ -169,10 +199,12 @@ def run(
     gid: int | None = None,
     groups: Sequence[int] | None = None,
     daemon_file: Path | None = None,
+    cgroup: str | None = None,
 ) -> int:
     """Guard one daemon; with `uid` / `gid` / `groups` it runs as them (the guard does not).
     With `daemon_file`, the daemon's pid is written there once it is started (the agent
-    reads it instead of scanning /proc for the guard's child)."""
+    reads it instead of scanning /proc for the guard's child). With `cgroup`, the daemon
+    runs in that cgroup (made if need be; where it cannot be, its group alone fences it)."""
     stop_requested = False
 
     def _request_stop(signum: int, frame: FrameType | None) -> None:
@@ -188,10 +220,17 @@ def run(
         return EXIT_LEASE_LAPSED
     guard_pid = os.getpid()
     libc = ctypes.CDLL(None, use_errno=True)
+    procs_fd = None
+    if cgroup is not None:
+        try:
+            procs_fd = cgroup_fence.open_procs(cgroup)
+        except OSError as e:
+            _say("cgroup_not_used", cgroup=cgroup, error=str(e))
+            cgroup = None
     try:
         child = subprocess.Popen(
             list(argv),
-            preexec_fn=lambda: _die_with_parent(libc, guard_pid),
+            preexec_fn=lambda: _die_with_parent(libc, guard_pid, procs_fd),
             close_fds=True,
             user=uid,
             group=gid,
@@ -200,7 +239,12 @@ def run(
     except OSError as e:
         _say("spawn_failed", error=str(e), argv=list(argv), uid=uid, gid=gid)
         return 127
-    _say("started", child_pid=child.pid, argv=list(argv), uid=uid, gid=gid)
+    finally:
+        if procs_fd is not None:
+            os.close(procs_fd)
+    _say("started", child_pid=child.pid, argv=list(argv), uid=uid, gid=gid, cgroup=cgroup)
+    if cgroup is not None and not cgroup_fence.holds(cgroup, child.pid):
+        _say("daemon_outside_cgroup", cgroup=cgroup, child_pid=child.pid)
     if daemon_file is not None:
         _report_daemon(daemon_file, child.pid)
     sleeper = _Sleeper(child.pid)
@@ -208,6 +252,7 @@ def run(
         if proc_identity.child_has_exited(child):
             _kill_group(child.pid, signal.SIGKILL)  # leftovers of a daemon that exited
             status = child.wait()
+            _empty_cgroup(cgroup)
             _say("daemon_exited", child_pid=child.pid, status=status)
             return status if status >= 0 else 128 - status
         if stop_requested:
@@ -217,6 +262,7 @@ def run(
                 fence_grace_s=fence_grace_s,
                 watch=watch,
                 reason="stop_requested",
+                cgroup=cgroup,
             )
             return 0
         if not watch.current():
@@ -226,6 +272,7 @@ def run(
                 fence_grace_s=fence_grace_s,
                 watch=watch,
                 reason="lease_lapsed",
+                cgroup=cgroup,
             )
             return EXIT_LEASE_LAPSED
         # Just past the expiry, so that the look it wakes for finds the lease lapsed.
@@ -256,6 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         gid=args.gid,
         groups=None if args.groups is None else [int(g) for g in args.groups.split(",") if g],
         daemon_file=args.daemon_file,
+        cgroup=args.cgroup,
     )
 
 
@@ -269,6 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--groups", default=None, help="... and supplementary groups: 1,2,3")
     parser.add_argument("--daemon-file", type=Path, default=None,
                         help="write the daemon's pid here once it is started")
+    parser.add_argument("--cgroup", default=None,
+                        help="run the daemon in this cgroup v2 directory; a fence empties it")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     return parser
 

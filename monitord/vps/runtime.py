@@ -171,6 +171,8 @@ class AgentRuntime:
         for path in self.runner.leases_dir.glob("*.json"):
             if path.stem not in self._handles:
                 path.unlink(missing_ok=True)
+        await self.runner.empty_leftover_cgroups(
+            keep={h.cgroup for h in self._handles.values() if h.cgroup is not None})
         # Ready only once guards can be forked (or it is late: then they start as commands),
         # so that the first areas after a start do not each cost an interpreter of their own.
         if not await self.runner.forkserver_listening(within_s=_FORKSERVER_WAIT_S):
@@ -178,8 +180,11 @@ class AgentRuntime:
         self._loop_task = asyncio.create_task(self._lease_loop(), name="agent lease loop")
         self._loop_task.add_done_callback(self._loop_ended)
         self.ready = True
+        fences = self.runner.fences
         log.info("agent_started", dir=str(self.base_dir), entries=len(self._entries),
-                 adopted=len(self._handles))
+                 adopted=len(self._handles),
+                 fence="cgroup" if fences.by_cgroup else "process_group",
+                 cgroup=fences.base, fence_why=fences.why or None)
 
     def _loop_ended(self, task: asyncio.Task[None]) -> None:
         """The lease loop must never end on its own: escalate (the agent exits, its guards

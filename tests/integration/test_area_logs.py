@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from monitord.base import log_hub, log_sink, proc_identity
+from monitord.base import group_stop, log_hub, log_sink, proc_identity
 from monitord.base.proc_identity import ProcessIdentity
 from monitord.local.supervisor import AreaRun, LocalSupervisor
 from tests.integration.agent.conftest import OWNER
@@ -330,6 +330,8 @@ class TestLocalAreaLog:
                          what="the hub to end the area with its daemon")
         await wait_until(lambda: not proc_identity.is_alive(hub), timeout_s=20,
                          what="the hub to exit once no area is left")
+        if record.get("cgroup"):  # (no monitord is left to remove the daemon's cgroup)
+            assert await group_stop.empty_cgroup(record["cgroup"], timeout_s=2.0)
 
     async def test_a_killed_log_process_is_restarted_and_no_daemon_stops(
         self, tmp_path: Path

@@ -7,7 +7,8 @@ PYTHONPATH, so anything beyond the standard library fails here) — waits until 
 socket and answers /readyz, and yields an `AgentProcess` with an authorised HTTP client.
 On exit it stops the agent and then kills whatever lease guards and daemons the agent left
 running (by design they outlive the agent), identified by the
-records in `{dir}/run/` — by pid, start time and argv, never by pid alone.
+records in `{dir}/run/` — by pid, start time and argv, never by pid alone — and what is in
+the cgroups those records name.
 Used by the agent tests and by later tests that need a VPS-side agent.
 """
 
@@ -27,7 +28,7 @@ from typing import Any
 
 import aiohttp
 
-from monitord.base import proc_identity
+from monitord.base import cgroup_fence, proc_identity
 from monitord.base.proc_identity import ProcessIdentity
 from monitord.remote import artifact
 
@@ -132,17 +133,31 @@ def write_secret(base_dir: Path, secret: str) -> None:
 
 
 def kill_left_processes(base_dir: Path) -> None:
-    """SIGKILL every guard (and its daemon) named by a record in `{dir}/run/`."""
+    """SIGKILL every guard (and its daemon, and what is in the daemon's cgroup) named by a
+    record in `{dir}/run/`; the cgroups are removed once empty (within 2 s)."""
+    cgroups = []
     for record_path in (base_dir / "run").glob("*.json"):
         try:
-            identity = ProcessIdentity.from_json(json.loads(record_path.read_text())["guard"])
+            record = json.loads(record_path.read_text())
+            identity = ProcessIdentity.from_json(record["guard"])
         except (OSError, ValueError, KeyError, TypeError):
             continue
+        cgroup = record.get("cgroup")
+        if isinstance(cgroup, str) and cgroup.startswith("/sys/fs/cgroup/"):
+            cgroups.append(cgroup)
+            with contextlib.suppress(OSError):
+                cgroup_fence.kill(cgroup)
         if not proc_identity.is_same_process(identity):
             continue
         daemons = proc_identity.children_of({identity.pid})[identity.pid]
         for pgid in (*daemons, identity.pid):
             proc_identity.signal_group(pgid, signal.SIGKILL)
+    deadline = time.monotonic() + 2.0
+    for cgroup in cgroups:
+        with contextlib.suppress(OSError):
+            while cgroup_fence.populated(cgroup) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        cgroup_fence.remove(cgroup)
 
 
 def _read_log(path: Path) -> str:

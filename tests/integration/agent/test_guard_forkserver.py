@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from monitord.base import proc_identity
+from monitord.base import group_stop, proc_identity
 from monitord.vps import area_runner
 from monitord.vps.area_runner import AreaRunner, GuardHandle
 from monitord.vps.lease_table import AreaSpec
@@ -62,6 +62,8 @@ async def _runner(tmp_path: Path) -> AsyncIterator[AreaRunner]:
                 proc_identity.signal_group(handle.daemon.pid, signal.SIGKILL)
             if handle.popen is not None:  # reaped, as the agent's tick does
                 handle.popen.wait(timeout=10)
+            if handle.cgroup is not None:  # (a guard killed leaves its daemon's cgroup)
+                await group_stop.empty_cgroup(handle.cgroup, timeout_s=2.0)
         runner.close()
 
 
