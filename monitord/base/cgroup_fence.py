@@ -117,10 +117,12 @@ def area_dir(base: str, *, area: str, generation: int) -> str:
     return os.path.join(base, f"{area}@{generation}")
 
 
-def prepare(name: str, *, mountinfo: str = MOUNTINFO, own_cgroup: str = OWN_CGROUP) -> Fences:
-    """Whether this process can fence its areas by cgroup, and where (the module docstring).
-    Reads the two /proc files given, makes `{own}/{name}` to look for `cgroup.kill` and removes
-    it again (a spawn makes it when it needs it). Never raises for a cgroup it cannot use."""
+def prepare(name: str, *, who: str = "this process", mountinfo: str = MOUNTINFO,
+            own_cgroup: str = OWN_CGROUP) -> Fences:
+    """Whether this process (`who`, as the reasons name it: "monitord") can fence its areas
+    by cgroup, and where (the module docstring). Reads the two /proc files given, makes
+    `{own}/{name}` to look for `cgroup.kill` and removes it again (a spawn makes it when it
+    needs it). Never raises for a cgroup it cannot use."""
     found = _cgroup2_mount(mountinfo)
     if found is None:
         return Fences(None, why="cgroup v2 is not mounted here")
@@ -128,32 +130,32 @@ def prepare(name: str, *, mountinfo: str = MOUNTINFO, own_cgroup: str = OWN_CGRO
     path = _own_path(own_cgroup)
     base, why = None, ""
     if path is None:
-        why = "this process is in no cgroup v2"
+        why = f"{who} is in no cgroup v2"
     elif read_only:
-        why = (f"cgroup v2 ({mount}) is mounted read-only for this process (systemd's"
+        why = (f"cgroup v2 ({mount}) is mounted read-only for {who} (systemd's"
                " ProtectControlGroups=yes)")
     else:
         own = _directory(path, mount=mount, root=root)
-        why = _not_ours(own)
+        why = _not_ours(own, who=who)
         if not why:
             base = os.path.join(own, name)
             why = _no_kill(base, own=own)
     return Fences(None if why else base, why=why, mount=mount, root=root)
 
 
-def _not_ours(own: str) -> str:
-    """Why this process may not make cgroups below its own, `own`; "" if it may: it owns it
-    (root, or delegated to its user) and may write it (not merely by CAP_DAC_OVERRIDE: a
-    cgroup systemd did not delegate is systemd's)."""
+def _not_ours(own: str, *, who: str) -> str:
+    """Why `who` may not make cgroups below its own, `own`; "" if it may: it owns it (root,
+    or delegated to its user) and may write it (not merely by CAP_DAC_OVERRIDE: a cgroup
+    systemd did not delegate is systemd's)."""
     try:
         st = os.stat(own)
     except OSError as e:
-        return f"this process's cgroup {own} is not reachable ({e.strerror})"
+        return f"the cgroup of {who}, {own}, is not reachable ({e.strerror})"
     euid = os.geteuid()
     if (euid != 0 and st.st_uid != euid) or not os.access(own, os.W_OK | os.X_OK,
                                                           effective_ids=True):
-        return (f"this process's cgroup {own} is not its own (owner uid {st.st_uid}; under"
-                " systemd the unit needs Delegate=yes)")
+        return (f"the cgroup of {who}, {own}, is not delegated to it (owner uid {st.st_uid};"
+                " under systemd the unit needs Delegate=yes)")
     return ""
 
 

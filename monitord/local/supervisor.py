@@ -250,7 +250,7 @@ class LocalSupervisor:
             directory.mkdir(parents=True, exist_ok=True)
         # Where the areas' cgroups go, or why they have none (`fences`: a test's choice).
         self.fences = fences if fences is not None else cgroup_fence.prepare(
-            cgroup_fence.instance_name(str(self.state_dir)))
+            cgroup_fence.instance_name(str(self.state_dir)), who="monitord")
         log.info("area_fence", by="cgroup" if self.fences.by_cgroup else "process_group",
                  cgroup=self.fences.base, why=self.fences.why or None)
         try:

@@ -19,7 +19,8 @@ fix hint from the error catalogue:
 - agent (PREFLIGHT_AGENT): the pushed monitord's own `self-check` passes on the VPS (Python
   version, every module imports, flock, /proc, ss, writable bin dir, socket path), naming
   each missing piece with its fix, and the agent answers GET /livez over the SSH
-  connection — or is not running yet but startable by agent-launch;
+  connection — or is not running yet but startable by agent-launch; the detail ends with
+  the self-check's `fence` line (by cgroup or by process group only, never a failure);
 - artifacts (PREFLIGHT_ARTIFACTS): each artifact's SHA-256 on the VPS equals the local one;
 - tunnel_owner (PREFLIGHT_TUNNEL_OWNER): input, the keeper's view of the tunnel lease;
 - forwards (PREFLIGHT_FORWARDS): input, the keeper's readiness of each configured forward;
@@ -627,10 +628,12 @@ def _judge_agent(
         )
         return _failed("agent", f"the VPS cannot run the agent: {detail}")
     python = next((line.detail for line in self_check if line.check == "python"), "")
+    fence = "".join(f"; fence: {line.detail}" for line in self_check if line.check == "fence")
     if alive_detail is None:
-        return _ok("agent", f"answers over the SSH connection; self-check passed ({python})")
+        return _ok("agent", f"answers over the SSH connection; self-check passed ({python})"
+                            f"{fence}")
     return _ok("agent", f"not running ({alive_detail}) but startable by agent-launch; "
-                        f"self-check passed ({python})")
+                        f"self-check passed ({python}){fence}")
 
 
 async def _remote_config(

@@ -6,8 +6,11 @@ the lease's lock file (creating it if it is not there yet).
 Without `--remote`, like `nginx -t`: monitord.toml loads (monitord.base.config), the files
 it names exist (key_file, known_hosts, remote.artifacts), and the authoritative
 `custom_config.json` it points at parses the way the daemon reads it
-(monitord.store.spool_files). Deprecated keys, quarantined entries and areas of services
-that are not configured are printed as `warning:` lines; then `configuration ok: FILE`.
+(monitord.store.spool_files). A `fence:` line says whether local areas are fenced by cgroup
+or by process group only, and why, as monitord decided at its last start (it alone can tell:
+it runs in its own cgroup, under its unit's sandbox; monitord.base.cgroup_fence). Deprecated
+keys, quarantined entries and areas of services that are not configured are printed as
+`warning:` lines; then `configuration ok: FILE`.
 
 With `--remote`, then: one SSH connection made exactly as the tunnel keeper makes it
 (monitord.remote.tunnel.ssh_connect), the interpreter probed with a bare
@@ -31,7 +34,8 @@ check sees less than the daemon's preflight does, it says so instead of failing:
   `agent` check needs the pushed pyz, so until then `agent` reports the interpreter probe;
 - agent: sshd answers a refused direct-streamlocal channel (the kind the agent is reached
   over) and an agent that is not running alike, so check opens one to a throwaway socket
-  of its own on the VPS: a refusal fails `agent` even before the agent first runs;
+  of its own on the VPS: a refusal fails `agent` even before the agent first runs. The
+  line ends with the self-check's `fence` (how the agent fences areas on the VPS);
 - remote_config: needs the agent secret the daemon keeps in work_dir; `–` before it exists;
 - memory: the VPS's available memory against its lease guard and remote.memory_reserve_mib
   alone: each move needs its daemon's memory on top, which only the daemon's preflight
@@ -216,7 +220,26 @@ def validate(path: Path) -> Validated:
                 f" {len(placement.entries) - remote} local, {remote} remote")
     else:
         note = f"placement: {placement_path} does not exist yet (no areas)"
-    return Validated(path=path, config=config, notes=(note,), warnings=tuple(warnings))
+    return Validated(path=path, config=config, notes=(note, fence_line(config)),
+                     warnings=tuple(warnings))
+
+
+def fence_line(config: Config) -> str:
+    """`fence: …`: how local areas are fenced, from what monitord said at its last start."""
+    from monitord.base import area_paths, cgroup_fence
+
+    state_dir = config.monitord.work_dir / area_paths.SUPERVISOR_DIR
+    try:
+        fences = cgroup_fence.read_note(state_dir)
+    except OSError as e:
+        return (f"fence: not known: cannot read {state_dir / cgroup_fence.NOTE_NAME}:"
+                f" {e.strerror or e} (run as the daemon's user)")
+    except ValueError:
+        return f"fence: not known: {state_dir / cgroup_fence.NOTE_NAME} is not monitord's"
+    if fences is None:
+        return ("fence: not known yet: monitord says at its start whether local areas are"
+                " fenced by cgroup or by process group only")
+    return f"fence: {fences.describe('local areas')}"
 
 
 def _check_remote_files(remote: RemoteSection, *, path: Path) -> None:

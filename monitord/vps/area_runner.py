@@ -139,7 +139,8 @@ class AreaRunner:
         self.forkserver_socket = self.run_dir / ".guards.sock"
         self._forkserver: subprocess.Popen[bytes] | None = None
         self._forkserver_started_at = -_FORKSERVER_RETRY_S  # (started by ensure_forkserver)
-        self.fences = cgroup_fence.prepare(cgroup_fence.instance_name(str(base_dir)))
+        self.fences = cgroup_fence.prepare(cgroup_fence.instance_name(str(base_dir)),
+                                           who="the agent")
         try:
             cgroup_fence.write_note(base_dir, self.fences)
         except OSError:

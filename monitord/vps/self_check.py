@@ -12,7 +12,11 @@ will run the agent, so it answers for the real thing. Each check prints one JSON
 - ss:         `ss` runs (the tunnel lease finds the holder of a forwarded port with it);
 - bin_dir:    DIR is a directory we can create, fsync and remove files in;
 - socket:     the agent's socket path fits a Unix socket address (107 bytes) and the
-              kernel lets us bind one there.
+              kernel lets us bind one there;
+- fence:      how the agent fences its areas — by cgroup, or by process group only and
+              why — as it said at its last start (`DIR/fencing.json`: only the agent can
+              tell, in its own cgroup and sandbox; monitord/base/cgroup_fence.py). Never a
+              failure: the process group fences where no cgroup does.
 """
 
 from __future__ import annotations
@@ -150,6 +154,22 @@ def check_socket(base: Path) -> Outcome:
     return True, f"the agent will listen on {path}", ""
 
 
+def check_fence(base: Path) -> Outcome:
+    from monitord.base import cgroup_fence
+
+    note = base / cgroup_fence.NOTE_NAME
+    try:
+        fences = cgroup_fence.read_note(base)
+    except OSError as e:
+        return True, f"not known: cannot read {note}: {e.strerror or e}", ""
+    except ValueError:
+        return True, f"not known: {note} is not the agent's", ""
+    if fences is None:
+        return (True, "not known yet: the agent says at its start whether areas on the VPS are"
+                      " fenced by cgroup or by process group only", "")
+    return True, fences.describe("areas on the VPS"), ""
+
+
 CHECKS: tuple[tuple[str, Callable[[Path], Outcome]], ...] = (
     ("python", check_python),
     ("modules", check_modules),
@@ -158,6 +178,7 @@ CHECKS: tuple[tuple[str, Callable[[Path], Outcome]], ...] = (
     ("proc", check_proc),
     ("ss", check_ss),
     ("socket", check_socket),
+    ("fence", check_fence),
 )
 _NEEDS_DIR = {"flock", "socket"}
 

@@ -15,7 +15,9 @@ What is proven here, and what docs/operations.md ("systemd and the daemons") say
   and the side's log hub (nothing else lives in the unit's control group);
 - a daemon killed with SIGKILL (what the OOM killer sends), adopted or a child of the running
   monitord, is restarted by the supervisor; the unit stays active with the same main process;
-- systemd itself reports `OOMPolicy=continue` and `KillMode=process` for the installed unit.
+- systemd itself reports `OOMPolicy=continue` and `KillMode=process` for the installed unit;
+- `monitord check` says the areas are fenced by process group only, and why: the unit's
+  `ProtectControlGroups=yes` (a cgroup fence needs it off: test_cgroup_fence_under_systemd.py).
 Not proven here: systemd's own reaction to a kernel OOM kill (it learns of one from the
 cgroup v2 memory controller's `memory.events`, which a container gets only where the host
 gives cgroup v2 that controller).
@@ -133,6 +135,10 @@ def test_restart_adopts_the_daemons_and_a_killed_daemon_is_restarted(
     assert daemons == {area: [row["pid"]] for area, row in before.items()}, processes
     hubs = {pid for pid, argv in processes.items() if "log-hub" in argv}
     assert len(hubs) == 1, processes  # one for every area of the side
+    check = box.sh(f"runuser -u monitord -- monitord check -c {CONFIG}")
+    assert ("fence: local areas are fenced by process group only: cgroup v2 (/sys/fs/cgroup) is"
+            " mounted read-only for monitord (systemd's ProtectControlGroups=yes): a daemon's"
+            " child that calls setsid() escapes the fence\n") in check, check
 
     # (1) a restart of the unit: a new monitord, the same daemons, adopted, no second copy
     journal_at = len(box.journal())

@@ -30,6 +30,9 @@ HARDENING = {
     # the daemons outlive the unit's process and need the same /tmp after a restart
     "PrivateTmp": "no",
     "KillMode": "process",
+    # the unit's cgroup is delegated: areas get cgroups of their own (with
+    # ProtectControlGroups=no in a drop-in: docs/operations.md, "systemd and the daemons")
+    "Delegate": "yes",
 }
 # What starting daemons as per-service users needs, and nothing more (tests/integration/
 # test_privilege_drop.py runs a non-root monitord and guard with exactly these).

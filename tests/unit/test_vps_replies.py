@@ -224,6 +224,16 @@ class TestPreflightOutput:
         assert not isinstance(lines, str) and [line.check for line in lines] == ["python"]
 
 
+    def test_the_agent_line_ends_with_how_the_agent_fences_its_areas(self) -> None:
+        line = preflight.SelfCheckLine
+        fence = "areas on the VPS are fenced by process group only: why: what it leaves open"
+        result = preflight._judge_agent(None, (line("python", True, "cpython 3.11", ""),
+                                               line("fence", True, fence, "")))
+        assert result.ok
+        assert result.detail == ("answers over the SSH connection; self-check passed"
+                                 f" (cpython 3.11); fence: {fence}")
+
+
 class TestSsOutput:
     """Numbers in `ss` output are ASCII digits of bounded length."""
 

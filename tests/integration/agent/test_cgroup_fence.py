@@ -6,6 +6,8 @@ adopted after an agent restart."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import signal
 import time
 from collections.abc import Iterator
@@ -13,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from monitord.base import proc_identity
+from monitord.base import cgroup_fence, proc_identity
 from monitord.testing.split_brain import Detector
 from tests.integration.agent.conftest import area_body
-from tests.support.agent_process import AgentProcess, running_agent, wait_until
+from tests.support.agent_process import AgentProcess, running_agent, vps_command, wait_until
 from tests.support.escaped_children import Escapees, killed_at_the_end, require_cgroup_v2
 
 AREA = "9c0c0c0c-0000-4000-8000-00000000000a"
@@ -27,11 +29,6 @@ TTL_S = 2.0
 def escapees() -> Iterator[Escapees]:
     with killed_at_the_end() as children:
         yield children
-
-
-@pytest.fixture(autouse=True)
-def _cgroup_v2() -> None:
-    require_cgroup_v2()
 
 
 async def _started(agent: AgentProcess, detector: Detector, escapees: Escapees, *,
@@ -48,6 +45,10 @@ async def _started(agent: AgentProcess, detector: Detector, escapees: Escapees, 
 
 class TestEscapedChildIsFenced:
     """Where the agent owns a cgroup v2, no fence leaves a daemon's escaped child running."""
+
+    @pytest.fixture(autouse=True)
+    def _cgroup_v2(self) -> None:
+        require_cgroup_v2()
 
     async def test_a_stop_kills_the_child_that_left_the_daemons_process_group(
         self, agent: AgentProcess, detector: Detector, escapees: Escapees
@@ -90,3 +91,20 @@ class TestEscapedChildIsFenced:
             status, answer = await second.request("DELETE", f"/v1/areas/{AREA}?generation=1")
             assert status == 200, answer
             assert not proc_identity.is_same_process(child)
+
+
+class TestSelfCheckSaysHow:
+    """The self-check (through `monitord check --remote`) says how the agent that ran in its
+    dir fences areas, as that agent decided: it runs in its own cgroup, the self-check in the
+    SSH login's."""
+
+    async def test_the_fence_line_is_the_agents_own_decision(self, agent: AgentProcess) -> None:
+        result = await asyncio.create_subprocess_exec(
+            *vps_command("self-check", "--dir", str(agent.base_dir)),
+            stdout=asyncio.subprocess.PIPE)
+        stdout, _ = await asyncio.wait_for(result.communicate(), timeout=30)
+        lines = {line["check"]: line for line in map(json.loads, stdout.decode().splitlines())}
+        fences = cgroup_fence.prepare(cgroup_fence.instance_name(str(agent.base_dir.resolve())),
+                                      who="the agent")
+        assert lines["fence"] == {"check": "fence", "ok": True, "fix": "",
+                                  "detail": fences.describe("areas on the VPS")}

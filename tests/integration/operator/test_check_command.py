@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from monitord.base import cgroup_fence
+from monitord.local.supervisor import LocalSupervisor
 from monitord.remote import artifact, provisioning
 from monitord.remote.provisioning import LocalArtifact
 from monitord.testing.vps_server import VpsServer
@@ -90,8 +92,30 @@ class TestConfigurationOnly:
         assert result.stdout.splitlines() == [
             f"placement: {tmp_path / 'spool' / 'custom_config.json'}: 1 area(s), 1 local,"
             " 0 remote",
+            "fence: not known yet: monitord says at its start whether local areas are fenced"
+            " by cgroup or by process group only",
             f"configuration ok: {config}",
         ]
+
+    async def test_the_fence_line_says_how_monitord_fences_local_areas_and_why(
+        self, tmp_path: Path
+    ) -> None:
+        # what monitord decided at its start, in its own cgroup: here, this test's process
+        config = write_config(tmp_path)
+        supervisor = LocalSupervisor(state_dir=tmp_path / "work" / "supervisor")
+        result = await run_cli("check", "-c", str(config))
+        assert result.code == 0, result.stderr
+        [line] = [line for line in result.stdout.splitlines() if line.startswith("fence: ")]
+        assert line == f"fence: {supervisor.fences.describe('local areas')}"
+        # and where it could not, why, and what that leaves open
+        cgroup_fence.write_note(supervisor.state_dir, cgroup_fence.Fences(None, why=(
+            "cgroup v2 (/sys/fs/cgroup) is mounted read-only for monitord (systemd's"
+            " ProtectControlGroups=yes)")))
+        result = await run_cli("check", "-c", str(config))
+        assert ("fence: local areas are fenced by process group only: cgroup v2"
+                " (/sys/fs/cgroup) is mounted read-only for monitord (systemd's"
+                " ProtectControlGroups=yes): a daemon's child that calls setsid() escapes the"
+                " fence\n") in result.stdout
 
     async def test_broken_toml_exits_2_with_one_line(self, tmp_path: Path) -> None:
         config = tmp_path / "monitord.toml"

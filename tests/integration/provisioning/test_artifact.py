@@ -70,7 +70,10 @@ class TestArtifactRuns:
         lines = [json.loads(line) for line in result.stdout.splitlines()]
         assert result.returncode == 0, lines
         checks = {line["check"]: line for line in lines}
-        assert set(checks) == {"python", "modules", "bin_dir", "flock", "proc", "ss", "socket"}
+        assert set(checks) == {"python", "modules", "bin_dir", "flock", "proc", "ss", "socket",
+                               "fence"}
+        assert checks["fence"]["ok"]  # no agent ran there: it cannot know
+        assert checks["fence"]["detail"].startswith("not known yet: the agent says at its start")
         modules = len([n for n in zipfile.ZipFile(pyz).namelist()[1:] if n.endswith(".py")])
         assert checks["modules"]["detail"] == f"{modules} modules import"
 
