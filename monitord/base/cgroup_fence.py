@@ -215,13 +215,12 @@ def cgroup_of(pid: int, *, fences: Fences) -> _Text:
     return None if path is None else _directory(path, mount=fences.mount, root=fences.root)
 
 
-def holds(path: str, pid: int) -> bool:
-    """Whether process `pid` is in the cgroup `path` (not in one below it)."""
-    try:
-        with open(os.path.join(path, "cgroup.procs")) as f:
-            return str(pid) in f.read().split()
-    except OSError:
-        return False
+def joined(path: str, pid: int) -> bool:
+    """Whether process `pid` (a zombie too) is in the area cgroup `path`: /proc/PID/cgroup
+    names it, compared by its last two names (the instance's and the run's, which are
+    unique), since the hierarchy's mount root need not be the cgroup namespace's."""
+    found = _own_path(f"/proc/{pid}/cgroup")
+    return found is not None and found.split("/")[-2:] == path.rstrip("/").split("/")[-2:]
 
 
 def kill(path: str) -> None:

@@ -761,10 +761,14 @@ class LocalSupervisor:
                 stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, preexec_fn=join,
                 start_new_session=True, close_fds=True, **run_as.popen_kwargs(who),
             )
+        except OSError:
+            if cgroup is not None:
+                cgroup_fence.remove(cgroup)  # (empty: nothing ran in it)
+            raise
         finally:
             if procs_fd is not None:
                 os.close(procs_fd)
-        if cgroup is not None and not cgroup_fence.holds(cgroup, popen.pid):
+        if cgroup is not None and not cgroup_fence.joined(cgroup, popen.pid):
             log.warning("daemon_outside_cgroup", area=area, cgroup=cgroup, pid=popen.pid,
                         detail="the kernel refused it the cgroup: its process group alone"
                                " fences it")

@@ -444,14 +444,16 @@ class AreaRunner:
                                          area=str(record.get("area")),
                                          generation=int(record.get("generation", -1)))
 
-    async def empty_leftover_cgroups(self, *, keep: set[str]) -> None:
+    async def empty_leftover_cgroups(self, *, keep: set[str]) -> list[str]:
         """Once the survivors are handled: empty and remove every area cgroup of this runner
         but those in `keep` (the adopted guards' daemons'): a child that escaped a daemon
-        whose guard died while no agent ran, an area stopped then."""
+        whose guard died while no agent ran, an area stopped then. Returns those that a
+        process is still in."""
         if self.fences.base is None:
-            return
-        for path in cgroup_fence.leftovers(self.fences.base, keep=keep):
-            await group_stop.empty_cgroup(path, timeout_s=_DYING_WAIT_S, poll_s=_POLL_S)
+            return []
+        return [path for path in cgroup_fence.leftovers(self.fences.base, keep=keep)
+                if not await group_stop.empty_cgroup(path, timeout_s=_DYING_WAIT_S,
+                                                     poll_s=_POLL_S)]
 
     async def stop_survivor(self, identity: ProcessIdentity, area: str) -> bool:
         """Stop an unwanted guard left by a previous agent (fence grace: it has no grant)."""

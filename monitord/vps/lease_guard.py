@@ -238,12 +238,14 @@ def run(
         )
     except OSError as e:
         _say("spawn_failed", error=str(e), argv=list(argv), uid=uid, gid=gid)
+        if cgroup is not None:
+            cgroup_fence.remove(cgroup)  # (empty: nothing ran in it)
         return 127
     finally:
         if procs_fd is not None:
             os.close(procs_fd)
     _say("started", child_pid=child.pid, argv=list(argv), uid=uid, gid=gid, cgroup=cgroup)
-    if cgroup is not None and not cgroup_fence.holds(cgroup, child.pid):
+    if cgroup is not None and not cgroup_fence.joined(cgroup, child.pid):
         _say("daemon_outside_cgroup", cgroup=cgroup, child_pid=child.pid)
     if daemon_file is not None:
         _report_daemon(daemon_file, child.pid)

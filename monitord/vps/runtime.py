@@ -171,8 +171,9 @@ class AgentRuntime:
         for path in self.runner.leases_dir.glob("*.json"):
             if path.stem not in self._handles:
                 path.unlink(missing_ok=True)
-        await self.runner.empty_leftover_cgroups(
-            keep={h.cgroup for h in self._handles.values() if h.cgroup is not None})
+        for stuck in await self.runner.empty_leftover_cgroups(
+                keep={h.cgroup for h in self._handles.values() if h.cgroup is not None}):
+            log.error("cgroup_leftover_stuck", cgroup=stuck, error_code="CLEANUP_STUCK")
         # Ready only once guards can be forked (or it is late: then they start as commands),
         # so that the first areas after a start do not each cost an interpreter of their own.
         if not await self.runner.forkserver_listening(within_s=_FORKSERVER_WAIT_S):

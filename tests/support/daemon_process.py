@@ -27,7 +27,7 @@ from typing import Any
 
 import aiohttp
 
-from monitord.base import area_paths, proc_identity
+from monitord.base import area_paths, cgroup_fence, proc_identity
 from monitord.base.proc_identity import ProcessIdentity
 from monitord.testing.ports import free_port
 
@@ -264,13 +264,27 @@ async def running_daemon(
 
 
 def kill_supervised(work_dir: Path) -> None:
-    """SIGKILL the process group of every daemon a supervisor record under `work_dir` names
-    (monitord leaves its areas running when it stops, for the next one to adopt; a test
-    that is done with them must not leave them, nor the log hub that waits on their output)."""
+    """SIGKILL the process group of every daemon a supervisor record under `work_dir` names,
+    and what is in its cgroup (removed once empty, within 2 s): monitord leaves its areas
+    running when it stops, for the next one to adopt; a test that is done with them must not
+    leave them, nor the log hub that waits on their output."""
+    cgroups = []
     for record_path in (work_dir / area_paths.SUPERVISOR_DIR / "records").glob("*.json"):
         try:
-            identity = ProcessIdentity.from_json(json.loads(record_path.read_text())["identity"])
+            record = json.loads(record_path.read_text())
+            identity = ProcessIdentity.from_json(record["identity"])
         except (OSError, ValueError, KeyError, TypeError):
             continue
+        cgroup = record.get("cgroup")
+        if isinstance(cgroup, str) and cgroup.startswith("/sys/fs/cgroup/"):
+            cgroups.append(cgroup)
+            with contextlib.suppress(OSError):
+                cgroup_fence.kill(cgroup)
         if proc_identity.is_same_process(identity):
             proc_identity.signal_group(identity.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 2.0
+    for cgroup in cgroups:
+        with contextlib.suppress(OSError):
+            while cgroup_fence.populated(cgroup) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        cgroup_fence.remove(cgroup)

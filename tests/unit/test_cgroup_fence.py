@@ -120,7 +120,7 @@ class TestOnThisMachine:
             grandchild = proc_identity.read(int(child.stdout.readline()))
             assert grandchild is not None and os.getsid(grandchild.pid) == grandchild.pid
             assert cgroup_fence.cgroup_of(grandchild.pid, fences=fences) == path
-            assert cgroup_fence.holds(path, child.pid) and cgroup_fence.populated(path)
+            assert cgroup_fence.joined(path, child.pid) and cgroup_fence.populated(path)
             assert asyncio.run(group_stop.empty_cgroup(path, timeout_s=2.0))
             assert child.wait(timeout=2) < 0
             assert not proc_identity.is_same_process(grandchild)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from monitord.base import cgroup_fence, proc_identity
-from monitord.local.supervisor import LocalSupervisor
+from monitord.local.supervisor import AreaRun, LocalSupervisor
 from monitord.testing.split_brain import Detector
 from tests.integration.supervisor.conftest import fake_run, host_killed_with_sigkill
 from tests.support.agent_process import wait_until
@@ -100,11 +100,22 @@ class TestEscapedChildIsFenced:
         run = fake_run(detector, tmp_path, area=AREA, extra=("--escape-child",))
         await supervisor.start_area(run)
         await escapees.found(Path(run.data_dir))
-        base = cgroup_fence.prepare(cgroup_fence.instance_name(str(supervisor.state_dir))).base
+        base = supervisor.fences.base
         assert base is not None
         assert [name for name in os.listdir(base) if Path(base, name).is_dir()] == [f"{AREA}@1"]
         assert await supervisor.stop_area(AREA)
         await wait_until(lambda: not os.path.exists(base), timeout_s=2, what="no area cgroup")
+
+
+    async def test_a_start_that_fails_leaves_no_cgroup(
+        self, supervisor: LocalSupervisor, tmp_path: Path
+    ) -> None:
+        run = AreaRun(service="tg", area=AREA, generation=1, data_dir=str(tmp_path / AREA),
+                      command=(str(tmp_path / "no-such-daemon"),))
+        view = await supervisor.start_area(run)
+        assert (view.state, view.pid) == ("backoff", None)
+        assert supervisor.fences.base is not None
+        assert not os.path.exists(supervisor.fences.base)
 
 
 class TestWithoutCgroupV2:
