@@ -23,14 +23,18 @@ and opens its `cgroup.procs` in the spawner, and `join()`, in the child between 
 writes 0 to that descriptor: the child is in the cgroup before it can fork. The kernel judges
 that write by the opener's credentials, so it works after the child switched to its service's
 user (Linux >= 5.16; before that such a child stays out, and only its process group fences
-it). `kill()`, `populated()` and `remove()` are the fence's three steps; the waiting between
-them is the caller's. Where no cgroup can be used every caller falls back to the
+it; `joined()` tells). `kill()`, `populated()` and `remove()` are the fence's three steps;
+the waiting between them is the caller's. `cgroup_of()`, `recorded_dir()` and `leftovers()`
+serve adoption: the cgroup a survivor is in or its record names, and those nobody adopted.
+`write_note()` / `read_note()` keep the decision in the side's state dir for `check`, which
+runs as another process. Where no cgroup can be used every caller falls back to the
 process-group fence alone: a start never fails because of a cgroup.
 
 Used by the local supervisor (monitord/local/supervisor.py), on the VPS by the agent's area
-runner and each lease guard (monitord/vps/area_runner.py, monitord/vps/lease_guard.py), and by
-monitord/base/group_stop.py. Standard library only, Python >= 3.9, no asyncio: the lease guard
-imports it at every start.
+runner and each lease guard (monitord/vps/area_runner.py, monitord/vps/lease_guard.py), by
+monitord/base/group_stop.py, and by `monitord check` and the VPS's self-check
+(monitord/surface/check_command.py, monitord/vps/self_check.py). Standard library only, Python
+>= 3.9, no asyncio: the lease guard imports it at every start.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from monitord.base import atomic_file
 MOUNTINFO = "/proc/self/mountinfo"
 OWN_CGROUP = "/proc/self/cgroup"
 NOTE_NAME = "fencing.json"  # in the state dir: how this side's areas are fenced (`check`)
+_MAKE_ATTEMPTS = 3  # open_procs: an area's cgroup made while its parent is being removed
 # (3.9: no `X | None` at run time)
 _Text = Optional[str]
 
@@ -191,9 +196,18 @@ def recorded_dir(value: object, *, fences: Fences, area: str, generation: int) -
 
 def open_procs(path: str) -> int:
     """Make the cgroup `path` (and its parent, the instance's) if need be and open its
-    cgroup.procs for writing; the descriptor is closed on exec. OSError if either fails."""
-    os.makedirs(path, mode=0o755, exist_ok=True)
-    return os.open(os.path.join(path, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
+    cgroup.procs for writing; the descriptor is closed on exec. OSError if either fails.
+    (The parent goes with its last area, `remove`, maybe in another process between the two
+    mkdirs: then they are tried again.)"""
+    attempts = _MAKE_ATTEMPTS
+    while True:
+        try:
+            os.makedirs(path, mode=0o755, exist_ok=True)
+            return os.open(os.path.join(path, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            attempts -= 1
+            if not attempts:
+                raise
 
 
 def join(procs_fd: int) -> None:
