@@ -54,6 +54,7 @@ class PlacementState:
         # Areas held on both sides after state.db was lost or found older than the files,
         # until the VPS has said what it holds (orchestrator/state_loss.py), with why.
         self.held: dict[str, state_loss.Held] = {}
+        self._loaded = False  # (load done: areas that appear later are the UI's additions)
         self._listeners: list[Listener] = []
         self.changed = asyncio.Event()
         # custom_config.json is read-changed-written by commits and re-read by the
@@ -83,6 +84,11 @@ class PlacementState:
             state_lost=self.store.state_lost, state_new=self.store.created)
         for area, why in self.held.items():
             log.critical("area_held_state_lost", area=area, detail=why.detail)
+        # The file's generations of the areas not held are the truth from now on, issued
+        # here or not (written before monitord, by hand): the next start compares with them.
+        await self.store.raise_generations(
+            {a.uuid: a.generation for a in self.committed.values() if a.uuid not in self.held})
+        self._loaded = True
 
     async def settle_held(self, remote: RemoteInventory | None, *,
                           remote_configured: bool) -> None:
@@ -103,6 +109,7 @@ class PlacementState:
                     self.notify()
                 continue
             await self.record_lineage(lineage.default_for(area))
+            await self.store.raise_generations({uuid: area.generation})
             del self.held[uuid]
             log.warning("area_released_state_lost", area=uuid, side=area.location.value,
                         generation=area.generation)
@@ -152,6 +159,11 @@ class PlacementState:
         holds the file lock."""
         found = [Area(uuid=e.uuid, service=e.service, location=Side(e.location),
                       generation=e.generation) for e in document.entries]
+        if self._loaded:  # an entry new to this run (the UI added it): its generation is
+            # taken as issued, as at a start (`load`)
+            new = {a.uuid: a.generation for a in found
+                   if a.uuid not in self.committed and a.uuid not in self.held}
+            await self.store.raise_generations(new)
         stale = rules.reverted(self.committed, found)
         if stale:
             for was, committed in stale:

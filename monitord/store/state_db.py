@@ -513,6 +513,25 @@ class Store:
 
         return await self._run(write)
 
+    async def raise_generations(self, floors: Mapping[str, int]) -> None:
+        """Record each area's generation (area -> generation) as issued if it is higher than
+        the highest issued: the generations custom_config.json holds that this state.db did
+        not issue (a file written before monitord, an entry the UI added), taken as they are
+        once, so that a later start tells a state.db older than the file
+        (orchestrator/state_loss.py)."""
+
+        def write() -> None:
+            with _Tx(self._db()) as db:
+                db.executemany(
+                    "INSERT INTO generations (area, highest_issued) VALUES (?, ?) "
+                    "ON CONFLICT (area) DO UPDATE SET highest_issued = "
+                    "MAX(highest_issued, excluded.highest_issued)",
+                    [(area, generation) for area, generation in floors.items()],
+                )
+
+        if floors:
+            await self._run(write)
+
     async def highest_generations(self) -> dict[str, int]:
         """The highest generation ever issued, of every area one was issued for."""
 

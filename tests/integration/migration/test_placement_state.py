@@ -130,3 +130,37 @@ class TestTheUiAsASecondWriter:
         assert json.loads(path.read_text())["custom_daemons"] == [
             {"uuid": "a1", "service": "tg", "title": "added", "location": "remote",
              "generation": 1}]
+
+
+class TestGenerationsTheFileBrought:
+    """A file's generations that this state.db did not issue (written before monitord's
+    first start, an entry the UI added later) are taken as issued once, so that a later
+    start does not take state.db for older than the file and hold those areas."""
+
+    async def test_neither_a_first_start_nor_an_added_entry_is_held_at_the_next(
+        self, tmp_path: Path
+    ) -> None:
+        path = tmp_path / "custom_config.json"
+        path.write_text(json.dumps({"custom_daemons": [
+            {"uuid": "a1", "service": "tg", "generation": 3}]}))
+        async with await Store.open(tmp_path / "work") as store:
+            state = PlacementState(store=store, custom_config_path=path)
+            await state.load()
+            assert state.held == {}
+            _ui_write(path, {"custom_daemons": [
+                {"uuid": "a1", "service": "tg", "generation": 3},
+                {"uuid": "a2", "service": "tg", "location": "remote", "generation": 9}]})
+            await state.reload_committed()
+        (tmp_path / "work" / "owner_id").write_text("x\n")  # (monitord ran here)
+        async with await Store.open(tmp_path / "work") as store:
+            again = PlacementState(store=store, custom_config_path=path)
+            await again.load()
+            assert again.held == {}, again.held
+            # ... while a generation above what state.db knows still is
+            _ui_write(path, {"custom_daemons": [
+                {"uuid": "a1", "service": "tg", "generation": 3},
+                {"uuid": "a2", "service": "tg", "location": "remote", "generation": 10}]})
+        async with await Store.open(tmp_path / "work") as store:
+            third = PlacementState(store=store, custom_config_path=path)
+            await third.load()
+            assert set(third.held) == {"a2"}, third.held
