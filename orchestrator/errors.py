@@ -223,7 +223,8 @@ _ROWS: tuple[tuple[ErrorCode, Severity, bool, str, str], ...] = (
            " given), then `monitord retry SERVICE`."),
     (_E.LOCAL_DISK_FULL, _S.ERROR, False,
            "The PBX ran out of space (or inodes, or quota) while the area's data was copied"
-           " here; the half-written copy was removed.",
+           " here, or had too little for what the VPS declared before the first byte; the"
+           " half-written copy was removed.",
            "Free space under the PBX path named in the detail, then `monitord retry"
            " SERVICE`."),
     (_E.REMOTE_PERMISSION_DENIED, _S.ERROR, False,

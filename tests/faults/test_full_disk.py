@@ -193,9 +193,11 @@ class TestAMoveHomeThatCannotFit:
 
 
 class TestAPbxDiskThatFillsDuringTheCopyHome:
-    """The same race on the PBX's side of a move home: LOCAL_DISK_FULL (never
-    SSH_UNREACHABLE), the VPS's daemon runs again, the service parks at once, and the PBX's
-    staging dir is gone."""
+    """The same race on the PBX's side of a move home: the disk fills after the preflight,
+    before the copy. The copy holds what the VPS declares against the free space before its
+    first byte, so it is LOCAL_DISK_FULL (never SSH_UNREACHABLE) with nothing written, the
+    VPS's daemon runs again, the service parks at once, and no staging dir is left. (A disk
+    that fills while the bytes cross is the ENOSPC path, tests/unit/test_copy_causes.py.)"""
 
     async def test_is_named_local_disk_full_and_the_pbx_gets_its_space_back(
         self, fault_stack: FaultStackFactory, netns_vps: NetnsVps
@@ -222,8 +224,8 @@ class TestAPbxDiskThatFillsDuringTheCopyHome:
             parked = await wait_parked(stack, timeout_s=90)
             error = parked["last_error"]
             assert error["code"] == "LOCAL_DISK_FULL", error
-            assert "No space left on device" in error["detail"], error
-            assert "PBX: " in error["detail"] and "bytes free" in error["detail"], error
+            assert error["detail"].startswith("download refused: PBX: "), error
+            assert "MiB missing" in error["detail"], error
             failures = [(e.get("phase"), e.get("error_code"))
                         for e in stack.events("phase_failed")]
             assert [c for p, c in failures if p != "PREFLIGHT"] == ["LOCAL_DISK_FULL"], failures
