@@ -103,14 +103,17 @@ def _read_bounded(path: Path) -> bytes | None:
 
 
 def _load_json(path: Path) -> Any | None:
-    """Parsed JSON of `path`, None if it does not exist; ConfigCorrupt with the reason and
-    the parse position. Within bounded_json's bounds (nesting, RFC 8259), so nothing but
+    """Parsed JSON of `path`, None if it does not exist (or holds `null`: `_parse_json` tells
+    them apart); ConfigCorrupt with the reason and the parse position."""
+    raw = _read_bounded(path)
+    return None if raw is None else _parse_json(raw, path=path)
+
+
+def _parse_json(raw: bytes, *, path: Path) -> Any:
+    """`raw` parsed within bounded_json's bounds (nesting, RFC 8259), so nothing but
     ConfigCorrupt leaves here, and what comes back is safe to walk and copy. A number a
     Python value would not write back the same is a NumberText: the file is the UI's, and
     one odd number in it must neither refuse the whole file nor change when it is written."""
-    raw = _read_bounded(path)
-    if raw is None:
-        return None
     try:
         return bounded_json.loads(raw, exact_numbers=True)
     except bounded_json.JsonRefused as e:
@@ -275,11 +278,12 @@ def parse_custom_config(document: Any, *, path: Path) -> CustomConfig:
 
 
 def read_custom_config(path: Path) -> CustomConfig:
-    """Read `custom_config.json`; a missing file is an empty placement (no areas)."""
-    document = _load_json(path)
-    if document is None:
+    """Read `custom_config.json`; a missing file is an empty placement (no areas), a file
+    of `null` a broken one (ConfigCorrupt: never every area stopped for it)."""
+    raw = _read_bounded(path)
+    if raw is None:
         return CustomConfig()
-    return parse_custom_config(document, path=path)
+    return parse_custom_config(_parse_json(raw, path=path), path=path)
 
 
 def write_custom_config(path: Path, config: CustomConfig) -> None:

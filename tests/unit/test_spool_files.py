@@ -168,6 +168,9 @@ def before_service(document: dict[str, Any], uuid: str) -> str:
 MALFORMED = {
     "truncated": ('{"custom_daemons": [{"uuid": "a1", "serv', "line 1 column"),
     "not an object": ("[1, 2]", "top level"),
+    # (a UI whose encoder failed writes `null`: no file would be an empty placement, every
+    # area stopped; this is a broken file, never an empty one)
+    "null": ("null", "top level"),
     "daemons not a list": ('{"custom_daemons": {}}', "custom_daemons"),
     "not utf-8": ('{"custom_daemons": "\udcff"}', "UTF-8"),
 }
