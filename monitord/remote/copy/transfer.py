@@ -92,6 +92,8 @@ from orchestrator.block_delta import Blocks
 from orchestrator.errors import ErrorCode, MonitordError, error_for
 
 T = TypeVar("T")
+A = TypeVar("A")
+B = TypeVar("B")
 
 _CHUNK = 1 << 20
 # Linux's limits for one name and one path (NAME_MAX, PATH_MAX less the NUL).
@@ -574,6 +576,19 @@ async def _remove_all(sftp: asyncssh.SFTPClient, staging: str, names: Sequence[s
             await sftp.rmdir(str(PurePosixPath(staging) / rel))
 
 
+async def _side_by_side(first: Awaitable[A], second: Awaitable[B]) -> tuple[A, B]:
+    """Both answers, asked at once (one round trip for the two); the first failure cancels
+    the other (awaited) and is raised as it is."""
+    tasks = (asyncio.ensure_future(first), asyncio.ensure_future(second))
+    try:
+        one, two = await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return one, two
+
+
 async def _at_once(jobs: Sequence[Callable[[], Awaitable[None]]]) -> None:
     """Run `jobs`, up to _FILES_AT_ONCE of them at a time: their requests share round trips
     (a small file's open, write and close are three, whatever the number of files). The
@@ -1016,13 +1031,8 @@ class _Download:
         fetched: dict[str, local_tree.Fetched] = {}
         sent = 0
         async with sftp_session.session(self.conn) as sftp:
-            remote_root = (await sftp.realpath(self.remote_dir)).rstrip("/")
-            sizes = await _declared_sizes(sftp, remote_root, changed, where=self.remote_dir,
-                                          skip_gone=True)
-            seeds: dict[str, Path | None] = await asyncio.to_thread(
-                _seeds, self.basis, [rel for rel in sizes if rel not in staged_here])
-            seeds.update(dict.fromkeys(staged_here & sizes.keys()))
-            remote_blocks = await self.tree.blocks(sorted(seeds)) if seeds else {}
+            remote_root, sizes, seeds, remote_blocks = await self._looked_up(
+                sftp, changed, staged_here, skip_gone=True)
             in_place = {rel for rel in staged_here if rel in remote_blocks}
             if staged_here - in_place:  # (a staged file is never fetched whole over itself)
                 for rel in staged_here - in_place:
@@ -1072,14 +1082,9 @@ class _Download:
         fetched: dict[str, local_tree.Fetched] = {}
         async with self._refused_leaves_nothing(f"pre-copy of {self.remote_dir}",
                                                 meter) as sftp:
-            remote_root = (await sftp.realpath(self.remote_dir)).rstrip("/") if listed else ""
             # (a file gone since the listing is left out: the daemon runs)
-            sizes = await _declared_sizes(sftp, remote_root, sorted(listed),
-                                          where=self.remote_dir, skip_gone=True)
-            seeds = await asyncio.to_thread(_seeds, self.basis, sizes)
-            # (a staged file is the better start: it holds its basis and what came since)
-            seeds.update(dict.fromkeys(left & sizes.keys()))
-            remote_blocks = await self.tree.blocks(sorted(seeds)) if seeds else {}
+            remote_root, sizes, seeds, remote_blocks = await self._looked_up(
+                sftp, sorted(listed), left, skip_gone=True)
             resumed_from = {rel for rel in left if rel in remote_blocks and rel in sizes}
             if resumed_from != left:  # (a staged file is never fetched whole over itself)
                 await asyncio.to_thread(local_tree.prune_to, staging, resumed_from)
@@ -1107,6 +1112,29 @@ class _Download:
                       files={rel: f.sha256 for rel, f in fetched.items()}, cache=cache,
                       through_agent=self.tree.through_agent, sent_bytes=sent, send_s=send_s,
                       resumed_bytes=resumed)
+
+    async def _looked_up(
+        self, sftp: asyncssh.SFTPClient, names: Sequence[str], staged_here: set[str], *,
+        skip_gone: bool, whole: bool = False,
+    ) -> tuple[str, dict[str, int], dict[str, Path | None], dict[str, Blocks]]:
+        """What a fetch of `names` needs before its first byte, asked in one wave: the data
+        dir's real path and each file's declared size (`_declared_sizes`), and the VPS's
+        block digests of every file with a start here — {name: the dir of the PBX's own
+        copy it starts from (`_seeds`), or None: the file staged here, `staged_here`, a
+        better start (it holds its basis and what came since)}. (`whole`: no start at all,
+        every file fetched whole.) Returns (real path, sizes, starts, digests)."""
+        seeds: dict[str, Path | None] = {}
+        if not whole:
+            seeds = await asyncio.to_thread(
+                _seeds, self.basis, [rel for rel in names if rel not in staged_here])
+            seeds.update(dict.fromkeys(staged_here & set(names)))
+        sized = _declared_sizes(sftp, self.remote_dir, names, where=self.remote_dir,
+                                skip_gone=skip_gone)
+        if not seeds:
+            return *(await sized), seeds, {}
+        (root, sizes), remote_blocks = await _side_by_side(sized, self.tree.blocks(sorted(seeds)))
+        # (a file gone by its look-up has no start: it is not fetched)
+        return root, sizes, seeds, {rel: b for rel, b in remote_blocks.items() if rel in sizes}
 
     async def _fetch(
         self, sftp: asyncssh.SFTPClient, source: str, rel: str, *, size: int,
@@ -1136,26 +1164,18 @@ class _Download:
         changed = {rel for rel, h in kept.items() if rel in expected and expected[rel] != h}
         kept = {rel: h for rel, h in kept.items() if expected.get(rel) == h}
         to_fetch = sorted(rel for rel in expected if kept.get(rel) != expected[rel])
-        # {name: the dir of the PBX's copy its delta starts from, None: the staged file}
-        seeds: dict[str, Path | None] = {}
-        if not whole:
-            seeds = await asyncio.to_thread(
-                _seeds, self.basis, [rel for rel in to_fetch if rel not in changed])
-            seeds.update(dict.fromkeys(changed))
-        remote_blocks = await self.tree.blocks(sorted(seeds)) if seeds else {}
-        in_place: set[str] = set()  # (staged files changed in place: their room is taken)
-        if staged is None:
-            await asyncio.to_thread(local_tree.reset_dir, staging)
-        else:
-            in_place = {rel for rel in changed if rel in remote_blocks}
-            await asyncio.to_thread(local_tree.prune_to, staging, set(kept) | in_place)
         sent = 0
         meter = _Meter(progress, 0)
         async with self._refused_leaves_nothing(f"download of {self.remote_dir}",
                                                 meter) as sftp:
-            remote_root = (await sftp.realpath(self.remote_dir)).rstrip("/") if expected else ""
-            sizes = await _declared_sizes(sftp, remote_root, to_fetch, where=self.remote_dir,
-                                          skip_gone=False)
+            remote_root, sizes, seeds, remote_blocks = await self._looked_up(
+                sftp, to_fetch, changed, skip_gone=False, whole=whole)
+            in_place: set[str] = set()  # (staged files changed in place: their room is taken)
+            if staged is None:
+                await asyncio.to_thread(local_tree.reset_dir, staging)
+            else:
+                in_place = {rel for rel in changed if rel in remote_blocks}
+                await asyncio.to_thread(local_tree.prune_to, staging, set(kept) | in_place)
             await asyncio.to_thread(local_tree.ensure_room, staging, [
                 size for rel, size in sizes.items() if rel not in in_place])
             budget = _Budget(sum(sizes.values()))
@@ -1214,40 +1234,54 @@ _STATS_IN_FLIGHT = 64
 
 
 async def _declared_sizes(
-    sftp: asyncssh.SFTPClient, remote_root: str, names: Sequence[str], *, where: str,
+    sftp: asyncssh.SFTPClient, remote_dir: str, names: Sequence[str], *, where: str,
     skip_gone: bool,
-) -> dict[str, int]:
-    """{name: its size on the VPS} for the files about to be fetched, in the given order,
-    before any byte is: each must be a regular file whose real path is the listed one (no
-    remote symlink on the way) — else COPY_INCOMPLETE. These sizes cap what is read of each
-    file, and their sum the whole download: a VPS that sends more than it declared (a file
-    swapped for a link to /dev/zero) fills no disk here. `skip_gone`: a file that is gone
-    since the listing is left out (a running source) instead of failing the copy."""
-    sizes: dict[str, int | None] = {}
+) -> tuple[str, dict[str, int]]:
+    """(`remote_dir`'s real path on the VPS, {name: its size there}) for the files about to
+    be fetched, in the given order, before any byte is: each must be a regular file whose real
+    path is the listed one below that dir (no remote symlink on the way) — else
+    COPY_INCOMPLETE. These sizes cap what is read of each file, and their sum the whole
+    download: a VPS that sends more than it declared (a file swapped for a link to /dev/zero)
+    fills no disk here. `skip_gone`: a file that is gone since the listing is left out (a
+    running source) instead of failing the copy. The dir's real path and every file's real
+    path and lstat are asked side by side, 64 files a wave (over a WAN each wave is a round
+    trip, and a move home waits for this one while the area is down)."""
+    if not names:
+        return "", {}
+    base = remote_dir.rstrip("/")
 
-    async def declared(rel: str) -> int | None:
-        source = f"{remote_root}/{rel}"
+    async def looked_up(rel: str) -> tuple[str, asyncssh.SFTPAttrs] | None:
         try:
-            if await sftp.realpath(source) != source:
-                raise incomplete(f"refusing {rel!r} from {where}: a symlink on the VPS leads"
-                                 " elsewhere")
-            attrs = await sftp.lstat(source)
+            real, attrs = await asyncio.gather(sftp.realpath(f"{base}/{rel}"),
+                                               sftp.lstat(f"{base}/{rel}"))
         except ssh_errors.SFTP_NO_SUCH_FILE:
             if skip_gone:
                 return None
             raise
+        return real, attrs
+
+    async def batch(start: int) -> list[tuple[str, asyncssh.SFTPAttrs] | None]:
+        return await asyncio.gather(*(looked_up(rel)
+                                      for rel in names[start:start + _STATS_IN_FLIGHT]))
+
+    real_root, found = await asyncio.gather(sftp.realpath(base), batch(0))
+    root = real_root.rstrip("/")
+    for start in range(_STATS_IN_FLIGHT, len(names), _STATS_IN_FLIGHT):
+        found += await batch(start)
+    sizes: dict[str, int] = {}
+    for rel, seen in zip(names, found, strict=True):
+        if seen is None:
+            continue
+        real, attrs = seen
+        if real != f"{root}/{rel}":
+            raise incomplete(f"refusing {rel!r} from {where}: a symlink on the VPS leads"
+                             " elsewhere")
         regular = (stat.S_ISREG(attrs.permissions) if attrs.permissions is not None
                    else attrs.type == asyncssh.FILEXFER_TYPE_REGULAR)
         if not regular or attrs.size is None:
             raise incomplete(f"refusing {rel!r} from {where}: not a regular file on the VPS")
-        return attrs.size
-
-    for start in range(0, len(names), _STATS_IN_FLIGHT):
-        batch = names[start:start + _STATS_IN_FLIGHT]
-        for rel, size in zip(batch, await asyncio.gather(*(declared(rel) for rel in batch)),
-                             strict=True):
-            sizes[rel] = size
-    return {rel: size for rel, size in sizes.items() if size is not None}
+        sizes[rel] = attrs.size
+    return root, sizes
 
 
 @dataclass(slots=True)

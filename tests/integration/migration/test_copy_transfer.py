@@ -21,6 +21,7 @@ from monitord.remote import remote_exec
 from monitord.remote.copy import sftp_session, transfer
 from monitord.testing.vps_server import VpsServer
 from orchestrator.block_delta import BLOCK_BYTES as PAGE  # an SQLite page
+from orchestrator.block_delta import Blocks
 from orchestrator.errors import ErrorCode, MonitordError
 from tests.support.agent_process import vps_command, wait_until
 from tests.support.copy_agent import InProcessAgent as _Agent
@@ -190,6 +191,19 @@ class TestOneSftpSession:
         assert started.count == sftp_session.START_TRIPS
         # the files side by side: each one's open, writes and close in the same three waves
         assert copied.count >= 3
+
+
+class _CountedAgent(_Agent):
+    """The in-process agent, each of a download's questions one exchange with the VPS (as
+    the agent client marks its requests)."""
+
+    async def data_listing(self) -> bytes:
+        with round_trips.exchange():
+            return await super().data_listing()
+
+    async def blocks(self, paths: list[str]) -> dict[str, Blocks | None]:
+        with round_trips.exchange():
+            return await super().blocks(paths)
 
 
 def _count_sessions(conn: Any, monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -1460,6 +1474,32 @@ class TestPreCopyRoundsHome:
                 conn, vps_command=vps_command(), local_dir=back, remote_dir=str(remote),
                 staged=staged, agent=_Agent(remote))
         assert _tree(back) == _tree(remote)
+
+    async def test_after_the_stop_one_changed_page_waits_for_five_waves(
+        self, vps: VpsServer, tmp_path: Path
+    ) -> None:
+        """While the area is down, a download of one changed page asks, in turn: the
+        listing; the data dir's real path, each file's real path and size, and the changed
+        file's block digests, side by side; the file's open, its read, its close."""
+        remote, back = tmp_path / "vps" / "data" / "h4", tmp_path / "back"
+        remote.mkdir(parents=True)
+        store = remote / "session.db"
+        store.write_bytes(os.urandom(64 * PAGE))
+        (remote / "still.db").write_bytes(os.urandom(2 * PAGE))
+        async with vps.connect() as conn:
+            await sftp_session.warm(conn)
+            staged = await area_copy.pre_download(
+                conn, vps_command=vps_command(), local_dir=back, remote_dir=str(remote),
+                agent=_CountedAgent(remote))
+            _rewrite_pages(store, [9])
+            waves = RoundTrips()
+            with round_trips.counted_by(waves):
+                report = await area_copy.download(
+                    conn, vps_command=vps_command(), local_dir=back, remote_dir=str(remote),
+                    staged=staged, agent=_CountedAgent(remote))
+        assert _tree(back) == _tree(remote)
+        assert report.sent_bytes == PAGE
+        assert waves.count == 5, waves.count
 
     async def test_a_still_tree_takes_one_look_and_no_session(
         self, vps: VpsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
