@@ -7,8 +7,11 @@ Checked on each: that python3 runs the VPS side and the daemons; the session the
 is the connection's own process (`sshd` up to 9.7, `sshd-session` since 9.8), never the
 listener; a monitord that dies while its SSH session goes stale is followed by one that
 fences that session and serves again (not PORT_OCCUPIED); the area moves to the VPS and
-back; a fence aimed at the VPS's sshd listener is refused. (The foreign port holder runs on
-each release in test_vps_faults.py.)
+back by the blocks that changed, that python3 digesting them (the agent's `copy/staging`
+action `blocks` for what a cut copy left in the staging dir, which the move out resumes from;
+its `copy/blocks` for the data dir, which the move home fetches against the PBX's archive);
+a fence aimed at the VPS's sshd listener is refused. (The foreign port holder runs on each
+release in test_vps_faults.py.)
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ from typing import Any
 
 import pytest
 
+from monitord.base import tree_digest
 from monitord.testing.stack import Stack
+from orchestrator.block_delta import BLOCK_BYTES as PAGE
 from tests.faults.conftest import RELEASE_MATRIX, FaultStackFactory
 from tests.faults.debian_root import Release, release_of
 from tests.faults.netns_vps import NetnsVps
@@ -31,6 +36,10 @@ from tests.faults.netns_vps import NetnsVps
 # The per-connection process that owns the forwards, by generation (`ssh -V` of the root).
 SHELLS = {"bash", "dash", "sh"}
 SESSION_COMMAND = {"OpenSSH_8.4": "sshd", "OpenSSH_9.2": "sshd", "OpenSSH_10.0": "sshd-session"}
+# The area's store (`media.bin`, which its fake daemon never writes): large enough that a
+# file fetched whole stands out of the few pages that change.
+STORE_PAGES = 256
+STORE = "media.bin"
 
 
 def _comm(pid: int) -> str | None:
@@ -69,6 +78,37 @@ def _interpreters(vps: NetnsVps, marker: bytes) -> set[str]:
     return found - SHELLS
 
 
+def _rewrite_pages(data: bytes, *indexes: int) -> bytes:
+    """`data` with those 4 KiB pages rewritten, as an account's SQLite store changes."""
+    changed = bytearray(data)
+    for index in indexes:
+        changed[index * PAGE:(index + 1) * PAGE] = os.urandom(PAGE)
+    return bytes(changed)
+
+
+async def _logged(stack: Stack, name: str, *, since: int) -> dict[str, Any]:
+    """The last `name` event the stack's monitord logged after line `since`."""
+    def found() -> list[dict[str, Any]]:
+        return [e for e in map(_json_or_none, stack.log_lines[since:])
+                if isinstance(e, dict) and e.get("event") == name]
+
+    await stack.wait_until(found, timeout_s=10, what=f"{name} logged")
+    return found()[-1]
+
+
+def _copy_facts(event: dict[str, Any]) -> dict[str, Any]:
+    """What a copy's event says it moved (for a failed assertion's message)."""
+    return {k: event[k] for k in ("event", "from_side", "files", "bytes", "reused",
+                                  "sent_bytes", "resumed_bytes") if k in event}
+
+
+def _json_or_none(line: str) -> Any:
+    try:
+        return json.loads(line)
+    except ValueError:
+        return None
+
+
 async def _tunnel(stack: Stack) -> dict[str, Any]:
     state = (await stack.status())["tunnel"]
     assert isinstance(state, dict)
@@ -96,16 +136,37 @@ class TestAStaleSessionAfterACrash:
     async def test_the_next_monitord_recovers_the_tunnel_and_the_area_moves_there_and_back(
         self, fault_stack: FaultStackFactory, netns_vps: NetnsVps
     ) -> None:
-        stack = await fault_stack(services={"tg": 1})
+        # Every move pre-copies (not by the adaptive rule's measurements): the events below
+        # are each move's.
+        stack = await fault_stack(services={"tg": 1}, data_bytes=STORE_PAGES * PAGE,
+                                  remote_overrides={"pre_copy_min_bytes": 0})
         (area,) = stack.areas["tg"]
+        store = (stack.root / "pbx" / "tg" / area / STORE).read_bytes()
+        size = len(store)
+        remote_dir = netns_vps.remote_bin_dir / "data" / "tg" / area
+        # A copy cut by the link left three quarters of the store in the VPS's staging dir,
+        # two of its pages since changed on the PBX: the move out resumes from it, by the
+        # blocks the agent digests there (`copy/staging` action `blocks`).
+        staging = tree_digest.staging_dir(remote_dir)
+        staging.mkdir(parents=True)
+        left = STORE_PAGES * 3 // 4 * PAGE
+        (staging / STORE).write_bytes(_rewrite_pages(store[:left], 3, 100))
+        since = len(stack.log_lines)
         await stack.place("tg", "remote")
         await stack.wait_settled(expect={"tg": "remote"}, timeout_s=90)
+        out = await _logged(stack, "area_pre_copied", since=since)
+        # (the session DB is sent whole)
+        assert out["resumed_bytes"] == left - 2 * PAGE, _copy_facts(out)
+        assert out["bytes"] < size // 2, _copy_facts(out)
+        assert (remote_dir / STORE).read_bytes() == store
+        release = _release(netns_vps)
+        print(f"Debian {release.debian}: the move out resumed {out['resumed_bytes']} bytes of"
+              f" the staged store, sent {out['bytes']}")
 
         # The lease names the connection's own process of this release, never the listener.
         session = _lease(netns_vps)["session"]
         stale_pid, client_port = session["sshd_pid"], int(session["ssh_connection"].split()[1])
         assert netns_vps.sshd is not None and stale_pid != netns_vps.sshd.pid
-        release = _release(netns_vps)
         assert _comm(stale_pid) == SESSION_COMMAND[release.openssh]
         # That release's python3 runs the VPS side (agent, lease verb, lease guards with
         # their log sink) and the daemons: 3.9 on Debian 11.
@@ -139,10 +200,31 @@ class TestAStaleSessionAfterACrash:
         await stack.wait_settled(expect={"tg": "remote"}, timeout_s=90)
         assert [k.side for k in stack.detector.alive(area)] == ["remote"]
 
-        # ... and back home.
+        # ... and back home, where the PBX has the store only in its archive of the move out:
+        # the account changed two pages of it on the VPS, and the move home fetches those
+        # (the agent digests the VPS's files, `copy/blocks`), not the store.
+        local_dir = stack.root / "pbx" / "tg" / area
+        assert not local_dir.exists()
+        (archive,) = (stack.root / "work" / "archive" / "tg").glob(f"{area}-g*")
+        assert (archive / STORE).read_bytes() == store
+        changed = _rewrite_pages(store, 7, 130)
+        (remote_dir / STORE).write_bytes(changed)
+        session_db = (remote_dir / "session.db").read_bytes()  # the daemon appends to it
+        since = len(stack.log_lines)
         await stack.place("tg", "local")
         await stack.wait_settled(expect={"tg": "local"}, timeout_s=90)
         assert [k.side for k in stack.detector.alive(area)] == ["local"]
+        pre_copied = await _logged(stack, "area_pre_copied", since=since)
+        copied = await _logged(stack, "area_copied", since=since)
+        assert copied["from_side"] == "remote" and copied["bytes"] > size, _copy_facts(copied)
+        assert 2 * PAGE <= pre_copied["bytes"] < size // 8, _copy_facts(pre_copied)
+        assert copied["sent_bytes"] < size // 8, _copy_facts(copied)
+        print(f"Debian {release.debian}: the move home's pre-copy sent {pre_copied['bytes']}"
+              f" bytes, its copy after the stop {copied['sent_bytes']}, of {copied['bytes']}")
+        # What the VPS had, byte for byte (the session DB's records as the daemon there wrote
+        # them; the detector holds the local daemon to having started on all of them).
+        assert (local_dir / STORE).read_bytes() == changed
+        assert (local_dir / "session.db").read_bytes().startswith(session_db)
 
 
 @pytest.mark.parametrize("netns_vps", RELEASE_MATRIX, indirect=True)
