@@ -32,7 +32,7 @@ from typing import Any, Callable, Optional
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from monitord.base import bounded_json, log_tail, tree_digest
-from monitord.vps import host_memory
+from monitord.vps import event_log, host_memory
 from monitord.vps.lease_table import AreaSpec
 from monitord.vps.runtime import (
     MAX_HEALTH_WAIT_S,
@@ -42,6 +42,8 @@ from monitord.vps.runtime import (
     check_name,
 )
 from orchestrator import names
+
+log = event_log.get_logger(__name__)
 
 SECRET_NAME = "agent.secret"
 SOCKET_DIR = "api"  # 0700: only the agent's user may reach the socket at all
@@ -457,6 +459,11 @@ async def handle(runtime: AgentRuntime, request: Request, *, secret_path: Path) 
         return error_response(
             status=500, code="STORE_WRITE_FAILED", detail=f"{e.strerror or e}: {e.filename}"
         )
+    except Exception as e:  # a fault of the agent's own: named, not a channel closed early
+        log.error("agent_request_failed", method=request.method, path=request.path,
+                  error_code="INTERNAL", exc_info=e)
+        return error_response(status=500, code="INTERNAL",
+                              detail=f"the agent failed: {type(e).__name__}: {e}"[:300])
 
 
 # -- the wire ----------------------------------------------------------------------------

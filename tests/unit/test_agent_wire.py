@@ -103,3 +103,35 @@ class TestDeepJson:
             socket_path, _request("POST", "/v1/leases/renew", body=body)
         )
         assert (status, answer["error"]["code"]) == (400, "BAD_REQUEST")
+
+
+class _FaultyRuntime:
+    """A runtime with a fault of its own: every call raises what no handler expects."""
+
+    def __getattr__(self, name: str) -> Any:
+        def broken(*args: Any, **kwargs: Any) -> Any:
+            raise TypeError(f"{name}: an unexpected argument")
+
+        return broken
+
+
+class TestAFaultInsideTheAgent:
+    """An exception of the agent's own is answered 500 INTERNAL naming it, so that the PBX
+    reads the agent's failure, not a channel closed early (a lost link)."""
+
+    async def test_it_is_answered_500_internal_with_its_name(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        secret = tmp_path / "agent.secret"
+        secret.write_text(SECRET + "\n")
+        path = tmp_path / "api" / "agent.sock"
+        srv = await server.start_server(_FaultyRuntime(),  # type: ignore[arg-type]
+                                        socket_path=path, secret_path=secret)
+        try:
+            status, answer = await _exchange(path, _request("GET", "/v1/inventory"))
+        finally:
+            srv.close()
+            await srv.wait_closed()
+        assert (status, answer["error"]["code"]) == (500, "INTERNAL")
+        assert "TypeError: inventory: an unexpected argument" in answer["error"]["detail"]
+        assert "agent_request_failed" in capsys.readouterr().err
