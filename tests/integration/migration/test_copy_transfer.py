@@ -298,6 +298,7 @@ class TestStallDeadline:
     ) -> None:
         monkeypatch.setattr(transfer, "_CHUNK", 4096)
         monkeypatch.setattr(transfer, "_WRITES_IN_FLIGHT", 1)
+        monkeypatch.setattr(transfer, "_BYTES_IN_FLIGHT", 4096)  # one chunk on the wire
         src, remote = tmp_path / "src", tmp_path / "vps" / "data" / "d1"
         src.mkdir()
         (src / "big.db").write_bytes(os.urandom(24 * 4096))
@@ -764,6 +765,32 @@ class TestPreCopy:
                 staged=staged)
         assert _tree(remote) == _tree(src)
         assert report.reused == 2
+
+    async def test_scattered_pages_after_the_stop_take_the_waves_of_one(
+        self, vps: VpsServer, tmp_path: Path
+    ) -> None:
+        """The changed pages of a store go on the wire together, not a few at a time: 20
+        pages apart from each other take no more round trips than one page."""
+        waves: dict[int, int] = {}
+        async with vps.connect() as conn:
+            await sftp_session.warm(conn)
+            for pages in (1, 20):
+                src, remote = tmp_path / f"src{pages}", tmp_path / "vps" / "data" / f"w{pages}"
+                src.mkdir()
+                store = src / "session.db"
+                store.write_bytes(os.urandom(64 * PAGE))
+                staged = await area_copy.pre_upload(
+                    conn, vps_command=vps_command(), local_dir=src, remote_dir=str(remote))
+                _rewrite_pages(store, range(1, 3 * pages, 3))
+                counted = RoundTrips()
+                with round_trips.counted_by(counted):
+                    report = await area_copy.upload(
+                        conn, vps_command=vps_command(), local_dir=src,
+                        remote_dir=str(remote), staged=staged)
+                assert _tree(remote) == _tree(src)
+                assert report.sent_bytes == pages * PAGE
+                waves[pages] = counted.count
+        assert waves[20] == waves[1] > 0, waves
 
     async def test_a_store_replaced_by_a_new_file_is_sent_as_a_delta_of_the_staged_one(
         self, vps: VpsServer, tmp_path: Path
@@ -1475,12 +1502,13 @@ class TestPreCopyRoundsHome:
                 staged=staged, agent=_Agent(remote))
         assert _tree(back) == _tree(remote)
 
-    async def test_after_the_stop_one_changed_page_waits_for_five_waves(
+    async def test_after_the_stop_changed_pages_wait_for_five_waves(
         self, vps: VpsServer, tmp_path: Path
     ) -> None:
-        """While the area is down, a download of one changed page asks, in turn: the
+        """While the area is down, a download of a store's changed pages asks, in turn: the
         listing; the data dir's real path, each file's real path and size, and the changed
-        file's block digests, side by side; the file's open, its read, its close."""
+        file's block digests, side by side; the file's open, its reads (every scattered
+        page at once), its close."""
         remote, back = tmp_path / "vps" / "data" / "h4", tmp_path / "back"
         remote.mkdir(parents=True)
         store = remote / "session.db"
@@ -1491,14 +1519,14 @@ class TestPreCopyRoundsHome:
             staged = await area_copy.pre_download(
                 conn, vps_command=vps_command(), local_dir=back, remote_dir=str(remote),
                 agent=_CountedAgent(remote))
-            _rewrite_pages(store, [9])
+            _rewrite_pages(store, range(1, 60, 3))  # 20 pages, none beside another
             waves = RoundTrips()
             with round_trips.counted_by(waves):
                 report = await area_copy.download(
                     conn, vps_command=vps_command(), local_dir=back, remote_dir=str(remote),
                     staged=staged, agent=_CountedAgent(remote))
         assert _tree(back) == _tree(remote)
-        assert report.sent_bytes == PAGE
+        assert report.sent_bytes == 20 * PAGE
         assert waves.count == 5, waves.count
 
     async def test_a_still_tree_takes_one_look_and_no_session(
