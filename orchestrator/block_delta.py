@@ -21,6 +21,7 @@ file's blocks for a copy home), so it is held to Python 3.9: no dataclass slots.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 BLOCK_BYTES = 4096  # SQLite's default page, and the page size of the machines here
@@ -95,3 +96,10 @@ def plan(staged: Blocks, now: Blocks) -> Delta:
         else:
             runs.append((offset, length))
     return Delta(runs=tuple(runs), size=now.size, resize=now.size != staged.size)
+
+
+def cheapest(now: Blocks, starts: Sequence[Blocks]) -> int:
+    """Which of `starts` (copies one side already holds) turns into `now` with the fewest
+    bytes fetched (`plan`'s runs); the first of equals. A copy cut part way holds less than
+    a whole older one: the older may be the better start."""
+    return min(range(len(starts)), key=lambda i: plan(starts[i], now).sent_bytes)

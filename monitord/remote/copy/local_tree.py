@@ -31,7 +31,7 @@ from typing import BinaryIO, cast
 from monitord.base import tree_digest
 from monitord.base.atomic_file import fsync_path
 from monitord.remote.copy.listing import incomplete, name_problem
-from orchestrator import disk_space
+from orchestrator import block_delta, disk_space
 from orchestrator.block_delta import Blocks
 from orchestrator.errors import ErrorCode, MonitordError, error_for, file_error_code
 
@@ -281,6 +281,27 @@ def resumable(root: Path, wanted: set[str]) -> set[str]:
     prune_to(root, wanted)
     tree_digest.remove_empty_dirs(root)
     return {rel for rel, _, _ in tree_digest.regular_files(root)} & wanted
+
+
+def worse_than_basis(staging: Path, basis: Path, names: Iterable[str],
+                     now: dict[str, Blocks]) -> set[str]:
+    """Those of `names` — files a cut copy left in the staging dir, each with the VPS's
+    block digests `now` — from which basis/name (the PBX's own copy) needs fewer blocks
+    fetched (orchestrator/block_delta.cheapest): a cut while that copy was copied in, or
+    while a file came whole, leaves the staged file holding less. Both read as a delta's
+    start is (no symlink followed). Blocking, in a thread."""
+    worse: set[str] = set()
+    for rel in names:
+        try:
+            with open_inside(staging, rel) as staged:
+                have = tree_digest.read_blocks(staged)
+            with os.fdopen(tree_digest.open_inside(basis, rel), "rb") as own:
+                theirs = tree_digest.read_blocks(own)
+        except (OSError, MonitordError):
+            continue  # (no such copy here, or not one to start from: the staged file is)
+        if block_delta.cheapest(now[rel], [have, theirs]) == 1:
+            worse.add(rel)
+    return worse
 
 
 def settle(staging: Path, fetched: dict[str, Fetched]) -> tree_digest.Cache:

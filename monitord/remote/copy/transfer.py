@@ -1114,6 +1114,12 @@ class _Download:
             remote_root, sizes, seeds, remote_blocks = await self._looked_up(
                 sftp, sorted(listed), left, skip_gone=True)
             resumed_from = {rel for rel in left if rel in remote_blocks and rel in sizes}
+            if self.basis is not None and resumed_from:
+                # (a staged file holding less than the PBX's own copy is not the start)
+                worse = await asyncio.to_thread(local_tree.worse_than_basis, staging,
+                                                self.basis, sorted(resumed_from), remote_blocks)
+                resumed_from -= worse
+                seeds.update(dict.fromkeys(worse, self.basis))
             if resumed_from != left:  # (a staged file is never fetched whole over itself)
                 await asyncio.to_thread(local_tree.prune_to, staging, resumed_from)
             await asyncio.to_thread(local_tree.ensure_room, staging, [

@@ -456,6 +456,35 @@ class TestResume:
         assert staged.sent_bytes <= (16 << 20) - staged.resumed_bytes + 4096
         assert _tree(back) == _tree(remote)
 
+    async def test_a_staged_file_that_holds_less_than_the_pbxs_own_copy_is_not_the_start(
+        self, vps: VpsServer, tmp_path: Path
+    ) -> None:
+        """A cut during the copy-in of the PBX's own copy (or of a file fetched whole) leaves
+        the staged file holding less than that copy: the fetch starts from whichever of the
+        two needs fewer blocks from the VPS."""
+        from monitord.remote.copy import local_tree
+
+        remote, back, archive = (tmp_path / "vps" / "data" / "r5", tmp_path / "back",
+                                 tmp_path / "archive")
+        remote.mkdir(parents=True)
+        archive.mkdir()
+        store = os.urandom(1024 * PAGE)
+        (archive / "big.db").write_bytes(store)
+        (remote / "big.db").write_bytes(store)
+        _rewrite_pages(remote / "big.db", [700])  # what the VPS changed since
+        staging = local_tree.staging_of(back)
+        staging.mkdir(parents=True)
+        (staging / "big.db").write_bytes(store[:256 * PAGE])  # a quarter copied in, then cut
+        async with vps.connect() as conn:
+            staged = await area_copy.pre_download(
+                conn, vps_command=vps_command(), local_dir=back, remote_dir=str(remote),
+                agent=_Agent(remote), basis=archive)
+            await area_copy.download(conn, vps_command=vps_command(), local_dir=back,
+                                     remote_dir=str(remote), staged=staged,
+                                     agent=_Agent(remote), basis=archive)
+        assert staged.sent_bytes == PAGE, staged
+        assert _tree(back) == _tree(remote)
+
     async def test_a_staging_dir_the_vps_misreports_is_verified_whole_and_sent_again(
         self, vps: VpsServer, tmp_path: Path
     ) -> None:

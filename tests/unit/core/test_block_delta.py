@@ -13,6 +13,7 @@ from orchestrator.block_delta import (
     Blocks,
     Delta,
     blocks_of,
+    cheapest,
     plan,
 )
 
@@ -105,3 +106,29 @@ def mutated(rng: random.Random) -> tuple[bytes, bytes]:
         elif kind == "cut":
             del new[rng.randrange(0, len(new) + 1):]
     return old, bytes(new)
+
+
+class TestTheCheapestStart:
+    """Of the copies a side holds, the fetch starts from the one that needs fewest bytes."""
+
+    def test_a_whole_older_copy_beats_a_cut_prefix_of_the_newest(self) -> None:
+        rng = random.Random(5)
+        older = bytearray(rng.randbytes(64 * BLOCK_BYTES))
+        now = bytearray(older)
+        now[page(40)] = rng.randbytes(BLOCK_BYTES)
+        cut = bytes(now[:16 * BLOCK_BYTES])  # a quarter of the newest, then the cut
+        assert cheapest(blocks(bytes(now)), [blocks(cut), blocks(bytes(older))]) == 1
+
+    def test_a_cut_copy_that_holds_more_of_the_newest_is_kept(self) -> None:
+        rng = random.Random(6)
+        older = bytearray(rng.randbytes(64 * BLOCK_BYTES))
+        now = bytearray(older)
+        for index in range(0, 64, 2):  # half the pages changed since the older copy
+            now[page(index)] = rng.randbytes(BLOCK_BYTES)
+        cut = bytes(now[:48 * BLOCK_BYTES])
+        assert cheapest(blocks(bytes(now)), [blocks(cut), blocks(bytes(older))]) == 0
+
+    def test_of_equals_the_first(self) -> None:
+        data = random.Random(7).randbytes(8 * BLOCK_BYTES)
+        assert cheapest(blocks(data), [blocks(data), blocks(data)]) == 0
+
