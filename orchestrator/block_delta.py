@@ -54,6 +54,79 @@ def block_count(size: int) -> int:
     return -(-size // BLOCK_BYTES)
 
 
+# Blocks one group summary stands for (64 KiB): what a side that already holds most of a
+# file sends to ask for the digests of the groups that differ only (`changed_groups`).
+GROUP_BLOCKS = 16
+
+
+def group_count(size: int) -> int:
+    return -(-block_count(size) // GROUP_BLOCKS)
+
+
+def group_digests(blocks: Blocks) -> bytes:
+    """One DIGEST_BYTES summary per GROUP_BLOCKS blocks of `blocks`, in order (the last
+    group may be shorter): the BLAKE2b-128 of the group's block digests."""
+    step = GROUP_BLOCKS * DIGEST_BYTES
+    return b"".join(hashlib.blake2b(blocks.digests[i:i + step], digest_size=DIGEST_BYTES)
+                    .digest() for i in range(0, len(blocks.digests), step))
+
+
+@dataclass(frozen=True)
+class ChangedGroups:
+    """A file's block digests sent for the groups that differ from what the asker holds
+    only: `groups` (ascending indices), their blocks' digests in order in `digests`."""
+
+    size: int
+    groups: tuple[int, ...]
+    digests: bytes
+
+
+def changed_groups(now: Blocks, known: bytes) -> ChangedGroups:
+    """`now` as an answer to one who holds a copy summarised by `known` (its
+    `group_digests`): the groups whose summary differs — every group past the known ones,
+    and one whose block count differs, since its summary does."""
+    mine = group_digests(now)
+    groups = tuple(i for i in range(group_count(now.size))
+                   if mine[i * DIGEST_BYTES:(i + 1) * DIGEST_BYTES]
+                   != known[i * DIGEST_BYTES:(i + 1) * DIGEST_BYTES])
+    step = GROUP_BLOCKS * DIGEST_BYTES
+    return ChangedGroups(size=now.size, groups=groups,
+                         digests=b"".join(now.digests[g * step:(g + 1) * step] for g in groups))
+
+
+def with_changes(have: Blocks, answer: ChangedGroups) -> Blocks | None:
+    """The answered file's block digests, those of its unchanged groups taken from `have`
+    (the copy the question summarised); None when the answer cannot be one to that
+    question: groups out of order or range, digests not those groups' size, or an unsent
+    group that `have` does not hold with as many blocks. (What it rebuilds only chooses what
+    to fetch: the SHA-256 of the result still decides.)"""
+    count = block_count(answer.size)
+    groups = answer.groups
+    if list(groups) != sorted(set(groups)) or any(not 0 <= g < group_count(answer.size)
+                                                  for g in groups):
+        return None
+    changed = set(groups)
+    have_count = block_count(have.size)
+    out = bytearray()
+    at = 0
+    for g in range(group_count(answer.size)):
+        first = g * GROUP_BLOCKS
+        blocks = min(GROUP_BLOCKS, count - first)
+        if g in changed:
+            taken = answer.digests[at:at + blocks * DIGEST_BYTES]
+            if len(taken) != blocks * DIGEST_BYTES:
+                return None
+            out += taken
+            at += len(taken)
+        elif min(GROUP_BLOCKS, have_count - first) == blocks:
+            out += have.digests[first * DIGEST_BYTES:(first + blocks) * DIGEST_BYTES]
+        else:
+            return None
+    if at != len(answer.digests):
+        return None
+    return Blocks(size=answer.size, digests=bytes(out))
+
+
 def blocks_of(data: bytes) -> bytes:
     """The digests of `data`'s blocks (`data` starts at a block boundary)."""
     return b"".join(hashlib.blake2b(data[i:i + BLOCK_BYTES], digest_size=DIGEST_BYTES).digest()

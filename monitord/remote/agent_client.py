@@ -45,8 +45,8 @@ from urllib.parse import quote, urlencode
 
 from monitord.base import bounded_json, log_tail, logs, outside_text, round_trips, tree_digest
 from monitord.remote import agent_channels
-from orchestrator import area_health, memory_room, names
-from orchestrator.block_delta import Blocks
+from orchestrator import area_health, block_delta, memory_room, names
+from orchestrator.block_delta import Blocks, ChangedGroups
 from orchestrator.errors import ErrorCode, MonitordError, TransientError, error_for
 from orchestrator.models import ProcessInfo, RemoteEntry, RemoteInventory
 
@@ -438,24 +438,36 @@ class AgentClient:
             raise _malformed(where, f"listing is not base64: {e}") from e
 
     async def blocks(self, *, area: str, data_dir: str, paths: list[str],
-                     timeout_s: float = PROMOTE_TIMEOUT_S) -> dict[str, Blocks | None]:
+                     known: dict[str, bytes] | None = None,
+                     timeout_s: float = PROMOTE_TIMEOUT_S,
+                     ) -> dict[str, Blocks | ChangedGroups | None]:
         """The block digests (orchestrator/block_delta.py) of each of `paths` in `data_dir`
         on the VPS (`POST /v1/areas/{area}/copy/blocks`; at most tree_digest.MAX_BLOCK_PATHS
-        names): None for a name that is not a regular file there or did not fit the answer.
-        An answer that is not exactly that (a name not asked for, digests that do not fit
-        the size) is AGENT_UNREACHABLE; 404 from an agent without the route."""
+        names): None for a name that is not a regular file there or did not fit the answer;
+        for a name in `known` (the PBX's group summaries of its own copy), the digests of
+        the groups that differ only, as the agent sends them (an agent before `known` sends
+        every digest). An answer that is not exactly that (a name not asked for, digests
+        that do not fit the size) is AGENT_UNREACHABLE; 404 from an agent without the route."""
         where = f"POST /v1/areas/{area}/copy/blocks"
-        # The answer: the digests (base64) and each name asked for, JSON-escaped.
+        known = known or {}
+        # The answer: the digests (base64), each name asked for, JSON-escaped, and the
+        # indices of the groups sent (at most one per group of digests the answer holds).
+        groups = (tree_digest.BLOCK_DIGEST_BYTES
+                  // (block_delta.GROUP_BLOCKS * block_delta.DIGEST_BYTES) if known else 0)
         limit = (tree_digest.BLOCK_DIGEST_BYTES * 4 // 3
-                 + sum(6 * len(p.encode(errors="surrogateescape")) + 64 for p in paths) + 4096)
+                 + sum(6 * len(p.encode(errors="surrogateescape")) + 64 for p in paths)
+                 + 12 * groups + 4096)
+        body: dict[str, Any] = {"data_dir": data_dir, "paths": paths}
+        if known:
+            body["known"] = {rel: base64.b64encode(g).decode("ascii") for rel, g in known.items()}
         doc = _object(await self._call(
-            "POST", f"/v1/areas/{area}/copy/blocks", body={"data_dir": data_dir, "paths": paths},
-            timeout_s=timeout_s, limit=limit,
+            "POST", f"/v1/areas/{area}/copy/blocks", body=body, timeout_s=timeout_s, limit=limit,
         ), where=where)
         answered = doc.get("blocks")
         if not isinstance(answered, dict) or set(answered) != set(paths):
             raise _malformed(where, "blocks does not answer the names asked for")
-        return {rel: _blocks(value, where=f"{where}: {rel!r}") for rel, value in answered.items()}
+        return {rel: _blocks_or_groups(value, where=f"{where}: {rel!r}", known=rel in known)
+                for rel, value in answered.items()}
 
     async def stop(self, *, area: str, generation: int) -> str:
         """Stop the process at `generation`, keep the entry: 'stopped' or 'absent'."""
@@ -582,13 +594,34 @@ def _parse_json(raw: bytes) -> Any:
 def _blocks(value: Any, *, where: str) -> Blocks | None:
     if value is None:
         return None
+    size, digests = _size_and_digests(value, where=where)
+    try:
+        return Blocks(size=size, digests=digests)
+    except ValueError as e:  # (not one digest per block of `size`)
+        raise _malformed(where, str(e)) from e
+
+
+def _blocks_or_groups(value: Any, *, where: str, known: bool) -> Blocks | ChangedGroups | None:
+    """One name's answer to a blocks question: its digests, or (`known`: the question
+    summarised the PBX's copy) those of the groups that differ, named by ascending index."""
+    groups = value.get("groups") if isinstance(value, dict) else None
+    if groups is None:
+        return _blocks(value, where=where)
+    if not known or not isinstance(groups, list) or not all(
+            bounded_json.integer(g) is not None for g in groups):
+        raise _malformed(where, "groups is not a list of indices of a file summarised")
+    size, digests = _size_and_digests(value, where=where)
+    return ChangedGroups(size=size, groups=tuple(groups), digests=digests)
+
+
+def _size_and_digests(value: Any, *, where: str) -> tuple[int, bytes]:
     size = bounded_json.integer(value.get("size")) if isinstance(value, dict) else None
     encoded = value.get("digests") if isinstance(value, dict) else None
     if size is None or not isinstance(encoded, str):
         raise _malformed(where, "not a size and its digests")
     try:
-        return Blocks(size=size, digests=base64.b64decode(encoded, validate=True))
-    except ValueError as e:  # (not base64, or not one digest per block of `size`)
+        return size, base64.b64decode(encoded, validate=True)
+    except ValueError as e:
         raise _malformed(where, str(e)) from e
 
 

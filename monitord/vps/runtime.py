@@ -36,7 +36,7 @@ from monitord.base import log_sink, proc_identity, run_as, tree_digest
 from monitord.vps import area_runner, event_log, host_memory, lease_file, lease_table, spool_cache
 from monitord.vps.area_runner import AreaRunner, GuardHandle
 from monitord.vps.lease_table import AreaEntry, AreaSpec, CreateVerdict, GenerationCheck
-from orchestrator import names
+from orchestrator import block_delta, names
 from orchestrator.errors import ErrorCode, PermanentError, file_error_code
 
 _RESET_BACKOFF_AFTER_S = 10.0
@@ -434,18 +434,33 @@ class AgentRuntime:
         return {"area": area, "listing": _encoded(listing)}
 
     async def blocks(self, area: str, *, data_dir: str, paths: Sequence[str],
-                     limit: int) -> dict[str, Any]:
+                     limit: int, known: Mapping[str, bytes]) -> dict[str, Any]:
         """POST /v1/areas/{area}/copy/blocks: the block digests of each of `paths` in
         `data_dir` (tree_digest.file_blocks), what a copy to the PBX needs to fetch only the
-        blocks its own copy lacks. A name that is no regular file there, or whose digests
-        would take the answer past `limit` bytes, is answered null: the PBX fetches it
-        whole."""
+        blocks its own copy lacks — of a name in `known` (the PBX's summary of its copy),
+        those of the 64 KiB groups that differ only, with their indices
+        (orchestrator/block_delta.changed_groups): after the stop a live store's answer is
+        its changed pages' groups, not a digest per page of the whole store. A name that is
+        no regular file there, or whose digests would take the answer past `limit` bytes,
+        is answered null: the PBX fetches it whole."""
         def work(root: Path) -> dict[str, Any]:
             answered: dict[str, Any] = {}
             left = limit
             for rel in paths:
                 found = tree_digest.file_blocks(root, rel)
-                if found is None or len(found.digests) > left:
+                if found is None:
+                    answered[rel] = None
+                    continue
+                if rel in known:
+                    changed = block_delta.changed_groups(found, known[rel])
+                    if len(changed.digests) > left:
+                        answered[rel] = None
+                        continue
+                    left -= len(changed.digests)
+                    answered[rel] = {"size": changed.size, "groups": list(changed.groups),
+                                     "digests": _encoded(changed.digests)}
+                    continue
+                if len(found.digests) > left:
                     answered[rel] = None
                     continue
                 left -= len(found.digests)

@@ -21,6 +21,7 @@ Called by monitord.vps.cli (`monitord agent`).
 from __future__ import annotations
 
 import asyncio
+import base64
 import hmac
 import json
 import re
@@ -350,8 +351,27 @@ async def area_blocks(runtime: AgentRuntime, request: Request, name: str | None)
     most = tree_digest.MAX_BLOCK_PATHS
     if len(paths) > most:
         raise bad_request(f"paths: at most {most} names in one question")
+    known = _known_groups(doc.get("known"), paths)
     return Response(200, await runtime.blocks(area, data_dir=data_dir, paths=paths,
-                                              limit=tree_digest.BLOCK_DIGEST_BYTES))
+                                              limit=tree_digest.BLOCK_DIGEST_BYTES,
+                                              known=known))
+
+
+def _known_groups(value: Any, paths: tuple[str, ...]) -> dict[str, bytes]:
+    """`known` of a blocks question: {name asked for: the asker's group summaries of its
+    copy (orchestrator/block_delta.group_digests), base64} — absent: none."""
+    if value is None:
+        return {}
+    found = _string_map(value, "known")
+    if not set(found) <= set(paths):
+        raise bad_request("known: only names asked for in paths")
+    decoded: dict[str, bytes] = {}
+    for rel, encoded in found.items():
+        try:
+            decoded[rel] = base64.b64decode(encoded, validate=True)
+        except ValueError as e:
+            raise bad_request(f"known: {rel!r}: not base64 ({e})") from e
+    return decoded
 
 
 async def area_listing(runtime: AgentRuntime, request: Request, name: str | None) -> Response:

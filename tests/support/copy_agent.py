@@ -7,7 +7,8 @@ import asyncio
 from pathlib import Path
 
 from monitord.base import tree_digest
-from orchestrator.block_delta import Blocks
+from orchestrator import block_delta
+from orchestrator.block_delta import Blocks, ChangedGroups
 
 
 class InProcessAgent:
@@ -29,10 +30,17 @@ class InProcessAgent:
         self.calls.append("data_listing")
         return await asyncio.to_thread(tree_digest.cached_listing, self.remote)
 
-    async def blocks(self, paths: list[str]) -> dict[str, Blocks | None]:
+    async def blocks(self, paths: list[str], known: dict[str, bytes] | None = None,
+                     ) -> dict[str, Blocks | ChangedGroups | None]:
+        """As the agent answers (`known`: only the groups that differ, through the same
+        orchestrator/block_delta.changed_groups)."""
         self.calls.append("blocks")
-        return {rel: await asyncio.to_thread(tree_digest.file_blocks, self.remote, rel)
-                for rel in paths}
+        answered: dict[str, Blocks | ChangedGroups | None] = {}
+        for rel in paths:
+            found = await asyncio.to_thread(tree_digest.file_blocks, self.remote, rel)
+            answered[rel] = (block_delta.changed_groups(found, known[rel])
+                             if found is not None and known and rel in known else found)
+        return answered
 
     async def reset(self) -> None:
         self.calls.append("reset")

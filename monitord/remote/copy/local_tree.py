@@ -190,14 +190,17 @@ def _open_inside(root: Path, rel: str, flags: int, mode: str) -> BinaryIO:
     return cast(BinaryIO, os.fdopen(out, mode))  # (a binary mode, "wb", "w+b" or "r+b")
 
 
-def delta_target(staging: Path, rel: str, basis: Path | None) -> tuple[BinaryIO, Blocks]:
+def delta_target(staging: Path, rel: str, basis: Path | None, *,
+                 have: Blocks | None = None) -> tuple[BinaryIO, Blocks]:
     """Where a download of rel starts from a copy the PBX already has, and that copy's block
     digests (orchestrator/block_delta.py): staging/rel made a copy of basis/rel (the PBX's
     own copy of the area, read as the agent reads the VPS's: tree_digest.open_inside, no
-    symlink on the way, no FIFO), or, with no basis, staging/rel as a pre-copy left it.
-    Opened to be changed in place."""
+    symlink on the way, no FIFO), or, with no basis, staging/rel as a pre-copy left it
+    (`have`: its digests, read already: `staged_blocks`). Opened to be changed in place."""
     if basis is None:
         out = open_inside(staging, rel)
+        if have is not None:
+            return out, have
         try:
             with _named(staging / rel, during=f"reading {rel!r}"):
                 return out, tree_digest.read_blocks(out)
@@ -281,6 +284,19 @@ def resumable(root: Path, wanted: set[str]) -> set[str]:
     prune_to(root, wanted)
     tree_digest.remove_empty_dirs(root)
     return {rel for rel, _, _ in tree_digest.regular_files(root)} & wanted
+
+
+def staged_blocks(staging: Path, names: Iterable[str]) -> dict[str, Blocks]:
+    """The block digests of those of `names` the staging dir holds as regular files (read
+    as `delta_target` opens them). Blocking, in a thread."""
+    found: dict[str, Blocks] = {}
+    for rel in names:
+        try:
+            with open_inside(staging, rel) as staged:
+                found[rel] = tree_digest.read_blocks(staged)
+        except (OSError, MonitordError):
+            continue  # (not one to start from: the look-up leaves it to be fetched whole)
+    return found
 
 
 def worse_than_basis(staging: Path, basis: Path, names: Iterable[str],

@@ -999,6 +999,17 @@ async def pre_download(
 
 
 @dataclass(frozen=True, slots=True)
+class _LookedUp:
+    """What a download's look-up wave found (`_Download._looked_up`)."""
+
+    root: str  # the data dir's real path on the VPS
+    sizes: dict[str, int]  # {name: its size there}, the files to fetch, in order
+    seeds: dict[str, Path | None]  # {name: the PBX's copy it starts from; None: the staged file}
+    blocks: dict[str, Blocks]  # the VPS's digests of the files with a start
+    have: dict[str, Blocks]  # the staged files' own digests (a start in place)
+
+
+@dataclass(frozen=True, slots=True)
 class _Download:
     """VPS -> PBX, the pre-copy and the copy after the stop, through one way on the VPS;
     `basis`: the PBX's own copy of the area, where a file not staged starts from."""
@@ -1059,8 +1070,8 @@ class _Download:
         fetched: dict[str, local_tree.Fetched] = {}
         sent = 0
         async with sftp_session.session(self.conn) as sftp:
-            remote_root, sizes, seeds, remote_blocks = await self._looked_up(
-                sftp, changed, staged_here, skip_gone=True)
+            found = await self._looked_up(sftp, changed, staged_here, skip_gone=True)
+            sizes, remote_blocks = found.sizes, found.blocks
             in_place = {rel for rel in staged_here if rel in remote_blocks}
             if staged_here - in_place:  # (a staged file is never fetched whole over itself)
                 for rel in staged_here - in_place:
@@ -1074,9 +1085,8 @@ class _Download:
                 files.pop(rel, None)  # (until it is whole again: a cut leaves it mixed)
                 cache.pop(rel, None)
                 try:
-                    fetched[rel], n = await self._fetch(
-                        sftp, f"{remote_root}/{rel}", rel, size=size, budget=budget,
-                        blocks=remote_blocks.get(rel), seed=seeds.get(rel), meter=meter)
+                    fetched[rel], n = await self._fetch(sftp, found, rel, size=size,
+                                                        budget=budget, meter=meter)
                 except ssh_errors.SFTP_NO_SUCH_FILE:
                     continue  # gone since the listing (the daemon runs)
                 files[rel] = fetched[rel].sha256
@@ -1111,15 +1121,15 @@ class _Download:
         async with self._refused_leaves_nothing(f"pre-copy of {self.remote_dir}",
                                                 meter) as sftp:
             # (a file gone since the listing is left out: the daemon runs)
-            remote_root, sizes, seeds, remote_blocks = await self._looked_up(
-                sftp, sorted(listed), left, skip_gone=True)
+            found = await self._looked_up(sftp, sorted(listed), left, skip_gone=True)
+            sizes, remote_blocks = found.sizes, found.blocks
             resumed_from = {rel for rel in left if rel in remote_blocks and rel in sizes}
             if self.basis is not None and resumed_from:
                 # (a staged file holding less than the PBX's own copy is not the start)
                 worse = await asyncio.to_thread(local_tree.worse_than_basis, staging,
                                                 self.basis, sorted(resumed_from), remote_blocks)
                 resumed_from -= worse
-                seeds.update(dict.fromkeys(worse, self.basis))
+                found.seeds.update(dict.fromkeys(worse, self.basis))
             if resumed_from != left:  # (a staged file is never fetched whole over itself)
                 await asyncio.to_thread(local_tree.prune_to, staging, resumed_from)
             await asyncio.to_thread(local_tree.ensure_room, staging, [
@@ -1131,10 +1141,8 @@ class _Download:
             started = time.monotonic()
             for rel, size in sizes.items():
                 try:
-                    fetched[rel], n = await self._fetch(
-                        sftp, f"{remote_root}/{rel}", rel, size=size, budget=budget,
-                        blocks=remote_blocks.get(rel),
-                        seed=None if rel in resumed_from else seeds.get(rel), meter=meter)
+                    fetched[rel], n = await self._fetch(sftp, found, rel, size=size,
+                                                        budget=budget, meter=meter)
                 except ssh_errors.SFTP_NO_SUCH_FILE:
                     continue  # gone since the listing (the daemon runs)
                 sent += n
@@ -1150,41 +1158,53 @@ class _Download:
     async def _looked_up(
         self, sftp: asyncssh.SFTPClient, names: Sequence[str], staged_here: set[str], *,
         skip_gone: bool, whole: bool = False,
-    ) -> tuple[str, dict[str, int], dict[str, Path | None], dict[str, Blocks]]:
-        """What a fetch of `names` needs before its first byte, asked in one wave: the data
-        dir's real path and each file's declared size (`_declared_sizes`), and the VPS's
-        block digests of every file with a start here — {name: the dir of the PBX's own
-        copy it starts from (`_seeds`), or None: the file staged here, `staged_here`, a
-        better start (it holds its basis and what came since)}. (`whole`: no start at all,
-        every file fetched whole.) Returns (real path, sizes, starts, digests)."""
+    ) -> _LookedUp:
+        """What a fetch of `names` needs before its first byte (`_LookedUp`), asked in one
+        wave: the data dir's real path and each file's declared size (`_declared_sizes`),
+        and the VPS's block digests of every file with a start here — a file `staged_here`
+        (it holds its basis and what came since), else the PBX's own copy (`_seeds`). Of a
+        staged file the VPS sends those of the 64 KiB groups that differ only (the question
+        summarises it: block_delta.group_digests): after the stop a live store's answer is
+        its last pages' groups, where a digest per page of the whole store (96 KiB for
+        24 MiB) took the link's slow start after idle, a few round trips, while the area was
+        down. (`whole`: no start at all, every file fetched whole.)"""
         seeds: dict[str, Path | None] = {}
+        have: dict[str, Blocks] = {}
         if not whole:
             seeds = await asyncio.to_thread(
                 _seeds, self.basis, [rel for rel in names if rel not in staged_here])
-            seeds.update(dict.fromkeys(staged_here & set(names)))
+            here = sorted(staged_here & set(names))
+            seeds.update(dict.fromkeys(here))
+            have = await asyncio.to_thread(local_tree.staged_blocks, self.staging, here)
         sized = _declared_sizes(sftp, self.remote_dir, names, where=self.remote_dir,
                                 skip_gone=skip_gone)
         if not seeds:
-            return *(await sized), seeds, {}
-        (root, sizes), remote_blocks = await _side_by_side(sized, self.tree.blocks(sorted(seeds)))
+            root, sizes = await sized
+            return _LookedUp(root, sizes, seeds, {}, have)
+        (root, sizes), remote_blocks = await _side_by_side(
+            sized, self.tree.blocks(sorted(seeds), have))
         # (a file gone by its look-up has no start: it is not fetched)
-        return root, sizes, seeds, {rel: b for rel, b in remote_blocks.items() if rel in sizes}
+        return _LookedUp(root, sizes, seeds,
+                         {rel: b for rel, b in remote_blocks.items() if rel in sizes}, have)
 
     async def _fetch(
-        self, sftp: asyncssh.SFTPClient, source: str, rel: str, *, size: int,
-        budget: _Budget, blocks: Blocks | None, seed: Path | None, meter: _Meter,
+        self, sftp: asyncssh.SFTPClient, found: _LookedUp, rel: str, *, size: int,
+        budget: _Budget, meter: _Meter,
     ) -> tuple[local_tree.Fetched, int]:
         """One file into the staging dir: (what it holds, the bytes fetched). With the VPS
-        file's `blocks`, from the copy here (`seed`/rel, or the staged file itself when None)
-        by its changed blocks; without them, or from a seed when they were digested at
-        another size than the one declared for the fetch (a running source), whole. (The
-        staged file is never fetched whole: the copy after the stop pruned it if the VPS did
-        not digest it.)"""
+        file's block digests, from the copy here (its seed/rel, or the staged file itself
+        when None) by its changed blocks; without them, or from a seed when they were
+        digested at another size than the one declared for the fetch (a running source),
+        whole. (The staged file is never fetched whole: the copy after the stop pruned it
+        if the VPS did not digest it.)"""
+        source = f"{found.root}/{rel}"
+        blocks, seed = found.blocks.get(rel), found.seeds.get(rel)
         if blocks is None or (seed is not None and blocks.size != size):
             fetched = await _fetch(sftp, source, rel, self.staging, size=size, budget=budget,
                                    meter=meter)
             return fetched, fetched.size
         fetched, n = await _fetch_delta(sftp, source, rel, self.staging, seed=seed,
+                                        have=None if seed is not None else found.have.get(rel),
                                         now=blocks, budget=budget)
         meter.add(fetched.size)
         return fetched, n
@@ -1202,8 +1222,9 @@ class _Download:
         meter = _Meter(progress, 0)
         async with self._refused_leaves_nothing(f"download of {self.remote_dir}",
                                                 meter) as sftp:
-            remote_root, sizes, seeds, remote_blocks = await self._looked_up(
-                sftp, to_fetch, changed, skip_gone=False, whole=whole)
+            found = await self._looked_up(sftp, to_fetch, changed, skip_gone=False,
+                                          whole=whole)
+            sizes, remote_blocks = found.sizes, found.blocks
             in_place: set[str] = set()  # (staged files changed in place: their room is taken)
             if staged is None:
                 await asyncio.to_thread(local_tree.reset_dir, staging)
@@ -1219,9 +1240,8 @@ class _Download:
 
             async def fetch(rel: str, size: int) -> None:
                 nonlocal sent
-                _, n = await self._fetch(sftp, f"{remote_root}/{rel}", rel, size=size,
-                                         budget=budget, blocks=remote_blocks.get(rel),
-                                         seed=seeds.get(rel), meter=meter)
+                _, n = await self._fetch(sftp, found, rel, size=size, budget=budget,
+                                         meter=meter)
                 sent += n
 
             await _at_once([functools.partial(fetch, rel, size) for rel, size in sizes.items()])
@@ -1389,7 +1409,7 @@ def _seeds(basis: Path | None, names: Iterable[str]) -> dict[str, Path | None]:
 
 async def _fetch_delta(
     sftp: asyncssh.SFTPClient, source: str, rel: str, staging: Path, *, seed: Path | None,
-    now: Blocks, budget: _Budget,
+    now: Blocks, budget: _Budget, have: Blocks | None = None,
 ) -> tuple[local_tree.Fetched, int]:
     """staging/rel made the VPS's `source`, whose block digests are `now`, from a copy the
     PBX already has — `seed`/rel copied in, or (None) the file a pre-copy staged there: only the
@@ -1397,11 +1417,11 @@ async def _fetch_delta(
     few at once), written in place, and the file cut or extended to the size. (What it
     holds then, hashed whole here, and the bytes fetched.) The digests only choose what to
     fetch: the SHA-256 against the VPS's listing still decides the promote."""
-    out, have = await _opened_in_thread(
-        functools.partial(local_tree.delta_target, staging, rel, seed),
+    out, start = await _opened_in_thread(
+        functools.partial(local_tree.delta_target, staging, rel, seed, have=have),
         close=lambda opened: opened[0].close())
     try:
-        delta = block_delta.plan(have, now)
+        delta = block_delta.plan(start, now)
         if delta.runs:
             async with sftp.open(source, "rb") as f:
                 reads = _InFlight()

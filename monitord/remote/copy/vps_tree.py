@@ -28,7 +28,7 @@ Called by monitord.remote.copy.transfer.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -39,7 +39,8 @@ from monitord.base import tree_digest
 from monitord.remote import remote_exec
 from monitord.remote.agent_client import AgentClient
 from monitord.remote.copy import listing
-from orchestrator.block_delta import Blocks
+from orchestrator import block_delta
+from orchestrator.block_delta import Blocks, ChangedGroups
 from orchestrator.errors import ErrorCode, MonitordError
 
 _SCRIPT_TIMEOUT_S = 60.0
@@ -66,9 +67,12 @@ class CopyAgent(Protocol):
     async def data_listing(self) -> bytes:
         """The data dir's own listing (tree-digest's output format, its cache kept)."""
 
-    async def blocks(self, paths: list[str]) -> dict[str, Blocks | None]:
+    async def blocks(self, paths: list[str], known: dict[str, bytes] | None = None,
+                     ) -> dict[str, Blocks | ChangedGroups | None]:
         """The block digests of each of `paths` in the data dir (None: no such regular
-        file there, or too large to answer), at most tree_digest.MAX_BLOCK_PATHS."""
+        file there, or too large to answer), at most tree_digest.MAX_BLOCK_PATHS; of a name
+        in `known` (the PBX's group summaries of its copy: block_delta.group_digests) those
+        of the groups that differ only — or all of them, from an agent before `known`."""
 
     async def reset(self) -> None:
         """The staging dir made empty, its digest cache gone."""
@@ -100,8 +104,10 @@ class AreaCopy:
     async def data_listing(self) -> bytes:
         return await self.client.data_listing(area=self.area, data_dir=self.data_dir)
 
-    async def blocks(self, paths: list[str]) -> dict[str, Blocks | None]:
-        return await self.client.blocks(area=self.area, data_dir=self.data_dir, paths=paths)
+    async def blocks(self, paths: list[str], known: dict[str, bytes] | None = None,
+                     ) -> dict[str, Blocks | ChangedGroups | None]:
+        return await self.client.blocks(area=self.area, data_dir=self.data_dir, paths=paths,
+                                        known=known)
 
     async def reset(self) -> None:
         await self.client.reset_staging(area=self.area, data_dir=self.data_dir)
@@ -126,9 +132,11 @@ class VpsTree(Protocol):
     async def data_listing(self) -> dict[str, str]:
         """The data dir's listing, validated ({relative name: SHA-256})."""
 
-    async def blocks(self, names: Sequence[str]) -> dict[str, Blocks]:
+    async def blocks(self, names: Sequence[str],
+                     have: Mapping[str, Blocks] | None = None) -> dict[str, Blocks]:
         """The block digests of those of `names` (files of the data dir) the VPS can answer
-        for; a name left out is fetched whole."""
+        for; a name left out is fetched whole. `have`: the PBX's own copies of some of
+        them, by their digests — the VPS need only send those of the groups that differ."""
 
     async def reset_staging(self) -> None:
         """The staging dir made empty, its digest cache gone."""
@@ -159,6 +167,26 @@ async def chosen(
     if through_agent is None:
         through_agent = await agent.serves_copies()
     return AgentTree(agent=agent, shell=shell) if through_agent else shell
+
+
+# At most this much of a blocks question summarises the PBX's copies (the agent takes a
+# body of 1 MiB): 16 bytes per 64 KiB, some 16 GiB of files; past it, every digest comes.
+_MAX_SUMMARY_BYTES = 256 * 1024
+
+
+def _summaries(names: Sequence[str], have: Mapping[str, Blocks]) -> dict[str, bytes]:
+    """{name: the group summaries of the PBX's copy} for those of `names` it has, while
+    they fit a question."""
+    found: dict[str, bytes] = {}
+    room = _MAX_SUMMARY_BYTES
+    for rel in names:
+        if rel in have:
+            summary = block_delta.group_digests(have[rel])
+            if len(summary) > room:
+                continue
+            room -= len(summary)
+            found[rel] = summary
+    return found
 
 
 def staging_of(remote_dir: str) -> str:
@@ -221,7 +249,8 @@ class ShellTree:
         return await self._digest(_LIST, final, cache,
                                   during=f"the VPS's file listing of {self.remote_dir}")
 
-    async def blocks(self, names: Sequence[str]) -> dict[str, Blocks]:
+    async def blocks(self, names: Sequence[str],
+                     have: Mapping[str, Blocks] | None = None) -> dict[str, Blocks]:
         return {}  # (the verb digests whole files only: these are fetched whole)
 
     async def staged(self) -> dict[str, Blocks | None] | None:
@@ -283,17 +312,29 @@ class AgentTree:
         return await _bounded(await self.agent.data_listing(),
                               during=f"the VPS's file listing of {self.shell.remote_dir}")
 
-    async def blocks(self, names: Sequence[str]) -> dict[str, Blocks]:
+    async def blocks(self, names: Sequence[str],
+                     have: Mapping[str, Blocks] | None = None) -> dict[str, Blocks]:
         found: dict[str, Blocks] = {}
+        known = _summaries(names, have or {})
         step = tree_digest.MAX_BLOCK_PATHS
         for start in range(0, len(names), step):
+            asked = list(names[start:start + step])
             try:
-                answered = await self.agent.blocks(list(names[start:start + step]))
+                answered = await self.agent.blocks(
+                    asked, {rel: known[rel] for rel in asked if rel in known} or None)
             except MonitordError as e:
                 if e.code == ErrorCode.AGENT_ROUTE_MISSING:
                     return found  # an older agent: the rest is fetched whole
                 raise
-            found.update({rel: b for rel, b in answered.items() if b is not None})
+            for rel, answer in answered.items():
+                if isinstance(answer, ChangedGroups):
+                    # (an answer no question could have had is no start: fetched whole)
+                    rebuilt = block_delta.with_changes(have[rel], answer) \
+                        if have and rel in have else None
+                    if rebuilt is not None:
+                        found[rel] = rebuilt
+                elif answer is not None:
+                    found[rel] = answer
         return found
 
     async def reset_staging(self) -> None:

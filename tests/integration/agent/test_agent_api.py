@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -469,6 +470,45 @@ class TestBlocks:
         assert answer["db/session.db"] == Blocks(size=len(store),
                                                  digests=block_delta.blocks_of(store))
         assert {rel: answer[rel] for rel in names[1:]} == dict.fromkeys(names[1:])
+
+    async def test_a_copy_the_pbx_summarises_is_answered_by_its_changed_groups(
+        self, agent: AgentProcess
+    ) -> None:
+        """After the stop a live store's answer is its changed pages' 64 KiB groups, not a
+        digest per page of the store; the PBX rebuilds the store's digests from its own."""
+        data_dir = agent.base_dir / "data" / "tg" / AREA
+        data_dir.mkdir(parents=True)
+        pbx_copy = os.urandom(512 * block_delta.BLOCK_BYTES)  # 2 MiB, 32 groups
+        now = bytearray(pbx_copy)
+        for page in (3, 200, 201):
+            now[page * block_delta.BLOCK_BYTES] ^= 0xFF
+        now += b"appended"
+        (data_dir / "session.db").write_bytes(bytes(now))
+        have = Blocks(size=len(pbx_copy), digests=block_delta.blocks_of(pbx_copy))
+        client = AgentClient(channel=unix_channel(agent.address), secret=agent.secret.encode())
+        area = AreaCopy(client, AREA, str(data_dir))
+        answer = await area.blocks(["session.db"],
+                                   {"session.db": block_delta.group_digests(have)})
+        changed = answer["session.db"]
+        assert isinstance(changed, block_delta.ChangedGroups), changed
+        assert changed.groups == (0, 12, 32)  # pages 3, 200-201, and the appended block
+        assert block_delta.with_changes(have, changed) == Blocks(
+            size=len(now), digests=block_delta.blocks_of(bytes(now)))
+        rebuilt = await vps_tree.AgentTree(area, vps_tree.ShellTree(
+            conn=None, remote_dir=str(data_dir), vps_command=())).blocks(  # type: ignore[arg-type]
+                ["session.db"], {"session.db": have})
+        assert rebuilt == {"session.db": Blocks(size=len(now),
+                                                digests=block_delta.blocks_of(bytes(now)))}
+
+    async def test_a_summary_of_a_name_not_asked_for_is_refused(
+        self, agent: AgentProcess
+    ) -> None:
+        data_dir = str(agent.base_dir / "data" / "tg" / AREA)
+        for known in ({"other": ""}, {"x": "not base64!"}, ["x"]):
+            status, answer = await agent.request(
+                "POST", f"/v1/areas/{AREA}/copy/blocks",
+                json_body={"data_dir": data_dir, "paths": ["x"], "known": known})
+            assert (status, answer["error"]["code"]) == (400, "BAD_REQUEST"), (known, answer)
 
     async def test_bad_questions_are_refused(self, agent: AgentProcess, tmp_path: Path) -> None:
         data_dir = str(agent.base_dir / "data" / "tg" / AREA)

@@ -21,7 +21,7 @@ from monitord.remote.copy import transfer
 from monitord.testing.vps_server import VpsServer
 from orchestrator import block_delta
 from orchestrator.block_delta import BLOCK_BYTES as PAGE  # an SQLite page
-from orchestrator.block_delta import Blocks
+from orchestrator.block_delta import Blocks, ChangedGroups
 from orchestrator.errors import ErrorCode, MonitordError
 from tests.support.agent_process import vps_command
 from tests.support.copy_agent import InProcessAgent
@@ -81,7 +81,8 @@ def _size(root: Path) -> int:
 class _NoBlocksAgent(InProcessAgent):
     """An agent of a release before the blocks route."""
 
-    async def blocks(self, paths: list[str]) -> dict[str, Blocks | None]:
+    async def blocks(self, paths: list[str], known: dict[str, bytes] | None = None,
+                     ) -> dict[str, Blocks | ChangedGroups | None]:
         self.calls.append("blocks")
         raise MonitordError(ErrorCode.AGENT_ROUTE_MISSING, "no route /v1/areas/x/copy/blocks")
 

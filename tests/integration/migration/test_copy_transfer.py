@@ -21,7 +21,7 @@ from monitord.remote import remote_exec
 from monitord.remote.copy import sftp_session, transfer
 from monitord.testing.vps_server import VpsServer
 from orchestrator.block_delta import BLOCK_BYTES as PAGE  # an SQLite page
-from orchestrator.block_delta import Blocks
+from orchestrator.block_delta import DIGEST_BYTES, Blocks, ChangedGroups
 from orchestrator.errors import ErrorCode, MonitordError
 from tests.support.agent_process import vps_command, wait_until
 from tests.support.copy_agent import InProcessAgent as _Agent
@@ -195,15 +195,20 @@ class TestOneSftpSession:
 
 class _CountedAgent(_Agent):
     """The in-process agent, each of a download's questions one exchange with the VPS (as
-    the agent client marks its requests)."""
+    the agent client marks its requests); `digest_bytes`: the block digests it answered."""
+
+    digest_bytes = 0
 
     async def data_listing(self) -> bytes:
         with round_trips.exchange():
             return await super().data_listing()
 
-    async def blocks(self, paths: list[str]) -> dict[str, Blocks | None]:
+    async def blocks(self, paths: list[str], known: dict[str, bytes] | None = None,
+                     ) -> dict[str, Blocks | ChangedGroups | None]:
         with round_trips.exchange():
-            return await super().blocks(paths)
+            answered = await super().blocks(paths, known)
+        self.digest_bytes += sum(len(a.digests) for a in answered.values() if a is not None)
+        return answered
 
 
 def _count_sessions(conn: Any, monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -1536,12 +1541,12 @@ class TestPreCopyRoundsHome:
     ) -> None:
         """While the area is down, a download of a store's changed pages asks, in turn: the
         listing; the data dir's real path, each file's real path and size, and the changed
-        file's block digests, side by side; the file's open, its reads (every scattered
-        page at once), its close."""
+        file's block digests — of its changed 64 KiB groups only — side by side; the file's
+        open, its reads (every scattered page at once), its close."""
         remote, back = tmp_path / "vps" / "data" / "h4", tmp_path / "back"
         remote.mkdir(parents=True)
         store = remote / "session.db"
-        store.write_bytes(os.urandom(64 * PAGE))
+        store.write_bytes(os.urandom(512 * PAGE))  # 32 groups of 16 pages
         (remote / "still.db").write_bytes(os.urandom(2 * PAGE))
         async with vps.connect() as conn:
             await sftp_session.warm(conn)
@@ -1549,14 +1554,15 @@ class TestPreCopyRoundsHome:
                 conn, vps_command=vps_command(), local_dir=back, remote_dir=str(remote),
                 agent=_CountedAgent(remote))
             _rewrite_pages(store, range(1, 60, 3))  # 20 pages, none beside another
-            waves = RoundTrips()
+            waves, agent = RoundTrips(), _CountedAgent(remote)
             with round_trips.counted_by(waves):
                 report = await area_copy.download(
                     conn, vps_command=vps_command(), local_dir=back, remote_dir=str(remote),
-                    staged=staged, agent=_CountedAgent(remote))
+                    staged=staged, agent=agent)
         assert _tree(back) == _tree(remote)
         assert report.sent_bytes == 20 * PAGE
         assert waves.count == 5, waves.count
+        assert agent.digest_bytes == 4 * 16 * DIGEST_BYTES  # the 4 groups of the 20 pages
 
     async def test_a_still_tree_takes_one_look_and_no_session(
         self, vps: VpsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

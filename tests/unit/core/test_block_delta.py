@@ -9,12 +9,18 @@ import pytest
 
 from orchestrator.block_delta import (
     BLOCK_BYTES,
+    DIGEST_BYTES,
+    GROUP_BLOCKS,
     MAX_RUN_BYTES,
     Blocks,
+    ChangedGroups,
     Delta,
     blocks_of,
+    changed_groups,
     cheapest,
+    group_digests,
     plan,
+    with_changes,
 )
 
 
@@ -132,3 +138,46 @@ class TestTheCheapestStart:
         data = random.Random(7).randbytes(8 * BLOCK_BYTES)
         assert cheapest(blocks(data), [blocks(data), blocks(data)]) == 0
 
+
+
+class TestGroupsThatDiffer:
+    """A side that holds most of a file asks for the digests of the 64 KiB groups that
+    differ only, and rebuilds the whole file's digests from its own for the rest."""
+
+    @pytest.mark.parametrize("seed", range(40))
+    def test_the_rebuilt_digests_are_the_files(self, seed: int) -> None:
+        rng = random.Random(seed)
+        have = bytearray(rng.randbytes(rng.randrange(0, 300) * BLOCK_BYTES
+                                       + rng.randrange(0, BLOCK_BYTES)))
+        now = bytearray(have)
+        for _ in range(rng.randrange(0, 6)):
+            if now:
+                at = rng.randrange(len(now))
+                now[at:at + 10] = rng.randbytes(len(now[at:at + 10]))
+        match rng.randrange(3):
+            case 0:
+                now += rng.randbytes(rng.randrange(1, 5 * BLOCK_BYTES))
+            case 1:
+                del now[rng.randrange(len(now) + 1):]
+        answer = changed_groups(blocks(bytes(now)), group_digests(blocks(bytes(have))))
+        assert with_changes(blocks(bytes(have)), answer) == blocks(bytes(now))
+
+    def test_one_changed_page_sends_one_group(self) -> None:
+        have = random.Random(1).randbytes(6144 * BLOCK_BYTES // 16)  # 1.5 MiB
+        now = bytearray(have)
+        now[page(100)] = bytes(BLOCK_BYTES)
+        answer = changed_groups(blocks(bytes(now)), group_digests(blocks(have)))
+        assert answer.groups == (100 // GROUP_BLOCKS,)
+        assert len(answer.digests) == GROUP_BLOCKS * DIGEST_BYTES
+
+    @pytest.mark.parametrize("answer", [
+        ChangedGroups(size=40 * BLOCK_BYTES, groups=(1, 0), digests=bytes(32 * DIGEST_BYTES)),
+        ChangedGroups(size=40 * BLOCK_BYTES, groups=(3,), digests=bytes(16 * DIGEST_BYTES)),
+        ChangedGroups(size=40 * BLOCK_BYTES, groups=(0,), digests=bytes(15 * DIGEST_BYTES)),
+        ChangedGroups(size=40 * BLOCK_BYTES, groups=(0,), digests=bytes(17 * DIGEST_BYTES)),
+        # a group the asker does not hold, left out of the answer
+        ChangedGroups(size=80 * BLOCK_BYTES, groups=(0,), digests=bytes(16 * DIGEST_BYTES)),
+    ], ids=["out of order", "out of range", "short", "long", "unsent and not held"])
+    def test_an_answer_that_cannot_be_one_is_refused(self, answer: ChangedGroups) -> None:
+        have = blocks(random.Random(2).randbytes(40 * BLOCK_BYTES))
+        assert with_changes(have, answer) is None
