@@ -451,20 +451,15 @@ class AgentRuntime:
                 if found is None:
                     answered[rel] = None
                     continue
-                if rel in known:
-                    changed = block_delta.changed_groups(found, known[rel])
-                    if len(changed.digests) > left:
-                        answered[rel] = None
-                        continue
-                    left -= len(changed.digests)
-                    answered[rel] = {"size": changed.size, "groups": list(changed.groups),
-                                     "digests": _encoded(changed.digests)}
-                    continue
-                if len(found.digests) > left:
+                changed = block_delta.changed_groups(found, known[rel]) if rel in known else None
+                digests = found.digests if changed is None else changed.digests
+                if len(digests) > left:
                     answered[rel] = None
                     continue
-                left -= len(found.digests)
-                answered[rel] = {"size": found.size, "digests": _encoded(found.digests)}
+                left -= len(digests)
+                answered[rel] = {"size": found.size, "digests": _encoded(digests)}
+                if changed is not None:
+                    answered[rel]["groups"] = list(changed.groups)
             return answered
 
         answered = await self._copy_step(area, f"digest blocks in {data_dir}", work,

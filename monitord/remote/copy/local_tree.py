@@ -299,21 +299,19 @@ def staged_blocks(staging: Path, names: Iterable[str]) -> dict[str, Blocks]:
     return found
 
 
-def worse_than_basis(staging: Path, basis: Path, names: Iterable[str],
+def worse_than_basis(basis: Path, staged: dict[str, Blocks],
                      now: dict[str, Blocks]) -> set[str]:
-    """Those of `names` — files a cut copy left in the staging dir, each with the VPS's
-    block digests `now` — from which basis/name (the PBX's own copy) needs fewer blocks
-    fetched (orchestrator/block_delta.cheapest): a cut while that copy was copied in, or
-    while a file came whole, leaves the staged file holding less. Both read as a delta's
-    start is (no symlink followed). Blocking, in a thread."""
+    """Those of the files a cut copy left in the staging dir (`staged`: their block
+    digests, `staged_blocks`; `now`: the VPS's) from which basis/name (the PBX's own copy)
+    needs fewer blocks fetched (orchestrator/block_delta.cheapest): a cut while that copy
+    was copied in, or while a file came whole, leaves the staged file holding less. The
+    basis read as a delta's start is (no symlink followed). Blocking, in a thread."""
     worse: set[str] = set()
-    for rel in names:
+    for rel, have in staged.items():
         try:
-            with open_inside(staging, rel) as staged:
-                have = tree_digest.read_blocks(staged)
             with os.fdopen(tree_digest.open_inside(basis, rel), "rb") as own:
                 theirs = tree_digest.read_blocks(own)
-        except (OSError, MonitordError):
+        except OSError:
             continue  # (no such copy here, or not one to start from: the staged file is)
         if block_delta.cheapest(now[rel], [have, theirs]) == 1:
             worse.add(rel)

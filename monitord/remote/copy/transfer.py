@@ -1126,8 +1126,10 @@ class _Download:
             resumed_from = {rel for rel in left if rel in remote_blocks and rel in sizes}
             if self.basis is not None and resumed_from:
                 # (a staged file holding less than the PBX's own copy is not the start)
-                worse = await asyncio.to_thread(local_tree.worse_than_basis, staging,
-                                                self.basis, sorted(resumed_from), remote_blocks)
+                worse = await asyncio.to_thread(
+                    local_tree.worse_than_basis, self.basis,
+                    {rel: found.have[rel] for rel in sorted(resumed_from) if rel in found.have},
+                    remote_blocks)
                 resumed_from -= worse
                 found.seeds.update(dict.fromkeys(worse, self.basis))
             if resumed_from != left:  # (a staged file is never fetched whole over itself)

@@ -315,7 +315,8 @@ class AgentTree:
     async def blocks(self, names: Sequence[str],
                      have: Mapping[str, Blocks] | None = None) -> dict[str, Blocks]:
         found: dict[str, Blocks] = {}
-        known = _summaries(names, have or {})
+        have = have or {}
+        known = _summaries(names, have)
         step = tree_digest.MAX_BLOCK_PATHS
         for start in range(0, len(names), step):
             asked = list(names[start:start + step])
@@ -329,8 +330,7 @@ class AgentTree:
             for rel, answer in answered.items():
                 if isinstance(answer, ChangedGroups):
                     # (an answer no question could have had is no start: fetched whole)
-                    rebuilt = block_delta.with_changes(have[rel], answer) \
-                        if have and rel in have else None
+                    rebuilt = block_delta.with_changes(have[rel], answer) if rel in have else None
                     if rebuilt is not None:
                         found[rel] = rebuilt
                 elif answer is not None:
