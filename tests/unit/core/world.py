@@ -29,7 +29,15 @@ lease bound, so tests can prove the checks catch them.
 
 Giving the VPS up (`give_up_vps`) is the one explicit way to start an area on older data: the
 operator accepts the loss, so from then on the newest data is what the PBX holds (its live
-data dir or its archive of a migrated-away source).
+data dir or its archive of a migrated-away source) — or the area's warm copy, when
+orchestrator/warm_copy.py lets the give-up choose it.
+
+Warm copies: the copier snapshots the VPS's copy into the area's warm slot on the PBX when
+`warm_copy.due` says so (`take_warm_copy`, which a cut can break mid-way) and drops what
+`warm_copy.kept` does not keep (`drop_warm_copies`). A version put in place from a warm slot
+is marked (`WarmData`): starting on it anywhere but in the epoch a give-up of its own epoch
+opened is a `Violation`, and so is a warm slot holding a version the VPS's copy never had,
+as the newest data, in the epoch its record names.
 """
 
 from __future__ import annotations
@@ -46,6 +54,7 @@ from orchestrator import (
     phases,
     planner,
     rules,
+    warm_copy,
 )
 from orchestrator.area_leases import LeasePolicy
 from orchestrator.cleanup_policy import CleanupPolicy, SideObservation
@@ -65,6 +74,7 @@ from orchestrator.models import (
     Transaction,
 )
 from orchestrator.phases import Outcome
+from orchestrator.warm_copy import WarmCopy
 
 SERVICE = "tg"
 TTL = 2.0
@@ -75,12 +85,25 @@ CLEANUP = CleanupPolicy(base_s=0.5, cap_s=4.0, stuck_after_attempts=6)
 LEGACY_GRACE = 5.0
 LEGACY_AREA = "legacy-1"
 DATA_WAIT = 3.0  # rollback_data_wait_s: a rollback waiting this long for its data parks
+WARM_INTERVAL = 1.0  # warm_copy_interval_s, on the model's clock
 BOUNDS = StepRules(park_after_failures=PARK_AFTER, retry_backoff_base_s=0.5,
                    retry_backoff_cap_s=4.0, rollback_data_wait_s=DATA_WAIT, policy=POLICY)
 
 
 class Violation(AssertionError):
     """A safety promise (docs/design.md, "Invariants") broke in the model."""
+
+
+class WarmData(int):
+    """A data version put in place from a warm slot, marked with the lineage epoch of the copy
+    it came from. A start writes a plain int: the mark lasts until a process ran on it."""
+
+    epoch: int
+
+    def __new__(cls, version: int, *, epoch: int) -> WarmData:
+        made = super().__new__(cls, version)
+        made.epoch = epoch
+        return made
 
 
 @dataclass
@@ -142,6 +165,17 @@ class World:
         # the PBX's archive of migrated-away sources' data (CLEANUP_SOURCE moves it there)
         self.archive: dict[str, int | None] = {}
         self.given_up: set[str] = set()
+        self.given_up_in: dict[str, int] = {}  # the epoch each area's last give-up ended
+        # the PBX's warm copies (durable): the record and the data version each slot holds;
+        # the copier's last try of each area (volatile)
+        self.warm: dict[str, WarmCopy] = {}
+        self.warm_version: dict[str, int] = {}
+        self.warm_tried: dict[str, float] = {}
+        self.warm_starts = 0  # starts on a warm copy (a give-up's), for the tests' coverage
+        # (area, epoch, version): what the VPS's copy was while it held the newest data
+        self.vps_held: set[tuple[str, int, int]] = set()
+        for area in self.committed:
+            self._note_vps(area)
         self.started_at = self.t  # monitord's start: what an unknown grant is assumed at
         # faults
         self.preflight_fault = False
@@ -201,6 +235,16 @@ class World:
     def _start(self, side: Side, area: str, generation: int) -> None:
         """A process starts on `side`: it must find the newest data, then it writes."""
         found = self.data.get((side, area))
+        if isinstance(found, WarmData):  # never by a move or a rollback (docs/design.md)
+            if self.given_up_in.get(area) != found.epoch \
+                    or self.lineage(area).epoch != found.epoch + 1:
+                raise Violation(
+                    f"t={self.t:.2f}: {area}@{generation} started on {side} on a warm copy of "
+                    f"epoch {found.epoch}, outside the epoch a give-up of that epoch opened; "
+                    f"lineage {self.lineages.get(area)}; "
+                    f"transaction {self.transactions.get(area)}"
+                )
+            self.warm_starts += 1
         if area in self.newest and found != self.newest[area]:
             raise Violation(
                 f"t={self.t:.2f}: {area}@{generation} started on {side} with data version "
@@ -208,7 +252,7 @@ class World:
                 f"lineage {self.lineages.get(area)}; transaction {self.transactions.get(area)}"
             )
         version = (found or 0) + 1
-        self.data[(side, area)] = version
+        self._put(side, area, version)
         self.newest[area] = version
         self._procs(side)[area] = generation
 
@@ -221,19 +265,44 @@ class World:
         self.data.pop((side, area), None)
 
     def _claim(self, side: Side, area: str) -> None:
-        self.lineages[area] = lineage.claimed(self.lineage(area), side)
+        self._set_lineage(area, lineage.claimed(self.lineage(area), side))
+
+    def _put(self, side: Side, area: str, version: int | None) -> None:
+        self.data[(side, area)] = version
+        self._note_vps(area)
+
+    def _set_lineage(self, area: str, new: Lineage) -> None:
+        self.lineages[area] = new
+        self._note_vps(area)
+
+    def _note_vps(self, area: str) -> None:
+        """Remember each (epoch, version) the VPS's copy had while it held the newest data:
+        the only things a warm copy may ever be of. Every data and lineage write passes here."""
+        version = self.data.get((Side.REMOTE, area))
+        if area in self.committed and version is not None \
+                and Side.REMOTE in self.lineage(area).holders:
+            self.vps_held.add((area, self.lineage(area).epoch, int(version)))
 
     def parked(self) -> bool:
         return any(t.phase is Phase.PARKED for t in self.transactions.values())
 
     def check(self) -> None:
-        """Safety: never two running processes for one area, on any sides."""
+        """Safety: never two running processes for one area, on any sides; a warm copy is
+        always of a version the VPS's copy really had, as the newest data, in the epoch its
+        record names (never torn, never of another epoch)."""
         for area in set(self.local_procs) & set(self.remote_procs):
             raise Violation(
                 f"t={self.t:.2f}: area {area} runs locally at generation "
                 f"{self.local_procs[area]} and remotely at {self.remote_procs[area]}; "
                 f"transaction: {self.transactions.get(area)}"
             )
+        for area, copy in self.warm.items():
+            version = self.warm_version[area]
+            if (area, copy.epoch, version) not in self.vps_held:
+                raise Violation(
+                    f"t={self.t:.2f}: the warm copy of {area} holds version {version} for epoch "
+                    f"{copy.epoch}, which the VPS never held as the newest data then"
+                )
 
     def _check_stop_allowed(self, actor: str, side: Side, area: str, generation: int) -> None:
         """Cleanup and reconcile never stop what the rules say may run (e.g. a newer gen)."""
@@ -441,10 +510,15 @@ class World:
                         return Outcome.FAILED, "DAEMON_STOP_FAILED"
                     return Outcome.OK, None
                 case phases.CopyData(source=source, destination=destination, own_copy=own_copy):
-                    if own_copy:  # the PBX's own copy, back from its archive
-                        if (Side.LOCAL, txn.area) not in self.data:
+                    if own_copy:  # the warm copy a give-up chose, else the PBX's own
+                        copy = self.warm.pop(txn.area, None)
+                        version = self.warm_version.pop(txn.area, None)
+                        if copy is not None and version is not None \
+                                and warm_copy.restores(copy, self.lineage(txn.area)):
+                            self._put(Side.LOCAL, txn.area, WarmData(version, epoch=copy.epoch))
+                        elif (Side.LOCAL, txn.area) not in self.data:
                             kept = self.archive.pop(txn.area, None)
-                            self.data[(Side.LOCAL, txn.area)] = kept or 0
+                            self._put(Side.LOCAL, txn.area, kept or 0)
                         return Outcome.OK, None
                     if not self._vps():
                         return Outcome.UNREACHABLE, "SSH_UNREACHABLE"
@@ -456,17 +530,17 @@ class World:
                     if plan is CopyPlan.REFUSE:
                         return Outcome.FAILED, "COPY_INCOMPLETE"
                     if plan is CopyPlan.COPY:
-                        self.data[(destination, txn.area)] = self.data.get((source, txn.area))
-                        self.lineages[txn.area] = lineage.copied(
+                        self._put(destination, txn.area, self.data.get((source, txn.area)))
+                        self._set_lineage(txn.area, lineage.copied(
                             self.lineage(txn.area), source=source, destination=destination
-                        )
+                        ))
                     return Outcome.OK, None
                 case phases.ReturnData(source=source, destination=destination):
                     if not self._vps():
                         if self.discard_unreachable_data:
-                            self.lineages[txn.area] = lineage.discarded(
+                            self._set_lineage(txn.area, lineage.discarded(
                                 self.lineage(txn.area), keep=destination
-                            )
+                            ))
                             kept = self.data.get((destination, txn.area))
                             self.newest[txn.area] = kept or 0  # the loss is accepted
                             return Outcome.DATA_DISCARDED, None
@@ -477,10 +551,10 @@ class World:
                     elif self.local_procs.get(txn.area) == action.source_generation:
                         del self.local_procs[txn.area]
                     if not self.broken_copy_back:
-                        self.data[(destination, txn.area)] = self.data.get((source, txn.area))
-                    self.lineages[txn.area] = lineage.copied(
+                        self._put(destination, txn.area, self.data.get((source, txn.area)))
+                    self._set_lineage(txn.area, lineage.copied(
                         self.lineage(txn.area), source=source, destination=destination
-                    )
+                    ))
                     return Outcome.DATA_RETURNED, None
                 case phases.CreateDestination(generation=generation):
                     if not remote_dest:
@@ -547,21 +621,33 @@ class World:
 
     def give_up_vps(self, area: str) -> bool:
         """The operator gives the VPS up for `area` (orchestrator/give_up.py): False when it
-        is refused; otherwise the loss is accepted — the newest data is what the PBX holds."""
+        is refused; otherwise the loss is accepted — the newest data is what the PBX holds, or
+        the warm copy the give-up chose (orchestrator/warm_copy.py)."""
         committed = self.committed[area]
         txn = self.transactions.get(area)
-        leases = {g: self._known_lease(area, g)
-                  for g in give_up.remote_generations(committed, txn)}
-        decision = give_up.decide(area=committed, txn=txn, lineage=self.lineage(area),
+        generations = give_up.remote_generations(committed, txn)
+        leases = {g: self._known_lease(area, g) for g in generations}
+        before = self.lineage(area)
+        decision = give_up.decide(area=committed, txn=txn, lineage=before,
                                   leases=leases, now=self.t, policy=POLICY)
         if not isinstance(decision, give_up.Abandon):
             return False
         self.memory = self.memory.forgiven(SERVICE, areas=[area])
         self.desired[area] = Side.LOCAL
-        self.lineages[area] = lineage.discarded(self.lineage(area), keep=Side.LOCAL)
-        kept = self.data.get((Side.LOCAL, area), self.archive.get(area))
+        copy = self.warm.get(area)
+        chose = copy is not None and warm_copy.usable_at_give_up(
+            copy, before, generations=generations
+        )
+        if copy is not None and chose:  # recorded before the give-up, as the runtime does
+            self.warm[area] = warm_copy.chosen(copy, before)
+        self._set_lineage(area, lineage.discarded(before, keep=Side.LOCAL))
+        if chose:  # the loss accepted is the warm copy's age
+            kept: int | None = self.warm_version[area]
+        else:
+            kept = self.data.get((Side.LOCAL, area), self.archive.get(area))
         self.newest[area] = kept or 0
         self.given_up.add(area)
+        self.given_up_in[area] = before.epoch
         if txn is not None and decision.outcome is not None:
             generation = None
             if decision.outcome is Outcome.SOURCE_ABANDONED:
@@ -586,6 +672,7 @@ class World:
     def crash_local(self) -> None:
         """monitord dies and restarts: volatile state is lost, recovery runs on start."""
         self.started_at = self.t
+        self.warm_tried = {}
         history = sorted(self.stored.values(), key=lambda t: t.updated_at, reverse=True)
         self.memory = Memory.from_history(t.to_storage() for t in history)
         self.leases = {
@@ -622,6 +709,40 @@ class World:
             entry = self.entries.get(area)
             if entry is None or entry.generation != generation or entry.lease_until <= self.t:
                 del self.remote_procs[area]  # the agent's timer / the lease guard
+
+    def take_warm_copy(self, area: str, *, cut: bool = False) -> bool:
+        """The warm copier's pass over `area` (orchestrator/warm_copy.py): when `due`, a
+        snapshot of the VPS's copy into the PBX's warm slot, recorded with the epoch and
+        generation it was taken in. `cut`: the link drops mid-way, nothing is recorded and the
+        slot keeps its previous copy. True when a copy was recorded."""
+        committed = self.committed[area]
+        now_lineage = self.lineage(area)
+        if not warm_copy.due(committed, now_lineage, moving=bool(self.active()),
+                             last_try=self.warm_tried.get(area), now=self.t,
+                             interval_s=WARM_INTERVAL):
+            return False
+        self.warm_tried[area] = self.t
+        version = self.data.get((Side.REMOTE, area))
+        if cut:
+            self.link_up = False
+        if not self.reachable or version is None:
+            return False
+        self.warm[area] = WarmCopy(
+            area=area, service=SERVICE, generation=committed.generation,
+            epoch=now_lineage.epoch, taken_at=self.t, received_at=self.t, files=1,
+            bytes=version, sent_bytes=version, digest=f"{version:064x}",
+        )
+        self.warm_version[area] = version
+        return True
+
+    def drop_warm_copies(self) -> None:
+        """The copier's sweep: a warm copy no rule keeps (`warm_copy.kept`) goes."""
+        for area, copy in list(self.warm.items()):
+            txn = self.transactions.get(area)
+            moving = txn is not None and txn.is_active
+            if not warm_copy.kept(copy, self.committed.get(area), self.lineage(area),
+                                  moving=moving):
+                del self.warm[area], self.warm_version[area]
 
     def crash_vps(self) -> None:
         self.vps_up = False
