@@ -8,11 +8,13 @@ stops the source, reconcile is idempotent. At the end faults stop and everything
 converge: one side per area, as desired, no orphans, no cleanup left.
 
 Example counts come from the hypothesis profile (profiles.py): "dev" 60 examples x 40
-steps, "ci" 1000 examples x 60 steps.
+steps, "ci" 1000 examples x 60 steps. The warm-copy machine (the copier's passes, cut ones
+included, and the VPS lost for good) runs a fixed, small search instead.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -26,13 +28,13 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from orchestrator import rules
+from orchestrator import rules, warm_copy
 from orchestrator.models import Phase as TxnPhase
 from orchestrator.models import Side, Transaction
 from orchestrator.phases import Outcome
 
 from .profiles import PROFILE
-from .world import World
+from .world import WARM_INTERVAL, Violation, World
 
 AREAS = st.sampled_from(["a1", "a2"])
 RARELY = st.sampled_from([False, False, False, False, True])
@@ -390,3 +392,170 @@ class TestGivingTheVpsUp:
     def test_a_give_up_that_does_not_wait_is_found_by_the_random_search(self) -> None:
         with pytest.raises(AssertionError, match="runs locally"):
             _search(BrokenGiveUpPbxVpsLink)
+
+
+# The warm-copy searches stay small (under a second each here), and still reach dozens of
+# give-ups that start from a warm copy: every run starts with a copy of a2 to lose or use.
+WARM_EXAMPLES, WARM_STEPS = 100, 40
+
+
+def _settled_on_the_vps(world: World) -> None:
+    """a1 moves out and settles there: the PBX archives its own copy (version 1), the VPS's
+    first start writes version 2."""
+    world.desired["a1"] = Side.REMOTE
+    _steps(world, "a1", 12)
+    assert world.committed["a1"].location is Side.REMOTE and not world.active()
+    assert world.archive["a1"] == 1 and world.data[(Side.REMOTE, "a1")] == 2
+
+
+def _steps(world: World, area: str, count: int) -> None:
+    for _ in range(count):
+        world.engine_step(area, crash_before_persist=False, cut_link_after=False)
+        world.check()
+
+
+def _vps_writes(world: World) -> None:
+    """a1's daemon on the VPS restarts on its next grant, and writes."""
+    world.remote_procs.pop("a1")
+    world.renew()
+
+
+def _vps_lost_and_given_up(world: World) -> None:
+    world.crash_vps()
+    world.advance(3.0)  # past the last grant's bound: ack + 2.7 s
+    assert world.give_up_vps("a1")
+
+
+class WarmCopyPbxVpsLink(PbxVpsLink):
+    runs_started_on_a_warm_copy = 0  # across runs: what the search reached
+
+    @initialize()
+    def copier_ran_before_start(self) -> None:
+        """a2 starts settled on the VPS: give every run a copy of it to lose or use."""
+        assert self.world.take_warm_copy("a2")
+
+    @rule(cut=st.sampled_from(["", "a1", "a2"]))
+    def warm_copier_runs(self, cut: str) -> None:
+        """One pass of the copier: a copy of each area due (the one named cut mid-way), then
+        its sweep."""
+        for area in self.world.areas:
+            self.world.take_warm_copy(area, cut=area == cut)
+        self.world.drop_warm_copies()
+
+    @rule(area=AREAS)
+    def the_vps_is_lost_and_given_up(self, area: str) -> None:
+        """The VPS dies for good; the operator gives it up once it may (one try, as a give-up
+        refused changes nothing)."""
+        self.world.crash_vps()
+        self.world.advance(3.0)
+        self.world.give_up_vps(area)
+
+    def teardown(self) -> None:
+        super().teardown()
+        WarmCopyPbxVpsLink.runs_started_on_a_warm_copy += self.world.warm_starts > 0
+
+
+class TestWarmCopies:
+    """A warm copy of the VPS's copy is started from only by a give-up of the epoch it was
+    taken in, and then the area loses only the copy's age."""
+
+    def test_the_area_starts_on_the_warm_copy_newer_than_the_pbxs_and_older_than_the_vpss(
+        self
+    ) -> None:
+        world = World()
+        _settled_on_the_vps(world)
+        _vps_writes(world)
+        assert world.take_warm_copy("a1") and world.warm_version["a1"] == 3
+        _vps_writes(world)
+        assert world.data[(Side.REMOTE, "a1")] == 4, "written after the copy: lost"
+        _vps_lost_and_given_up(world)
+        assert world.newest["a1"] == 3, "the loss accepted is the copy's age"
+        _steps(world, "a1", 10)
+        assert world.transactions["a1"].phase is TxnPhase.DONE
+        assert world.transactions["a1"].source_abandoned
+        assert world.local_procs["a1"] == world.committed["a1"].generation
+        # it started on the warm copy's version 3 (a start on anything else raised
+        # Violation), and what it wrote since is the newest
+        assert world.warm_starts == 1
+        assert world.data[(Side.LOCAL, "a1")] == world.newest["a1"] != 3
+        assert "a1" not in world.warm, "forgotten once in place"
+        world.settle()
+
+    def test_a_cut_copy_leaves_the_slot_with_its_previous_copy(self) -> None:
+        world = World()
+        _settled_on_the_vps(world)
+        assert world.take_warm_copy("a1")
+        _vps_writes(world)
+        world.advance(WARM_INTERVAL)
+        assert not world.take_warm_copy("a1", cut=True)
+        assert world.warm_version["a1"] == 2 and not world.link_up
+        _vps_lost_and_given_up(world)
+        assert world.newest["a1"] == 2
+        _steps(world, "a1", 10)
+        assert world.warm_starts == 1  # on version 2: the whole copy before the cut
+        world.settle()
+
+    def test_a_cut_copy_is_never_recorded_and_the_give_up_starts_on_the_pbxs_own(self) -> None:
+        world = World()
+        _settled_on_the_vps(world)
+        assert not world.take_warm_copy("a1", cut=True)
+        assert "a1" not in world.warm
+        _vps_lost_and_given_up(world)
+        assert world.newest["a1"] == 1, "the archive's version"
+        _steps(world, "a1", 10)
+        assert world.warm_starts == 0  # on version 1: a start on anything else raised
+        world.settle()
+
+    def test_a_copy_of_an_epoch_over_is_not_chosen_and_the_sweep_drops_it(self) -> None:
+        world = World()
+        _settled_on_the_vps(world)
+        assert world.take_warm_copy("a1")
+        world.desired["a1"] = Side.LOCAL  # home and out again: two epochs later
+        _steps(world, "a1", 12)
+        world.desired["a1"] = Side.REMOTE
+        _steps(world, "a1", 12)
+        assert world.committed["a1"].location is Side.REMOTE and "a1" in world.warm
+        _vps_lost_and_given_up(world)
+        assert world.newest["a1"] == world.archive["a1"] == 3, "the PBX's own copy"
+        _steps(world, "a1", 10)
+        assert world.warm_starts == 0
+        world.drop_warm_copies()
+        assert "a1" not in world.warm
+        world.settle()
+
+    def test_a_warm_copy_of_what_the_vps_never_held_then_is_caught(self) -> None:
+        world = World()
+        _settled_on_the_vps(world)
+        assert world.take_warm_copy("a1")
+        world.check()
+        copy = world.warm["a1"]
+        world.warm["a1"] = dataclasses.replace(copy, epoch=copy.epoch - 1)
+        with pytest.raises(Violation, match="never held"):
+            world.check()  # the VPS had version 2 only in the epoch its start opened
+        world.warm["a1"], world.warm_version["a1"] = copy, 5
+        with pytest.raises(Violation, match="never held"):
+            world.check()  # torn: no version the VPS ever had
+
+    def test_a_give_up_that_chooses_a_copy_of_an_older_epoch_is_caught(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A broken rule of the core: any copy is usable at a give-up, whatever its epoch."""
+        monkeypatch.setattr(warm_copy, "usable_at_give_up",
+                            lambda copy, lineage, *, generations: copy is not None)
+        world = World()
+        _settled_on_the_vps(world)
+        assert world.take_warm_copy("a1")
+        world.desired["a1"] = Side.LOCAL
+        _steps(world, "a1", 12)
+        world.desired["a1"] = Side.REMOTE
+        _steps(world, "a1", 12)
+        _vps_lost_and_given_up(world)
+        with pytest.raises(Violation, match="on a warm copy"):
+            _steps(world, "a1", 10)
+
+    def test_the_random_search_takes_cuts_and_starts_from_warm_copies_safely(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr(WarmCopyPbxVpsLink, "runs_started_on_a_warm_copy", 0)
+        _search(WarmCopyPbxVpsLink, examples=WARM_EXAMPLES, steps=WARM_STEPS)
+        assert WarmCopyPbxVpsLink.runs_started_on_a_warm_copy >= 5, "the search got there"
