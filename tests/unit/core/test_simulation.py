@@ -46,6 +46,7 @@ class PbxVpsLink(RuleBasedStateMachine):
 
     broken_copy_back = False
     broken_give_up = False
+    broken_warm_copy = False
 
     def __init__(self) -> None:
         super().__init__()
@@ -54,6 +55,7 @@ class PbxVpsLink(RuleBasedStateMachine):
             broken_copy_back=self.broken_copy_back,
             discard_unreachable_data=self.discard_unreachable_data,
             broken_give_up=self.broken_give_up,
+            broken_warm_copy=self.broken_warm_copy,
         )
 
     @initialize(a1=st.sampled_from(list(Side)), a2=st.sampled_from(list(Side)))
@@ -455,6 +457,10 @@ class WarmCopyPbxVpsLink(PbxVpsLink):
         WarmCopyPbxVpsLink.runs_started_on_a_warm_copy += self.world.warm_starts > 0
 
 
+class BrokenWarmCopyPbxVpsLink(WarmCopyPbxVpsLink):
+    broken_warm_copy = True
+
+
 class TestWarmCopies:
     """A warm copy of the VPS's copy is started from only by a give-up of the epoch it was
     taken in, and then the area loses only the copy's age."""
@@ -536,6 +542,16 @@ class TestWarmCopies:
         with pytest.raises(Violation, match="never held"):
             world.check()  # torn: no version the VPS ever had
 
+    def test_a_move_home_that_starts_from_the_warm_copy_is_caught_in_a_scripted_run(
+        self
+    ) -> None:
+        world = World(broken_warm_copy=True)
+        _settled_on_the_vps(world)
+        assert world.take_warm_copy("a1")  # version 2, the VPS's newest: only its origin
+        world.desired["a1"] = Side.LOCAL
+        with pytest.raises(Violation, match="on a warm copy"):
+            _steps(world, "a1", 10)
+
     def test_a_give_up_that_chooses_a_copy_of_an_older_epoch_is_caught(
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
@@ -559,3 +575,9 @@ class TestWarmCopies:
         monkeypatch.setattr(WarmCopyPbxVpsLink, "runs_started_on_a_warm_copy", 0)
         _search(WarmCopyPbxVpsLink, examples=WARM_EXAMPLES, steps=WARM_STEPS)
         assert WarmCopyPbxVpsLink.runs_started_on_a_warm_copy >= 5, "the search got there"
+
+    def test_a_move_home_that_starts_from_the_warm_copy_is_found_by_the_random_search(
+        self
+    ) -> None:
+        with pytest.raises(Violation, match="on a warm copy"):
+            _search(BrokenWarmCopyPbxVpsLink, examples=WARM_EXAMPLES, steps=WARM_STEPS)

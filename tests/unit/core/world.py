@@ -25,7 +25,9 @@ a deliberately wrong runtime whose lease ledger takes every grant as long gone (
 restarts a source without waiting for the lease), `broken_copy_back=True` one that reports
 the rollback's copy-back done without copying, and `broken_give_up=True` an operator's
 give-up of the VPS (orchestrator/give_up.py) that does not wait for the remote copies'
-lease bound, so tests can prove the checks catch them.
+lease bound, and `broken_warm_copy=True` one whose move home from the VPS starts from the
+warm copy and whose give-up chooses whatever warm copy it holds, so tests can prove the
+checks catch them.
 
 Giving the VPS up (`give_up_vps`) is the one explicit way to start an area on older data: the
 operator accepts the loss, so from then on the newest data is what the PBX holds (its live
@@ -121,10 +123,12 @@ class World:
         broken_copy_back: bool = False,
         discard_unreachable_data: bool = False,
         broken_give_up: bool = False,
+        broken_warm_copy: bool = False,
     ) -> None:
         self.broken_lease_wait = broken_lease_wait
         self.broken_copy_back = broken_copy_back
         self.broken_give_up = broken_give_up
+        self.broken_warm_copy = broken_warm_copy
         # rollback_data = "discard": a copy-back the VPS cannot serve gives its data up
         self.discard_unreachable_data = discard_unreachable_data
         self.t = 100.0
@@ -530,7 +534,13 @@ class World:
                     if plan is CopyPlan.REFUSE:
                         return Outcome.FAILED, "COPY_INCOMPLETE"
                     if plan is CopyPlan.COPY:
-                        self._put(destination, txn.area, self.data.get((source, txn.area)))
+                        found = self.data.get((source, txn.area))
+                        if self.broken_warm_copy and destination is Side.LOCAL \
+                                and txn.area in self.warm:
+                            # deliberately wrong: a move home starts from the warm copy
+                            found = WarmData(self.warm_version[txn.area],
+                                             epoch=self.warm[txn.area].epoch)
+                        self._put(destination, txn.area, found)
                         self._set_lineage(txn.area, lineage.copied(
                             self.lineage(txn.area), source=source, destination=destination
                         ))
@@ -635,8 +645,9 @@ class World:
         self.memory = self.memory.forgiven(SERVICE, areas=[area])
         self.desired[area] = Side.LOCAL
         copy = self.warm.get(area)
-        chose = copy is not None and warm_copy.usable_at_give_up(
-            copy, before, generations=generations
+        chose = copy is not None and (
+            self.broken_warm_copy  # deliberately wrong: whatever copy the slot holds
+            or warm_copy.usable_at_give_up(copy, before, generations=generations)
         )
         if copy is not None and chose:  # recorded before the give-up, as the runtime does
             self.warm[area] = warm_copy.chosen(copy, before)
