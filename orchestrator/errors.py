@@ -82,6 +82,7 @@ class ErrorCode(TextEnum):
     AREA_ID_INVALID = "AREA_ID_INVALID"
     AREA_ENTRY_INVALID = "AREA_ENTRY_INVALID"
     ROLLBACK_DATA_UNREACHABLE = "ROLLBACK_DATA_UNREACHABLE"
+    WARM_COPY_FAILED = "WARM_COPY_FAILED"
     CLEANUP_STUCK = "CLEANUP_STUCK"
     DUPLICATE_INSTANCE = "DUPLICATE_INSTANCE"
     STORE_WRITE_FAILED = "STORE_WRITE_FAILED"
@@ -274,6 +275,13 @@ _ROWS: tuple[tuple[ErrorCode, Severity, bool, str, str], ...] = (
            " parked: `monitord retry SERVICE`); or accept losing that data:"
            " `monitord rollback --discard-remote-data SERVICE` (a VPS gone for good:"
            " `monitord give-up SERVICE`)."),
+    (_E.WARM_COPY_FAILED, _S.WARNING, True,
+           "A warm copy of a remote area could not be taken or received (a snapshot that"
+           " failed on the VPS, a file that kept changing, the link); the last warm copy is"
+           " kept and no move is affected.",
+           "Nothing to do if it passes: the next interval tries again. If the area's warm"
+           " copy grows old (status `warm_copy.overdue`), read the detail: a file outside"
+           " warm_copy_databases that the daemon rewrites all the time needs a glob."),
     (_E.CLEANUP_STUCK, _S.ERROR, False,
            "A cleanup item keeps failing and needs a manual check.",
            "Check the side and generation named in the detail; monitord keeps retrying."),

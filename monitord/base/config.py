@@ -232,6 +232,10 @@ class RemoteSection(_Section):
     # "by_size": the threshold. "adaptive": the threshold until copies have been timed, and
     # its scale after (it stays within 1/16 and 16 times this). 0: pre-copy every area.
     pre_copy_min_bytes: int = Field(default=1024 * 1024, ge=0)
+    # The most of the link warm copies take, in bytes per second over the copies' own time
+    # and the pause after each (monitord/engine/warm_copier.py); None: as fast as the link,
+    # which they still give up at once to any move.
+    warm_copy_max_rate: int | None = Field(default=None, gt=0)
     tunnel_lease_ttl_s: float = Field(default=30.0, gt=0)
     area_lease_ttl_s: float = Field(default=30.0, gt=0)
     lease_clock_margin: float = Field(default=0.1, ge=0)
@@ -344,6 +348,10 @@ class RemoteSection(_Section):
         return agent_socket_under(self.remote_bin_dir)
 
 
+# The most globs a service names for its SQLite databases (the agent takes as many).
+WARM_COPY_MAX_GLOBS = 64
+
+
 class ServiceSection(_Section):
     command: tuple[str, ...] = Field(min_length=1)
     local_data_dir: str
@@ -361,6 +369,33 @@ class ServiceSection(_Section):
     # When the VPS has been unreachable monitord.vps_lost_after_s: "wait" for it (or for an
     # operator's give-up), or bring the areas "home" on the PBX's own copy by itself.
     on_vps_lost: str = Field(default="wait", pattern="^(wait|home)$")
+    # A remote area's data copied to the PBX while it runs, so that a lost VPS costs at most
+    # a few intervals of it (orchestrator/warm_copy.py): "off", or "sqlite" — the files
+    # matching `warm_copy_databases` (globs on paths inside the data dir) are SQLite
+    # databases, copied by SQLite's backup API on the VPS; every other file as it is, checked
+    # unchanged during its copy. Off by default: a daemon's files copied while it writes
+    # them are torn unless the service says how they are consistent.
+    warm_copy: str = Field(default="off", pattern="^(off|sqlite)$")
+    warm_copy_databases: tuple[str, ...] = ()
+    warm_copy_interval_s: float = Field(default=30.0, ge=1.0)
+
+    @field_validator("warm_copy_databases")
+    @classmethod
+    def _database_globs(cls, globs: tuple[str, ...]) -> tuple[str, ...]:
+        if len(globs) > WARM_COPY_MAX_GLOBS:
+            raise ValueError(f"at most {WARM_COPY_MAX_GLOBS} globs")
+        for glob in globs:
+            if not glob or len(glob) > 255 or glob.startswith("/") or "\0" in glob:
+                raise ValueError(f"{glob!r:.80}: a glob of a path inside the data dir"
+                                 " (not empty, not absolute, at most 255 characters)")
+        return globs
+
+    @model_validator(mode="after")
+    def _warm_copy_declared(self) -> ServiceSection:
+        if self.warm_copy == "sqlite" and not self.warm_copy_databases:
+            raise ValueError('warm_copy = "sqlite" needs warm_copy_databases, the globs of'
+                             " the service's SQLite databases")
+        return self
 
     @field_validator("local_data_dir", "remote_data_dir")
     @classmethod

@@ -79,6 +79,8 @@ CLEANUP_COLUMNS = (
     "created_at",
 )
 
+WARM_COPY_COLUMNS = ("area", "service", "generation", "epoch", "taken_at", "received_at",
+                     "files", "bytes", "sent_bytes", "digest", "restore_epoch")
 DOWNTIME_COLUMNS = (
     "transaction_id",
     "service",
@@ -205,6 +207,25 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         """,
         "CREATE INDEX area_downtime_by_move ON area_downtime (move_id)",
         "CREATE INDEX area_downtime_by_end ON area_downtime (service, finished_at)",
+    ),
+    # v5: the newest warm copy of each remote area (orchestrator/warm_copy.py), one row an
+    # area: the copy itself is a dir under work_dir/warm, swapped in whole.
+    (
+        """
+        CREATE TABLE warm_copies (
+            area TEXT PRIMARY KEY,
+            service TEXT NOT NULL,
+            generation INTEGER NOT NULL,
+            epoch INTEGER NOT NULL,
+            taken_at REAL NOT NULL,
+            received_at REAL NOT NULL,
+            files INTEGER NOT NULL,
+            bytes INTEGER NOT NULL,
+            sent_bytes INTEGER NOT NULL,
+            digest TEXT NOT NULL,
+            restore_epoch INTEGER
+        )
+        """,
     ),
 )
 
@@ -723,6 +744,37 @@ class Store:
                 {"area": r["area"], "holders": json.loads(r["holders"]), "epoch": r["epoch"]}
                 for r in rows
             ]
+
+        return await self._run(read)
+
+    # --- warm copies ----------------------------------------------------------------------
+
+    async def put_warm_copy(self, record: Mapping[str, Any]) -> None:
+        """Record an area's newest warm copy (`WarmCopy.to_storage()`), replacing the last."""
+        row = {c: record[c] for c in WARM_COPY_COLUMNS}
+
+        def write() -> None:
+            with _Tx(self._db()) as db:
+                db.execute(
+                    f"INSERT OR REPLACE INTO warm_copies ({', '.join(row)})"
+                    f" VALUES ({', '.join(f':{c}' for c in row)})", row,
+                )
+
+        await self._run(write)
+
+    async def forget_warm_copy(self, area: str) -> None:
+        def write() -> None:
+            with _Tx(self._db()) as db:
+                db.execute("DELETE FROM warm_copies WHERE area = ?", (area,))
+
+        await self._run(write)
+
+    async def warm_copies(self) -> list[dict[str, Any]]:
+        """Every recorded warm copy, as `WarmCopy.from_storage()` takes it."""
+
+        def read() -> list[dict[str, Any]]:
+            return [dict(r) for r in self._db().execute(
+                "SELECT * FROM warm_copies ORDER BY area")]
 
         return await self._run(read)
 

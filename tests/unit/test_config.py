@@ -294,3 +294,38 @@ class TestNamesAndNumbersAreAscii:
     def test_a_port_of_lookalike_digits_is_config_invalid(self, listen: str) -> None:
         error = config_error({"http": {"listen": listen}})
         assert error.code == ErrorCode.CONFIG_INVALID
+
+
+class TestWarmCopy:
+    """`warm_copy` says how a service's data can be copied while it runs; nothing is
+    assumed: without a declaration no area is warm-copied."""
+
+    def _service(self, **keys: object) -> dict[str, object]:
+        return {"services": {"tg": {"command": ["tgd"], "local_data_dir": "/l/{area}",
+                                    "remote_data_dir": "/r/{area}", **keys}}}
+
+    def test_off_unless_declared(self) -> None:
+        section = config.parse(self._service()).services["tg"]
+        assert (section.warm_copy, section.warm_copy_databases) == ("off", ())
+
+    def test_sqlite_with_the_databases_globs(self) -> None:
+        section = config.parse(self._service(
+            warm_copy="sqlite", warm_copy_databases=["*.sqlite", "db/*.db"],
+            warm_copy_interval_s=10)).services["tg"]
+        assert section.warm_copy_databases == ("*.sqlite", "db/*.db")
+        assert section.warm_copy_interval_s == 10.0
+
+    @pytest.mark.parametrize(("keys", "says"), [
+        ({"warm_copy": "sqlite"}, "needs warm_copy_databases"),
+        ({"warm_copy": "sqlite", "warm_copy_databases": ["/etc/*"]}, "inside the data dir"),
+        ({"warm_copy": "sqlite", "warm_copy_databases": [""]}, "not empty"),
+        ({"warm_copy": "sqlite", "warm_copy_databases": ["*.db"] * 65}, "at most 64"),
+        ({"warm_copy": "rsync"}, "warm_copy"),
+        ({"warm_copy_interval_s": 0.5}, "warm_copy_interval_s"),
+    ])
+    def test_a_bad_declaration_is_one_line_naming_the_key(
+        self, keys: dict[str, object], says: str
+    ) -> None:
+        error = config_error(self._service(**keys))
+        assert says in str(error) and "\n" not in str(error)
+        assert error.code == ErrorCode.CONFIG_INVALID

@@ -386,3 +386,30 @@ class TestReadOnlySections:
     def test_a_missing_database_is_a_store_error(self, tmp_path: Path) -> None:
         with pytest.raises(StoreError, match="does not exist"):
             store_module.read_only_sections(tmp_path / store_module.DB_NAME)
+
+
+class TestWarmCopies:
+    """Each area's newest warm copy (orchestrator/warm_copy.py) is one durable row."""
+
+    async def test_the_newest_replaces_the_last_survives_a_reopen_and_can_go(
+        self, tmp_path: Path
+    ) -> None:
+        from orchestrator.warm_copy import WarmCopy
+
+        first = WarmCopy(area="a1", service="tg", generation=3, epoch=2, taken_at=10.5,
+                         received_at=11.0, files=2, bytes=8192, sent_bytes=8192,
+                         digest="a" * 64)
+        newer = WarmCopy(area="a1", service="tg", generation=3, epoch=2, taken_at=40.5,
+                         received_at=41.0, files=2, bytes=8192, sent_bytes=512,
+                         digest="b" * 64, restore_epoch=3)
+        with sqlite3.connect(tmp_path / "state.db", isolation_level=None) as db:
+            store_module._migrate(db, target=4)  # a state.db of the release before them
+        async with await Store.open(tmp_path) as store:
+            await store.put_warm_copy(first.to_storage())
+            await store.put_warm_copy(newer.to_storage())
+            await store.put_warm_copy({**first.to_storage(), "area": "a2"})
+        async with await Store.open(tmp_path) as store:
+            rows = [WarmCopy.from_storage(r) for r in await store.warm_copies()]
+            assert rows == [newer, WarmCopy.from_storage({**first.to_storage(), "area": "a2"})]
+            await store.forget_warm_copy("a2")
+            assert [r["area"] for r in await store.warm_copies()] == ["a1"]
