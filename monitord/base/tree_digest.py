@@ -19,7 +19,8 @@ after the stop); the VPS keeps one per tree in a file (`monitord.pyz tree-digest
 
 Where a copy keeps its own dirs (`copy_dir`): `{parent}/.monitord-copy/{name}/` for a data dir
 `{parent}/{name}`, holding `staging/` (where the copy is put together), `staging.digests` (its
-cache), `digests` (the data dir's cache) and `old/` (the replaced tree during a swap). Area ids
+cache), `digests` (the data dir's cache), `old/` (the replaced tree during a swap) and `warm/`
+(a consistent snapshot of a live data dir, monitord.vps.warm_snapshot). Area ids
 may contain `.` but never start with one (orchestrator/names.py), so no area's data dir can be
 named `.monitord-copy`, nor lie inside it: a copy of area `A` never touches the data of areas
 `A.staging`, `A.old` or `A.digests`, which siblings named by suffix did. One dir per data dir
@@ -99,6 +100,12 @@ def data_cache(final: Path) -> Path:
 def old_dir(final: Path) -> Path:
     """Where a swap moves the tree `final` held, until the new one is on disk."""
     return copy_dir(final) / "old"
+
+
+def warm_dir(final: Path) -> Path:
+    """Where the agent keeps its last snapshot of the live data dir `final` (a warm copy's
+    source: the copy routes read it as they read a data dir)."""
+    return copy_dir(final) / "warm"
 
 
 def forget(final: Path) -> None:
@@ -235,26 +242,16 @@ def open_listed(root: Path, rel: str, listed: tuple[int, int]) -> int:
 
 def open_inside(root: Path, rel: str) -> int:
     """An fd for reading the regular file root/rel, every directory on the way opened below
-    its parent's fd with O_NOFOLLOW and the file with OPEN_FLAGS: a symlink anywhere under
-    root (one swapped in for a directory while we walk, too) is refused, never followed —
-    NotTheListedFile, as is a name that leaves root (`..`, absolute, empty parts) or that
-    is not a regular file. FileNotFoundError when it is not there."""
+    its parent's fd with O_NOFOLLOW (`open_dir_inside`) and the file with OPEN_FLAGS: a
+    symlink anywhere under root (one swapped in for a directory while we walk, too) is
+    refused, never followed — NotTheListedFile, as is a name that leaves root (`..`,
+    absolute, empty parts) or that is not a regular file. FileNotFoundError when it is not
+    there."""
     parts = rel.split("/")
     if not rel or any(part in ("", ".", "..") for part in parts):
         raise NotTheListedFile(errno.EINVAL, f"{rel!r}: not a name inside {root}")
-    dir_flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(root, dir_flags)
+    fd = open_dir_inside(root, "/".join(parts[:-1]))
     try:
-        for part in parts[:-1]:
-            try:
-                child = os.open(part, dir_flags, dir_fd=fd)
-            except OSError as e:
-                if e.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise NotTheListedFile(e.errno, f"{rel!r}: {part!r} is not a directory"
-                                           ) from e
-                raise
-            os.close(fd)
-            fd = child
         try:
             out = os.open(parts[-1], OPEN_FLAGS, dir_fd=fd)
         except OSError as e:
@@ -267,6 +264,33 @@ def open_inside(root: Path, rel: str) -> int:
         os.close(out)
         raise NotTheListedFile(errno.EINVAL, f"{rel!r}: not a regular file")
     return out
+
+
+def open_dir_inside(root: Path, rel: str) -> int:
+    """An fd of the directory root/rel (root itself for ""), root and every directory below
+    it opened below its parent's fd with O_NOFOLLOW: a symlink on the way is refused, never
+    followed — NotTheListedFile, as is a name that leaves root. FileNotFoundError when it is
+    not there."""
+    parts = rel.split("/") if rel else []
+    if any(part in ("", ".", "..") for part in parts):
+        raise NotTheListedFile(errno.EINVAL, f"{rel!r}: not a name inside {root}")
+    dir_flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(root, dir_flags)
+    try:
+        for part in parts:
+            try:
+                child = os.open(part, dir_flags, dir_fd=fd)
+            except OSError as e:
+                if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise NotTheListedFile(e.errno, f"{rel!r}: {part!r} is not a directory"
+                                           ) from e
+                raise
+            os.close(fd)
+            fd = child
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def read_blocks(f: BinaryIO, copy_to: BinaryIO | None = None) -> block_delta.Blocks:

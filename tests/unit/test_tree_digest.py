@@ -330,3 +330,35 @@ class TestAWalkRacedBySymlinks:
         os.close(os.open(tmp_path / "etc" / "keys", os.O_RDONLY | os.O_NONBLOCK))
         thread.join(5)
         assert not was_opened, "the FIFO outside the tree was opened"
+
+
+class TestOpenDirInside:
+    """A directory under a tree is opened below its parent's fd, never through a symlink."""
+
+    def test_a_directory_below_the_tree_is_opened_and_a_symlinked_one_refused(
+        self, tmp_path: Path
+    ) -> None:
+        root = tmp_path / "area"
+        (root / "db" / "deeper").mkdir(parents=True)
+        (tmp_path / "etc").mkdir()
+        (root / "link").symlink_to(tmp_path / "etc")
+        for rel, inode in (("", root), ("db/deeper", root / "db" / "deeper")):
+            fd = tree_digest.open_dir_inside(root, rel)
+            try:
+                assert os.path.samestat(os.fstat(fd), os.stat(inode))
+            finally:
+                os.close(fd)
+        for rel in ("link", "db/../link", "/etc"):
+            with pytest.raises(tree_digest.NotTheListedFile):
+                os.close(tree_digest.open_dir_inside(root, rel))
+        with pytest.raises(FileNotFoundError):
+            tree_digest.open_dir_inside(root, "missing")
+
+    def test_the_warm_snapshot_lives_in_the_copy_dir_and_goes_with_it(
+        self, tmp_path: Path
+    ) -> None:
+        final = tmp_path / "data" / "area"
+        assert tree_digest.warm_dir(final) == tree_digest.copy_dir(final) / "warm"
+        tree_digest.warm_dir(final).mkdir(parents=True)
+        tree_digest.forget(final)
+        assert not tree_digest.copy_dir(final).exists()
