@@ -75,6 +75,7 @@ class ErrorCode(TextEnum):
     NAME_TOO_LONG = "NAME_TOO_LONG"
     HEALTHCHECK_TIMEOUT = "HEALTHCHECK_TIMEOUT"
     DESTINATION_CONFLICT = "DESTINATION_CONFLICT"
+    WARM_COPY_REFUSED = "WARM_COPY_REFUSED"
     LEASE_EXPIRED = "LEASE_EXPIRED"
     CONFIG_CORRUPT = "CONFIG_CORRUPT"
     CONFIG_INVALID = "CONFIG_INVALID"
@@ -246,6 +247,11 @@ _ROWS: tuple[tuple[ErrorCode, Severity, bool, str, str], ...] = (
     (_E.DESTINATION_CONFLICT, _S.ERROR, False,
            "The destination holds the area for another owner or a newer generation.",
            "Inspect the remote inventory; remove the foreign entry, then retry."),
+    (_E.WARM_COPY_REFUSED, _S.INFO, True,
+           "The VPS agent took no snapshot of a remote area for a warm copy: it holds the"
+           " area at another generation, or with another data dir, than the one asked for.",
+           "Nothing to do: the next warm copy asks for what the VPS holds then. If it"
+           " persists, compare the area's generation in `monitord status` with the VPS's."),
     (_E.LEASE_EXPIRED, _S.WARNING, True,
            "An area lease on the VPS expired; the remote daemon was stopped.",
            "Check the tunnel; monitord renews and restarts the area when it can."),
