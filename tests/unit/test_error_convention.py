@@ -72,8 +72,8 @@ NOT_CODES = _enum_values() | {
     "MONITORD_TXN", "MONITORD_EVENT",
     # crash and hold point names (monitord/engine/crash_points.py)
     "COMMIT_WRITTEN",
-    # SQL keywords (monitord/store/state_db.py)
-    "COMMIT", "ROLLBACK",
+    # SQL keywords (monitord/store/state_db.py, monitord/vps/warm_snapshot.py)
+    "COMMIT", "ROLLBACK", "BEGIN",
     # operating system names: a sysconf variable, a socket family
     "SC_CLK_TCK", "AF_UNIX",
     # argparse metavars, `monitord demo`'s verdict words

@@ -208,12 +208,14 @@ class TestPlainFiles:
     ) -> None:
         data_dir = _data_dir(tmp_path)
         churned = data_dir / "media.bin"
-        churned.write_bytes(os.urandom(8 << 20))
-        with _running(REWRITER, churned) as rewriter:
+        # Two writers, and a file whose copy (and fsync) takes a while: a try is a window in
+        # which neither writes, longer than a busy machine leaves both without a core.
+        churned.write_bytes(os.urandom(32 << 20))
+        with _running(REWRITER, churned) as one, _running(REWRITER, churned) as other:
             time.sleep(0.2)  # (well under way)
             with pytest.raises(SnapshotFailed, match="media.bin.*3 times"):
                 warm_snapshot.take(data_dir, sqlite=GLOBS)
-            assert rewriter.poll() is None
+            assert one.poll() is None and other.poll() is None
         assert not warm_snapshot.new_dir(data_dir).exists()
 
     def test_a_symlink_is_neither_followed_nor_copied(self, tmp_path: Path) -> None:
