@@ -13,7 +13,8 @@ failures are translated here, once, into typed errors with stable codes:
 - no channel (tunnel down, channel refused)     -> AGENT_UNREACHABLE, provably not delivered
 - lost channel / timeout / 5xx                  -> AGENT_UNREACHABLE (maybe delivered)
 - 401                                           -> AGENT_UNAUTHORIZED
-- 409 (another owner, other generation)         -> DESTINATION_CONFLICT
+- 409 (another owner, other generation)         -> DESTINATION_CONFLICT (a warm copy's
+                                                   snapshot refused or failed: its own code)
 - the agent's own error document                -> its code (AGENT_ROUTE_MISSING: the
                                                    agent has no such route)
 - a body over the size limit, a 2xx that is not the JSON document the caller relies on,
@@ -38,7 +39,7 @@ import contextlib
 import functools
 import json
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import quote, urlencode
@@ -55,6 +56,10 @@ log = logs.get_logger(__name__)
 DEFAULT_TIMEOUT_S = 10.0
 # A promote digests (and fsyncs) the whole staging dir: as long as the exec it replaces had.
 PROMOTE_TIMEOUT_S = 60.0
+# A snapshot copies the whole live data dir on the VPS, every file fsynced, and copies again a
+# file that changed meanwhile: a store of a few hundred MiB at a small VPS's disk speed.
+SNAPSHOT_TIMEOUT_S = 120.0
+_PATH_CHARS = 4096  # (PATH_MAX: a dir the agent names longer than that is no dir of its)
 # The most response body read; a longer one is refused (AGENT_UNREACHABLE), never buffered
 # whole. The inventory is the one answer that grows: an entry plus a process is ~0.5 KiB of
 # JSON, so 8 MiB holds ~16 000 areas, two orders of magnitude beyond any PBX, while keeping a
@@ -150,6 +155,25 @@ class AreaHealth:
     healthy: bool
     uptime_s: float | None  # None: no daemon of that generation runs
 
+
+@dataclass(frozen=True, slots=True)
+class WarmSnapshot:
+    """The agent's answer to "take a snapshot of this live data dir" (a warm copy's source):
+    where it is on the VPS (`dir`, read with the copy routes as a data dir) and what it holds."""
+
+    dir: str
+    generation: int
+    taken_at: float  # the VPS's wall clock when its walk began
+    files: int
+    bytes: int
+    databases: int  # of the files, SQLite stores copied by the backup API
+    took_s: float
+    cpu_s: float
+
+
+# The agent's 409s that are not a conflict over the area (another owner, a newer generation):
+# a warm copy's snapshot refused or failed is retried at the next interval, not an error.
+_OWN_CONFLICT_CODES = frozenset({ErrorCode.WARM_COPY_REFUSED, ErrorCode.WARM_COPY_FAILED})
 
 # What an agent older than a route answers it: 404 with AGENT_ROUTE_MISSING, or UNKNOWN_AREA
 # from one before that code existed (a route without an area names none).
@@ -469,6 +493,37 @@ class AgentClient:
         return {rel: _blocks_or_groups(value, where=f"{where}: {rel!r}", known=rel in known)
                 for rel, value in answered.items()}
 
+    async def snapshot(self, *, area: str, data_dir: str, generation: int,
+                       sqlite: Sequence[str], timeout_s: float = SNAPSHOT_TIMEOUT_S,
+                       ) -> WarmSnapshot:
+        """A consistent snapshot of the area's live `data_dir` on the VPS, taken by the agent
+        (`POST /v1/areas/{area}/copy/snapshot`; `sqlite`: the globs of its SQLite stores,
+        relative to the data dir): only for an area it holds at exactly `generation` with
+        that data dir (WARM_COPY_REFUSED otherwise; UNKNOWN_AREA without an entry there);
+        WARM_COPY_FAILED when no whole snapshot could be taken (the agent's detail names the
+        file). An answer for another generation, or whose numbers are not counts and
+        durations, is AGENT_UNREACHABLE; 404 from an agent without the route."""
+        where = f"POST /v1/areas/{area}/copy/snapshot"
+        doc = _object(await self._call(
+            "POST", f"/v1/areas/{area}/copy/snapshot", timeout_s=timeout_s,
+            body={"data_dir": data_dir, "generation": generation, "sqlite": list(sqlite)},
+        ), where=where)
+        if doc.get("generation") != generation:
+            raise _malformed(where, f"it answers for generation {doc.get('generation')!r:.20}")
+        found = doc.get("dir")
+        if not isinstance(found, str) or not 0 < len(found) <= _PATH_CHARS:
+            raise _malformed(where, "dir is not a path")
+        counts = {key: _count(doc.get(key), where=where, what=key)
+                  for key in ("files", "bytes", "databases")}
+        seconds = {key: _number(doc.get(key), where=where, what=key, minimum=0.0)
+                   for key in ("taken_at", "took_s", "cpu_s")}
+        if counts["databases"] > counts["files"]:
+            raise _malformed(where, "more databases than files")
+        return WarmSnapshot(dir=found, generation=generation, taken_at=seconds["taken_at"],
+                            files=counts["files"], bytes=counts["bytes"],
+                            databases=counts["databases"], took_s=seconds["took_s"],
+                            cpu_s=seconds["cpu_s"])
+
     async def stop(self, *, area: str, generation: int) -> str:
         """Stop the process at `generation`, keep the entry: 'stopped' or 'absent'."""
         result = await self._call(
@@ -640,6 +695,15 @@ def _number(value: Any, *, where: str, what: str,
     return found
 
 
+def _count(value: Any, *, where: str, what: str) -> int:
+    """A count of an answer (monitord.base.bounded_json.integer: [0, 2^63), never a bool or
+    a float); a malformed answer otherwise."""
+    found = bounded_json.integer(value)
+    if found is None:
+        raise _malformed(where, f"{what} is {value!r:.40}, not a count")
+    return found
+
+
 def _object(payload: Any, *, where: str) -> dict[str, Any]:
     if not isinstance(payload, dict):
         raise _malformed(where, f"expected a JSON object, got {type(payload).__name__}")
@@ -664,7 +728,9 @@ def _http_error(status: int, payload: Any, *, where: str) -> MonitordError:
     if status == 401:
         return error_for(ErrorCode.AGENT_UNAUTHORIZED, detail)
     if status == 409:
-        return error_for(ErrorCode.DESTINATION_CONFLICT, detail)
+        code = err.get("code")
+        return error_for(code if code in _OWN_CONFLICT_CODES else ErrorCode.DESTINATION_CONFLICT,
+                         detail)
     if status >= 500:
         return AgentUnreachable(detail, maybe_delivered=True)
     code = err.get("code") or ErrorCode.BAD_REQUEST

@@ -306,6 +306,9 @@ def _agent_answering(body: bytes) -> agent_client.AgentClient:
 ODD_NUMBERS = {"400 digits": "9" * 400, "-400 digits": "-" + "9" * 400, "1e400": "1e400",
                "NaN": "NaN", "true": "true", "1e300": "1e300"}
 
+# ... and what no count or duration is.
+ODD_COUNTS = {**ODD_NUMBERS, "-1": "-1", "a string": '"1"'}
+
 
 class TestTheAgentsNumbers:
     """A number in an agent's answer that no float holds, or no clock or size comes near, is
@@ -360,6 +363,41 @@ class TestTheAgentsNumbers:
                                   b' "uptime_s": 7}')
         answer = await client.health(area="a1", generation=3, min_uptime_s=0.5, wait_s=0.1)
         assert answer == agent_client.AreaHealth(healthy=True, uptime_s=7.0)
+
+    SNAPSHOT = {"area": "a1", "generation": 3, "dir": "/d/.monitord-copy/a1/warm",
+                "taken_at": 1.7e9, "files": 2, "bytes": 4096, "databases": 1, "took_s": 0.2,
+                "cpu_s": 0.1}
+
+    @pytest.mark.parametrize("field", ["taken_at", "files", "bytes", "databases", "took_s",
+                                       "cpu_s"])
+    @pytest.mark.parametrize("name", sorted(ODD_COUNTS))
+    async def test_a_snapshot_answer_with_an_odd_number_is_malformed(
+        self, field: str, name: str
+    ) -> None:
+        text = json.dumps({**self.SNAPSHOT, field: None}).replace(
+            f'"{field}": null', f'"{field}": {ODD_COUNTS[name]}')
+        client = _agent_answering(text.encode())
+        with pytest.raises(MonitordError) as refused:
+            await client.snapshot(area="a1", data_dir="/d/a1", generation=3, sqlite=["*.db"])
+        assert refused.value.code == ErrorCode.AGENT_UNREACHABLE
+
+    @pytest.mark.parametrize("odd", [{"generation": 4}, {"dir": 7}, {"dir": ""},
+                                     {"dir": "/" * 4097}, {"databases": 3}, {"files": 1.0}])
+    async def test_a_snapshot_answer_for_another_generation_or_no_dir_is_malformed(
+        self, odd: dict[str, Any]
+    ) -> None:
+        client = _agent_answering(json.dumps({**self.SNAPSHOT, **odd}).encode())
+        with pytest.raises(MonitordError) as refused:
+            await client.snapshot(area="a1", data_dir="/d/a1", generation=3, sqlite=[])
+        assert refused.value.code == ErrorCode.AGENT_UNREACHABLE
+        assert "malformed answer" in refused.value.detail
+
+    async def test_a_snapshot_answer_in_range_is_read(self) -> None:
+        client = _agent_answering(json.dumps(self.SNAPSHOT).encode())
+        assert await client.snapshot(area="a1", data_dir="/d/a1", generation=3,
+                                     sqlite=["*.db"]) == agent_client.WarmSnapshot(
+            dir="/d/.monitord-copy/a1/warm", generation=3, taken_at=1.7e9, files=2,
+            bytes=4096, databases=1, took_s=0.2, cpu_s=0.1)
 
 
 class TestTheAgentsAnswers:
@@ -499,3 +537,26 @@ class TestTextFromTheVps:
                 "@@self\n1 2 3 22\n")
         observed = port_holder.parse_probe(text, port=8224)
         assert observed.holder.pid == 42 and _safe(observed.holder.command)
+
+
+class TestTheAgentsConflicts:
+    """An agent's 409 is DESTINATION_CONFLICT, but for a warm copy's snapshot refused or
+    failed, which keep their own (retryable) codes."""
+
+    @pytest.mark.parametrize(("said", "read"), [
+        ("WARM_COPY_REFUSED", ErrorCode.WARM_COPY_REFUSED),
+        ("WARM_COPY_FAILED", ErrorCode.WARM_COPY_FAILED),
+        ("DESTINATION_CONFLICT", ErrorCode.DESTINATION_CONFLICT),
+        ("INTERNAL", ErrorCode.DESTINATION_CONFLICT),
+        (None, ErrorCode.DESTINATION_CONFLICT),
+    ])
+    async def test_a_409_keeps_a_warm_copys_code_only(
+        self, agent_double: tuple[_Agent, agent_client.AgentClient], said: str | None,
+        read: ErrorCode,
+    ) -> None:
+        agent, client = agent_double
+        agent.answer = (409, {"error": {"code": said, "detail": "db/store.db kept changing"}})
+        with pytest.raises(MonitordError) as refused:
+            await client.snapshot(area="a1", data_dir="/d/a1", generation=3, sqlite=[])
+        assert refused.value.code == read
+        assert refused.value.detail.endswith("db/store.db kept changing")
