@@ -33,7 +33,15 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from monitord.base import log_sink, proc_identity, run_as, tree_digest
-from monitord.vps import area_runner, event_log, host_memory, lease_file, lease_table, spool_cache
+from monitord.vps import (
+    area_runner,
+    event_log,
+    host_memory,
+    lease_file,
+    lease_table,
+    spool_cache,
+    warm_snapshot,
+)
 from monitord.vps.area_runner import AreaRunner, GuardHandle
 from monitord.vps.lease_table import AreaEntry, AreaSpec, CreateVerdict, GenerationCheck
 from orchestrator import block_delta, names
@@ -119,6 +127,9 @@ class AgentRuntime:
         self._handles: dict[str, GuardHandle] = {}
         self._started_mono: dict[str, float] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        # One snapshot of an area at a time, beside its lock: a stop or a create never waits
+        # for a snapshot (a warm copy's, monitord.vps.warm_snapshot) to finish.
+        self._snapshot_locks: dict[str, asyncio.Lock] = {}
         self._loop_task: asyncio.Task[None] | None = None
         self.ready = False
 
@@ -465,6 +476,59 @@ class AgentRuntime:
         answered = await self._copy_step(area, f"digest blocks in {data_dir}", work,
                                          Path(data_dir))
         return {"area": area, "blocks": answered}
+
+    async def snapshot(self, area: str, *, data_dir: str, generation: int,
+                       sqlite: Sequence[str]) -> dict[str, Any]:
+        """POST /v1/areas/{area}/copy/snapshot: a consistent snapshot of the area's live data
+        dir in `tree_digest.warm_dir(data_dir)` (monitord.vps.warm_snapshot.take, in a
+        thread), which the copy routes then read as a data dir: a warm copy's source. Only
+        for an area held here at exactly `generation` with that data dir (409
+        WARM_COPY_REFUSED otherwise, 404 UNKNOWN_AREA without an entry). A request for an
+        area whose snapshot is under way waits for it, under the area's snapshot lock, never
+        its lock. A snapshot that cannot be whole is 409 WARM_COPY_FAILED; the previous one
+        stays either way."""
+        path = Path(data_dir)
+        async with self._snapshot_lock(area):
+            self._check_snapshot(area, data_dir=data_dir, generation=generation)
+            try:
+                taken = await asyncio.to_thread(warm_snapshot.take, path, sqlite=sqlite)
+            except warm_snapshot.SnapshotFailed as e:
+                raise AgentError(code="WARM_COPY_FAILED", status=409,
+                                 detail=f"area {area}: {e.detail}") from e
+            except OSError as e:
+                raise copy_step_error(e, area=area, doing=f"take a snapshot of {data_dir}",
+                                      path=path) from e
+            if area not in self._entries:  # deleted meanwhile: what it left goes with it
+                try:
+                    await asyncio.to_thread(warm_snapshot.discard, path)
+                except OSError as e:
+                    raise copy_step_error(e, area=area, path=path,
+                                          doing=f"remove the snapshot of {data_dir}") from e
+            self._check_snapshot(area, data_dir=data_dir, generation=generation)
+        log.info("area_warm_snapshot", area=area, generation=generation, files=taken["files"],
+                 bytes=taken["bytes"], took_s=taken["took_s"])
+        return {"area": area, "generation": generation,
+                "dir": str(tree_digest.warm_dir(path)), **taken}
+
+    def _snapshot_lock(self, area: str) -> asyncio.Lock:
+        lock = self._snapshot_locks.get(area)
+        if lock is None:
+            lock = self._snapshot_locks[area] = asyncio.Lock()
+        return lock
+
+    def _check_snapshot(self, area: str, *, data_dir: str, generation: int) -> None:
+        """Raise unless `area` is held here at `generation` with `data_dir` (see snapshot)."""
+        entry = self._entries.get(area)
+        if entry is None:
+            raise AgentError(code="UNKNOWN_AREA", status=404, detail=f"no entry for {area}")
+        if entry.generation != generation:
+            raise AgentError(code="WARM_COPY_REFUSED", status=409,
+                             detail=f"area {area} is at generation {entry.generation},"
+                                    f" not {generation}")
+        if entry.spec.data_dir != data_dir:
+            raise AgentError(code="WARM_COPY_REFUSED", status=409,
+                             detail=f"area {area}'s data dir is {entry.spec.data_dir},"
+                                    f" not {data_dir}")
 
     async def _copy_step(self, area: str, doing: str, work: Callable[[Path], T],
                          path: Path) -> T:

@@ -33,7 +33,7 @@ from typing import Any, Callable, Optional
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from monitord.base import bounded_json, log_tail, tree_digest
-from monitord.vps import event_log, host_memory
+from monitord.vps import event_log, host_memory, warm_snapshot
 from monitord.vps.lease_table import AreaSpec
 from monitord.vps.runtime import (
     MAX_HEALTH_WAIT_S,
@@ -380,6 +380,31 @@ async def area_listing(runtime: AgentRuntime, request: Request, name: str | None
     return Response(200, await runtime.listing(area, data_dir=data_dir))
 
 
+async def area_snapshot(runtime: AgentRuntime, request: Request, name: str | None) -> Response:
+    """A consistent snapshot of the area's live data dir beside it, for a warm copy
+    (monitord.vps.warm_snapshot): `{"data_dir", "generation", "sqlite": [glob, …]}`."""
+    area = _area(name)
+    doc = _document(request.body)
+    data_dir = runtime.validate_data_dir(_text(doc, "data_dir"))
+    generation = _count(doc.get("generation"), "generation")
+    sqlite = _globs(doc.get("sqlite"), "sqlite")
+    return Response(200, await runtime.snapshot(area, data_dir=data_dir, generation=generation,
+                                                sqlite=sqlite))
+
+
+def _globs(value: Any, where: str) -> tuple[str, ...]:
+    """An area's database globs (an empty list: it has none). Required: a snapshot that took
+    a store for a plain file would copy it and its WAL at two moments."""
+    most = warm_snapshot.MAX_GLOBS
+    if not isinstance(value, list) or len(value) > most:
+        raise bad_request(f"{where}: must be a list of at most {most} globs")
+    for i, glob in enumerate(value):
+        problem = warm_snapshot.glob_problem(glob)
+        if problem is not None:
+            raise bad_request(f"{where}[{i}]: {problem}")
+    return tuple(value)
+
+
 # A copy `DELETE /v1/areas/{area}?aside=1` set aside: `{area}-g{generation}-{time}`.
 
 
@@ -419,6 +444,7 @@ ROUTES: tuple[tuple[str, str, Handler], ...] = (
     ("POST", "/v1/areas/{area}/copy/staging", area_staging),
     ("POST", "/v1/areas/{area}/listing", area_listing),
     ("POST", "/v1/areas/{area}/copy/blocks", area_blocks),
+    ("POST", "/v1/areas/{area}/copy/snapshot", area_snapshot),
     ("DELETE", "/v1/areas/{area}", delete_area),
     ("DELETE", "/v1/abandoned/{area}", delete_set_aside),
     ("POST", "/v1/leases/renew", renew_leases),

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import hashlib
 import os
+import sqlite3
 import time
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from monitord.base import proc_identity, tree_digest
 from monitord.remote.agent_client import AgentClient, unix_channel
@@ -15,6 +20,7 @@ from monitord.remote.copy import AreaCopy, vps_tree
 from monitord.testing.split_brain import Detector
 from orchestrator import block_delta
 from orchestrator.block_delta import Blocks
+from orchestrator.errors import ErrorCode, MonitordError
 from tests.integration.agent.conftest import area_body
 from tests.support.agent_process import AgentProcess
 
@@ -521,6 +527,139 @@ class TestBlocks:
             assert (status, answer["error"]["code"]) == (400, "BAD_REQUEST"), (body, answer)
 
 
+def _live_store(path: Path, rows: int) -> sqlite3.Connection:
+    """A SQLite store in WAL mode holding `rows` rows, left open (its -wal and -shm there)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("CREATE TABLE rows (n INTEGER PRIMARY KEY, payload BLOB)")
+    db.executemany("INSERT INTO rows VALUES (?, randomblob(100))", [(n,) for n in range(rows)])
+    return db
+
+
+class TestSnapshot:
+    """POST /v1/areas/{area}/copy/snapshot takes a consistent snapshot of a live area's data
+    dir beside it, for an area held at exactly that generation only; the copy routes read it
+    as they read a data dir."""
+
+    async def _snapshot(self, agent: AgentProcess, body: object) -> tuple[int, Any]:
+        return await agent.request("POST", f"/v1/areas/{AREA}/copy/snapshot", json_body=body)
+
+    async def test_a_snapshot_at_the_areas_generation_is_what_the_listing_route_lists(
+        self, agent: AgentProcess, detector: Detector
+    ) -> None:
+        body = await _created(agent, detector, generation=3)
+        assert await detector.wait_for(lambda d: d.alive(AREA), timeout_s=10)
+        data_dir = Path(body["data_dir"])
+        with contextlib.closing(_live_store(data_dir / "db" / "store.db", 500)):
+            assert (data_dir / "db" / "store.db-wal").exists()
+            status, answer = await self._snapshot(agent, {
+                "data_dir": body["data_dir"], "generation": 3, "sqlite": ["db/*.db"]})
+            assert status == 200, answer
+        warm = tree_digest.warm_dir(data_dir)
+        assert (answer["area"], answer["generation"], answer["dir"]) == (AREA, 3, str(warm))
+        assert (answer["files"], answer["databases"]) == (2, 1), answer
+        files = {p.relative_to(warm).as_posix(): p.read_bytes()
+                 for p in warm.rglob("*") if p.is_file()}
+        assert sorted(files) == ["db/store.db", "session.db"]  # the daemon's, and no sidecar
+        assert answer["bytes"] == sum(map(len, files.values()))
+        with contextlib.closing(sqlite3.connect(warm / "db" / "store.db")) as db:
+            assert db.execute("SELECT count(*) FROM rows").fetchone() == (500,)
+        status, listed = await agent.request("POST", f"/v1/areas/{AREA}/listing",
+                                             json_body={"data_dir": answer["dir"]})
+        assert status == 200, listed
+        assert base64.b64decode(listed["listing"]) == tree_digest.listing(
+            {rel: hashlib.sha256(data).hexdigest() for rel, data in files.items()})
+        client = AgentClient(channel=unix_channel(agent.address), secret=agent.secret.encode())
+        again = await client.snapshot(area=AREA, data_dir=body["data_dir"], generation=3,
+                                      sqlite=["db/*.db"])
+        assert (again.dir, again.generation, again.files, again.databases) == (
+            str(warm), 3, 2, 1)
+        assert again.taken_at >= answer["taken_at"]
+
+    async def test_two_at_once_are_taken_one_after_the_other(
+        self, agent: AgentProcess, detector: Detector
+    ) -> None:
+        body = await _created(agent, detector, generation=3)
+        data_dir = Path(body["data_dir"])
+        for k in range(50):
+            (data_dir / "media" / f"{k}.bin").parent.mkdir(parents=True, exist_ok=True)
+            (data_dir / "media" / f"{k}.bin").write_bytes(os.urandom(256 << 10))
+        request = {"data_dir": body["data_dir"], "generation": 3, "sqlite": []}
+        answers = await asyncio.gather(*(self._snapshot(agent, request) for _ in range(3)))
+        assert [status for status, _ in answers] == [200] * 3, answers
+        assert len({answer["taken_at"] for _, answer in answers}) == 3
+        warm = tree_digest.warm_dir(data_dir)
+        assert {p.name for p in warm.parent.iterdir()} == {"warm"}
+        assert all((warm / "media" / f"{k}.bin").read_bytes()
+                   == (data_dir / "media" / f"{k}.bin").read_bytes() for k in range(50))
+
+    async def test_another_generation_or_data_dir_is_refused_and_takes_nothing(
+        self, agent: AgentProcess, detector: Detector
+    ) -> None:
+        body = await _created(agent, detector, generation=3)
+        other_dir = str(agent.base_dir / "data" / "tg" / "other")
+        for generation, data_dir in ((2, body["data_dir"]), (4, body["data_dir"]),
+                                     (3, other_dir)):
+            status, answer = await self._snapshot(agent, {
+                "data_dir": data_dir, "generation": generation, "sqlite": []})
+            assert (status, answer["error"]["code"]) == (409, "WARM_COPY_REFUSED"), answer
+            assert "\n" not in answer["error"]["detail"]
+        client = AgentClient(channel=unix_channel(agent.address), secret=agent.secret.encode())
+        with pytest.raises(MonitordError) as refused:
+            await client.snapshot(area=AREA, data_dir=body["data_dir"], generation=4, sqlite=[])
+        assert refused.value.code == ErrorCode.WARM_COPY_REFUSED
+        assert "generation 3, not 4" in refused.value.detail
+        assert not tree_digest.copy_dir(Path(body["data_dir"])).exists()
+        assert not tree_digest.copy_dir(Path(other_dir)).exists()
+
+    async def test_an_unknown_area_is_404(self, agent: AgentProcess) -> None:
+        status, answer = await self._snapshot(agent, {
+            "data_dir": str(agent.base_dir / "data" / "tg" / AREA), "generation": 1,
+            "sqlite": []})
+        assert (status, answer["error"]["code"]) == (404, "UNKNOWN_AREA"), answer
+
+    async def test_a_snapshot_that_cannot_be_whole_fails_and_keeps_the_last_one(
+        self, agent: AgentProcess, detector: Detector
+    ) -> None:
+        body = await _created(agent, detector, generation=3)
+        assert await detector.wait_for(lambda d: d.alive(AREA), timeout_s=10)
+        request = {"data_dir": body["data_dir"], "generation": 3, "sqlite": ["*.db"]}
+        data_dir = Path(body["data_dir"])
+        status, answer = await self._snapshot(agent, {**request, "sqlite": []})
+        assert status == 200, answer
+        kept = tree_digest.warm_dir(data_dir) / "session.db"
+        before = kept.read_bytes()
+        (data_dir / "broken.db").write_bytes(b"no SQLite store" * 100)
+        status, answer = await self._snapshot(agent, request)
+        assert (status, answer["error"]["code"]) == (409, "WARM_COPY_FAILED"), answer
+        assert "broken.db" in answer["error"]["detail"]
+        assert kept.read_bytes() == before
+        assert not (data_dir.parent / ".monitord-copy" / AREA / "warm.new").exists()
+
+    async def test_bad_bodies_are_refused_with_400(
+        self, agent: AgentProcess, detector: Detector, tmp_path: Path
+    ) -> None:
+        body = await _created(agent, detector, generation=3)
+        good = {"data_dir": body["data_dir"], "generation": 3, "sqlite": ["*.db"]}
+        bodies: tuple[object, ...] = (
+            {**good, "sqlite": "*.db"}, {**good, "sqlite": [""]}, {**good, "sqlite": ["/x"]},
+            {**good, "sqlite": ["a\u0000b"]}, {**good, "sqlite": ["x" * 256]},
+            {**good, "sqlite": [f"{k}.db" for k in range(65)]}, {**good, "sqlite": [7]},
+            {k: v for k, v in good.items() if k != "sqlite"},
+            {**good, "generation": -1}, {**good, "generation": "3"},
+            {**good, "generation": True}, {**good, "generation": 2**63},
+            {**good, "data_dir": str(tmp_path)}, {**good, "data_dir": str(agent.base_dir)},
+            [],
+        )
+        for refused in bodies:
+            status, answer = await self._snapshot(agent, refused)
+            assert (status, answer["error"]["code"]) == (400, "BAD_REQUEST"), (refused, answer)
+        assert not tree_digest.copy_dir(Path(body["data_dir"])).exists()
+        status, answer = await self._snapshot(agent, {**good, "sqlite": ["x" * 255] * 64})
+        assert status == 200, answer
+
+
 class TestRoutes:
     """GET /v1/routes names every route the agent serves, so that the PBX chooses its way
     once; a path it does not serve is 404 AGENT_ROUTE_MISSING, never UNKNOWN_AREA."""
@@ -529,7 +668,8 @@ class TestRoutes:
         client = AgentClient(channel=unix_channel(agent.address), secret=agent.secret.encode())
         served = await client.routes()
         assert vps_tree.COPY_ROUTES <= served, served
-        assert {"GET /v1/routes", "GET /v1/areas/{area}/health"} <= served
+        assert {"GET /v1/routes", "GET /v1/areas/{area}/health",
+                "POST /v1/areas/{area}/copy/snapshot"} <= served
         assert await AreaCopy(client, AREA, str(agent.base_dir / "data" / AREA)).serves_copies()
 
     async def test_the_agent_says_the_vps_memory_as_the_kernel_does(
