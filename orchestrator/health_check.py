@@ -144,6 +144,7 @@ def classify(status: Mapping[str, Any], *, now: float | None = None) -> Verdict:
         *_tunnel_findings(status.get("tunnel")),
         *_service_findings(services),
         *_background_findings(status, now=now),
+        *_warm_copy_findings(services, now=now if now is not None else _float(status.get("at"))),
     ]
     findings.sort(key=lambda f: -_RANK[f.state])
     worst = findings[0].state if findings else CheckState.OK
@@ -252,6 +253,28 @@ def _background_findings(status: Mapping[str, Any], *, now: float | None) -> lis
             if finding is not None:
                 found.append(finding)
     return found
+
+
+def _warm_copy_findings(services: Mapping[str, Any], *, now: float | None) -> list[Finding]:
+    """Remote areas whose warm copy is past `overdue_at` (orchestrator/warm_copy.py: three
+    intervals old): what a give-up would lose has grown past the bound the service chose."""
+    late: list[tuple[str, Mapping[str, Any]]] = []
+    for name, service in sorted(services.items()):
+        areas = service.get("areas") if isinstance(service, Mapping) else None
+        for area in areas if isinstance(areas, list) else []:
+            warm = area.get("warm_copy") if isinstance(area, Mapping) else None
+            due = _float(warm.get("overdue_at")) if isinstance(warm, Mapping) else None
+            if now is not None and due is not None and now > due:
+                late.append((str(name), warm))  # type: ignore[arg-type]
+    if not late:
+        return []
+    name, warm = late[0]
+    taken = _float(warm.get("taken_at"))
+    age = "none yet" if taken is None or now is None else f"{now - taken:.0f} s old"
+    error = warm.get("error")
+    why = f", last {error.get('code', '?')}" if isinstance(error, Mapping) else ""
+    return [Finding(_WARN, f"{len(late)} warm cop{'y' if len(late) == 1 else 'ies'} overdue"
+                           f" ({name}: {age}{why})")]
 
 
 def _loop_finding(name: str, loop: Any, *, now: float | None) -> Finding | None:

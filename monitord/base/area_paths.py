@@ -43,6 +43,12 @@ def local_data_dir(section: ServiceSection, *, area: str, generation: int) -> Pa
     return Path(local_data_dir_text(section, area=area, generation=generation))
 
 
+def warm_copy_dir(work_dir: Path, *, service: str, area: str) -> Path:
+    """Where the PBX keeps a remote area's newest warm copy (monitord/engine/warm_copier.py):
+    never a data dir any daemon runs on."""
+    return work_dir / "warm" / service / area
+
+
 def local_command(section: ServiceSection, *, area: str, generation: int) -> tuple[str, ...]:
     """The argv that runs the area on the PBX."""
     data_dir = local_data_dir_text(section, area=area, generation=generation)

@@ -112,6 +112,23 @@ class Metrics:
             registry=r,
         )
 
+        # Warm copies (monitord/engine/warm_copier.py): the oldest remote area's copy per
+        # service (what a give-up would lose at most), and the copies that failed.
+        self.warm_copy_age = Gauge(
+            "monitord_area_warm_copy_age_seconds",
+            "Age of the oldest warm copy among the service's remote areas (data a give-up"
+            " loses at most)", ["service"], registry=r,
+        )
+        self.warm_copy_bound = Gauge(
+            "monitord_warm_copy_overdue_after_seconds",
+            "The age past which a warm copy is overdue: three of the service's intervals",
+            ["service"], registry=r,
+        )
+        self.warm_copy_failures = Counter(
+            "monitord_warm_copy_failures", "Warm copies that could not be taken or received",
+            ["service", "code"], registry=r,
+        )
+
         # Iterations of a root loop that raised (monitord/base/periodic.py): the loop went on.
         self.loop_errors = Counter(
             "monitord_loop_errors", "Iterations of a root loop that raised; the loop went on",

@@ -18,7 +18,7 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from monitord.base import area_paths, tree_digest
+from monitord.base import area_paths, logs, tree_digest
 from monitord.base.config import Config, ServiceSection
 from monitord.engine.area_side import STOP_GRACE_S, copy_over
 from monitord.engine.placement_state import PlacementState
@@ -28,6 +28,9 @@ from orchestrator.cleanup_policy import SideObservation
 from orchestrator.errors import ErrorCode, error_for
 from orchestrator.lineage import Lineage
 from orchestrator.models import Side, Transaction
+from orchestrator.warm_copy import WarmCopy
+
+log = logs.get_logger(__name__)
 
 if TYPE_CHECKING:  # the SSH side loads after readiness (monitord/remote/ssh_side.py)
     from monitord.remote import copy as area_copy
@@ -205,13 +208,25 @@ class LocalSide:
         modified = await asyncio.to_thread(_newest_mtime, path)
         return {"path": str(path), "modified_at": modified}
 
-    async def restore_own_copy(self, *, service: str, area: str, generation: int) -> str | None:
+    async def restore_own_copy(self, *, service: str, area: str, generation: int,
+                               warm: WarmCopy | None = None) -> str | None:
         """Put the PBX's newest copy in place as the data dir at `generation` (a given-up
-        VPS's move home starts on it): kept if there, else the newest archive moved back.
-        The path it came from; None when the PBX has no copy (the area starts empty)."""
+        VPS's move home starts on it): kept if there, else the warm copy the give-up chose
+        (`warm`) if it is still exactly the one received, else the newest archive moved
+        back. The path it came from; None when the PBX has no copy (the area starts empty)."""
         target = self._path(service=service, area=area, generation=generation)
         if target.exists():
             return str(target)
+        if warm is not None:
+            source = area_paths.warm_copy_dir(self.config.monitord.work_dir, service=service,
+                                              area=area)
+            if await asyncio.to_thread(_still, source, warm.digest):
+                target.parent.mkdir(parents=True, exist_ok=True)
+                await asyncio.to_thread(_archive, source, target)
+                return str(source)
+            log.warning("warm_copy_unusable", area=area, service=service, path=str(source),
+                        detail="not the copy received (gone or changed since): the PBX's"
+                               " own copy is used")
         archive = self._archive_of(service=service, area=area)
         if archive is None:
             return None
@@ -249,9 +264,20 @@ class LocalSide:
 
     def _basis(self, local_dir: Path, *, service: str, area: str) -> Path | None:
         """The PBX's own copy a download starts from, so that only the blocks it lacks
-        cross the link: the data dir if it is there, else the newest archive (the source
-        of the move out). Only a seed: what starts is what the VPS listed, by SHA-256."""
-        return local_dir if local_dir.is_dir() else self._archive_of(service=service, area=area)
+        cross the link: the data dir if it is there, else the area's warm copy (taken
+        minutes ago, where the archive is as old as the move out), else the newest archive
+        (the source of the move out). Only a seed: what starts is what the VPS listed, by
+        SHA-256."""
+        if local_dir.is_dir():
+            return local_dir
+        warm = area_paths.warm_copy_dir(self.config.monitord.work_dir, service=service,
+                                        area=area)
+        return warm if warm.is_dir() else self._archive_of(service=service, area=area)
+
+    def basis_of(self, *, service: str, area: str, generation: int) -> Path | None:
+        """`_basis` of the area's data dir at `generation`."""
+        return self._basis(self._path(service=service, area=area, generation=generation),
+                           service=service, area=area)
 
 
 class LocalRuns:
@@ -315,6 +341,12 @@ def _remove_staging(target: Path) -> None:
     """What a copy to `target` left: its staging dir and an old tree (the PBX keeps no digest
     cache on disk), in the data dir's own copy dir (monitord.base.tree_digest.copy_dir)."""
     shutil.rmtree(tree_digest.copy_dir(target), ignore_errors=True)
+
+
+def _still(root: Path, digest: str) -> bool:
+    from monitord.remote.copy import local_tree
+
+    return root.is_dir() and local_tree.tree_sha256(root) == digest
 
 
 def _archive(source: Path, target: Path) -> None:

@@ -37,9 +37,10 @@ from monitord.base.metrics import Metrics
 from monitord.base.periodic import LoopBook
 from monitord.engine.cleanup_worker import CleanupWorker
 from monitord.engine.migration_engine import MigrationEngine
-from monitord.engine.operator_verbs import OperatorVerbs
+from monitord.engine.operator_verbs import GivenUp, OperatorVerbs
 from monitord.engine.placement_state import PlacementState
 from monitord.engine.reconciler import Reconciler
+from monitord.engine.warm_copier import WarmCopier
 from monitord.local.supervisor import LocalSupervisor, ProcessView
 from monitord.remote import agent_client
 from monitord.store import spool_files
@@ -78,6 +79,7 @@ class OperatorFacade:
     admission: Intake
     custom_config_path: Path
     remote_state_path: Path
+    warm: WarmCopier | None = None
 
     @property
     def state(self) -> PlacementState:
@@ -147,10 +149,11 @@ class OperatorFacade:
         explicit choice, recorded as events); the ids of the transactions that did."""
         return await self.verbs.discard_remote_data(service, area=area)
 
-    async def give_up_remote(self, service: str, *, area: str | None) -> list[str]:
+    async def give_up_remote(self, service: str, *, area: str | None) -> GivenUp:
         """The VPS is given up for `service` (or one area): its areas start on the PBX's own
-        copy once every remote copy is provably fenced (VPS_NOT_FENCED until then); the ids
-        of the transactions that take them home."""
+        copy — or their warm copies — once every remote copy is provably fenced
+        (VPS_NOT_FENCED until then); the transactions that take them home, and what each
+        area starts on."""
         return await self.verbs.give_up_remote(service, area=area)
 
     def fetch_abandoned(self, area: str, *, generation: int | None) -> dict[str, Any]:
@@ -286,6 +289,7 @@ class OperatorFacade:
             self.link.connected() if self.link else None,
             # a forensic fetch started, moved on or ended
             self.cleanup_worker.abandoned.version if self.cleanup_worker.abandoned else 0,
+            0 if self.warm is None else self.warm.version,  # a warm copy failed or recovered
         )
 
     async def transactions(self, *, limit: int) -> list[dict[str, Any]]:
@@ -447,6 +451,7 @@ class OperatorFacade:
         )
         by_area = {t.area: t for t in txns}
         downtimes = self.engine.downtime.last_move_downtimes(service)
+        warm = {} if self.warm is None else self.warm.status()
         return {
             "desired": view.desired,
             "state": str(view.state),
@@ -465,6 +470,8 @@ class OperatorFacade:
                                                   remote=remote),
                     # in the service's last move, if it was part of it (see last_move)
                     "last_downtime_s": downtimes.get(a.uuid),
+                    # a remote area's newest warm copy (None: the service declares none)
+                    "warm_copy": warm.get(a.uuid),
                 }
                 for a in areas
             ],

@@ -15,17 +15,28 @@ may do is orchestrator/give_up.py's to say.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from monitord.base import logs
 from monitord.engine.migration_engine import MigrationEngine
 from monitord.engine.phase_actions import PhaseActions
-from orchestrator import area_leases, give_up, phases
+from orchestrator import area_leases, give_up, phases, warm_copy
 from orchestrator.errors import ErrorCode, MonitordError, PermanentError
 from orchestrator.models import Area, AreaLease, Phase, Side
 from orchestrator.phases import Outcome
 
 log = logs.get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class GivenUp:
+    """A give-up's answer: the transactions that take the areas home, and per area what it
+    starts on and what that loses (`kept_copy` "warm" or "pbx", `kept_copy_age_s`,
+    `warm_copy_taken_at`: PhaseActions.abandon_remote_data)."""
+
+    transaction_ids: list[str]
+    kept: dict[str, dict[str, Any]]
 
 
 class OperatorVerbs:
@@ -101,7 +112,7 @@ class OperatorVerbs:
 
     async def give_up_remote(
         self, service: str, *, area: str | None = None, reason: str = "operator"
-    ) -> list[str]:
+    ) -> GivenUp:
         """The operator gives the VPS up for `service` (or one area): its areas start on the
         PBX's own copy and the data they wrote on the VPS is lost (orchestrator/give_up.py).
 
@@ -109,7 +120,7 @@ class OperatorVerbs:
         saying when it will be allowed), while an area commits a move (TRANSACTION_CONFLICT)
         or when nothing of it is on the VPS. Otherwise the loss is recorded per area
         (lineage first, `remote_data_abandoned` event), the wish becomes "local", and each
-        area's transaction goes home; returns their ids."""
+        area's transaction goes home; returns their ids and what each area starts on."""
         engine = self.engine
         async with engine.intake_lock:
             targets = [self.state.committed[area]] if area else self.state.areas_of(service)
@@ -118,13 +129,13 @@ class OperatorVerbs:
                 abandoned = self._decide_give_up(targets, area=area, service=service)
                 engine.forgive(service, areas=abandoned)
                 await self.state.record_desired(service=service, area=area, location=Side.LOCAL)
-                for uuid, decision in abandoned.items():
-                    await self._abandon(uuid, decision, reason=reason)
+                kept = {uuid: await self._abandon(uuid, decision, reason=reason)
+                        for uuid, decision in abandoned.items()}
                 await engine.open_for([self.state.committed[uuid] for uuid in abandoned])
         engine.wake()
-        return [
+        return GivenUp(transaction_ids=[
             t.transaction_id for t in self.state.transactions.values() if t.area in abandoned
-        ]
+        ], kept=kept)
 
     def _decide_give_up(self, targets: list[Area], *, area: str | None, service: str
                         ) -> dict[str, give_up.Abandon]:
@@ -154,21 +165,23 @@ class OperatorVerbs:
                                  f"nothing of {where} is on the VPS: nothing to give up")
         return abandoned
 
-    async def _abandon(self, uuid: str, decision: give_up.Abandon, *, reason: str) -> None:
+    async def _abandon(self, uuid: str, decision: give_up.Abandon, *, reason: str
+                       ) -> dict[str, Any]:
         committed = self.state.committed[uuid]
         txn = self.state.transactions.get(uuid)
-        await self.actions.abandon_remote_data(
+        kept = await self.actions.abandon_remote_data(
             committed, reason=reason,
             generations=give_up.remote_generations(committed, txn),
         )
         if txn is None or decision.outcome is None:
-            return
+            return kept
         generation = None
         if decision.outcome is Outcome.SOURCE_ABANDONED:
             generation = await self.engine.store.issue_generation(
                 uuid, floor=max(committed.generation, txn.generation)
             )
         await self.engine.apply(txn, decision.outcome, new_generation=generation)
+        return kept
 
     async def give_up_lost_vps(self, unreachable_since: float | None) -> None:
         """`[monitord] vps_lost_after_s`: the services with `on_vps_lost = "home"` give the
@@ -193,7 +206,7 @@ class OperatorVerbs:
                                  allowed_at=view["allowed_at"], unreachable_s=round(lost_s, 1))
                 continue
             try:
-                ids = await self.give_up_remote(service, reason="policy")
+                ids = (await self.give_up_remote(service, reason="policy")).transaction_ids
             except MonitordError as e:  # a commit being written: asked again next tick
                 log.warning("vps_lost_give_up_refused", service=service, error_code=e.code,
                             detail=e.detail)
@@ -203,22 +216,31 @@ class OperatorVerbs:
 
     def give_up_view(self, service: str) -> dict[str, Any] | None:
         """What giving the VPS up would do for `service` now, for the status: how many areas
-        would go home and from when (wall time) it is allowed; None when nothing is there."""
+        would go home, from when (wall time) it is allowed, and how many of them would start
+        on a warm copy (the oldest's `taken_at`: what the page's dialog names as the loss);
+        None when nothing is there."""
         now, wall = self.engine.clock(), self.engine.wall()
         areas, until = 0, now
+        warm: list[float] = []
         for area in self.state.areas_of(service):
+            txn = self.state.transactions.get(area.uuid)
+            lineage = self.state.lineage(area.uuid)
             decision = give_up.decide(
-                area=area, txn=self.state.transactions.get(area.uuid),
-                lineage=self.state.lineage(area.uuid), leases=self._remote_leases(area),
+                area=area, txn=txn, lineage=lineage, leases=self._remote_leases(area),
                 now=now, policy=self.engine.bounds.policy,
             )
             if isinstance(decision, give_up.NotFenced):
                 until = max(until, decision.until)
             if isinstance(decision, give_up.Abandon | give_up.NotFenced):
                 areas += 1
+                copy = self.state.warm.get(area.uuid)
+                if copy is not None and warm_copy.usable_at_give_up(
+                        copy, lineage, generations=give_up.remote_generations(area, txn)):
+                    warm.append(copy.taken_at)
         if not areas:
             return None
-        return {"areas": areas, "allowed_at": round(wall + (until - now), 3)}
+        return {"areas": areas, "allowed_at": round(wall + (until - now), 3),
+                "warm_copies": len(warm), "oldest_warm_copy_taken_at": min(warm, default=None)}
 
     def _remote_leases(self, area: Area) -> dict[int, AreaLease]:
         """The best-known lease of every generation of `area` that could run on the VPS."""

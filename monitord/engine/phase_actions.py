@@ -35,7 +35,7 @@ from monitord.engine.placement_state import PlacementState
 from monitord.engine.remote_side import RemoteSide
 from monitord.local.supervisor import AreaRun, LocalSupervisor
 from monitord.store.state_db import Store
-from orchestrator import disk_space, lineage, memory_room, phases
+from orchestrator import disk_space, lineage, memory_room, phases, warm_copy
 from orchestrator.errors import ErrorCode, MonitordError, error_for
 from orchestrator.lineage import CopyPlan
 from orchestrator.models import Area, Side, Transaction
@@ -85,12 +85,14 @@ class PhaseActions:
         store: Store,
         owner_id: str,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.config = config
         self.state = state
         self.link = link
         self.store = store
         self._clock = clock
+        self._wall = wall
         # What each area's pre-copy staged while its source still ran (by transaction id):
         # in memory only — lost on a restart, which just means a full copy.
         self._staged: dict[str, area_copy.Staged] = {}
@@ -275,11 +277,19 @@ class PhaseActions:
     ) -> None:
         """COPY: bring the newest data to the destination, as the lineage says it must."""
         if own_copy:
-            # The VPS was given up: the PBX's own copy is the newest (the lineage says so).
+            # The VPS was given up: the PBX's own copy is the newest (the lineage says so) —
+            # or the warm copy the give-up chose, taken from the copy given up.
+            warm = self.state.warm.get(txn.area)
+            if not warm_copy.restores(warm, self.state.lineage(txn.area)):
+                warm = None
             restored = await self.local_side.restore_own_copy(
-                service=txn.service, area=txn.area, generation=txn.generation
+                service=txn.service, area=txn.area, generation=txn.generation, warm=warm,
             )
-            txn_log.bound(txn).warning("area_restored_from_own_copy", restored_from=restored)
+            txn_log.bound(txn).warning(
+                "area_restored_from_own_copy", restored_from=restored,
+                warm_copy_taken_at=None if warm is None else warm.taken_at)
+            # (moved into place, or found unusable: either way no longer a warm copy)
+            await self.state.forget_warm_copy(txn.area)
             return
         current = self.state.lineage(txn.area)
         plan = lineage.copy_plan(current, source=source, destination=destination)
@@ -423,7 +433,7 @@ class PhaseActions:
 
     async def abandon_remote_data(
         self, area: Area, *, generations: frozenset[int], reason: str
-    ) -> None:
+    ) -> dict[str, object]:
         """Give the VPS's copy of `area` up (orchestrator/give_up.py): the PBX holds the
         newest data from now on — recorded first, so that no grant names the area again —
         and a `remote_data_abandoned` event says what is lost and what the PBX has."""
@@ -434,9 +444,26 @@ class PhaseActions:
                   "reason": reason, "epoch": current.epoch + 1,
                   "remote_generations": sorted(generations),
                   "committed": area.location.value, "generation": area.generation,
-                  "local_copy": own["path"], "local_copy_modified_at": own["modified_at"]}
+                  "local_copy": own["path"], "local_copy_modified_at": own["modified_at"],
+                  **self._kept_copy(area.uuid, own["modified_at"])}
         log.warning("remote_data_abandoned", **fields)
         await self.store.record_event("remote_data_abandoned", fields)
+        return {key: fields[key] for key in ("kept_copy", "kept_copy_age_s",
+                                             "warm_copy_taken_at")}
+
+    def _kept_copy(self, area: str, own_modified_at: object) -> dict[str, object]:
+        """What a give-up starts the area on, and how much of its life that loses: the warm
+        copy it chose (`kept_copy` "warm", its age since the VPS's snapshot), else the
+        PBX's own copy ("pbx", its age since it was last written; None: no copy at all)."""
+        warm = self.state.warm.get(area)
+        now = self._wall()
+        if warm_copy.restores(warm, self.state.lineage(area)):
+            assert warm is not None
+            return {"kept_copy": "warm", "warm_copy_taken_at": warm.taken_at,
+                    "kept_copy_age_s": round(warm_copy.age_s(warm, now=now), 3)}
+        age = (round(max(0.0, now - own_modified_at), 3)
+               if isinstance(own_modified_at, (int, float)) else None)
+        return {"kept_copy": "pbx", "warm_copy_taken_at": None, "kept_copy_age_s": age}
 
     async def discard_data(self, txn: Transaction, *, keep: Side, reason: str) -> None:
         """Give up the other side's newer data: `keep` holds the newest from now on."""

@@ -24,10 +24,11 @@ from pathlib import Path
 from monitord.base import logs
 from monitord.store import abandoned_copies, spool_files
 from monitord.store.state_db import Store
-from orchestrator import lineage, rules, state_loss
+from orchestrator import lineage, rules, state_loss, warm_copy
 from orchestrator.errors import ErrorCode, error_for
 from orchestrator.lineage import Lineage
 from orchestrator.models import Area, Phase, RemoteInventory, Side, Transaction
+from orchestrator.warm_copy import WarmCopy
 
 log = logs.get_logger(__name__)
 
@@ -48,6 +49,7 @@ class PlacementState:
         self.desired_area: dict[str, Side] = {}
         self.last_finished: dict[str, Transaction] = {}  # newest final record per area
         self.lineages: dict[str, Lineage] = {}  # recorded data lineage per area (durable)
+        self.warm: dict[str, WarmCopy] = {}  # each remote area's newest warm copy (durable)
         # VPS copies given up, by (area, generation): set aside there, never started (durable)
         self.abandoned: dict[tuple[str, int], abandoned_copies.Row] = {}
         self._abandoned_path = store.path.parent / abandoned_copies.FILE_NAME
@@ -74,6 +76,9 @@ class PlacementState:
         for record in await self.store.lineages():
             found = Lineage.from_storage(record)
             self.lineages[found.area] = found
+        for record in await self.store.warm_copies():
+            copy = WarmCopy.from_storage(record)
+            self.warm[copy.area] = copy
         self.abandoned = await asyncio.to_thread(abandoned_copies.load, self._abandoned_path)
         # In the order they were made: a later service-wide wish overrides per-area ones.
         rows = sorted(await self.store.desired_placements(), key=lambda r: r["updated_at"])
@@ -260,8 +265,15 @@ class PlacementState:
     async def abandon_remote(self, area: str, *, generations: Iterable[int]) -> Lineage:
         """The VPS's copy of `area` is given up: `generations` on the VPS are to be set aside
         when it answers again, and the PBX holds the newest data from now on (a new epoch) —
-        both durable before anything acts on them. Returns the lineage it replaced."""
+        both durable before anything acts on them. A warm copy of the copy given up is chosen
+        for the new epoch first (orchestrator/warm_copy.py): the move home starts from it.
+        Returns the lineage it replaced."""
         current = self.lineage(area)
+        generations = frozenset(generations)
+        copy = self.warm.get(area)
+        if copy is not None and warm_copy.usable_at_give_up(copy, current,
+                                                            generations=generations):
+            await self.record_warm_copy(warm_copy.chosen(copy, current))
         now = time.time()
         rows = dict(self.abandoned)
         for generation in generations:
@@ -314,6 +326,17 @@ class PlacementState:
                 self.last_finished[area] = stored
             self.notify()
         return self.transactions.get(area)
+
+    async def record_warm_copy(self, copy: WarmCopy) -> None:
+        """Persist an area's newest warm copy (its dir already in place), then tell."""
+        await self.store.put_warm_copy(copy.to_storage())
+        self.warm[copy.area] = copy
+        self.notify()
+
+    async def forget_warm_copy(self, area: str) -> None:
+        if self.warm.pop(area, None) is not None:
+            await self.store.forget_warm_copy(area)
+            self.notify()
 
     async def record_lineage(self, updated: Lineage) -> None:
         """Persist a new lineage before anything acts on it, then tell the listeners."""

@@ -342,12 +342,22 @@ def main_give_up(args: argparse.Namespace) -> int:
 
 
 def give_up_line(result: dict[str, Any]) -> str:
-    """`tg: the VPS is given up; 2 areas go home on the PBX's own copy: ID, ID`."""
+    """`tg: the VPS is given up; 2 transactions take the areas home: ID, ID`, then a line
+    per area: what it starts on and how much of its life that loses."""
     what = f"{result.get('service')} area {result['area']}" if result.get("area") \
         else str(result.get("service"))
     ids = list(result.get("transaction_ids") or [])
-    return (f"{what}: the VPS is given up; {_transactions(ids)} take the areas home on the"
-            f" PBX's own copy (their data on the VPS is lost): {', '.join(ids)}")
+    lines = [f"{what}: the VPS is given up; {_transactions(ids)} take the areas home"
+             f" (what they wrote on the VPS since the copy each starts on is lost):"
+             f" {', '.join(ids)}"]
+    kept = result.get("kept")
+    for area, row in sorted(kept.items() if isinstance(kept, dict) else ()):
+        age = row.get("kept_copy_age_s") if isinstance(row, dict) else None
+        lost = "an unknown time" if not isinstance(age, int | float) else f"{age:.0f} s"
+        on = ("its warm copy" if isinstance(row, dict) and row.get("kept_copy") == "warm"
+              else "the PBX's own copy")
+        lines.append(f"  {area}: starts on {on}, {lost} of its data lost")
+    return "\n".join(lines)
 
 
 @_guarded

@@ -175,7 +175,7 @@ async def post_give_up(request: web.Request) -> web.StreamResponse:
             detail=f"area {area!r} of {service} is not in custom_config.json",
         )
     try:
-        ids = await operator.give_up_remote(service, area=area)
+        given_up = await operator.give_up_remote(service, area=area)
     except VpsNotFenced as e:
         return web.json_response(
             {"error": {"code": e.code, "detail": e.detail}, "retry_after_s": e.retry_after_s,
@@ -185,8 +185,9 @@ async def post_give_up(request: web.Request) -> web.StreamResponse:
     except MonitordError as e:
         status = 409 if e.code is ErrorCode.TRANSACTION_CONFLICT else 500
         return http_api.error_response(status, code=e.code, detail=e.detail)
-    return web.json_response({"service": service, "area": area, "transaction_ids": ids},
-                             status=202)
+    return web.json_response({"service": service, "area": area,
+                              "transaction_ids": given_up.transaction_ids,
+                              "kept": given_up.kept}, status=202)
 
 
 @http_api.mutating

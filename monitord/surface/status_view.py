@@ -115,6 +115,8 @@ def area_rows(
         for area in svc.get("areas", []):
             process = area.get("process") or {}
             started = process.get("started_at")
+            warm = area.get("warm_copy") if isinstance(area.get("warm_copy"), dict) else {}
+            taken = warm.get("taken_at")
             rows.append({
                 "service": name,
                 "uuid": area.get("uuid"),
@@ -136,6 +138,13 @@ def area_rows(
                 "last_downtime_s": downtimes.get(area.get("uuid")),
                 "last_move_finished_at": move.get("finished_at")
                 if area.get("uuid") in downtimes else None,
+                # a remote area's warm copy: what a give-up would lose (None: no copies)
+                "warm_copy_taken_at": taken,
+                "warm_copy_age_s": round(max(0.0, now - taken), 1)
+                if isinstance(taken, int | float) else None,
+                "warm_copy_overdue": now > warm["overdue_at"]
+                if isinstance(warm.get("overdue_at"), int | float) else None,
+                "warm_copy_error": (warm.get("error") or {}).get("code"),
             })
     return rows
 
@@ -145,9 +154,9 @@ def areas_listing(rows: list[dict[str, Any]]) -> Table:
     # No box: the full UUID (what `monitord logs` takes) and ten more columns fit in 120
     # columns; a long title folds within its own column.
     table = Table(box=None, expand=False, pad_edge=False)
-    right = ("pid", "uptime", "restarts", "1h", "downtime")
+    right = ("pid", "uptime", "restarts", "1h", "downtime", "warm")
     for column in ("service", "area", "title", "side", "health", "pid", "uptime", "restarts",
-                   "1h", "exit", "downtime"):
+                   "1h", "exit", "downtime", "warm"):
         table.add_column(column, no_wrap=column != "title", overflow="fold",
                          min_width=10 if column == "title" else None,
                          justify="right" if column in right else "left")
@@ -166,8 +175,23 @@ def areas_listing(rows: list[dict[str, Any]]) -> Table:
             "" if row["restarts_1h"] is None else str(row["restarts_1h"]),
             "" if row["last_exit_status"] is None else str(row["last_exit_status"]),
             "" if downtime is None else f"{downtime:.2f} s",
+            _warm_cell(row),
         )
     return table
+
+
+def _warm_cell(row: dict[str, Any]) -> str:
+    """A remote area's warm copy as its age ('none yet' before the first), marked '!' once
+    overdue, with the last failure's code; empty for an area without warm copies."""
+    if row.get("warm_copy_overdue") is None:
+        return ""
+    age = row.get("warm_copy_age_s")
+    cell = "none yet" if age is None else _duration(age)
+    if row.get("warm_copy_overdue"):
+        cell += " !"
+    if row.get("warm_copy_error"):
+        cell += f" {row['warm_copy_error']}"
+    return cell
 
 
 def _duration(seconds: float) -> str:

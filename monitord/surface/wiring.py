@@ -13,11 +13,12 @@ facade (monitord.engine.operator_facade) that the HTTP API serves. The component
     lease renewer      grants `state.runs(REMOTE)` to the agent every TTL/3
     migration engine   transactions, phase by phase (it is also the placement intake)
     cleanup worker     the durable cleanup queue
+    warm copier        recent verified copies of remote areas that declare how (if any)
     reconciler         planner passes on connect, periodically and after transactions
 
 Start order: state -> (legacy remote_state.json normalised) -> engine recovery (every
 unfinished transaction's next step decided and stored) -> survivors adopted or stopped ->
-supervisor -> keeper -> renewer -> engine -> cleanup -> reconciler.
+supervisor -> keeper -> renewer -> engine -> cleanup -> warm copier -> reconciler.
 Stop: the engine finishes its current steps; the keeper releases the tunnel lease; the
 supervisor stops supervising but leaves local daemons running for the next instance to
 adopt (a restart must not take areas down).
@@ -46,6 +47,7 @@ from monitord.engine.operator_verbs import OperatorVerbs
 from monitord.engine.phase_actions import PhaseActions
 from monitord.engine.placement_state import PlacementState
 from monitord.engine.reconciler import Reconciler
+from monitord.engine.warm_copier import WarmCopier
 from monitord.local.supervisor import LocalSupervisor
 from monitord.remote import agent_channel, artifact
 from monitord.remote.agent_client import AgentClient
@@ -177,6 +179,9 @@ class Orchestration:
                                     remote=self.actions.remote_side,
                                     keep_s=section.abandoned_data_keep_s),
         )
+        self.warm = WarmCopier(config=config, state=self.state, link=self.link,
+                               local_side=self.actions.local_side, metrics=self.metrics,
+                               loops=self.loops)
         self.reconciler = Reconciler(
             state=self.state, store=ctx.store, supervisor=self.supervisor, link=self.link,
             sides=self.actions.sides, metrics=self.metrics, intake_lock=self.engine.intake_lock,
@@ -188,6 +193,7 @@ class Orchestration:
             reconciler=self.reconciler, cleanup_worker=self.cleanup, supervisor=self.supervisor,
             link=self.link, loops=self.loops, admission=ctx.admission,
             custom_config_path=ctx.custom_config_path, remote_state_path=ctx.remote_state_path,
+            warm=self.warm,
         )
         self.metrics.count_restarts_with(self.operator.restart_counts)
         self.remote_state = RemoteStateFile(ctx.remote_state_path)
@@ -243,10 +249,13 @@ class Orchestration:
             tasks.spawn("lease renewer", self.renewer.run())
         tasks.spawn("migration engine", self.engine.run())
         tasks.spawn("cleanup worker", self.cleanup.run())
+        if self.link is not None and self.warm.services():
+            tasks.spawn("warm copier", self.warm.run())
         tasks.spawn("reconciler", self.reconciler.run())
         self._state_changed()
 
     async def stop(self) -> None:
+        self.warm.close()  # (first: it would only find the link going)
         await self.engine.stop()
         if self.link is not None:
             await self.link.agent.close()  # (its channel opened ahead, before the goodbye)

@@ -20,6 +20,8 @@ It behaves like a messenger daemon where it matters to monitord:
   nothing, its pid in `escaped.pid` in the data dir (for the tests of the cgroup fence);
   `--escape-child-clean` makes that child then exec a sleeper with an empty environment, so
   that not even its spawner's markers are left on it;
+- `--store sqlite` keeps the records in a SQLite database in WAL mode (`session.sqlite`)
+  instead, for the tests of warm copies, which only SQLite can take consistently;
 - `--churn-pages-per-s N` makes its data live as an account's SQLite store is: N random
   4 KiB pages of `media.bin` rewritten every second (fsynced), for the benchmarks of
   copies that must send changed pages only.
@@ -43,6 +45,7 @@ from types import FrameType
 from typing import Any
 
 SESSION_DB = "session.db"
+SQLITE_SESSION_DB = "session.sqlite"
 CHURNED = "media.bin"
 PAGE_BYTES = 4096
 GENESIS = "0" * 64
@@ -95,6 +98,35 @@ class SessionDb:
             f.write(line.encode())
             f.flush()
             os.fsync(f.fileno())
+        self.last, self.count = digest, self.count + 1
+
+
+class SqliteSessionDb:
+    """The same hash-chained records in a SQLite database in WAL mode (`session.sqlite`),
+    one committed transaction each: a store a copy can only take consistently through
+    SQLite (its pages and its WAL change together), as a messenger's is."""
+
+    def __init__(self, path: Path) -> None:
+        import sqlite3
+
+        self.path = path
+        self._db = sqlite3.connect(path, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute("CREATE TABLE IF NOT EXISTS records"
+                         " (n INTEGER PRIMARY KEY, prev TEXT, hash TEXT, payload TEXT)")
+        self.count, self.last = 0, GENESIS
+        for n, prev, claimed, body in self._db.execute(
+                "SELECT n, prev, hash, payload FROM records ORDER BY n"):
+            payload = json.loads(body)
+            if prev != self.last or record_hash(prev, payload) != claimed:
+                raise SessionDbBroken(f"{path}: record {n}: hash chain broken")
+            self.last, self.count = claimed, self.count + 1
+
+    def append(self, payload: dict[str, Any]) -> None:
+        digest = record_hash(self.last, payload)
+        self._db.execute("INSERT INTO records (prev, hash, payload) VALUES (?, ?, ?)",
+                         (self.last, digest, json.dumps(payload)))
         self.last, self.count = digest, self.count + 1
 
 
@@ -184,7 +216,8 @@ def run(args: argparse.Namespace) -> int:
     if args.escape_child or args.escape_child_clean:
         escape_child(data, clean=args.escape_child_clean)
     try:
-        db = SessionDb(data / SESSION_DB)
+        db = SqliteSessionDb(data / SQLITE_SESSION_DB) if args.store == "sqlite" \
+            else SessionDb(data / SESSION_DB)
     except SessionDbBroken as e:
         print(json.dumps({"event": "session_db_broken", "detail": str(e)}), file=sys.stderr)
         return EXIT_DB_BROKEN
@@ -248,6 +281,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="... which then execs a sleeper with an empty environment")
     parser.add_argument("--churn-pages-per-s", type=float, default=0.0,
                         help=f"rewrite this many random 4 KiB pages of {CHURNED} a second")
+    parser.add_argument("--store", choices=("lines", "sqlite"), default="lines",
+                        help=f"the session records in {SESSION_DB} (lines) or a SQLite"
+                             f" database {SQLITE_SESSION_DB}")
     return run(parser.parse_args(argv))
 
 

@@ -506,14 +506,15 @@ class Stack:
 
     async def wait_until(
         self, predicate: Callable[[], Any], *, timeout_s: float, what: str = "condition"
-    ) -> None:
+    ) -> Any:
+        """The predicate's first true value (a coroutine's is awaited), asked every 0.2 s."""
         deadline = time.monotonic() + timeout_s
         while True:
             result = predicate()
             if asyncio.iscoroutine(result):
                 result = await result
             if result:
-                return
+                return result
             if time.monotonic() > deadline:
                 tail = "\n".join(self.log_lines[-40:])
                 raise AssertionError(f"timed out after {timeout_s} s waiting for {what}\n{tail}")

@@ -46,7 +46,7 @@ def test_promtool_accepts_the_rules() -> None:
     result = subprocess.run([promtool, "check", "rules", str(RULES)], capture_output=True,
                             text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 11 rules found" in result.stdout
+    assert "SUCCESS: 12 rules found" in result.stdout
 
 
 @pytest.mark.parametrize("where", ["rules", "dashboard"])
@@ -61,7 +61,7 @@ def test_the_rules_cover_what_an_operator_is_paged_for() -> None:
     alerts = set(re.findall(r"- alert: (\w+)", RULES.read_text()))
     assert {"MonitordServiceParked", "MonitordTunnelDown", "MonitordTunnelConflict",
             "MonitordAreaDown", "MonitordCrashLoop", "MonitordCleanupStuck",
-            "MonitordConfigCorrupt", "MonitordDowntimeHigh"} <= alerts
+            "MonitordConfigCorrupt", "MonitordDowntimeHigh", "MonitordWarmCopyOverdue"} <= alerts
 
 
 def test_a_name_that_is_not_served_would_be_caught() -> None:

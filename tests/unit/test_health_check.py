@@ -230,3 +230,27 @@ class TestUnknown:
         status = with_service("teleporting")
         status["cleanup"] = {"backlog": 1, "stuck": 1}
         assert health_check.classify(status).state is CheckState.WARNING
+
+
+class TestWarmCopies:
+    """A remote area whose warm copy is past `overdue_at` (three intervals) warns: what a
+    give-up would lose has outgrown the bound the service chose."""
+
+    def _with(self, *warm: dict[str, Any] | None) -> dict[str, Any]:
+        status = document()
+        status["services"]["tg"]["areas"] = [
+            {"uuid": f"a{n}", "warm_copy": w} for n, w in enumerate(warm)]
+        return status
+
+    def test_a_copy_within_its_bound_or_no_copies_at_all_is_ok(self) -> None:
+        fresh = {"taken_at": 990.0, "overdue_at": 1080.0, "error": None}
+        verdict = health_check.classify(self._with(fresh, None), now=1000.0)
+        assert verdict.state is CheckState.OK, verdict.line()
+
+    def test_an_overdue_copy_warns_with_its_age_and_last_failure(self) -> None:
+        late = {"taken_at": 900.0, "overdue_at": 990.0,
+                "error": {"code": "WARM_COPY_FAILED", "detail": "kept changing"}}
+        never = {"taken_at": None, "overdue_at": 995.0, "error": None}
+        verdict = health_check.classify(self._with(late, never), now=1000.0)
+        assert verdict.state is CheckState.WARNING
+        assert "2 warm copies overdue (tg: 100 s old, last WARM_COPY_FAILED)" in verdict.line()

@@ -159,3 +159,40 @@ class TestCopyProgress:
         assert out.getvalue().splitlines() == [
             "tg -> remote: 0/1 areas there, state preflight, phases PREFLIGHT",
             "tg -> remote: converged"]
+
+
+class TestWarmCopies:
+    """`monitord areas` shows each remote area's warm copy as its age — what a give-up would
+    lose — marked once overdue; `give-up` says per area what it starts on and the loss."""
+
+    def _status(self, warm: dict[str, Any] | None) -> dict[str, Any]:
+        return {"services": {"tg": {"areas": [{"uuid": "a1", "location": "remote",
+                                               "warm_copy": warm}]}}}
+
+    def _cell(self, warm: dict[str, Any] | None, *, now: float) -> str:
+        [row] = status_view.area_rows(self._status(warm), now=now)
+        out = io.StringIO()
+        Console(file=out, width=200).print(status_view.areas_listing([row]))
+        return out.getvalue().splitlines()[-1].split("a1", 1)[1]
+
+    def test_its_age_then_overdue_with_the_last_failure(self) -> None:
+        fresh = {"taken_at": 1000.0, "overdue_at": 1090.0, "error": None}
+        assert self._cell(fresh, now=1042.0).rstrip().endswith("0m42s")
+        late = {"taken_at": 1000.0, "overdue_at": 1090.0,
+                "error": {"code": "WARM_COPY_FAILED", "detail": "d"}}
+        assert self._cell(late, now=1100.0).rstrip().endswith("1m40s ! WARM_COPY_FAILED")
+        first = {"taken_at": None, "overdue_at": 1090.0, "error": None}
+        assert self._cell(first, now=1010.0).rstrip().endswith("none yet")
+        [row] = status_view.area_rows(self._status(None), now=1000.0)
+        assert (row["warm_copy_age_s"], row["warm_copy_overdue"]) == (None, None)
+
+    def test_a_give_up_names_each_areas_loss(self) -> None:
+        from monitord.surface.client_commands import give_up_line
+
+        line = give_up_line({"service": "tg", "transaction_ids": ["t1", "t2"], "kept": {
+            "a1": {"kept_copy": "warm", "kept_copy_age_s": 12.4, "warm_copy_taken_at": 1.0},
+            "a2": {"kept_copy": "pbx", "kept_copy_age_s": 86400.0, "warm_copy_taken_at": None},
+        }})
+        assert line.splitlines()[1:] == ["  a1: starts on its warm copy, 12 s of its data lost",
+                                         "  a2: starts on the PBX's own copy, 86400 s of its"
+                                         " data lost"]

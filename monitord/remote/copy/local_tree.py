@@ -64,6 +64,13 @@ def manifest(root: Path, cache: tree_digest.Cache | None = None) -> tuple[FileEn
                  for rel, (size, sha) in sorted(found.items()))
 
 
+def tree_sha256(root: Path) -> str:
+    """SHA-256 of root's listing (tree-digest's format, every file read): one value that
+    says whether a tree is still exactly the one recorded."""
+    return hashlib.sha256(tree_digest.listing(
+        {e.path: e.sha256 for e in manifest(root)})).hexdigest()
+
+
 def pre_listing(root: Path) -> tuple[int, list[tuple[str, os.stat_result]]]:
     """(the epoch of root's filesystem, taken before anything is read; the regular files
     under root with names a copy can carry, each with its lstat). No hashing: a pre-copy

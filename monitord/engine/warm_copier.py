@@ -1,0 +1,297 @@
+"""The warm copier: a recent, verified copy of every remote area that declares how.
+
+A root task ("warm copier"). Every few seconds it asks orchestrator/warm_copy.py which remote
+areas of services with `warm_copy = "sqlite"` are due, and takes their copies one at a
+time:
+
+1. the agent snapshots the running area's data dir on the VPS (`POST …/copy/snapshot`:
+   SQLite's backup API for the declared databases, every other file checked unchanged
+   during its copy) into the data dir's copy dir there;
+2. the PBX downloads that snapshot as a move home downloads (monitord.remote.copy: a listing
+   validated as untrusted input, block deltas against the previous warm copy — or, for the
+   first, the PBX's own copy — every file hashed on arrival, the staging dir swapped in by
+   rename) into `work_dir/warm/{service}/{area}`;
+3. the copy is recorded (PlacementState.record_warm_copy) with the lineage epoch and the
+   generation it was taken from, the SHA-256 of its listing and the VPS's snapshot time.
+
+Moves own the link: no warm copy starts while any transaction is open, and one under way is
+cancelled the moment a transaction opens (what it fetched stays in its staging dir, where the
+next one resumes). `[remote] warm_copy_max_rate` caps the bytes per second the copies take,
+by a pause after each. A failed copy keeps the last one, counts
+`monitord_warm_copy_failures_total{service,code}` and is logged once per cause
+(`warm_copy_failed`), never affects a move. A copy no rule keeps any more (the area moved,
+its epoch is over) is removed with its record.
+
+Only a give-up ever starts an area from a warm copy (monitord/engine/phase_actions.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from monitord.base import area_paths, logs, tree_digest
+from monitord.base.config import Config
+from monitord.base.metrics import Metrics
+from monitord.base.periodic import LoopBook, Periodic
+from monitord.engine.area_side import copy_over
+from monitord.engine.local_side import LocalSide
+from monitord.engine.placement_state import PlacementState
+from monitord.remote.copy import local_tree
+from monitord.remote.remote_link import RemoteLink
+from orchestrator import warm_copy
+from orchestrator.errors import ErrorCode, MonitordError, error_for
+from orchestrator.models import Area
+from orchestrator.warm_copy import WarmCopy
+
+log = logs.get_logger(__name__)
+
+TASK_NAME = "warm copier"
+# How often the copier looks for due areas: well under any interval worth configuring, so
+# that an area's copy is at most this late on top of its interval.
+TICK_S = 2.0
+
+
+@dataclass(slots=True)
+class _Tries:
+    """What the copier knows of one area's copies since this start (not durable)."""
+
+    since: float  # wall clock, copies became due (the status's overdue counts from here)
+    last_try: float | None = None  # monotonic
+    error: MonitordError | None = None  # the last try's, until one succeeds
+
+
+class WarmCopier:
+    def __init__(
+        self,
+        *,
+        config: Config,
+        state: PlacementState,
+        link: RemoteLink | None,
+        local_side: LocalSide,
+        metrics: Metrics,
+        loops: LoopBook | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.state = state
+        self.link = link
+        self.local_side = local_side
+        self.metrics = metrics
+        self._clock, self._wall = clock, wall
+        self._tries: dict[str, _Tries] = {}
+        self._started_at = wall()
+        self.version = 0  # bumped by every change the status shows that the state does not
+        self._current: asyncio.Task[WarmCopy] | None = None
+        self.loop = Periodic(TASK_NAME, iteration=self.run_once, interval_s=TICK_S, book=loops)
+        state.add_listener(self._state_changed)
+
+    def services(self) -> dict[str, float]:
+        """{service: interval} of the services whose areas get warm copies."""
+        return {name: s.warm_copy_interval_s for name, s in self.config.services.items()
+                if s.warm_copy != "off"}
+
+    def dir_of(self, *, service: str, area: str) -> Path:
+        return area_paths.warm_copy_dir(self.config.monitord.work_dir, service=service,
+                                        area=area)
+
+    async def run(self) -> None:
+        try:
+            await self.loop.run()
+        finally:
+            if self._current is not None:
+                self._current.cancel()
+                with contextlib.suppress(BaseException):
+                    await self._current
+
+    def close(self) -> None:
+        """End the loop now: the copy under way is cancelled (its staging dir stays where
+        the next one resumes), the loop returns at its next step."""
+        self.loop.close()
+        if self._current is not None:
+            self._current.cancel()
+
+    # -- one pass ---------------------------------------------------------------------------
+
+    async def run_once(self) -> int:
+        """Forget the copies nothing keeps, then take every due copy; how many were taken."""
+        await self._forget_unkept()
+        taken = 0
+        if self.link is None or not self.link.connected():
+            self._publish()
+            return taken
+        intervals = self.services()
+        for area in sorted(self.state.committed.values(), key=lambda a: a.uuid):
+            if self.loop.closed:
+                break
+            if area.service not in intervals:
+                continue
+            lineage = self.state.lineage(area.uuid)
+            tries = self._tries.setdefault(area.uuid, _Tries(since=self._wall()))
+            if not warm_copy.due(area, lineage, moving=bool(self.state.transactions),
+                                 last_try=tries.last_try, now=self._clock(),
+                                 interval_s=intervals[area.service]):
+                continue
+            tries.last_try = self._clock()
+            if await self._take_one(area, tries):
+                taken += 1
+        self._publish()
+        return taken
+
+    async def _take_one(self, area: Area, tries: _Tries) -> bool:
+        started = self._clock()
+        self._current = asyncio.create_task(self._take(area))
+        try:
+            copy = await self._current
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # (the copier itself is stopped, not only the copy)
+            log.info("warm_copy_yielded", area=area.uuid, service=area.service)
+            return False
+        except MonitordError as e:
+            self._failed(area, tries, e)
+            return False
+        except OSError as e:
+            self._failed(area, tries, local_tree.local_file_error(
+                e, during=f"warm copy of {area.uuid}"))
+            return False
+        finally:
+            self._current = None
+        if tries.error is not None:
+            log.info("warm_copy_recovered", area=area.uuid, service=area.service)
+            self.version += 1
+        tries.error = None
+        log.info("warm_copy_taken", area=area.uuid, service=area.service,
+                 generation=copy.generation, files=copy.files, bytes=copy.bytes,
+                 sent_bytes=copy.sent_bytes, took_s=round(self._clock() - started, 3))
+        await self._pace(copy.sent_bytes, self._clock() - started)
+        return True
+
+    async def _take(self, area: Area) -> WarmCopy:
+        """Snapshot on the VPS, download here, record — or nothing recorded."""
+        assert self.link is not None
+        section = self.config.services[area.service]
+        lineage = self.state.lineage(area.uuid)
+        remote_dir, _ = area_paths.remote_paths(self.config, service=area.service,
+                                                area=area.uuid, generation=area.generation)
+        snapshot = await self.link.agent.snapshot(
+            area=area.uuid, data_dir=remote_dir, generation=area.generation,
+            sqlite=list(section.warm_copy_databases))
+        local_dir = self.dir_of(service=area.service, area=area.uuid)
+        basis = local_dir if local_dir.is_dir() else self.local_side.basis_of(
+            service=area.service, area=area.uuid, generation=area.generation)
+        await asyncio.to_thread(local_dir.parent.mkdir, parents=True, exist_ok=True)
+        from monitord.remote.copy import download
+
+        report = await copy_over(self.link, download, local_dir=local_dir,
+                                 remote_dir=snapshot.dir, area=area.uuid, basis=basis)
+        # (checked again before a give-up starts the area on it)
+        digest = await asyncio.to_thread(local_tree.tree_sha256, local_dir)
+        now_lineage = self.state.lineage(area.uuid)
+        current = self.state.committed.get(area.uuid)
+        if now_lineage != lineage or current is None or current.generation != area.generation:
+            # The area moved (or was given up) while its copy crossed: the copy is of an
+            # epoch that is over; it is never recorded as the one to start from.
+            raise error_for(ErrorCode.WARM_COPY_FAILED,
+                            f"{area.uuid} moved while its warm copy was taken; discarded")
+        copy = WarmCopy(area=area.uuid, service=area.service, generation=area.generation,
+                        epoch=lineage.epoch, taken_at=snapshot.taken_at,
+                        received_at=self._wall(), files=report.files, bytes=report.bytes,
+                        sent_bytes=report.sent_bytes, digest=digest)
+        # (not cut by a move opening now: the dir is already swapped, its record must follow)
+        await asyncio.shield(self.state.record_warm_copy(copy))
+        return copy
+
+    def _failed(self, area: Area, tries: _Tries, error: MonitordError) -> None:
+        code = error.code.value
+        self.version += 1
+        self.metrics.warm_copy_failures.labels(service=area.service, code=code).inc()
+        if tries.error is None or tries.error.code != error.code:
+            log.warning("warm_copy_failed", area=area.uuid, service=area.service,
+                        error_code=code, detail=error.detail)
+        tries.error = error
+
+    async def _pace(self, sent: int, took_s: float) -> None:
+        """The pause after a copy that keeps the copies within warm_copy_max_rate."""
+        rate = None if self.config.remote is None else self.config.remote.warm_copy_max_rate
+        if rate is not None and sent / rate > took_s:
+            await asyncio.sleep(sent / rate - took_s)
+
+    def _state_changed(self) -> None:
+        """A transaction opened: the warm copy under way gives the link up at once."""
+        if self._current is not None and self.state.transactions:
+            self._current.cancel()
+
+    async def _forget_unkept(self) -> None:
+        for area, copy in list(self.state.warm.items()):
+            committed = self.state.committed.get(area)
+            if warm_copy.kept(copy, committed, self.state.lineage(area),
+                              moving=area in self.state.transactions):
+                continue
+            await asyncio.to_thread(_remove, self.dir_of(service=copy.service, area=area))
+            await self.state.forget_warm_copy(area)
+            self._tries.pop(area, None)
+            log.info("warm_copy_forgotten", area=area, service=copy.service,
+                     generation=copy.generation)
+
+    # -- what the status shows --------------------------------------------------------------
+
+    def _publish(self) -> None:
+        oldest = dict.fromkeys(self.services(), 0.0)
+        rows = self.status()
+        for area, age in self.ages().items():
+            service = rows[area]["service"]
+            # (none yet: as old as the time since copies of it became due)
+            since = self._tries[area].since if area in self._tries else self._started_at
+            oldest[service] = max(oldest[service], self._wall() - since if age is None else age)
+        for service, age in oldest.items():
+            self.metrics.warm_copy_age.labels(service=service).set(age)
+            self.metrics.warm_copy_bound.labels(service=service).set(
+                warm_copy.OVERDUE_INTERVALS * self.services()[service])
+
+    def status(self) -> dict[str, dict[str, Any]]:
+        """Per remote area of a service with warm copies: its newest copy and what the last
+        try said (each area's `warm_copy` in the status document). Only fixed times, never
+        an age: the document is served again while nothing changes (`version`)."""
+        intervals = self.services()
+        rows: dict[str, dict[str, Any]] = {}
+        for area in self.state.committed.values():
+            if area.service not in intervals or not warm_copy.copied_now(
+                    area, self.state.lineage(area.uuid)):
+                continue
+            copy = self.state.warm.get(area.uuid)
+            tries = self._tries.get(area.uuid)
+            since = self._started_at if tries is None else tries.since
+            error = None if tries is None else tries.error
+            rows[area.uuid] = {
+                "service": area.service,
+                "taken_at": None if copy is None else copy.taken_at,
+                "generation": None if copy is None else copy.generation,
+                "bytes": None if copy is None else copy.bytes,
+                "sent_bytes": None if copy is None else copy.sent_bytes,
+                "overdue_at": warm_copy.overdue_at(copy, since=since,
+                                                   interval_s=intervals[area.service]),
+                "error": None if error is None else {"code": error.code.value,
+                                                     "detail": error.detail},
+            }
+        return rows
+
+    def ages(self) -> dict[str, float | None]:
+        """{remote area: its warm copy's age now (None: none yet)}."""
+        now = self._wall()
+        return {area: None if row["taken_at"] is None else max(0.0, now - row["taken_at"])
+                for area, row in self.status().items()}
+
+
+def _remove(local_dir: Path) -> None:
+    """A warm copy's dir and what its copies left beside it (staging dir, old tree)."""
+    shutil.rmtree(local_dir, ignore_errors=True)
+    tree_digest.forget(local_dir)
