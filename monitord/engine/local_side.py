@@ -208,6 +208,18 @@ class LocalSide:
         modified = await asyncio.to_thread(_newest_mtime, path)
         return {"path": str(path), "modified_at": modified}
 
+    async def warm_copy_whole(self, copy: WarmCopy) -> bool:
+        """Whether `copy`'s dir still holds exactly the files received (their listing's
+        SHA-256): a give-up chooses it only then; else `warm_copy_unusable`."""
+        source = area_paths.warm_copy_dir(self.config.monitord.work_dir, service=copy.service,
+                                          area=copy.area)
+        if await asyncio.to_thread(_still, source, copy.digest):
+            return True
+        log.warning("warm_copy_unusable", area=copy.area, service=copy.service,
+                    path=str(source), detail="not the copy received (gone or changed since):"
+                                             " the PBX's own copy is used")
+        return False
+
     async def restore_own_copy(self, *, service: str, area: str, generation: int,
                                warm: WarmCopy | None = None) -> str | None:
         """Put the PBX's newest copy in place as the data dir at `generation` (a given-up
@@ -217,16 +229,12 @@ class LocalSide:
         target = self._path(service=service, area=area, generation=generation)
         if target.exists():
             return str(target)
-        if warm is not None:
+        if warm is not None and await self.warm_copy_whole(warm):
             source = area_paths.warm_copy_dir(self.config.monitord.work_dir, service=service,
                                               area=area)
-            if await asyncio.to_thread(_still, source, warm.digest):
-                target.parent.mkdir(parents=True, exist_ok=True)
-                await asyncio.to_thread(_archive, source, target)
-                return str(source)
-            log.warning("warm_copy_unusable", area=area, service=service, path=str(source),
-                        detail="not the copy received (gone or changed since): the PBX's"
-                               " own copy is used")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            await asyncio.to_thread(_archive, source, target)
+            return str(source)
         archive = self._archive_of(service=service, area=area)
         if archive is None:
             return None

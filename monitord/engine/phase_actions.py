@@ -437,7 +437,12 @@ class PhaseActions:
         """Give the VPS's copy of `area` up (orchestrator/give_up.py): the PBX holds the
         newest data from now on — recorded first, so that no grant names the area again —
         and a `remote_data_abandoned` event says what is lost and what the PBX has."""
-        current = await self.state.abandon_remote(area.uuid, generations=generations)
+        # (a warm copy is chosen only if its files still hash to what was received: the
+        # event then says truly what the area starts on)
+        copy = self.state.warm.get(area.uuid)
+        whole = copy is not None and await self.local_side.warm_copy_whole(copy)
+        current = await self.state.abandon_remote(area.uuid, generations=generations,
+                                                  warm_whole=whole)
         own = await self.local_side.own_copy(service=area.service, area=area.uuid,
                                              generation=area.generation)
         fields = {"service": area.service, "area": area.uuid, "kept": Side.LOCAL.value,

@@ -262,18 +262,23 @@ class PlacementState:
             self.last_finished[txn.area] = txn
         self.notify()
 
-    async def abandon_remote(self, area: str, *, generations: Iterable[int]) -> Lineage:
+    async def abandon_remote(self, area: str, *, generations: Iterable[int],
+                             warm_whole: bool = False) -> Lineage:
         """The VPS's copy of `area` is given up: `generations` on the VPS are to be set aside
         when it answers again, and the PBX holds the newest data from now on (a new epoch) —
-        both durable before anything acts on them. A warm copy of the copy given up is chosen
-        for the new epoch first (orchestrator/warm_copy.py): the move home starts from it.
-        Returns the lineage it replaced."""
+        both durable before anything acts on them. A warm copy of the copy given up, its
+        files found whole (`warm_whole`), is chosen for the new epoch first
+        (orchestrator/warm_copy.py): the move home starts from it. Returns the lineage it
+        replaced."""
         current = self.lineage(area)
         generations = frozenset(generations)
         copy = self.warm.get(area)
-        if copy is not None and warm_copy.usable_at_give_up(copy, current,
-                                                            generations=generations):
+        if copy is not None and warm_whole and warm_copy.usable_at_give_up(
+                copy, current, generations=generations):
             await self.record_warm_copy(warm_copy.chosen(copy, current))
+        elif copy is not None and copy.restore_epoch is not None:
+            # (a choice an earlier try left, cut before its give-up was recorded: not now)
+            await self.record_warm_copy(dataclasses.replace(copy, restore_epoch=None))
         now = time.time()
         rows = dict(self.abandoned)
         for generation in generations:

@@ -124,6 +124,39 @@ class TestWarmCopies:
         assert moved_out < home.start_records <= written
         assert not (stack.work_dir / "warm" / "tg" / area).exists()
 
+    async def test_a_warm_copy_changed_since_it_arrived_is_not_started_from(
+        self, stack_factory: StackFactory
+    ) -> None:
+        """A warm copy whose files no longer hash to the listing received (a disk error, a
+        hand edit) is never the start: the give-up says so and uses the PBX's own copy."""
+        stack = await _warm_stack(stack_factory)
+        area = stack.areas["tg"][0]
+        await settle_remote(stack)
+        moved_out = _remote_records(stack, area)
+        await stack.wait_until(lambda: _warm_copy(stack, area), timeout_s=30,
+                               what="a warm copy")
+        await stack.partition()
+        warm_db = stack.work_dir / "warm" / "tg" / area / "session.sqlite"
+        with warm_db.open("r+b") as f:  # one byte of a page the records live in
+            f.seek(warm_db.stat().st_size - 100)
+            f.write(b"\xff")
+        stack.accepted_data_loss.add(area)
+        lost_at = time.time()
+        while (result := await run_cli("give-up", "tg", "-c", str(stack.config_path))).code:
+            assert "VPS_NOT_FENCED" in result.stderr, result.stderr
+            await asyncio.sleep(1.0)
+        assert "starts on the PBX's own copy" in result.stdout, result.stdout
+        await stack.wait_until(
+            lambda: any(k.side == "local" for k in stack.detector.alive(area)), timeout_s=30,
+            what="tg runs on the PBX")
+        [abandoned] = stack.events("remote_data_abandoned")
+        assert (abandoned["kept_copy"], abandoned["warm_copy_taken_at"]) == ("pbx", None)
+        [home] = [life for life in stack.detector.lives(area) if life.key.side == "local"
+                  and life.first_seen > lost_at]
+        # the PBX's own copy: what it kept at the move out (and the stop's last record)
+        assert home.start_records is not None and home.start_records <= moved_out + 1
+        assert stack.events("warm_copy_unusable")
+
     async def test_a_service_that_declares_nothing_is_never_warm_copied(
         self, stack_factory: StackFactory
     ) -> None:
