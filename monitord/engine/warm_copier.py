@@ -1,8 +1,7 @@
 """The warm copier: a recent, verified copy of every remote area that declares how.
 
 A root task ("warm copier"). Every few seconds it asks orchestrator/warm_copy.py which remote
-areas of services with `warm_copy = "sqlite"` are due, and takes their copies one at a
-time:
+areas of services with `warm_copy = "sqlite"` are due, and takes their copies, each so:
 
 1. the agent snapshots the running area's data dir on the VPS (`POST …/copy/snapshot`:
    SQLite's backup API for the declared databases, every other file checked unchanged
@@ -14,10 +13,11 @@ time:
 3. the copy is recorded (PlacementState.record_warm_copy) with the lineage epoch and the
    generation it was taken from, the SHA-256 of its listing and the VPS's snapshot time.
 
-Moves own the link: no warm copy starts while any transaction is open, and one under way is
-cancelled the moment a transaction opens (what it fetched stays in its staging dir, where the
-next one resumes). `[remote] warm_copy_max_rate` caps the bytes per second the copies take,
-by a pause after each. A failed copy keeps the last one, counts
+Up to `COPIES_AT_ONCE` areas are copied at once (a copy's time is mostly round trips). Moves
+own the link: no warm copy starts while any transaction is open, and those under way are
+cancelled the moment a transaction opens (what they fetched stays in their staging dirs,
+where the next ones resume). `[remote] warm_copy_max_rate` caps the bytes per second the
+copies take together, by delaying the next copy's start. A failed copy keeps the last one, counts
 `monitord_warm_copy_failures_total{service,code}` and is logged once per cause
 (`warm_copy_failed`), never affects a move. A copy no rule keeps any more (the area moved,
 its epoch is over) is removed with its record.
@@ -56,6 +56,7 @@ TASK_NAME = "warm copier"
 # How often the copier looks for due areas: well under any interval worth configuring, so
 # that an area's copy is at most this late on top of its interval.
 TICK_S = 2.0
+COPIES_AT_ONCE = 4
 
 
 @dataclass(slots=True)
@@ -89,7 +90,8 @@ class WarmCopier:
         self._tries: dict[str, _Tries] = {}
         self._started_at = wall()
         self.version = 0  # bumped by every change the status shows that the state does not
-        self._current: asyncio.Task[WarmCopy] | None = None
+        self._current: set[asyncio.Task[WarmCopy]] = set()
+        self._budget_at = 0.0  # monotonic: when warm_copy_max_rate lets the next copy start
         self.loop = Periodic(TASK_NAME, iteration=self.run_once, interval_s=TICK_S, book=loops)
         state.add_listener(self._state_changed)
 
@@ -106,17 +108,21 @@ class WarmCopier:
         try:
             await self.loop.run()
         finally:
-            if self._current is not None:
-                self._current.cancel()
-                with contextlib.suppress(BaseException):
-                    await self._current
+            await self._cancel_current()
 
     def close(self) -> None:
-        """End the loop now: the copy under way is cancelled (its staging dir stays where
-        the next one resumes), the loop returns at its next step."""
+        """End the loop now: the copies under way are cancelled (what they fetched stays in
+        their staging dirs, where the next ones resume), the loop returns at its next step."""
         self.loop.close()
-        if self._current is not None:
-            self._current.cancel()
+        for task in self._current:
+            task.cancel()
+
+    async def _cancel_current(self) -> None:
+        for task in self._current:
+            task.cancel()
+        for task in list(self._current):
+            with contextlib.suppress(BaseException):
+                await task
 
     # -- one pass ---------------------------------------------------------------------------
 
@@ -128,31 +134,39 @@ class WarmCopier:
             self._publish()
             return taken
         intervals = self.services()
-        for area in sorted(self.state.committed.values(), key=lambda a: a.uuid):
-            if self.loop.closed:
-                break
-            if area.service not in intervals:
-                continue
-            lineage = self.state.lineage(area.uuid)
-            tries = self._tries.setdefault(area.uuid, _Tries(since=self._wall()))
-            if not warm_copy.due(area, lineage, moving=bool(self.state.transactions),
-                                 last_try=tries.last_try, now=self._clock(),
-                                 interval_s=intervals[area.service]):
-                continue
-            tries.last_try = self._clock()
-            if await self._take_one(area, tries):
-                taken += 1
+        queue = sorted((a for a in self.state.committed.values() if a.service in intervals),
+                       key=lambda a: a.uuid)
+
+        async def worker() -> None:
+            nonlocal taken
+            while queue and not self.loop.closed:
+                area = queue.pop(0)
+                lineage = self.state.lineage(area.uuid)
+                tries = self._tries.setdefault(area.uuid, _Tries(since=self._wall()))
+                if not warm_copy.due(area, lineage, moving=bool(self.state.transactions),
+                                     last_try=tries.last_try, now=self._clock(),
+                                     interval_s=intervals[area.service]):
+                    continue
+                await self._wait_for_budget()
+                tries.last_try = self._clock()
+                if await self._take_one(area, tries):
+                    taken += 1
+
+        # A copy's time is mostly round trips (snapshot, listing, digests, fetch): a few at
+        # once keep a long link busy where one at a time left 20 areas' copies end to end.
+        await asyncio.gather(*(worker() for _ in range(COPIES_AT_ONCE)))
         self._publish()
         return taken
 
     async def _take_one(self, area: Area, tries: _Tries) -> bool:
         started = self._clock()
-        self._current = asyncio.create_task(self._take(area))
+        task = asyncio.create_task(self._take(area))
+        self._current.add(task)
         try:
-            copy = await self._current
+            copy = await task
         except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
+            me = asyncio.current_task()
+            if me is not None and me.cancelling():
                 raise  # (the copier itself is stopped, not only the copy)
             log.info("warm_copy_yielded", area=area.uuid, service=area.service)
             return False
@@ -164,7 +178,7 @@ class WarmCopier:
                 e, during=f"warm copy of {area.uuid}"))
             return False
         finally:
-            self._current = None
+            self._current.discard(task)
         if tries.error is not None:
             log.info("warm_copy_recovered", area=area.uuid, service=area.service)
             self.version += 1
@@ -172,7 +186,7 @@ class WarmCopier:
         log.info("warm_copy_taken", area=area.uuid, service=area.service,
                  generation=copy.generation, files=copy.files, bytes=copy.bytes,
                  sent_bytes=copy.sent_bytes, took_s=round(self._clock() - started, 3))
-        await self._pace(copy.sent_bytes, self._clock() - started)
+        self._spent(copy.sent_bytes)
         return True
 
     async def _take(self, area: Area) -> WarmCopy:
@@ -219,16 +233,23 @@ class WarmCopier:
                         error_code=code, detail=error.detail)
         tries.error = error
 
-    async def _pace(self, sent: int, took_s: float) -> None:
-        """The pause after a copy that keeps the copies within warm_copy_max_rate."""
+    def _spent(self, sent: int) -> None:
+        """`sent` bytes more against warm_copy_max_rate: the next copy starts no sooner than
+        the budget allows (shared by the copies at once, so the rate is theirs together)."""
         rate = None if self.config.remote is None else self.config.remote.warm_copy_max_rate
-        if rate is not None and sent / rate > took_s:
-            await asyncio.sleep(sent / rate - took_s)
+        if rate is not None:
+            self._budget_at = max(self._budget_at, self._clock()) + sent / rate
+
+    async def _wait_for_budget(self) -> None:
+        wait = self._budget_at - self._clock()
+        if wait > 0:
+            await asyncio.sleep(wait)
 
     def _state_changed(self) -> None:
-        """A transaction opened: the warm copy under way gives the link up at once."""
-        if self._current is not None and self.state.transactions:
-            self._current.cancel()
+        """A transaction opened: the warm copies under way give the link up at once."""
+        if self.state.transactions:
+            for task in self._current:
+                task.cancel()
 
     async def _forget_unkept(self) -> None:
         for area, copy in list(self.state.warm.items()):
