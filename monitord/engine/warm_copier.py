@@ -11,7 +11,8 @@ areas of services with `warm_copy = "sqlite"` are due, and takes their copies, e
    first, the PBX's own copy — every file hashed on arrival, the staging dir swapped in by
    rename) into `work_dir/warm/{service}/{area}`;
 3. the copy is recorded (PlacementState.record_warm_copy) with the lineage epoch and the
-   generation it was taken from, the SHA-256 of its listing and the VPS's snapshot time.
+   generation it was taken from, the SHA-256 of its listing and the VPS's snapshot time;
+   the snapshot on the VPS is removed (it would double the area's room there).
 
 Up to `COPIES_AT_ONCE` areas are copied at once (a copy's time is mostly round trips). Moves
 own the link: no warm copy starts while any transaction is open, and those under way are
@@ -222,7 +223,19 @@ class WarmCopier:
                         sent_bytes=report.sent_bytes, digest=digest)
         # (not cut by a move opening now: the dir is already swapped, its record must follow)
         await asyncio.shield(self.state.record_warm_copy(copy))
+        await self._discard(area, remote_dir)
         return copy
+
+    async def _discard(self, area: Area, remote_dir: str) -> None:
+        """The VPS's snapshot removed once fetched: kept, it would double the area's room
+        there until the next one. A failure costs only that room (the next snapshot
+        replaces it): logged, never the copy's."""
+        assert self.link is not None
+        try:
+            await self.link.agent.discard_snapshot(area=area.uuid, data_dir=remote_dir)
+        except MonitordError as e:
+            log.info("warm_snapshot_kept", area=area.uuid, error_code=e.code.value,
+                     detail=e.detail)
 
     def _failed(self, area: Area, tries: _Tries, error: MonitordError) -> None:
         code = error.code.value

@@ -524,6 +524,17 @@ class AgentClient:
                             databases=counts["databases"], took_s=seconds["took_s"],
                             cpu_s=seconds["cpu_s"])
 
+    async def discard_snapshot(self, *, area: str, data_dir: str,
+                               timeout_s: float = PROMOTE_TIMEOUT_S) -> None:
+        """The snapshots of `data_dir` on the VPS removed, once a warm copy fetched one
+        (`POST /v1/areas/{area}/copy/snapshot/discard`); 404 from an agent without it."""
+        where = f"POST /v1/areas/{area}/copy/snapshot/discard"
+        doc = _object(await self._call("POST", f"/v1/areas/{area}/copy/snapshot/discard",
+                                       body={"data_dir": data_dir}, timeout_s=timeout_s),
+                      where=where)
+        if doc.get("discarded") is not True:
+            raise _malformed(where, "it does not say the snapshot is gone")
+
     async def stop(self, *, area: str, generation: int) -> str:
         """Stop the process at `generation`, keep the entry: 'stopped' or 'absent'."""
         result = await self._call(

@@ -510,6 +510,18 @@ class AgentRuntime:
         return {"area": area, "generation": generation,
                 "dir": str(tree_digest.warm_dir(path)), **taken}
 
+    async def discard_snapshot(self, area: str, *, data_dir: str) -> dict[str, Any]:
+        """POST /v1/areas/{area}/copy/snapshot/discard: the snapshots of `data_dir` removed
+        (a warm copy fetched it), under the area's snapshot lock: never one being taken."""
+        path = Path(data_dir)
+        async with self._snapshot_lock(area):
+            try:
+                await asyncio.to_thread(warm_snapshot.discard, path)
+            except OSError as e:
+                raise copy_step_error(e, area=area, path=path,
+                                      doing=f"remove the snapshot of {data_dir}") from e
+        return {"area": area, "discarded": True}
+
     def _snapshot_lock(self, area: str) -> asyncio.Lock:
         lock = self._snapshot_locks.get(area)
         if lock is None:

@@ -392,6 +392,16 @@ async def area_snapshot(runtime: AgentRuntime, request: Request, name: str | Non
                                                 sqlite=sqlite))
 
 
+async def discard_area_snapshot(runtime: AgentRuntime, request: Request, name: str | None
+                                ) -> Response:
+    """The snapshot a warm copy has fetched, removed (`{"data_dir"}`): kept, it would double
+    the area's room on the VPS until the next one, and serve nothing — the PBX diffs the
+    next one against its own copy."""
+    area = _area(name)
+    data_dir = runtime.validate_data_dir(_text(_document(request.body), "data_dir"))
+    return Response(200, await runtime.discard_snapshot(area, data_dir=data_dir))
+
+
 def _globs(value: Any, where: str) -> tuple[str, ...]:
     """An area's database globs (an empty list: it has none). Required: a snapshot that took
     a store for a plain file would copy it and its WAL at two moments."""
@@ -445,6 +455,7 @@ ROUTES: tuple[tuple[str, str, Handler], ...] = (
     ("POST", "/v1/areas/{area}/listing", area_listing),
     ("POST", "/v1/areas/{area}/copy/blocks", area_blocks),
     ("POST", "/v1/areas/{area}/copy/snapshot", area_snapshot),
+    ("POST", "/v1/areas/{area}/copy/snapshot/discard", discard_area_snapshot),
     ("DELETE", "/v1/areas/{area}", delete_area),
     ("DELETE", "/v1/abandoned/{area}", delete_set_aside),
     ("POST", "/v1/leases/renew", renew_leases),

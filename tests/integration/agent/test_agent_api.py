@@ -576,6 +576,9 @@ class TestSnapshot:
         assert (again.dir, again.generation, again.files, again.databases) == (
             str(warm), 3, 2, 1)
         assert again.taken_at >= answer["taken_at"]
+        # fetched, it is removed: kept, it would double the area's room on the VPS
+        await client.discard_snapshot(area=AREA, data_dir=body["data_dir"])
+        assert not warm.exists() and data_dir.joinpath("db", "store.db").exists()
 
     async def test_two_at_once_are_taken_one_after_the_other(
         self, agent: AgentProcess, detector: Detector

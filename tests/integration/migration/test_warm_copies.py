@@ -72,6 +72,9 @@ class TestWarmCopies:
         assert 0 < held <= _remote_records(stack, area)
         # a delta against the previous copy: far less than the store crossed the link
         assert later["sent_bytes"] < later["bytes"]
+        # and the VPS's snapshot goes once fetched (kept, it doubles the area's room there)
+        await stack.wait_until(lambda: not list(stack.vps_dir.rglob(".monitord-copy/*/warm")),
+                               timeout_s=10, what="the VPS's snapshot removed once fetched")
         assert not any(life.key.side == "local" for life in stack.detector.lives(area)
                        if life.first_seen > first["taken_at"]), "a warm copy never runs"
         _, metrics = await stack.request("GET", "/metrics")
