@@ -96,6 +96,24 @@ class LocalSide:
         if short is not None:
             raise error_for(ErrorCode.PREFLIGHT_DISK_SPACE, short.detail(), facts=short.facts())
 
+    async def check_room_for_warm_copy(self, path: Path, *, bytes_: int, files: int) -> None:
+        """A warm copy of `bytes_` in `files` into `path` leaves room for what a move home of
+        the same area then needs (its staging dir: the same again) plus the margin: warm
+        copies give way before a move's preflight would fail for their room
+        (LOCAL_DISK_FULL, a warm copy's failure, never a move's)."""
+        try:
+            await asyncio.to_thread(path.mkdir, parents=True, exist_ok=True)
+            free = await asyncio.to_thread(_free_space, path)
+        except OSError as e:
+            from monitord.remote.copy.local_tree import local_file_error
+
+            raise local_file_error(e, during=f"warm copy into {path}") from e
+        usage = disk_space.Usage(bytes=2 * bytes_, inodes=2 * files)
+        short = disk_space.shortage(side="PBX", path=str(path), usage=usage, free=free)
+        if short is not None:
+            raise error_for(ErrorCode.LOCAL_DISK_FULL, f"no warm copy: {short.detail()}",
+                            facts=short.facts())
+
     # -- stopping and removing -------------------------------------------------------------
 
     async def stop(self, *, area: str, generation: int) -> None:

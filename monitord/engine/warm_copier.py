@@ -203,7 +203,8 @@ class WarmCopier:
         local_dir = self.dir_of(service=area.service, area=area.uuid)
         basis = local_dir if local_dir.is_dir() else self.local_side.basis_of(
             service=area.service, area=area.uuid, generation=area.generation)
-        await asyncio.to_thread(local_dir.parent.mkdir, parents=True, exist_ok=True)
+        await self.local_side.check_room_for_warm_copy(local_dir.parent, bytes_=snapshot.bytes,
+                                                       files=snapshot.files)
         from monitord.remote.copy import download
 
         report = await copy_over(self.link, download, local_dir=local_dir,

@@ -22,7 +22,7 @@ from monitord.engine.local_side import LocalSide
 from monitord.engine.placement_state import PlacementState
 from monitord.engine.warm_copier import COPIES_AT_ONCE, WarmCopier
 from monitord.store.state_db import Store
-from orchestrator.errors import ErrorCode, error_for
+from orchestrator.errors import ErrorCode, MonitordError, error_for
 from orchestrator.lineage import Lineage
 from orchestrator.models import Area, Side, Transaction
 
@@ -141,3 +141,21 @@ async def test_a_failure_is_counted_and_logged_once_per_cause(
     row = warm.status()["a1"]
     assert row["error"] == {"code": "WARM_COPY_FAILED", "detail": "db.sqlite kept changing"}
     assert row["taken_at"] is None
+
+
+async def test_a_warm_copy_gives_way_before_it_would_leave_a_move_home_no_room(
+    copier: tuple[WarmCopier, PlacementState, Link], tmp_path: Path,
+) -> None:
+    """The file system's real free space: a copy that would leave less than a move home of
+    the same area needs (the copy again, plus the margin) is not taken."""
+    import os
+
+    warm, _, _ = copier
+    st = os.statvfs(tmp_path)
+    free = st.f_bavail * st.f_frsize
+    await warm.local_side.check_room_for_warm_copy(tmp_path / "w", bytes_=1 << 20, files=3)
+    with pytest.raises(MonitordError) as refused:
+        await warm.local_side.check_room_for_warm_copy(tmp_path / "w", bytes_=free // 2,
+                                                       files=3)
+    assert refused.value.code is ErrorCode.LOCAL_DISK_FULL
+    assert "no warm copy" in refused.value.detail
