@@ -37,6 +37,12 @@ async def _warm_copy(stack: Stack, area: str) -> dict[str, Any] | None:
     return row["warm_copy"]
 
 
+async def _taken(stack: Stack, area: str) -> dict[str, Any] | None:
+    """The area's warm copy once one has been taken (before: its row says none yet)."""
+    row = await _warm_copy(stack, area)
+    return row if row is not None and row["taken_at"] is not None else None
+
+
 def _records(data_dir: Path) -> int:
     with sqlite3.connect(f"file:{data_dir / 'session.sqlite'}?mode=ro", uri=True) as db:
         assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
@@ -56,7 +62,7 @@ class TestWarmCopies:
         stack = await _warm_stack(stack_factory)
         area = stack.areas["tg"][0]
         await settle_remote(stack)
-        first = await stack.wait_until(lambda: _warm_copy(stack, area), timeout_s=30,
+        first = await stack.wait_until(lambda: _taken(stack, area), timeout_s=30,
                                        what="a first warm copy")
         assert first["generation"] is not None
 
@@ -136,7 +142,7 @@ class TestWarmCopies:
         area = stack.areas["tg"][0]
         await settle_remote(stack)
         moved_out = _remote_records(stack, area)
-        await stack.wait_until(lambda: _warm_copy(stack, area), timeout_s=30,
+        await stack.wait_until(lambda: _taken(stack, area), timeout_s=30,
                                what="a warm copy")
         await stack.partition()
         warm_db = stack.work_dir / "warm" / "tg" / area / "session.sqlite"
