@@ -1,7 +1,7 @@
 """The promises that depend on the VPS's release, proven on each Debian a VPS runs today
-(tests/faults/debian_root.py: 11 with OpenSSH 8.4 and Python 3.9, 12 with 9.2 and 3.11, 13 with
-10.0 and 3.13): that root's sshd serves the tunnel, its python3 runs the agent, the lease
-verb, the log sink and the fake daemons.
+(tests/faults/debian_root.py: 11 with OpenSSH 8.4, Python 3.9 and SQLite 3.34.1, 12 with 9.2,
+3.11 and 3.40.1, 13 with 10.0, 3.13 and 3.46.1): that root's sshd serves the tunnel, its
+python3 runs the agent, the lease verb, the log sink and the fake daemons.
 
 Checked on each: that python3 runs the VPS side and the daemons; the session the lease names
 is the connection's own process (`sshd` up to 9.7, `sshd-session` since 9.8), never the
@@ -10,16 +10,21 @@ fences that session and serves again (not PORT_OCCUPIED); the area moves to the 
 back by the blocks that changed, that python3 digesting them (the agent's `copy/staging`
 action `blocks` for what a cut copy left in the staging dir, which the move out resumes from;
 its `copy/blocks` for the data dir, which the move home fetches against the PBX's archive);
-a fence aimed at the VPS's sshd listener is refused. (The foreign port holder runs on each
-release in test_vps_faults.py.)
+a fence aimed at the VPS's sshd listener is refused; an area moved there is warm-copied while
+its daemon commits to a SQLite store in WAL mode, the agent's snapshot (monitord.vps.
+warm_snapshot: SQLite's backup API, read-only through /proc/self/fd) by that python3 and its
+SQLite, each copy one whole file that holds what was committed on the VPS. (The foreign port
+holder runs on each release in test_vps_faults.py.)
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
+import sqlite3
 import time
 from pathlib import Path
 from typing import Any
@@ -40,6 +45,10 @@ SESSION_COMMAND = {"OpenSSH_8.4": "sshd", "OpenSSH_9.2": "sshd", "OpenSSH_10.0":
 # file fetched whole stands out of the few pages that change.
 STORE_PAGES = 256
 STORE = "media.bin"
+# Warm copies of the area's SQLite store (the fake daemon's `--store sqlite`), every second.
+SQLITE_DB = "session.sqlite"
+WARM = {"warm_copy": "sqlite", "warm_copy_databases": [SQLITE_DB], "warm_copy_interval_s": 1.0}
+SQLITE_STORE = ("--store", "sqlite")
 
 
 def _comm(pid: int) -> str | None:
@@ -76,6 +85,28 @@ def _interpreters(vps: NetnsVps, marker: bytes) -> set[str]:
         except OSError:
             continue
     return found - SHELLS
+
+
+async def _warm_copy(stack: Stack, area: str) -> dict[str, Any] | None:
+    """The area's newest warm copy as the status shows it, None until one is taken."""
+    [row] = [a for a in (await stack.status())["services"]["tg"]["areas"] if a["uuid"] == area]
+    copy = row["warm_copy"]
+    return copy if copy and copy["taken_at"] is not None else None
+
+
+def _records(db: Path, *, journal_mode: str | None = None) -> int:
+    """The records of the SQLite store `db`, opened by the PBX's sqlite3, once it checks whole
+    (and is in `journal_mode`, if given)."""
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+        assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+        if journal_mode is not None:
+            assert conn.execute("PRAGMA journal_mode").fetchone() == (journal_mode,)
+        return int(conn.execute("SELECT count(*) FROM records").fetchone()[0])
+
+
+def _remote_records(stack: Stack, area: str) -> int:
+    """The most records a daemon of the area on the VPS has reported to the detector."""
+    return max(life.records for life in stack.detector.lives(area) if life.key.side == "remote")
 
 
 def _rewrite_pages(data: bytes, *indexes: int) -> bytes:
@@ -228,13 +259,18 @@ class TestAStaleSessionAfterACrash:
 
 
 @pytest.mark.parametrize("netns_vps", RELEASE_MATRIX, indirect=True)
-class TestNoFenceHitsTheListener:
-    """The lease verb's fence, aimed at the VPS's own sshd listener, refuses and sends nothing."""
+class TestTheListenerUnfencedAndTheStoreWarmCopied:
+    """The lease verb's fence, aimed at the VPS's own sshd listener, refuses and sends nothing;
+    an area moved there is warm-copied, its SQLite store whole, by that release's python3."""
 
-    async def test_a_fence_at_the_listener_is_refused_and_sshd_keeps_serving(
+    async def test_a_fence_at_the_listener_is_refused_and_the_moved_area_is_warm_copied(
         self, fault_stack: FaultStackFactory, netns_vps: NetnsVps
     ) -> None:
-        stack = await fault_stack(services={"tg": 1})
+        # (one stack for both, to keep the matrix fast: the fence leaves it as it was; a warm
+        # copy in the other test would race its move home's byte counts, which diffs against it)
+        stack = await fault_stack(services={"tg": 1}, service_overrides=WARM,
+                                  local_daemon_args=SQLITE_STORE,
+                                  remote_daemon_args=SQLITE_STORE)
         await stack.wait_settled(expect={"tg": "local"}, timeout_s=90)  # provisioned
         assert netns_vps.sshd is not None
         listener = netns_vps.sshd.pid
@@ -249,3 +285,38 @@ class TestNoFenceHitsTheListener:
         assert json.loads(out.splitlines()[-1])["ok"] is False, out
         assert netns_vps.sshd.returncode is None and _comm(listener) == "sshd"
         assert (await _ssh(netns_vps, "true"))[0] == 0  # still accepting
+
+        # The area on the VPS, its daemon (that python3) committing records to a WAL store the
+        # agent snapshots by SQLite's backup API, read-only through /proc/self/fd: SQLite
+        # 3.34.1 on Debian 11, 3.40.1 on 12, 3.46.1 on 13.
+        (area,) = stack.areas["tg"]
+        await stack.place("tg", "remote")
+        await stack.wait_settled(expect={"tg": "remote"}, timeout_s=90)
+        python = f"python{_release(netns_vps).python}"
+        assert _interpreters(netns_vps, b"fake_daemon.py") == {python}
+        remote_dir = netns_vps.remote_bin_dir / "data" / "tg" / area
+        assert (remote_dir / f"{SQLITE_DB}-wal").exists()  # a live WAL, not a closed store
+        # What the store held when it moved (its daemon stopped: all of it in the main file,
+        # which a copy of that file alone would show too).
+        (archive,) = (stack.work_dir / "archive" / "tg").glob(f"{area}-g*")
+        moved = _records(archive / SQLITE_DB)
+        first = await stack.wait_until(lambda: _warm_copy(stack, area), timeout_s=30,
+                                       what="a first warm copy")
+        await stack.wait_until(lambda: _remote_records(stack, area) > moved, timeout_s=30,
+                               what="records committed on the VPS")
+        since = max(time.time(), first["taken_at"])
+
+        async def newer() -> dict[str, Any] | None:
+            row = await _warm_copy(stack, area)
+            return row if row and row["taken_at"] > since else None
+
+        later = await stack.wait_until(newer, timeout_s=30, what="a newer warm copy")
+        assert later["error"] is None, later
+        copy = stack.work_dir / "warm" / "tg" / area / SQLITE_DB
+        # one self-contained file (its header back to the rollback journal), and in it the
+        # records the VPS's daemon committed to its WAL before the copy
+        held = _records(copy, journal_mode="delete")
+        assert not copy.with_name(f"{SQLITE_DB}-wal").exists()
+        assert moved < held <= _remote_records(stack, area), (moved, held)
+        print(f"Debian {_release(netns_vps).debian}: warm copies {first['taken_at']:.2f},"
+              f" {later['taken_at']:.2f}, the second of {held} records ({moved} moved out)")
