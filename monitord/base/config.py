@@ -352,6 +352,15 @@ class RemoteSection(_Section):
 WARM_COPY_MAX_GLOBS = 64
 
 
+class WarmCopyCommand(_Section):
+    """`warm_copy = {command = [...]}`: the service's own snapshot, run on the VPS in the
+    area's data dir as its daemon runs (user, group, env; {area}, {data_dir}, {generation}
+    expanded), leaving a consistent copy in $MONITORD_SNAPSHOT_DIR within `timeout_s`."""
+
+    command: tuple[str, ...] = Field(min_length=1)
+    timeout_s: float = Field(default=60.0, gt=0, le=3600)
+
+
 class ServiceSection(_Section):
     command: tuple[str, ...] = Field(min_length=1)
     local_data_dir: str
@@ -373,11 +382,25 @@ class ServiceSection(_Section):
     # a few intervals of it (orchestrator/warm_copy.py): "off", or "sqlite" — the files
     # matching `warm_copy_databases` (globs on paths inside the data dir) are SQLite
     # databases, copied by SQLite's backup API on the VPS; every other file as it is, checked
-    # unchanged during its copy. Off by default: a daemon's files copied while it writes
-    # them are torn unless the service says how they are consistent.
-    warm_copy: str = Field(default="off", pattern="^(off|sqlite)$")
+    # unchanged during its copy — or {command = [...]}, the service's own snapshot command.
+    # Off by default: a daemon's files copied while it writes them are torn unless the
+    # service says how they are consistent.
+    warm_copy: Literal["off", "sqlite"] | WarmCopyCommand = "off"
     warm_copy_databases: tuple[str, ...] = ()
     warm_copy_interval_s: float = Field(default=30.0, ge=1.0)
+
+    @field_validator("warm_copy", mode="before")
+    @classmethod
+    def _warm_copy_kind(cls, value: Any) -> Any:
+        """One readable line for each wrong kind (a union's own errors name its members)."""
+        if isinstance(value, dict):
+            try:
+                return WarmCopyCommand.model_validate(value)
+            except ValidationError as e:
+                raise ValueError(_first_error(e)) from e
+        if value not in ("off", "sqlite"):
+            raise ValueError('must be "off", "sqlite" or {command = [...]}')
+        return value
 
     @field_validator("warm_copy_databases")
     @classmethod
@@ -392,6 +415,9 @@ class ServiceSection(_Section):
 
     @model_validator(mode="after")
     def _warm_copy_declared(self) -> ServiceSection:
+        if isinstance(self.warm_copy, WarmCopyCommand) and self.warm_copy_databases:
+            raise ValueError("warm_copy_databases goes with warm_copy = \"sqlite\", not with"
+                             " a snapshot command")
         if self.warm_copy == "sqlite" and not self.warm_copy_databases:
             raise ValueError('warm_copy = "sqlite" needs warm_copy_databases, the globs of'
                              " the service's SQLite databases")

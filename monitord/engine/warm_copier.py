@@ -1,11 +1,13 @@
 """The warm copier: a recent, verified copy of every remote area that declares how.
 
 A root task ("warm copier"). Every few seconds it asks orchestrator/warm_copy.py which remote
-areas of services with `warm_copy = "sqlite"` are due, and takes their copies, each so:
+areas of services with `warm_copy` ("sqlite", or a snapshot command) are due, and takes
+their copies, each so:
 
 1. the agent snapshots the running area's data dir on the VPS (`POST …/copy/snapshot`:
    SQLite's backup API for the declared databases, every other file checked unchanged
-   during its copy) into the data dir's copy dir there;
+   during its copy; or the service's own command, run as its daemon runs) into the data
+   dir's copy dir there;
 2. the PBX downloads that snapshot as a move home downloads (monitord.remote.copy: a listing
    validated as untrusted input, block deltas against the previous warm copy — or, for the
    first, the PBX's own copy — every file hashed on arrival, the staging dir swapped in by
@@ -38,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from monitord.base import area_paths, logs, tree_digest
-from monitord.base.config import Config
+from monitord.base.config import Config, WarmCopyCommand
 from monitord.base.metrics import Metrics
 from monitord.base.periodic import LoopBook, Periodic
 from monitord.engine.area_side import copy_over
@@ -197,9 +199,17 @@ class WarmCopier:
         lineage = self.state.lineage(area.uuid)
         remote_dir, _ = area_paths.remote_paths(self.config, service=area.service,
                                                 area=area.uuid, generation=area.generation)
-        snapshot = await self.link.agent.snapshot(
-            area=area.uuid, data_dir=remote_dir, generation=area.generation,
-            sqlite=list(section.warm_copy_databases))
+        if isinstance(section.warm_copy, WarmCopyCommand):
+            argv = [area_paths.expand(arg, area=area.uuid, data_dir=remote_dir,
+                                      generation=area.generation, side="remote")
+                    for arg in section.warm_copy.command]
+            snapshot = await self.link.agent.snapshot(
+                area=area.uuid, data_dir=remote_dir, generation=area.generation, command=argv,
+                command_timeout_s=section.warm_copy.timeout_s)
+        else:
+            snapshot = await self.link.agent.snapshot(
+                area=area.uuid, data_dir=remote_dir, generation=area.generation,
+                sqlite=list(section.warm_copy_databases))
         local_dir = self.dir_of(service=area.service, area=area.uuid)
         basis = local_dir if local_dir.is_dir() else self.local_side.basis_of(
             service=area.service, area=area.uuid, generation=area.generation)

@@ -494,7 +494,8 @@ class AgentClient:
                 for rel, value in answered.items()}
 
     async def snapshot(self, *, area: str, data_dir: str, generation: int,
-                       sqlite: Sequence[str], timeout_s: float = SNAPSHOT_TIMEOUT_S,
+                       sqlite: Sequence[str] = (), command: Sequence[str] | None = None,
+                       command_timeout_s: float = 60.0, timeout_s: float = SNAPSHOT_TIMEOUT_S,
                        ) -> WarmSnapshot:
         """A consistent snapshot of the area's live `data_dir` on the VPS, taken by the agent
         (`POST /v1/areas/{area}/copy/snapshot`; `sqlite`: the globs of its SQLite stores,
@@ -502,11 +503,17 @@ class AgentClient:
         that data dir (WARM_COPY_REFUSED otherwise; UNKNOWN_AREA without an entry there);
         WARM_COPY_FAILED when no whole snapshot could be taken (the agent's detail names the
         file). An answer for another generation, or whose numbers are not counts and
-        durations, is AGENT_UNREACHABLE; 404 from an agent without the route."""
+        durations, is AGENT_UNREACHABLE; 404 from an agent without the route. `command`:
+        the service's own snapshot command instead of `sqlite`, with `command_timeout_s`."""
         where = f"POST /v1/areas/{area}/copy/snapshot"
+        body: dict[str, Any] = {"data_dir": data_dir, "generation": generation}
+        if command is None:
+            body["sqlite"] = list(sqlite)
+        else:  # (the service's own command: the answer waits for it, then for the fsyncs)
+            body.update(command=list(command), timeout_s=command_timeout_s)
+            timeout_s = max(timeout_s, command_timeout_s + SNAPSHOT_TIMEOUT_S)
         doc = _object(await self._call(
-            "POST", f"/v1/areas/{area}/copy/snapshot", timeout_s=timeout_s,
-            body={"data_dir": data_dir, "generation": generation, "sqlite": list(sqlite)},
+            "POST", f"/v1/areas/{area}/copy/snapshot", timeout_s=timeout_s, body=body,
         ), where=where)
         if doc.get("generation") != generation:
             raise _malformed(where, f"it answers for generation {doc.get('generation')!r:.20}")

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import os
 import shutil
 import stat
@@ -42,7 +43,7 @@ from monitord.vps import (
     spool_cache,
     warm_snapshot,
 )
-from monitord.vps.area_runner import AreaRunner, GuardHandle
+from monitord.vps.area_runner import AreaRunner, GuardHandle, vps_environment
 from monitord.vps.lease_table import AreaEntry, AreaSpec, CreateVerdict, GenerationCheck
 from orchestrator import block_delta, names
 from orchestrator.errors import ErrorCode, PermanentError, file_error_code
@@ -478,7 +479,8 @@ class AgentRuntime:
         return {"area": area, "blocks": answered}
 
     async def snapshot(self, area: str, *, data_dir: str, generation: int,
-                       sqlite: Sequence[str]) -> dict[str, Any]:
+                       sqlite: Sequence[str] = (), command: Sequence[str] | None = None,
+                       timeout_s: float = 60.0) -> dict[str, Any]:
         """POST /v1/areas/{area}/copy/snapshot: a consistent snapshot of the area's live data
         dir in `tree_digest.warm_dir(data_dir)` (monitord.vps.warm_snapshot.take, in a
         thread), which the copy routes then read as a data dir: a warm copy's source. Only
@@ -486,12 +488,16 @@ class AgentRuntime:
         WARM_COPY_REFUSED otherwise, 404 UNKNOWN_AREA without an entry). A request for an
         area whose snapshot is under way waits for it, under the area's snapshot lock, never
         its lock. A snapshot that cannot be whole is 409 WARM_COPY_FAILED; the previous one
-        stays either way."""
+        stays either way. `command`: the service's own snapshot command instead, run as the
+        area's daemon runs (its user and group, its env) with `timeout_s` to finish."""
         path = Path(data_dir)
         async with self._snapshot_lock(area):
             self._check_snapshot(area, data_dir=data_dir, generation=generation)
             try:
-                taken = await asyncio.to_thread(warm_snapshot.take, path, sqlite=sqlite)
+                run = None if command is None else self._snapshot_command(
+                    area, command, timeout_s=timeout_s)
+                taken = await asyncio.to_thread(warm_snapshot.take, path, sqlite=sqlite,
+                                                command=run)
             except warm_snapshot.SnapshotFailed as e:
                 raise AgentError(code="WARM_COPY_FAILED", status=409,
                                  detail=f"area {area}: {e.detail}") from e
@@ -521,6 +527,17 @@ class AgentRuntime:
                 raise copy_step_error(e, area=area, path=path,
                                       doing=f"remove the snapshot of {data_dir}") from e
         return {"area": area, "discarded": True}
+
+    def _snapshot_command(self, area: str, argv: Sequence[str], *, timeout_s: float
+                          ) -> warm_snapshot.Command:
+        """A service's snapshot command, to run as the area's daemon runs: its user and
+        group (ServiceUserUnknown, an OSError, when they are gone), its environment."""
+        spec = self._entries[area].spec
+        who = run_as.resolve(user=spec.user, group=spec.group)
+        env = vps_environment({**os.environ, **run_as.login_environment(who), **spec.env})
+        return warm_snapshot.Command(
+            argv=tuple(argv), env=env, popen=run_as.popen_kwargs(who), timeout_s=timeout_s,
+            hand_over=None if who is None else functools.partial(run_as.hand_over, who=who))
 
     def _snapshot_lock(self, area: str) -> asyncio.Lock:
         lock = self._snapshot_locks.get(area)

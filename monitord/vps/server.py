@@ -382,11 +382,19 @@ async def area_listing(runtime: AgentRuntime, request: Request, name: str | None
 
 async def area_snapshot(runtime: AgentRuntime, request: Request, name: str | None) -> Response:
     """A consistent snapshot of the area's live data dir beside it, for a warm copy
-    (monitord.vps.warm_snapshot): `{"data_dir", "generation", "sqlite": [glob, …]}`."""
+    (monitord.vps.warm_snapshot): `{"data_dir", "generation", "sqlite": [glob, …]}`, or
+    `"command": [argv…]` with `"timeout_s"` instead of `sqlite` (the service's own way)."""
     area = _area(name)
     doc = _document(request.body)
     data_dir = runtime.validate_data_dir(_text(doc, "data_dir"))
     generation = _count(doc.get("generation"), "generation")
+    if "command" in doc:
+        if "sqlite" in doc:
+            raise bad_request("either sqlite or command, not both")
+        command = _strings(doc.get("command"), "command")
+        return Response(200, await runtime.snapshot(
+            area, data_dir=data_dir, generation=generation, command=command,
+            timeout_s=_seconds(doc, "timeout_s")))
     sqlite = _globs(doc.get("sqlite"), "sqlite")
     return Response(200, await runtime.snapshot(area, data_dir=data_dir, generation=generation,
                                                 sqlite=sqlite))

@@ -26,8 +26,11 @@ What a file is, by its path against the area's `sqlite` globs (`classify`):
   began (`tree_digest.cacheable`, git's "racy clean" rule); then SnapshotFailed names it.
 
 Each file is whole; files are not consistent with each other beyond that (two files the
-daemon writes together may be of two moments). Standard library only, Python >= 3.9: it runs
-on the VPS. The agent runs `take` in a thread (monitord/vps/runtime.py, `snapshot`).
+daemon writes together may be of two moments). A service that knows better names its own
+`Command`: run as the area's user in the data dir, it leaves its consistent copy in the new
+dir (MONITORD_SNAPSHOT_DIR), which is then fsynced and swapped in the same way. Standard
+library only, Python >= 3.9: it runs on the VPS. The agent runs `take` in a thread
+(monitord/vps/runtime.py, `snapshot`).
 """
 
 from __future__ import annotations
@@ -37,10 +40,12 @@ import enum
 import fnmatch
 import os
 import shutil
+import signal
 import sqlite3
 import stat
+import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -128,12 +133,33 @@ class _Tally:
     databases: int = 0
 
 
-def take(data_dir: Path, *, sqlite: Sequence[str]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Command:
+    """A service's own way to snapshot its data (`warm_copy = {command = [...]}`): `argv`
+    run in the data dir as the area's user (`popen`: run_as.popen_kwargs), with `env` and
+    MONITORD_SNAPSHOT_DIR naming the empty dir it must leave a consistent copy in; it has
+    `timeout_s` to exit 0. `hand_over` gives it that dir (run_as.hand_over)."""
+
+    argv: Sequence[str]
+    env: Mapping[str, str]
+    popen: Mapping[str, Any]
+    timeout_s: float
+    hand_over: Callable[[Path], None] | None = None
+
+
+# What a failed command's detail quotes of its output (the end: where errors are).
+OUTPUT_TAIL_BYTES = 2048
+
+
+def take(data_dir: Path, *, sqlite: Sequence[str] = (),
+         command: Command | None = None) -> dict[str, Any]:
     """Snapshot the live `data_dir` into `tree_digest.warm_dir(data_dir)`, replacing the
-    previous snapshot (see the module docstring). `{"taken_at"` (wall clock when the walk
+    previous snapshot (see the module docstring) — or, with `command`, what the service's
+    own command leaves in the new dir (`_run`). `{"taken_at"` (wall clock when the walk
     began), `"files"`, `"bytes"`, `"databases"` (how many of the files are SQLite backups),
-    `"took_s"`, `"cpu_s"` (this thread's CPU time)`}`. SnapshotFailed, or an OSError of the
-    file system: the previous snapshot is untouched either way."""
+    `"took_s"`, `"cpu_s"` (this thread's CPU time; a command's own is not counted)`}`.
+    SnapshotFailed, or an OSError of the file system: the previous snapshot is untouched
+    either way."""
     globs = tuple(sqlite)
     started, cpu = time.monotonic(), time.thread_time()
     warm, new, old = tree_digest.warm_dir(data_dir), new_dir(data_dir), _old_dir(data_dir)
@@ -148,7 +174,11 @@ def take(data_dir: Path, *, sqlite: Sequence[str]) -> dict[str, Any]:
     new.mkdir(parents=True, mode=_DIR_MODE)
     taken_at = time.time()
     try:
-        tally = _fill(data_dir, new, globs)
+        if command is None:
+            tally = _fill(data_dir, new, globs)
+        else:
+            _run(command, data_dir, new)
+            tally = _settle(new)
         _swap(new, warm, old)
     except BaseException:
         with contextlib.suppress(OSError):  # (a leftover goes at the next take's start)
@@ -190,6 +220,55 @@ def _fill(root: Path, new: Path, globs: Sequence[str]) -> _Tally:
             tally.databases += 1
     for directory in made:
         fsync_path(directory, follow_symlinks=False)
+    return tally
+
+
+def _run(command: Command, data_dir: Path, new: Path) -> None:
+    """The service's command, its own process group (so that a timeout kills all of it),
+    output to a file beside the snapshot (bounded by the disk, not memory); SnapshotFailed
+    unless it exits 0 within its time, quoting the end of what it wrote."""
+    if command.hand_over is not None:
+        command.hand_over(new)
+    output = new.with_name("warm.out")
+    env = {**command.env, "MONITORD_SNAPSHOT_DIR": str(new), "MONITORD_DATA_DIR": str(data_dir)}
+    with open(output, "w+b") as out:
+        try:
+            child = subprocess.Popen(list(command.argv), cwd=data_dir, env=env,
+                                     stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                     start_new_session=True, **command.popen)
+        except OSError as e:
+            raise SnapshotFailed(f"the snapshot command did not start: {e.strerror or e}") from e
+        try:
+            status = child.wait(timeout=command.timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+            status = None
+        out.seek(max(0, out.seek(0, os.SEEK_END) - OUTPUT_TAIL_BYTES))
+        tail = out.read().decode("utf-8", "replace").strip()
+    os.unlink(output)
+    said = f": {tail}" if tail else ""
+    if status is None:
+        raise SnapshotFailed(f"the snapshot command ran past {command.timeout_s:g} s{said}")
+    if status != 0:
+        raise SnapshotFailed(f"the snapshot command exited with status {status}{said}")
+
+
+def _settle(new: Path) -> _Tally:
+    """What a command left in `new`, fsynced: its regular files (a symlink is neither
+    followed nor counted: a copy never carries one) and every dir."""
+    tally = _Tally()
+    for _, path, st in tree_digest.regular_files(new):
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        tally.files += 1
+        tally.bytes += st.st_size
+    for directory, _, _ in os.walk(new):
+        fsync_path(Path(directory), follow_symlinks=False)
     return tally
 
 

@@ -315,7 +315,19 @@ class TestWarmCopy:
         assert section.warm_copy_databases == ("*.sqlite", "db/*.db")
         assert section.warm_copy_interval_s == 10.0
 
+    def test_or_the_services_own_snapshot_command(self) -> None:
+        section = config.parse(self._service(
+            warm_copy={"command": ["tgd-dump", "--to", "$MONITORD_SNAPSHOT_DIR"]})
+        ).services["tg"]
+        assert isinstance(section.warm_copy, config.WarmCopyCommand)
+        assert (section.warm_copy.command[0], section.warm_copy.timeout_s) == ("tgd-dump", 60.0)
+
     @pytest.mark.parametrize(("keys", "says"), [
+        ({"warm_copy": {"command": []}}, "warm_copy: key command"),
+        ({"warm_copy": {"command": ["x"], "every": 1}}, "warm_copy: key every: unknown key"),
+        ({"warm_copy": {"command": ["x"]}, "warm_copy_databases": ["*.db"]},
+         "goes with warm_copy = \"sqlite\""),
+        ({"warm_copy": 1}, 'must be "off", "sqlite" or {command = [...]}'),
         ({"warm_copy": "sqlite"}, "needs warm_copy_databases"),
         ({"warm_copy": "sqlite", "warm_copy_databases": ["/etc/*"]}, "inside the data dir"),
         ({"warm_copy": "sqlite", "warm_copy_databases": [""]}, "not empty"),

@@ -272,3 +272,73 @@ class TestTheSwap:
         with pytest.raises(SnapshotFailed, match="no data dir"):
             warm_snapshot.take(tmp_path / "missing", sqlite=GLOBS)
         assert not tree_digest.copy_dir(tmp_path / "missing").exists()
+
+
+def _command(script: str, *, timeout_s: float = 10.0) -> warm_snapshot.Command:
+    return warm_snapshot.Command(argv=(sys.executable, "-c", script),
+                                 env={"PATH": os.environ.get("PATH", "")}, popen={},
+                                 timeout_s=timeout_s)
+
+
+class TestTheServicesOwnCommand:
+    """`warm_copy = {command = [...]}`: what the service's command leaves in the new dir is
+    the snapshot, fsynced and swapped in; a command that fails or overruns leaves the
+    previous snapshot and says why."""
+
+    def test_what_it_leaves_in_the_snapshot_dir_is_the_snapshot(self, tmp_path: Path) -> None:
+        data = tmp_path / "data"
+        data.mkdir()
+        (data / "live.bin").write_bytes(b"the daemon's")
+        taken = warm_snapshot.take(data, command=_command(
+            "import os, pathlib, shutil\n"
+            "out = pathlib.Path(os.environ['MONITORD_SNAPSHOT_DIR'])\n"
+            "assert pathlib.Path.cwd() == pathlib.Path(os.environ['MONITORD_DATA_DIR'])\n"
+            "(out / 'db').mkdir()\n"
+            "shutil.copy('live.bin', out / 'db' / 'dump.bin')\n"
+            "os.symlink('/etc/passwd', out / 'passwd')\n"))
+        warm = tree_digest.warm_dir(data)
+        assert {p.relative_to(warm).as_posix() for p in warm.rglob("*")
+                if p.is_file() and not p.is_symlink()} == {"db/dump.bin"}
+        assert (taken["files"], taken["bytes"], taken["databases"]) == (1, 12, 0)
+        assert not warm.with_name("warm.new").exists()
+
+    def test_a_failing_command_is_named_with_the_end_of_its_output(
+        self, tmp_path: Path
+    ) -> None:
+        data = tmp_path / "data"
+        data.mkdir()
+        warm_snapshot.take(data, command=_command(
+            "import os; open(os.environ['MONITORD_SNAPSHOT_DIR'] + '/a', 'w').write('1')"))
+        before = tree_digest.warm_dir(data).joinpath("a").read_bytes()
+        with pytest.raises(SnapshotFailed, match="(?s)exited with status 3: .*store locked$"):
+            warm_snapshot.take(data, command=_command(
+                "import sys; print('x' * 5000, flush=True); print('store locked', file=sys.stderr);"
+                " sys.exit(3)"))
+        assert tree_digest.warm_dir(data).joinpath("a").read_bytes() == before
+        assert not tree_digest.warm_dir(data).with_name("warm.new").exists()
+
+    def test_a_command_past_its_time_is_killed_with_its_children(
+        self, tmp_path: Path
+    ) -> None:
+        data = tmp_path / "data"
+        data.mkdir()
+        marker = tmp_path / "child.pid"
+        started = time.monotonic()
+        with pytest.raises(SnapshotFailed, match="ran past 0.5 s"):
+            warm_snapshot.take(data, command=_command(
+                "import os, subprocess, sys, time\n"
+                f"child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+                f"open({str(marker)!r}, 'w').write(str(child.pid))\n"
+                "time.sleep(60)\n", timeout_s=0.5))
+        assert time.monotonic() - started < 10
+        child = int(marker.read_text())
+        for _ in range(100):  # (reaped by nobody here: gone or a zombie of init's)
+            try:
+                state = Path(f"/proc/{child}/stat").read_text().split()[2]
+            except FileNotFoundError:
+                break
+            if state == "Z":
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError(f"the command's child {child} outlived the timeout")

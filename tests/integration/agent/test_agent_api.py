@@ -8,6 +8,7 @@ import contextlib
 import hashlib
 import os
 import sqlite3
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -661,6 +662,41 @@ class TestSnapshot:
         assert not tree_digest.copy_dir(Path(body["data_dir"])).exists()
         status, answer = await self._snapshot(agent, {**good, "sqlite": ["x" * 255] * 64})
         assert status == 200, answer
+        command = {k: v for k, v in good.items() if k != "sqlite"}
+        for refused in ({**command, "command": ["true"]},  # (no timeout_s)
+                        {**command, "command": [], "timeout_s": 5},
+                        {**command, "command": ["true"], "timeout_s": 0},
+                        {**good, "command": ["true"], "timeout_s": 5}):
+            status, answer = await self._snapshot(agent, refused)
+            assert (status, answer["error"]["code"]) == (400, "BAD_REQUEST"), (refused, answer)
+
+    async def test_the_services_own_command_runs_in_the_data_dir_with_the_areas_env(
+        self, agent: AgentProcess, detector: Detector
+    ) -> None:
+        """`warm_copy = {command = [...]}`: the agent runs it as the area's daemon runs and
+        takes what it leaves in $MONITORD_SNAPSHOT_DIR; its failure is WARM_COPY_FAILED
+        with the end of its output."""
+        body = {**area_body(agent, detector, area=AREA, generation=3),
+                "env": {"MONITORD_TEST_AREA_ENV": "the area's"}}
+        status, answer = await agent.request("PUT", f"/v1/areas/{AREA}", json_body=body)
+        assert status == 201, answer
+        client = AgentClient(channel=unix_channel(agent.address), secret=agent.secret.encode())
+        script = ("import os, pathlib; out = pathlib.Path(os.environ['MONITORD_SNAPSHOT_DIR']);"
+                  " (out / 'cwd').write_text(os.getcwd());"
+                  " (out / 'env').write_text(os.environ.get('MONITORD_TEST_AREA_ENV', ''))")
+        taken = await client.snapshot(area=AREA, data_dir=body["data_dir"], generation=3,
+                                      command=[sys.executable, "-c", script],
+                                      command_timeout_s=20)
+        warm = Path(taken.dir)
+        assert warm.joinpath("cwd").read_text() == body["data_dir"]
+        assert warm.joinpath("env").read_text() == "the area's"
+        assert (taken.files, taken.databases) == (2, 0)
+        with pytest.raises(MonitordError) as failed:
+            await client.snapshot(area=AREA, data_dir=body["data_dir"], generation=3,
+                                  command=[sys.executable, "-c", "print('no session'); exit(2)"])
+        assert failed.value.code == "WARM_COPY_FAILED"
+        assert "status 2: no session" in failed.value.detail
+        assert warm.joinpath("cwd").exists(), "the last snapshot stays"
 
 
 class TestRoutes:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -165,6 +166,25 @@ class TestWarmCopies:
         # the PBX's own copy: what it kept at the move out (and the stop's last record)
         assert home.start_records is not None and home.start_records <= moved_out + 1
         assert stack.events("warm_copy_unusable")
+
+    async def test_a_services_own_snapshot_command_is_its_warm_copy(
+        self, stack_factory: StackFactory
+    ) -> None:
+        """`warm_copy = {command = [...]}`: the agent runs it as the daemon runs, in its data
+        dir; what it leaves in $MONITORD_SNAPSHOT_DIR is what the PBX receives."""
+        dump = ("import os, shutil; shutil.copy('session.db', os.environ['MONITORD_SNAPSHOT_DIR']);"
+                " open(os.path.join(os.environ['MONITORD_SNAPSHOT_DIR'], 'area'), 'w')"
+                ".write('{area}')")
+        stack = await stack_factory(services={"tg": 1}, service_overrides={
+            "warm_copy": {"command": [sys.executable, "-c", dump], "timeout_s": 10},
+            "warm_copy_interval_s": INTERVAL_S})
+        area = stack.areas["tg"][0]
+        await settle_remote(stack)
+        await stack.wait_until(lambda: _taken(stack, area), timeout_s=30, what="a warm copy")
+        warm_dir = stack.work_dir / "warm" / "tg" / area
+        assert sorted(p.name for p in warm_dir.iterdir()) == ["area", "session.db"]
+        assert (warm_dir / "area").read_text() == area
+        assert (warm_dir / "session.db").read_bytes().count(b"\n") >= 1
 
     async def test_a_service_that_declares_nothing_is_never_warm_copied(
         self, stack_factory: StackFactory
