@@ -49,6 +49,18 @@ def warm_copy_dir(work_dir: Path, *, service: str, area: str) -> Path:
     return work_dir / "warm" / service / area
 
 
+def arriving_warm_copy_dir(warm_dir: Path) -> Path:
+    """Where the next warm copy of `warm_dir`'s area is received until it is recorded: in
+    `.arriving/` beside it, a name no area id can have (none starts with a dot; a suffix
+    could be another area's id)."""
+    return warm_dir.parent / ".arriving" / warm_dir.name
+
+
+def replaced_warm_copy_dir(warm_dir: Path) -> Path:
+    """Where the warm copy a newer one replaces waits for the rename (as above)."""
+    return warm_dir.parent / ".replaced" / warm_dir.name
+
+
 def local_command(section: ServiceSection, *, area: str, generation: int) -> tuple[str, ...]:
     """The argv that runs the area on the PBX."""
     data_dir = local_data_dir_text(section, area=area, generation=generation)

@@ -227,16 +227,24 @@ class LocalSide:
         return {"path": str(path), "modified_at": modified}
 
     async def warm_copy_whole(self, copy: WarmCopy) -> bool:
-        """Whether `copy`'s dir still holds exactly the files received (their listing's
+        """Whether `copy`'s files are still exactly the ones received (their listing's
         SHA-256): a give-up chooses it only then; else `warm_copy_unusable`."""
-        source = area_paths.warm_copy_dir(self.config.monitord.work_dir, service=copy.service,
-                                          area=copy.area)
-        if await asyncio.to_thread(_still, source, copy.digest):
+        if await self.warm_copy_dir_of(copy) is not None:
             return True
         log.warning("warm_copy_unusable", area=copy.area, service=copy.service,
-                    path=str(source), detail="not the copy received (gone or changed since):"
-                                             " the PBX's own copy is used")
+                    detail="not the copy received (gone or changed since): the PBX's own"
+                           " copy is used")
         return False
+
+    async def warm_copy_dir_of(self, copy: WarmCopy) -> Path | None:
+        """The dir holding exactly `copy` (its listing's SHA-256): its place, or the one it
+        arrived in when its move into place was cut after it was recorded; None: neither."""
+        placed = area_paths.warm_copy_dir(self.config.monitord.work_dir, service=copy.service,
+                                          area=copy.area)
+        for path in (placed, area_paths.arriving_warm_copy_dir(placed)):
+            if await asyncio.to_thread(_still, path, copy.digest):
+                return path
+        return None
 
     async def restore_own_copy(self, *, service: str, area: str, generation: int,
                                warm: WarmCopy | None = None) -> str | None:
@@ -247,12 +255,15 @@ class LocalSide:
         target = self._path(service=service, area=area, generation=generation)
         if target.exists():
             return str(target)
-        if warm is not None and await self.warm_copy_whole(warm):
-            source = area_paths.warm_copy_dir(self.config.monitord.work_dir, service=service,
-                                              area=area)
+        source = None if warm is None else await self.warm_copy_dir_of(warm)
+        if source is not None:
             target.parent.mkdir(parents=True, exist_ok=True)
             await asyncio.to_thread(_archive, source, target)
             return str(source)
+        if warm is not None:
+            log.warning("warm_copy_unusable", area=area, service=service,
+                        detail="not the copy received (gone or changed since): the PBX's"
+                               " own copy is used")
         archive = self._archive_of(service=service, area=area)
         if archive is None:
             return None

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from monitord.base import area_paths, logs, tree_digest
+from monitord.base.atomic_file import fsync_path
 from monitord.base.config import Config, WarmCopyCommand
 from monitord.base.metrics import Metrics
 from monitord.base.periodic import LoopBook, Periodic
@@ -211,31 +212,53 @@ class WarmCopier:
                 area=area.uuid, data_dir=remote_dir, generation=area.generation,
                 sqlite=list(section.warm_copy_databases))
         local_dir = self.dir_of(service=area.service, area=area.uuid)
+        # Received beside the recorded copy, never over it: until the new one is recorded,
+        # the record still names a dir that holds it (a cut, a crash, a move opening).
+        arriving = area_paths.arriving_warm_copy_dir(local_dir)
+        await self._finish_install(area, arriving, local_dir)
         basis = local_dir if local_dir.is_dir() else self.local_side.basis_of(
             service=area.service, area=area.uuid, generation=area.generation)
         await self.local_side.check_room_for_warm_copy(local_dir.parent, bytes_=snapshot.bytes,
                                                        files=snapshot.files)
         from monitord.remote.copy import download
 
-        report = await copy_over(self.link, download, local_dir=local_dir,
+        report = await copy_over(self.link, download, local_dir=arriving,
                                  remote_dir=snapshot.dir, area=area.uuid, basis=basis)
         # (checked again before a give-up starts the area on it)
-        digest = await asyncio.to_thread(local_tree.tree_sha256, local_dir)
+        digest = await asyncio.to_thread(local_tree.tree_sha256, arriving)
         now_lineage = self.state.lineage(area.uuid)
         current = self.state.committed.get(area.uuid)
         if now_lineage != lineage or current is None or current.generation != area.generation:
             # The area moved (or was given up) while its copy crossed: the copy is of an
             # epoch that is over; it is never recorded as the one to start from.
+            await asyncio.to_thread(_remove, arriving)
             raise error_for(ErrorCode.WARM_COPY_FAILED,
                             f"{area.uuid} moved while its warm copy was taken; discarded")
         copy = WarmCopy(area=area.uuid, service=area.service, generation=area.generation,
                         epoch=lineage.epoch, taken_at=snapshot.taken_at,
                         received_at=self._wall(), files=report.files, bytes=report.bytes,
                         sent_bytes=report.sent_bytes, digest=digest)
-        # (not cut by a move opening now: the dir is already swapped, its record must follow)
-        await asyncio.shield(self.state.record_warm_copy(copy))
+        # (not cut by a move opening now: recorded, then in place; whichever of the two
+        # dirs holds it is what a give-up finds: LocalSide.warm_copy_dir_of)
+        await asyncio.shield(self._install(copy, arriving, local_dir))
         await self._discard(area, remote_dir)
         return copy
+
+    async def _finish_install(self, area: Area, arriving: Path, local_dir: Path) -> None:
+        """What a cut `_install` left: the recorded copy still where it arrived goes into
+        place; anything else there (a copy never recorded) goes."""
+        if not await asyncio.to_thread(arriving.is_dir):
+            return
+        recorded = self.state.warm.get(area.uuid)
+        if recorded is not None and await asyncio.to_thread(
+                local_tree.tree_sha256, arriving) == recorded.digest:
+            await asyncio.to_thread(_replace, arriving, local_dir)
+        else:
+            await asyncio.to_thread(shutil.rmtree, arriving, True)
+
+    async def _install(self, copy: WarmCopy, arriving: Path, local_dir: Path) -> None:
+        await self.state.record_warm_copy(copy)
+        await asyncio.to_thread(_replace, arriving, local_dir)
 
     async def _discard(self, area: Area, remote_dir: str) -> None:
         """The VPS's snapshot removed once fetched: kept, it would double the area's room
@@ -281,7 +304,10 @@ class WarmCopier:
             if warm_copy.kept(copy, committed, self.state.lineage(area),
                               moving=area in self.state.transactions):
                 continue
-            await asyncio.to_thread(_remove, self.dir_of(service=copy.service, area=area))
+            local_dir = self.dir_of(service=copy.service, area=area)
+            for path in (local_dir, area_paths.arriving_warm_copy_dir(local_dir),
+                         area_paths.replaced_warm_copy_dir(local_dir)):
+                await asyncio.to_thread(_remove, path)
             await self.state.forget_warm_copy(area)
             self._tries.pop(area, None)
             log.info("warm_copy_forgotten", area=area, service=copy.service,
@@ -340,3 +366,16 @@ def _remove(local_dir: Path) -> None:
     """A warm copy's dir and what its copies left beside it (staging dir, old tree)."""
     shutil.rmtree(local_dir, ignore_errors=True)
     tree_digest.forget(local_dir)
+
+
+def _replace(arriving: Path, local_dir: Path) -> None:
+    """The copy just recorded, `arriving`, in place of the one before (same file system:
+    renames), the parent fsynced."""
+    old = area_paths.replaced_warm_copy_dir(local_dir)
+    shutil.rmtree(old, ignore_errors=True)
+    if local_dir.exists():
+        old.parent.mkdir(exist_ok=True)
+        local_dir.rename(old)
+    arriving.rename(local_dir)
+    fsync_path(local_dir.parent)
+    shutil.rmtree(old, ignore_errors=True)

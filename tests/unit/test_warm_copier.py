@@ -159,3 +159,58 @@ async def test_a_warm_copy_gives_way_before_it_would_leave_a_move_home_no_room(
                                                        files=3)
     assert refused.value.code is ErrorCode.LOCAL_DISK_FULL
     assert "no warm copy" in refused.value.detail
+
+
+async def test_a_copy_recorded_but_not_yet_in_place_is_still_found_and_restored(
+    copier: tuple[WarmCopier, PlacementState, Link], tmp_path: Path,
+) -> None:
+    """A copy is received beside the recorded one and recorded before it is moved into
+    place: a cut between the two leaves the record naming the arriving dir's files, which a
+    give-up finds there; files that hash otherwise are found nowhere."""
+    from monitord.base import area_paths
+    from monitord.remote.copy import local_tree
+    from orchestrator.warm_copy import WarmCopy
+
+    warm, state, _ = copier
+    placed = warm.dir_of(service="tg", area="a1")
+    arriving = area_paths.arriving_warm_copy_dir(placed)
+    arriving.mkdir(parents=True)
+    (arriving / "session.sqlite").write_bytes(b"the newest copy")
+    placed.mkdir(parents=True)
+    (placed / "session.sqlite").write_bytes(b"the one before")
+    copy = WarmCopy(area="a1", service="tg", generation=3, epoch=2, taken_at=1.0,
+                    received_at=2.0, files=1, bytes=15, sent_bytes=15,
+                    digest=local_tree.tree_sha256(arriving), restore_epoch=3)
+    local = warm.local_side
+    assert await local.warm_copy_dir_of(copy) == arriving
+    restored = await local.restore_own_copy(service="tg", area="a1", generation=4, warm=copy)
+    assert restored == str(arriving)
+    target = Path(local.data_dir(service="tg", area="a1", generation=4))
+    assert (target / "session.sqlite").read_bytes() == b"the newest copy"
+    assert await local.warm_copy_dir_of(copy) is None  # (moved: found nowhere now)
+
+
+async def test_the_next_copy_first_puts_a_recorded_arrival_in_place(
+    copier: tuple[WarmCopier, PlacementState, Link],
+) -> None:
+    from monitord.base import area_paths
+    from monitord.remote.copy import local_tree
+    from orchestrator.warm_copy import WarmCopy
+
+    warm, state, _ = copier
+    area = state.committed["a1"]
+    placed = warm.dir_of(service="tg", area="a1")
+    arriving = area_paths.arriving_warm_copy_dir(placed)
+    arriving.mkdir(parents=True)
+    (arriving / "session.sqlite").write_bytes(b"recorded, not yet moved")
+    await state.record_warm_copy(WarmCopy(
+        area="a1", service="tg", generation=3, epoch=2, taken_at=1.0, received_at=2.0,
+        files=1, bytes=23, sent_bytes=23, digest=local_tree.tree_sha256(arriving)))
+    await warm._finish_install(area, arriving, placed)
+    assert (placed / "session.sqlite").read_bytes() == b"recorded, not yet moved"
+    assert not arriving.exists()
+    arriving.mkdir()
+    (arriving / "session.sqlite").write_bytes(b"never recorded")
+    await warm._finish_install(area, arriving, placed)
+    assert not arriving.exists()
+    assert (placed / "session.sqlite").read_bytes() == b"recorded, not yet moved"
