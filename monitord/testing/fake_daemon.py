@@ -22,6 +22,9 @@ It behaves like a messenger daemon where it matters to monitord:
   that not even its spawner's markers are left on it;
 - `--store sqlite` keeps the records in a SQLite database in WAL mode (`session.sqlite`)
   instead, for the tests of warm copies, which only SQLite can take consistently;
+  `--sqlite-pad-bytes N` gives each of its records N bytes of random padding (a `pad` field
+  of hex digits in the payload, under the hash chain), so that the store grows as an
+  account's does, for the benchmark of warm copies (benchmarks/warm_copies.py);
 - `--churn-pages-per-s N` makes its data live as an account's SQLite store is: N random
   4 KiB pages of `media.bin` rewritten every second (fsynced), for the benchmarks of
   copies that must send changed pages only.
@@ -106,10 +109,11 @@ class SqliteSessionDb:
     one committed transaction each: a store a copy can only take consistently through
     SQLite (its pages and its WAL change together), as a messenger's is."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, pad_bytes: int = 0) -> None:
         import sqlite3
 
         self.path = path
+        self.pad_bytes = pad_bytes
         self._db = sqlite3.connect(path, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
@@ -124,6 +128,9 @@ class SqliteSessionDb:
             self.last, self.count = claimed, self.count + 1
 
     def append(self, payload: dict[str, Any]) -> None:
+        if self.pad_bytes:
+            payload = {**payload, "pad": os.urandom((self.pad_bytes + 1) // 2).hex()
+                       [:self.pad_bytes]}
         digest = record_hash(self.last, payload)
         self._db.execute("INSERT INTO records (prev, hash, payload) VALUES (?, ?, ?)",
                          (self.last, digest, json.dumps(payload)))
@@ -216,8 +223,8 @@ def run(args: argparse.Namespace) -> int:
     if args.escape_child or args.escape_child_clean:
         escape_child(data, clean=args.escape_child_clean)
     try:
-        db = SqliteSessionDb(data / SQLITE_SESSION_DB) if args.store == "sqlite" \
-            else SessionDb(data / SESSION_DB)
+        db = SqliteSessionDb(data / SQLITE_SESSION_DB, pad_bytes=args.sqlite_pad_bytes) \
+            if args.store == "sqlite" else SessionDb(data / SESSION_DB)
     except SessionDbBroken as e:
         print(json.dumps({"event": "session_db_broken", "detail": str(e)}), file=sys.stderr)
         return EXIT_DB_BROKEN
@@ -284,6 +291,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--store", choices=("lines", "sqlite"), default="lines",
                         help=f"the session records in {SESSION_DB} (lines) or a SQLite"
                              f" database {SQLITE_SESSION_DB}")
+    parser.add_argument("--sqlite-pad-bytes", type=int, default=0,
+                        help="with --store sqlite, random padding of this many bytes in"
+                             " every record")
     return run(parser.parse_args(argv))
 
 

@@ -512,7 +512,7 @@ class AgentRuntime:
                                           doing=f"remove the snapshot of {data_dir}") from e
             self._check_snapshot(area, data_dir=data_dir, generation=generation)
         log.info("area_warm_snapshot", area=area, generation=generation, files=taken["files"],
-                 bytes=taken["bytes"], took_s=taken["took_s"])
+                 bytes=taken["bytes"], took_s=taken["took_s"], cpu_s=taken["cpu_s"])
         return {"area": area, "generation": generation,
                 "dir": str(tree_digest.warm_dir(path)), **taken}
 
