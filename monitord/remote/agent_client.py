@@ -746,9 +746,10 @@ def _http_error(status: int, payload: Any, *, where: str) -> MonitordError:
     if status == 401:
         return error_for(ErrorCode.AGENT_UNAUTHORIZED, detail)
     if status == 409:
-        code = err.get("code")
-        return error_for(code if code in _OWN_CONFLICT_CODES else ErrorCode.DESTINATION_CONFLICT,
-                         detail)
+        code = err.get("code")  # (outside text: any JSON value, hashable or not)
+        if isinstance(code, str) and code in _OWN_CONFLICT_CODES:
+            return error_for(code, detail)
+        return error_for(ErrorCode.DESTINATION_CONFLICT, detail)
     if status >= 500:
         return AgentUnreachable(detail, maybe_delivered=True)
     code = err.get("code") or ErrorCode.BAD_REQUEST
