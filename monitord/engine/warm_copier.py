@@ -26,6 +26,8 @@ copies take together, by delaying the next copy's start. A failed copy keeps the
 its epoch is over) is removed with its record.
 
 Only a give-up ever starts an area from a warm copy (monitord/engine/phase_actions.py).
+The copy modules are imported when a copy is taken, never at start-up (they bring
+asyncssh: monitord/remote/ssh_side.py).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from monitord.base import area_paths, logs, tree_digest
 from monitord.base.atomic_file import fsync_path
@@ -47,12 +49,13 @@ from monitord.base.periodic import LoopBook, Periodic
 from monitord.engine.area_side import copy_over
 from monitord.engine.local_side import LocalSide
 from monitord.engine.placement_state import PlacementState
-from monitord.remote.copy import local_tree
-from monitord.remote.remote_link import RemoteLink
 from orchestrator import warm_copy
 from orchestrator.errors import ErrorCode, MonitordError, error_for
 from orchestrator.models import Area
 from orchestrator.warm_copy import WarmCopy
+
+if TYPE_CHECKING:  # the SSH side loads after readiness (monitord/remote/ssh_side.py)
+    from monitord.remote.remote_link import RemoteLink
 
 log = logs.get_logger(__name__)
 
@@ -178,6 +181,8 @@ class WarmCopier:
             self._failed(area, tries, e)
             return False
         except OSError as e:
+            from monitord.remote.copy import local_tree
+
             self._failed(area, tries, local_tree.local_file_error(
                 e, during=f"warm copy of {area.uuid}"))
             return False
@@ -220,7 +225,7 @@ class WarmCopier:
             service=area.service, area=area.uuid, generation=area.generation)
         await self.local_side.check_room_for_warm_copy(local_dir.parent, bytes_=snapshot.bytes,
                                                        files=snapshot.files)
-        from monitord.remote.copy import download
+        from monitord.remote.copy import download, local_tree
 
         report = await copy_over(self.link, download, local_dir=arriving,
                                  remote_dir=snapshot.dir, area=area.uuid, basis=basis)
@@ -249,6 +254,8 @@ class WarmCopier:
         place; anything else there (a copy never recorded) goes."""
         if not await asyncio.to_thread(arriving.is_dir):
             return
+        from monitord.remote.copy import local_tree
+
         recorded = self.state.warm.get(area.uuid)
         if recorded is not None and await asyncio.to_thread(
                 local_tree.tree_sha256, arriving) == recorded.digest:

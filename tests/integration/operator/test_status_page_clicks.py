@@ -273,6 +273,41 @@ class TestGiveUpTheVps:
         await stack.wait_settled(expect={"tg": "local", "chats": "local"}, timeout_s=90)
 
 
+    async def test_with_warm_copies_the_dialog_names_the_loss_in_time(
+        self, stack_factory: StackFactory, browser: ClickingBrowser
+    ) -> None:
+        """The areas table shows each remote area's warm copy age; giving the VPS up says
+        how much of the accounts' data is lost, in time, when warm copies bound it."""
+        stack = await stack_factory(
+            services={"tg": 1}, local_daemon_args=("--store", "sqlite"),
+            remote_daemon_args=("--store", "sqlite"),
+            service_overrides={"warm_copy": "sqlite", "warm_copy_databases": ["session.sqlite"],
+                               "warm_copy_interval_s": 1})
+        (area,) = stack.areas["tg"]
+        await stack.place("tg", "remote")
+        await stack.wait_settled(expect={"tg": "remote"}, timeout_s=60)
+        await open_page(browser, stack)
+        warm_cell = f'#areas tr[data-area="{area}"] td.warm'
+        await browser.wait_js(
+            f"return /^0m0[0-9]s$/.test(document.querySelector('{warm_cell}').textContent)",
+            what="the area's warm copy age, seconds old", timeout_s=30)
+        await stack.partition()
+        give_up = 'tr[data-service="tg"] button[data-action="give-up"]'
+        await browser.wait_js(f"return document.querySelector('{give_up}') !== null"
+                              f" && !document.querySelector('{give_up}').disabled",
+                              what="give-up allowed once the VPS is gone", timeout_s=60)
+        await browser.click(give_up)
+        await browser.wait_js("return document.getElementById('confirm-give-up').open",
+                              what="the give-up dialog")
+        warm = await browser.text("#confirm-give-up .give-up-warm")
+        assert warm.startswith("1 of them start on a warm copy instead: at most 0m"), warm
+        assert warm.endswith("of their data is lost."), warm
+        await browser.click("#confirm-give-up .give-up-cancel")
+        assert await browser.sent_changes() == []
+        await stack.heal()
+        await stack.wait_settled(expect={"tg": "remote"}, timeout_s=90)
+
+
 class TestLocalAuthority:
     """A change from a tab that has no API token yet is refused (nothing changes) and asks for
     the token in an in-page dialog; with the token pasted there, the same change goes through,
