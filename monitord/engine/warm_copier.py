@@ -60,8 +60,8 @@ if TYPE_CHECKING:  # the SSH side loads after readiness (monitord/remote/ssh_sid
 log = logs.get_logger(__name__)
 
 TASK_NAME = "warm copier"
-# How often the copier looks for due areas: well under any interval worth configuring, so
-# that an area's copy is at most this late on top of its interval.
+# The longest the copier sleeps between passes (it wakes when the next area is due, sooner):
+# how late it sees an area that became copyable (a move ended, the link came back).
 TICK_S = 2.0
 COPIES_AT_ONCE = 4
 
@@ -99,7 +99,7 @@ class WarmCopier:
         self.version = 0  # bumped by every change the status shows that the state does not
         self._current: set[asyncio.Task[WarmCopy]] = set()
         self._budget_at = 0.0  # monotonic: when warm_copy_max_rate lets the next copy start
-        self.loop = Periodic(TASK_NAME, iteration=self.run_once, interval_s=TICK_S, book=loops)
+        self.loop = Periodic(TASK_NAME, iteration=self._pass, interval_s=TICK_S, book=loops)
         state.add_listener(self._state_changed)
 
     def services(self) -> dict[str, float]:
@@ -132,6 +132,25 @@ class WarmCopier:
                 await task
 
     # -- one pass ---------------------------------------------------------------------------
+
+    async def _pass(self) -> float:
+        """The loop's iteration: one pass, then the seconds until the next (the loop takes
+        what an iteration returns as its wait: `run_once`'s count of 0 spun it)."""
+        await self.run_once()
+        return self._next_due_s()
+
+    def _next_due_s(self) -> float:
+        """Until the first area tried before is due again, at most TICK_S: copies come every
+        interval, not every interval rounded up to a tick."""
+        if self.link is None or not self.link.connected() or self.state.transactions:
+            return TICK_S
+        intervals, now = self.services(), self._clock()
+        waits = [tries.last_try + intervals[area.service] - now
+                 for area in self.state.committed.values()
+                 if area.service in intervals
+                 and (tries := self._tries.get(area.uuid)) is not None
+                 and tries.last_try is not None]
+        return max(0.0, min([TICK_S, *waits]))
 
     async def run_once(self) -> int:
         """Forget the copies nothing keeps, then take every due copy; how many were taken."""

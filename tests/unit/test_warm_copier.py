@@ -214,3 +214,19 @@ async def test_the_next_copy_first_puts_a_recorded_arrival_in_place(
     await warm._finish_install(area, arriving, placed)
     assert not arriving.exists()
     assert (placed / "session.sqlite").read_bytes() == b"recorded, not yet moved"
+
+
+async def test_the_loop_waits_for_the_next_due_area_never_spins(
+    copier: tuple[WarmCopier, PlacementState, Link],
+) -> None:
+    """The loop takes what an iteration returns as its wait: a pass that copied nothing
+    (every area tried a moment ago) must not ask for 0 s, or the loop spins."""
+    warm, _, link = copier
+    link.agent.error = error_for(ErrorCode.WARM_COPY_FAILED, "kept changing")
+    link.agent.release.set()
+    first = await asyncio.wait_for(warm._pass(), timeout=5)
+    assert 0.5 < first <= 1.0, "the areas are due again one interval (1 s) after their try"
+    started = len(link.agent.started)
+    again = await asyncio.wait_for(warm._pass(), timeout=5)
+    assert len(link.agent.started) == started, "nothing was due"
+    assert again > 0.5
