@@ -208,27 +208,31 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX area_downtime_by_move ON area_downtime (move_id)",
         "CREATE INDEX area_downtime_by_end ON area_downtime (service, finished_at)",
     ),
-    # v5: the newest warm copy of each remote area (orchestrator/warm_copy.py), one row an
-    # area: the copy itself is a dir under work_dir/warm, swapped in whole.
-    (
-        """
-        CREATE TABLE warm_copies (
-            area TEXT PRIMARY KEY,
-            service TEXT NOT NULL,
-            generation INTEGER NOT NULL,
-            epoch INTEGER NOT NULL,
-            taken_at REAL NOT NULL,
-            received_at REAL NOT NULL,
-            files INTEGER NOT NULL,
-            bytes INTEGER NOT NULL,
-            sent_bytes INTEGER NOT NULL,
-            digest TEXT NOT NULL,
-            restore_epoch INTEGER
-        )
-        """,
-    ),
 )
 
+
+# Tables a release adds that the release before it never reads: created at every open (IF NOT
+# EXISTS) instead of by a migration, so that the schema version stays and a rollback to the
+# previous release still opens state.db (it refuses a newer version). The newest warm copy of
+# each remote area (orchestrator/warm_copy.py), one row an area: the copy itself is a dir
+# under work_dir/warm, swapped in whole.
+ADDITIVE_TABLES = (
+    """
+    CREATE TABLE IF NOT EXISTS warm_copies (
+        area TEXT PRIMARY KEY,
+        service TEXT NOT NULL,
+        generation INTEGER NOT NULL,
+        epoch INTEGER NOT NULL,
+        taken_at REAL NOT NULL,
+        received_at REAL NOT NULL,
+        files INTEGER NOT NULL,
+        bytes INTEGER NOT NULL,
+        sent_bytes INTEGER NOT NULL,
+        digest TEXT NOT NULL,
+        restore_epoch INTEGER
+    )
+    """,
+)
 
 class StoreError(TransientError):
     """A store operation failed; the write did not happen (code STORE_WRITE_FAILED)."""
@@ -401,6 +405,8 @@ class Store:
         conn = _connect(self.path)
         try:
             _migrate(conn)
+            for statement in ADDITIVE_TABLES:
+                conn.execute(statement)
         except BaseException:
             conn.close()
             raise

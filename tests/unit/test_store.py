@@ -403,7 +403,9 @@ class TestWarmCopies:
                          received_at=41.0, files=2, bytes=8192, sent_bytes=512,
                          digest="b" * 64, restore_epoch=3)
         with sqlite3.connect(tmp_path / "state.db", isolation_level=None) as db:
-            store_module._migrate(db, target=4)  # a state.db of the release before them
+            store_module._migrate(db)  # a state.db of the release before them
+            assert not db.execute("SELECT name FROM sqlite_master WHERE name = 'warm_copies'"
+                                  ).fetchall()
         async with await Store.open(tmp_path) as store:
             await store.put_warm_copy(first.to_storage())
             await store.put_warm_copy(newer.to_storage())
@@ -413,3 +415,5 @@ class TestWarmCopies:
             assert rows == [newer, WarmCopy.from_storage({**first.to_storage(), "area": "a2"})]
             await store.forget_warm_copy("a2")
             assert [r["area"] for r in await store.warm_copies()] == ["a1"]
+            # no new schema version: the previous release still opens it (a rollback)
+            assert await store.schema_version() == 4
