@@ -56,10 +56,6 @@ def arriving_warm_copy_dir(warm_dir: Path) -> Path:
     return warm_dir.parent / ".arriving" / warm_dir.name
 
 
-def replaced_warm_copy_dir(warm_dir: Path) -> Path:
-    """Where the warm copy a newer one replaces waits for the rename (as above)."""
-    return warm_dir.parent / ".replaced" / warm_dir.name
-
 
 def local_command(section: ServiceSection, *, area: str, generation: int) -> tuple[str, ...]:
     """The argv that runs the area on the PBX."""

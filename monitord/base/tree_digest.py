@@ -112,7 +112,7 @@ def forget(final: Path) -> None:
     """Remove everything a copy left for `final` (its staging dir, caches, old tree) and the
     digest cache a previous release left beside it (`{final}.digests`, only a regular file):
     what goes with an area's data."""
-    _remove(copy_dir(final))
+    remove_path(copy_dir(final))
     legacy = final.with_name(final.name + LEGACY_DIGESTS_SUFFIX)
     with contextlib.suppress(FileNotFoundError):
         if stat.S_ISREG(os.lstat(legacy).st_mode):
@@ -425,8 +425,8 @@ def reset_staging(final: Path) -> None:
     """Make `final`'s staging dir exist and be empty, with no digest cache of its own: where a
     copy to `final` starts (`rm -rf` of both, then `mkdir -p`)."""
     staging = staging_dir(final)
-    _remove(staging)
-    _remove(staging_cache(final))
+    remove_path(staging)
+    remove_path(staging_cache(final))
     staging.mkdir(parents=True)
 
 
@@ -498,7 +498,7 @@ def promote(final: Path) -> None:
     final.parent.mkdir(parents=True, exist_ok=True)
     # The cache first: entries are keyed by inode and ctime, so until the swap below the
     # staging tree's entries simply match none of the old tree's files.
-    _remove(data_cache(final))
+    remove_path(data_cache(final))
     cache = staging_cache(final)
     if cache.exists():
         os.rename(cache, data_cache(final))
@@ -512,18 +512,18 @@ def swap_in(staging: Path, final: Path) -> None:
     as far as it can be — a leftover is removed by the next swap before its renames. Both
     sides' copies end here (monitord.remote.copy on the PBX)."""
     old = old_dir(final)
-    _remove(old)
+    remove_path(old)
     old.parent.mkdir(parents=True, exist_ok=True)
     if final.exists() or final.is_symlink():
         os.rename(final, old)
     os.rename(staging, final)
     fsync_path(final.parent)
     with contextlib.suppress(OSError):
-        _remove(old)
+        remove_path(old)
         os.rmdir(copy_dir(final))  # (only if nothing else of the area's copy is left there)
 
 
-def _remove(path: Path) -> None:
+def remove_path(path: Path) -> None:
     """`rm -rf -- path`: a directory tree, a file or a symlink (never followed)."""
     if path.is_dir() and not path.is_symlink():
         import shutil  # (here: the tree-digest verb starts inside a downtime, without it)

@@ -42,7 +42,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from monitord.base import area_paths, logs, tree_digest
-from monitord.base.atomic_file import fsync_path
 from monitord.base.config import Config, WarmCopyCommand
 from monitord.base.metrics import Metrics
 from monitord.base.periodic import LoopBook, Periodic
@@ -278,13 +277,13 @@ class WarmCopier:
         recorded = self.state.warm.get(area.uuid)
         if recorded is not None and await asyncio.to_thread(
                 local_tree.tree_sha256, arriving) == recorded.digest:
-            await asyncio.to_thread(_replace, arriving, local_dir)
+            await asyncio.to_thread(tree_digest.swap_in, arriving, local_dir)
         else:
             await asyncio.to_thread(shutil.rmtree, arriving, True)
 
     async def _install(self, copy: WarmCopy, arriving: Path, local_dir: Path) -> None:
         await self.state.record_warm_copy(copy)
-        await asyncio.to_thread(_replace, arriving, local_dir)
+        await asyncio.to_thread(tree_digest.swap_in, arriving, local_dir)
 
     async def _discard(self, area: Area, remote_dir: str) -> None:
         """The VPS's snapshot removed once fetched: kept, it would double the area's room
@@ -331,8 +330,7 @@ class WarmCopier:
                               moving=area in self.state.transactions):
                 continue
             local_dir = self.dir_of(service=copy.service, area=area)
-            for path in (local_dir, area_paths.arriving_warm_copy_dir(local_dir),
-                         area_paths.replaced_warm_copy_dir(local_dir)):
+            for path in (local_dir, area_paths.arriving_warm_copy_dir(local_dir)):
                 await asyncio.to_thread(_remove, path)
             await self.state.forget_warm_copy(area)
             self._tries.pop(area, None)
@@ -392,16 +390,3 @@ def _remove(local_dir: Path) -> None:
     """A warm copy's dir and what its copies left beside it (staging dir, old tree)."""
     shutil.rmtree(local_dir, ignore_errors=True)
     tree_digest.forget(local_dir)
-
-
-def _replace(arriving: Path, local_dir: Path) -> None:
-    """The copy just recorded, `arriving`, in place of the one before (same file system:
-    renames), the parent fsynced."""
-    old = area_paths.replaced_warm_copy_dir(local_dir)
-    shutil.rmtree(old, ignore_errors=True)
-    if local_dir.exists():
-        old.parent.mkdir(exist_ok=True)
-        local_dir.rename(old)
-    arriving.rename(local_dir)
-    fsync_path(local_dir.parent)
-    shutil.rmtree(old, ignore_errors=True)

@@ -39,7 +39,6 @@ import contextlib
 import enum
 import fnmatch
 import os
-import shutil
 import signal
 import sqlite3
 import stat
@@ -163,8 +162,8 @@ def take(data_dir: Path, *, sqlite: Sequence[str] = (),
     globs = tuple(sqlite)
     started, cpu = time.monotonic(), time.thread_time()
     warm, new, old = tree_digest.warm_dir(data_dir), new_dir(data_dir), _old_dir(data_dir)
-    _remove(new)  # what a crash left
-    _remove(old)
+    tree_digest.remove_path(new)  # what a crash left
+    tree_digest.remove_path(old)
     try:
         top = os.lstat(data_dir)
     except FileNotFoundError:
@@ -182,7 +181,7 @@ def take(data_dir: Path, *, sqlite: Sequence[str] = (),
         _swap(new, warm, old)
     except BaseException:
         with contextlib.suppress(OSError):  # (a leftover goes at the next take's start)
-            _remove(new)
+            tree_digest.remove_path(new)
         raise
     return {"taken_at": taken_at, "files": tally.files, "bytes": tally.bytes,
             "databases": tally.databases, "took_s": round(time.monotonic() - started, 3),
@@ -193,7 +192,7 @@ def discard(data_dir: Path) -> None:
     """Remove every snapshot of `data_dir` (its area is gone: `tree_digest.forget` did it, or
     is about to)."""
     for path in (tree_digest.warm_dir(data_dir), new_dir(data_dir), _old_dir(data_dir)):
-        _remove(path)
+        tree_digest.remove_path(path)
 
 
 def _fill(root: Path, new: Path, globs: Sequence[str]) -> _Tally:
@@ -352,7 +351,7 @@ def _backup_database(root: Path, rel: str, dest: Path) -> int | None:
                 return None
             # SQLite finds `{name}-wal` and `-shm` beside this name: the store's own dir.
             uri = f"file:/proc/self/fd/{dirfd}/{quote(os.fsencode(name), safe='')}?mode=ro"
-            _remove(dest)  # (a try before this one's)
+            tree_digest.remove_path(dest)  # (a try before this one's)
             try:
                 _backup(uri, dest)
             except sqlite3.Error as e:
@@ -420,13 +419,4 @@ def _swap(new: Path, warm: Path, old: Path) -> None:
             os.rename(old, warm)
         raise
     fsync_path(warm.parent)
-    _remove(old)
-
-
-def _remove(path: Path) -> None:
-    """`rm -rf -- path` (a symlink there is removed, never followed)."""
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    else:
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
+    tree_digest.remove_path(old)
