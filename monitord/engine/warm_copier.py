@@ -340,17 +340,20 @@ class WarmCopier:
     # -- what the status shows --------------------------------------------------------------
 
     def _publish(self) -> None:
-        oldest = dict.fromkeys(self.services(), 0.0)
-        rows = self.status()
-        for area, age in self.ages().items():
-            service = rows[area]["service"]
-            # (none yet: as old as the time since copies of it became due)
-            since = self._tries[area].since if area in self._tries else self._started_at
-            oldest[service] = max(oldest[service], self._wall() - since if age is None else age)
+        """The metrics: per service its oldest remote area's warm copy age (one with none
+        yet: the time since its copies became due) and the age past which it is overdue."""
+        intervals, now = self.services(), self._wall()
+        oldest = dict.fromkeys(intervals, 0.0)
+        for area, row in self.status().items():
+            tries = self._tries.get(area)
+            since = self._started_at if tries is None else tries.since
+            taken = row["taken_at"]
+            age = now - (since if taken is None else taken)
+            oldest[row["service"]] = max(oldest[row["service"]], age)
         for service, age in oldest.items():
             self.metrics.warm_copy_age.labels(service=service).set(age)
             self.metrics.warm_copy_bound.labels(service=service).set(
-                warm_copy.OVERDUE_INTERVALS * self.services()[service])
+                warm_copy.OVERDUE_INTERVALS * intervals[service])
 
     def status(self) -> dict[str, dict[str, Any]]:
         """Per remote area of a service with warm copies: its newest copy and what the last
@@ -378,12 +381,6 @@ class WarmCopier:
                                                      "detail": error.detail},
             }
         return rows
-
-    def ages(self) -> dict[str, float | None]:
-        """{remote area: its warm copy's age now (None: none yet)}."""
-        now = self._wall()
-        return {area: None if row["taken_at"] is None else max(0.0, now - row["taken_at"])
-                for area, row in self.status().items()}
 
 
 def _remove(local_dir: Path) -> None:
